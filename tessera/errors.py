@@ -1,0 +1,329 @@
+"""One error hierarchy with stable codes.
+
+Every error Tessera raises on purpose is a :class:`TesseraError` subclass whose
+``code`` never changes once published.  ``docs/errors.md`` is generated from this
+module (``tessera docs errors``) and drift-tested, so the table below the classes is
+the documentation.
+
+A location, when known, is the user's source position: a line of the Python
+function being traced, or ``file:line:col`` of an IR text file.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+
+@dataclass(frozen=True)
+class SourceLocation:
+    file: str
+    line: int
+    col: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}" if self.col else f"{self.file}:{self.line}"
+
+
+class TesseraError(Exception):
+    """Base class of every error Tessera raises on purpose."""
+
+    code: ClassVar[str] = "TESSERA"
+    area: ClassVar[str] = "general"
+
+    def __init__(self, message: str, *, location: SourceLocation | None = None,
+                 op: object | None = None, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.location = location
+        self.op = op
+        self.hint = hint
+
+    def with_location(self, location: SourceLocation | None) -> "TesseraError":
+        if self.location is None and location is not None:
+            self.location = location
+        return self
+
+    def __str__(self) -> str:
+        text = f"error[{self.code}]: {self.message}"
+        if self.hint:
+            text += f" (hint: {self.hint})"
+        if self.location is not None:
+            text = f"{self.location}: {text}"
+        return text
+
+
+# --------------------------------------------------------------------------- IR text
+class IRParseError(TesseraError):
+    """IR text could not be parsed (syntax error, unknown op or type)."""
+    code = "IR_PARSE"
+    area = "ir"
+
+
+class IRVerifyError(TesseraError):
+    """An op failed a structural verifier that has no more specific code."""
+    code = "IR_VERIFY"
+    area = "ir"
+
+
+# --------------------------------------------------------------------------- Graph IR
+class GraphVerifyError(IRVerifyError):
+    """A Graph IR op is malformed."""
+    code = "GRAPH_VERIFY"
+    area = "graph"
+
+
+class GraphShapeError(GraphVerifyError):
+    """Operand shapes are incompatible for the op (matmul inner dims, broadcasting, axes)."""
+    code = "GRAPH_SHAPE"
+
+
+class GraphDtypeError(GraphVerifyError):
+    """Operand or result element types are not allowed for the op, or disagree."""
+    code = "GRAPH_DTYPE"
+
+
+class GraphRankError(GraphVerifyError):
+    """An operand has a rank the op does not accept."""
+    code = "GRAPH_RANK"
+
+
+class GraphAttributeError(GraphVerifyError):
+    """An op attribute is missing or out of range (axis, permutation, approximation...)."""
+    code = "GRAPH_ATTRIBUTE"
+
+
+class GraphResultTypeError(GraphVerifyError):
+    """The declared result type differs from the type the op's operands imply."""
+    code = "GRAPH_RESULT_TYPE"
+
+
+# --------------------------------------------------------------------------- Schedule IR
+class ScheduleVerifyError(IRVerifyError):
+    """A schedule.kernel op carries an inconsistent schedule."""
+    code = "SCHEDULE_VERIFY"
+    area = "schedule"
+
+
+class ScheduleIllegalError(TesseraError):
+    """A user-pinned schedule (tile sizes, register tile, parallel loop, threads) is illegal."""
+    code = "SCHEDULE_ILLEGAL"
+    area = "schedule"
+
+
+# --------------------------------------------------------------------------- Tile IR
+class TileVerifyError(IRVerifyError):
+    """A Tile IR op is malformed."""
+    code = "TILE_VERIFY"
+    area = "tile"
+
+
+class TileMmaOperandRole(TileVerifyError):
+    """tile.mma operands must be fragments of roles a, b, acc in that order."""
+    code = "TILE_MMA_OPERAND_ROLE"
+
+
+class TileMmaShapeMismatch(TileVerifyError):
+    """tile.mma operands disagree on the (m, n, k) shape."""
+    code = "TILE_MMA_SHAPE_MISMATCH"
+
+
+class TileMmaFamilyMismatch(TileVerifyError):
+    """tile.mma operands belong to different instruction families."""
+    code = "TILE_MMA_FAMILY_MISMATCH"
+
+
+class TileMmaAccumMismatch(TileVerifyError):
+    """The accumulator fragment's element type differs from the declared accumulator type."""
+    code = "TILE_MMA_ACCUM_MISMATCH"
+
+
+class TileMmaResultType(TileVerifyError):
+    """tile.mma's result type differs from its accumulator operand's type."""
+    code = "TILE_MMA_RESULT_TYPE"
+
+
+class TileMmaUntypedOperand(TileVerifyError):
+    """A tile.mma operand is not a !tile.fragment (there is no untyped form)."""
+    code = "TILE_MMA_UNTYPED_OPERAND"
+
+
+class TileFragmentZeroRole(TileVerifyError):
+    """tile.fragment_zero must produce a fragment of role acc."""
+    code = "TILE_FRAGMENT_ZERO_ROLE"
+
+
+class TileFragmentUnpackRole(TileVerifyError):
+    """tile.fragment_unpack takes an acc fragment only."""
+    code = "TILE_FRAGMENT_UNPACK_ROLE"
+
+
+class TileFragmentRoleDisagrees(TileVerifyError):
+    """A packed fragment's role differs from the operand slot that uses it."""
+    code = "TILE_FRAGMENT_ROLE_DISAGREES"
+
+
+class TileFragmentPackShape(TileVerifyError):
+    """tile.fragment_pack's view shape is not the data shape of the fragment's role."""
+    code = "TILE_FRAGMENT_PACK_SHAPE"
+
+
+class TileShapeMismatch(TileVerifyError):
+    """Tile values of an elementwise/reduce/store op have incompatible shapes."""
+    code = "TILE_SHAPE_MISMATCH"
+
+
+class TileMemorySpaceError(TileVerifyError):
+    """An op reads or writes a memory space it may not (e.g. async_copy into global)."""
+    code = "TILE_MEMORY_SPACE"
+
+
+# --------------------------------------------------------------------------- Target IR
+class TargetVerifyError(IRVerifyError):
+    """A Target IR op is malformed."""
+    code = "TARGET_VERIFY"
+    area = "target"
+
+
+# --------------------------------------------------------------------------- passes
+class PipelineError(TesseraError):
+    """A pass pipeline string is malformed."""
+    code = "PIPELINE_SYNTAX"
+    area = "passes"
+
+
+class PipelineUnknownPass(PipelineError):
+    """A pipeline names a pass that is not registered."""
+    code = "PIPELINE_UNKNOWN_PASS"
+
+
+class PipelineUnknownOption(PipelineError):
+    """A pipeline gives a pass an option it does not declare."""
+    code = "PIPELINE_UNKNOWN_OPTION"
+
+
+class PipelineOptionType(PipelineError):
+    """A pass option has a value of the wrong type."""
+    code = "PIPELINE_OPTION_TYPE"
+
+
+class PipelineMissingOption(PipelineError):
+    """A required pass option (e.g. a target lowering's arch) is absent."""
+    code = "PIPELINE_MISSING_OPTION"
+
+
+class PassFailedError(TesseraError):
+    """A pass could not transform its input."""
+    code = "PASS_FAILED"
+    area = "passes"
+
+
+class UnloweredOpsError(PassFailedError):
+    """Ops of a higher layer survived to translation: the pipeline lacks their lowering."""
+    code = "UNLOWERED_OPS"
+
+
+# --------------------------------------------------------------------------- MMA selector
+class MmaSelectorError(TesseraError):
+    """An MMA request is illegal for the target/arch; the message lists what is legal."""
+    code = "MMA_SELECTOR"
+    area = "mma"
+
+
+class MmaNoLoweringError(MmaSelectorError):
+    """The selected instruction has no lowering yet (a capability without a producer)."""
+    code = "MMA_NO_LOWERING"
+
+
+class UnknownArchError(TesseraError):
+    """An unknown target or arch was named; the message lists the known ones."""
+    code = "ARCH_UNKNOWN"
+    area = "mma"
+
+
+# --------------------------------------------------------------------------- frontend
+class FrontendError(TesseraError):
+    """The traced Python function cannot be compiled."""
+    code = "FRONTEND"
+    area = "frontend"
+
+
+class UnsupportedConstructError(FrontendError):
+    """The function uses a Python construct that cannot be traced (data-dependent control flow...)."""
+    code = "UNSUPPORTED_CONSTRUCT"
+
+
+class ShapeMismatchError(FrontendError):
+    """Argument or operand shapes are incompatible."""
+    code = "SHAPE_MISMATCH"
+
+
+class RankMismatchError(FrontendError):
+    """An operand has the wrong rank for the op."""
+    code = "RANK_MISMATCH"
+
+
+class DtypeError(FrontendError):
+    """A dtype is unsupported or operands' dtypes disagree."""
+    code = "DTYPE_UNSUPPORTED"
+
+
+class ArgumentError(FrontendError):
+    """A call's arguments do not fit the compiled function (count, type, layout)."""
+    code = "BAD_ARGUMENT"
+
+
+# --------------------------------------------------------------------------- codegen / runtime
+class CodegenError(TesseraError):
+    """Translation to machine code failed."""
+    code = "CODEGEN"
+    area = "codegen"
+
+
+class LLVMAbortError(CodegenError):
+    """LLVM aborted while compiling (caught in a subprocess guard)."""
+    code = "LLVM_ABORT"
+
+
+class ToolchainMissingError(CodegenError):
+    """An external tool (ptxas, ld.lld) needed for this artifact is not installed."""
+    code = "TOOLCHAIN_MISSING"
+
+
+class LaneUnavailableError(TesseraError):
+    """The compiled lane cannot run on this machine (no such device); no other lane is substituted."""
+    code = "LANE_UNAVAILABLE"
+    area = "runtime"
+
+
+class OutOfMemoryError(TesseraError):
+    """A result or workspace is larger than the memory this process may use."""
+    code = "OUT_OF_MEMORY"
+    area = "runtime"
+
+
+class CacheError(TesseraError):
+    """A compile-cache entry is unusable (it is discarded and recompiled; raised only if that fails)."""
+    code = "CACHE"
+    area = "runtime"
+
+
+def all_error_classes() -> list[type[TesseraError]]:
+    """Every TesseraError class defined in Tessera, in definition order, base first."""
+    seen: list[type[TesseraError]] = []
+
+    def walk(cls: type[TesseraError]) -> None:
+        if cls not in seen:
+            seen.append(cls)
+        for sub in cls.__subclasses__():
+            if sub.__module__.startswith("tessera"):
+                walk(sub)
+
+    walk(TesseraError)
+    return seen
+
+
+def error_for_code(code: str) -> type[TesseraError]:
+    for cls in all_error_classes():
+        if cls.code == code:
+            return cls
+    raise KeyError(code)

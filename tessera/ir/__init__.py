@@ -1,0 +1,1 @@
+"""The four IR layers as xDSL dialects: graph, schedule, tile, target/<t>."""

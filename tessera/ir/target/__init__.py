@@ -1,0 +1,1 @@
+"""Target IR dialects, one file per target."""

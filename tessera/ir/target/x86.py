@@ -1,0 +1,274 @@
+"""Target IR for x86: the ``tessera_x86`` dialect (xDSL's own ``x86`` is a different thing).
+
+Values are builtin ``vector<W x elem>`` registers, scalars, ``index`` and
+``!llvm.ptr`` base pointers; addressing is ``base[offset]`` in elements.  Each op
+is one instruction (or one short fixed idiom) that ``tessera.codegen.x86`` turns
+into LLVM IR:
+
+  vzero        vxorps                           vfma       vfmadd231ps
+  vbroadcast   vbroadcastss / vpbroadcastd       vdpbf16ps  vdpbf16ps (AVX512-BF16)
+  vload/vstore vmovups (masked with a count)     vbinary    vaddps/vsubps/vmulps/vdivps/vmaxps/vminps
+  vunary       a math-library sequence (exp, tanh, erf, ...) or one instruction (sqrt, abs)
+  vreduce      horizontal add/max, result in every lane
+  vsplat       broadcast a scalar register       vconstant  a constant vector
+  vcvt         vcvtneps2bf16 / vcvtph2ps ...     load/store scalar moves (packing)
+  workspace    the calling thread's scratch slice
+  launch       host program step (kernel symbol, threads over the parallel loop)
+"""
+from __future__ import annotations
+
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    FlatSymbolRefAttr,
+    FloatAttr,
+    IndexType,
+    IntegerAttr,
+    StringAttr,
+    VectorType,
+)
+from xdsl.dialects.llvm import LLVMPointerType
+from xdsl.ir import Dialect
+from xdsl.irdl import (
+    VarConstraint,
+    base,
+    IRDLOperation,
+    attr_def,
+    irdl_op_definition,
+    opt_attr_def,
+    opt_operand_def,
+    operand_def,
+    result_def,
+    traits_def,
+    var_operand_def,
+    var_result_def,
+)
+from typing import ClassVar
+
+from xdsl.traits import Pure
+
+from tessera.errors import TargetVerifyError
+from tessera.ir.attrs import ival
+
+PTR = LLVMPointerType()  # x86 code addresses one flat space
+
+UNARY = ("neg", "exp", "tanh", "erf", "relu", "silu", "gelu_tanh", "gelu_erf", "sqrt", "rsqrt", "recip", "copy",
+         "abs")
+BINARY = ("add", "sub", "mul", "div", "max", "min")
+
+
+def _check(cond: bool, op: IRDLOperation, msg: str) -> None:
+    if not cond:
+        raise TargetVerifyError(f"{op.name}: {msg}", op=op)
+
+
+@irdl_op_definition
+class VZeroOp(IRDLOperation):
+    name = "tessera_x86.vzero"
+    result = result_def(VectorType)
+    traits = traits_def(Pure())
+    assembly_format = "attr-dict `:` type($result)"
+
+
+@irdl_op_definition
+class VConstantOp(IRDLOperation):
+    name = "tessera_x86.vconstant"
+    value = attr_def(FloatAttr)
+    result = result_def(VectorType)
+    traits = traits_def(Pure())
+    assembly_format = "`(` $value `)` attr-dict `:` type($result)"
+
+
+@irdl_op_definition
+class VSplatOp(IRDLOperation):
+    name = "tessera_x86.vsplat"
+    scalar = operand_def()
+    result = result_def(VectorType)
+    traits = traits_def(Pure())
+    assembly_format = "$scalar attr-dict `:` type($scalar) `->` type($result)"
+
+
+@irdl_op_definition
+class VBroadcastOp(IRDLOperation):
+    """Load ``group`` consecutive elements at base[offset] and repeat them across the vector."""
+
+    name = "tessera_x86.vbroadcast"
+    base = operand_def(PTR)
+    offset = operand_def(IndexType)
+    group = attr_def(IntegerAttr)
+    result = result_def(VectorType)
+    assembly_format = "$base `[` $offset `]` attr-dict `:` type($result)"
+
+    def verify_(self) -> None:
+        n = self.result.type.get_shape()[0]  # type: ignore[attr-defined]
+        _check(ival(self.group) >= 1 and n % ival(self.group) == 0, self, "group must divide the vector width")
+
+
+@irdl_op_definition
+class VLoadOp(IRDLOperation):
+    """Load a vector from base[offset]; with ``count``, only the first count lanes (rest 0)."""
+
+    name = "tessera_x86.vload"
+    base = operand_def(PTR)
+    offset = operand_def(IndexType)
+    count = opt_operand_def(IndexType)
+    result = result_def(VectorType)
+    assembly_format = "$base `[` $offset `]` (`count` $count^)? attr-dict `:` type($result)"
+
+
+@irdl_op_definition
+class VStoreOp(IRDLOperation):
+    """Store a vector to base[offset]; with ``count``, only the first count lanes."""
+
+    name = "tessera_x86.vstore"
+    value = operand_def(VectorType)
+    base = operand_def(PTR)
+    offset = operand_def(IndexType)
+    count = opt_operand_def(IndexType)
+    assembly_format = "$value `,` $base `[` $offset `]` (`count` $count^)? attr-dict `:` type($value)"
+
+
+@irdl_op_definition
+class LoadOp(IRDLOperation):
+    """Scalar load base[offset]."""
+
+    name = "tessera_x86.load"
+    base = operand_def(PTR)
+    offset = operand_def(IndexType)
+    result = result_def()
+    assembly_format = "$base `[` $offset `]` attr-dict `:` type($result)"
+
+
+@irdl_op_definition
+class StoreOp(IRDLOperation):
+    name = "tessera_x86.store"
+    value = operand_def()
+    base = operand_def(PTR)
+    offset = operand_def(IndexType)
+    assembly_format = "$value `,` $base `[` $offset `]` attr-dict `:` type($value)"
+
+
+@irdl_op_definition
+class VFmaOp(IRDLOperation):
+    """``acc + a * b`` lane-wise (vfmadd231ps)."""
+
+    T: ClassVar = VarConstraint("T", base(VectorType))
+    name = "tessera_x86.vfma"
+    a = operand_def(T)
+    b = operand_def(T)
+    acc = operand_def(T)
+    result = result_def(T)
+    traits = traits_def(Pure())
+    assembly_format = "$a `,` $b `,` $acc attr-dict `:` type($result)"
+
+    def verify_(self) -> None:
+        _check(self.a.type == self.b.type == self.acc.type == self.result.type, self, "operand types differ")
+
+
+@irdl_op_definition
+class VDpbf16psOp(IRDLOperation):
+    """``acc[i] += a[2i]*b[2i] + a[2i+1]*b[2i+1]`` on bf16 pairs, f32 accumulate (denormals flushed)."""
+
+    name = "tessera_x86.vdpbf16ps"
+    A: ClassVar = VarConstraint("A", base(VectorType))
+    C: ClassVar = VarConstraint("C", base(VectorType))
+    a = operand_def(A)
+    b = operand_def(A)
+    acc = operand_def(C)
+    result = result_def(C)
+    traits = traits_def(Pure())
+    assembly_format = "$a `,` $b `,` $acc attr-dict `:` type($a) `,` type($acc)"
+
+    def verify_(self) -> None:
+        wa = self.a.type.get_shape()[0]  # type: ignore[attr-defined]
+        wc = self.acc.type.get_shape()[0]  # type: ignore[attr-defined]
+        _check(self.a.type == self.b.type and wa == 2 * wc and self.result.type == self.acc.type, self,
+               "needs bf16 vectors twice as wide as the f32 accumulator")
+
+
+@irdl_op_definition
+class VBinaryOp(IRDLOperation):
+    T: ClassVar = VarConstraint("T", base(VectorType))
+    name = "tessera_x86.vbinary"
+    fn = attr_def(StringAttr)
+    lhs = operand_def(T)
+    rhs = operand_def(T)
+    result = result_def(T)
+    traits = traits_def(Pure())
+    assembly_format = "$fn $lhs `,` $rhs attr-dict `:` type($result)"
+
+    def verify_(self) -> None:
+        _check(self.fn.data in BINARY, self, f"fn {self.fn.data!r}; legal: {', '.join(BINARY)}")
+
+
+@irdl_op_definition
+class VUnaryOp(IRDLOperation):
+    T: ClassVar = VarConstraint("T", base(VectorType))
+    name = "tessera_x86.vunary"
+    fn = attr_def(StringAttr)
+    input = operand_def(T)
+    result = result_def(T)
+    traits = traits_def(Pure())
+    assembly_format = "$fn $input attr-dict `:` type($result)"
+
+    def verify_(self) -> None:
+        _check(self.fn.data in UNARY, self, f"fn {self.fn.data!r}; legal: {', '.join(UNARY)}")
+
+
+@irdl_op_definition
+class VReduceOp(IRDLOperation):
+    """Horizontal reduction; the result holds the reduced value in every lane."""
+
+    T: ClassVar = VarConstraint("T", base(VectorType))
+    name = "tessera_x86.vreduce"
+    kind = attr_def(StringAttr)
+    input = operand_def(T)
+    result = result_def(T)
+    traits = traits_def(Pure())
+    assembly_format = "$kind $input attr-dict `:` type($result)"
+
+
+@irdl_op_definition
+class VCvtOp(IRDLOperation):
+    """Convert lane-wise between element types (f32 <-> bf16/f16), round to nearest even."""
+
+    name = "tessera_x86.vcvt"
+    input = operand_def(VectorType)
+    result = result_def(VectorType)
+    traits = traits_def(Pure())
+    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+
+
+@irdl_op_definition
+class WorkspaceOp(IRDLOperation):
+    """The calling thread's scratch at byte ``offset`` of its workspace slice."""
+
+    name = "tessera_x86.workspace"
+    base = operand_def(PTR)
+    offset = attr_def(IntegerAttr)
+    result = result_def(PTR)
+    traits = traits_def(Pure())
+    assembly_format = "$base `[` $offset `]` attr-dict"
+
+
+@irdl_op_definition
+class LaunchOp(IRDLOperation):
+    """Host program step: call the compiled kernel ``callee`` on whole tensors, its
+    ``parallel`` loop split over up to ``threads`` threads."""
+
+    name = "tessera_x86.launch"
+    callee = attr_def(FlatSymbolRefAttr)
+    args = var_operand_def()
+    outs = var_result_def()
+    dims = attr_def(ArrayAttr)
+    workspace = attr_def(IntegerAttr)
+    threads = attr_def(IntegerAttr)
+    parallel = opt_attr_def(StringAttr)
+    assembly_format = "$callee `(` $args `)` attr-dict `:` functional-type($args, results)"
+
+
+X86 = Dialect(
+    "tessera_x86",
+    [VZeroOp, VConstantOp, VSplatOp, VBroadcastOp, VLoadOp, VStoreOp, LoadOp, StoreOp, VFmaOp, VDpbf16psOp,
+     VBinaryOp, VUnaryOp, VReduceOp, VCvtOp, WorkspaceOp, LaunchOp],
+    [],
+)

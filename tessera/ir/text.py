@@ -1,0 +1,99 @@
+"""IR text in and out, with source locations and coded verifier errors.
+
+xDSL does not remember where an op came from, so :class:`LocatingParser` stamps
+every parsed op that has no explicit ``loc(...)`` with a ``FileLineColLoc`` of its
+first token.  :func:`verify` walks ops one at a time so a failure names the op and
+its location; Tessera verifiers raise coded errors, anything else from xDSL becomes
+``IR_VERIFY``.
+"""
+from __future__ import annotations
+
+from io import StringIO
+
+from xdsl.dialects.builtin import FileLineColLoc, IntAttr, ModuleOp, StringAttr, UnknownLoc
+from xdsl.ir import Operation
+from xdsl.parser import Parser
+from xdsl.printer import Printer
+from xdsl.utils.exceptions import ParseError, VerifyException
+
+from tessera.errors import IRParseError, IRVerifyError, SourceLocation, TesseraError
+from tessera.ir.context import make_context
+
+
+def _line_col(text: str, pos: int) -> tuple[int, int]:
+    line = text.count("\n", 0, pos) + 1
+    col = pos - (text.rfind("\n", 0, pos) + 1) + 1
+    return line, col
+
+
+class LocatingParser(Parser):
+    filename: str = "<input>"
+    last_op_start: int = 0
+
+    def parse_operation(self) -> Operation:
+        start = self._current_token.span.start
+        self.last_op_start = start
+        op = super().parse_operation()
+        if isinstance(op.location, UnknownLoc):
+            line, col = _line_col(self.lexer.input.content, start)
+            op.location = FileLineColLoc(StringAttr(self.filename), IntAttr(line), IntAttr(col))
+        return op
+
+
+def location_of(op: Operation | None) -> SourceLocation | None:
+    loc = getattr(op, "location", None)
+    if isinstance(loc, FileLineColLoc):
+        return SourceLocation(loc.filename.data, loc.line.data, loc.column.data)
+    return None
+
+
+def parse_module(text: str, filename: str = "<input>") -> ModuleOp:
+    """Parse MLIR text into a module (not yet verified); errors are ``IRParseError``."""
+    parser = LocatingParser(make_context(), text, name=filename)
+    parser.filename = filename
+    try:
+        return parser.parse_module()
+    except ParseError as e:
+        line, col = _line_col(text, e.span.start)
+        raise IRParseError(e.msg, location=SourceLocation(filename, line, col)) from None
+    except TesseraError as e:  # a type or attribute verifier of ours, raised while parsing
+        line, col = _line_col(text, parser.last_op_start)
+        raise e.with_location(SourceLocation(filename, line, col)) from None
+    except (VerifyException, ValueError, TypeError) as e:
+        line, col = _line_col(text, parser._current_token.span.start)
+        raise IRParseError(str(e).splitlines()[0] if str(e) else type(e).__name__,
+                           location=SourceLocation(filename, line, col)) from None
+
+
+def verify(module: Operation) -> None:
+    """Verify every op; the first failure is raised as a coded ``TesseraError``."""
+    for op in module.walk():
+        try:
+            op.verify(verify_nested_ops=False)
+        except TesseraError as e:
+            if e.op is None:
+                e.op = op
+            raise e.with_location(location_of(e.op)) from None
+        except (VerifyException, ValueError) as e:
+            msg = str(e).strip().splitlines()
+            raise IRVerifyError(f"{op.name}: {msg[0] if msg else type(e).__name__}", op=op,
+                                location=location_of(op)) from None
+    try:
+        module.verify()
+    except TesseraError:
+        raise
+    except (VerifyException, ValueError) as e:
+        msg = str(e).strip().splitlines()
+        raise IRVerifyError(msg[0] if msg else "module does not verify") from None
+
+
+def print_ir(op: Operation, *, debuginfo: bool = False) -> str:
+    out = StringIO()
+    Printer(stream=out, print_debuginfo=debuginfo).print_op(op)
+    return out.getvalue() + "\n"
+
+
+def parse_and_verify(text: str, filename: str = "<input>") -> ModuleOp:
+    module = parse_module(text, filename)
+    verify(module)
+    return module

@@ -1,0 +1,604 @@
+"""Tile IR: the ``tile`` dialect — explicit tiles, memory spaces and typed fragments.
+
+Types
+  ``!tile.buffer<elem, space>``       a pointer into one memory space
+  ``!tile.view<[R, C], elem, space>`` an R x C window of a buffer (runtime offset, strides
+                                      and valid extent; elements past the extent read as 0
+                                      and are not written)
+  ``!tile.tile<[R, C], elem>``        a value held in registers
+  ``!tile.fragment<m, n, k, elem, acc, role, layout, family>``
+                                      one operand of a matrix instruction (or of a register
+                                      tile of them), typed by its role a / b / acc
+  ``!tile.token``                     completion of an asynchronous copy
+
+``tile.mma`` accepts typed fragments only; there is no untyped form.  Verifier
+failures raise coded ``Tile*`` errors (see ``tessera.errors``).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    FlatSymbolRefAttr,
+    FloatAttr,
+    IndexType,
+    IntAttr,
+    IntegerAttr,
+    StringAttr,
+)
+from xdsl.ir import Attribute, Dialect, ParametrizedAttribute, SSAValue, TypeAttribute
+from xdsl.irdl import (
+    IRDLOperation,
+    attr_def,
+    irdl_attr_definition,
+    irdl_op_definition,
+    opt_attr_def,
+    operand_def,
+    result_def,
+    traits_def,
+    var_operand_def,
+    var_result_def,
+)
+from xdsl.parser import AttrParser
+from xdsl.printer import Printer
+from xdsl.traits import Pure
+
+from tessera.ir.attrs import ival
+from tessera.errors import (
+    TileFragmentPackShape,
+    TileFragmentRoleDisagrees,
+    TileFragmentUnpackRole,
+    TileFragmentZeroRole,
+    TileMemorySpaceError,
+    TileMmaAccumMismatch,
+    TileMmaFamilyMismatch,
+    TileMmaOperandRole,
+    TileMmaResultType,
+    TileMmaShapeMismatch,
+    TileMmaUntypedOperand,
+    TileShapeMismatch,
+    TileVerifyError,
+)
+
+FAMILIES = ("fma", "avx512_bf16", "avx512_vnni", "amx", "mma_sync", "wgmma", "wmma", "mfma", "simdgroup")
+ROLES = ("a", "b", "acc")
+LAYOUTS = ("row_major", "col_major", "panel", "lane")
+# Memory spaces: global (device/host memory), workspace (runtime-owned scratch),
+# l1/l2/l3 (CPU staging panels sized for that cache level), lds (AMD), smem (NVIDIA),
+# tgmem (Apple threadgroup memory).
+SPACES = ("global", "workspace", "l1", "l2", "l3", "lds", "smem", "tgmem")
+STAGING_SPACES = ("l1", "l2", "l3", "lds", "smem", "tgmem", "workspace")
+
+
+def _print_shape(printer: Printer, shape: Sequence[int]) -> None:
+    printer.print_string("[" + ", ".join(str(s) for s in shape) + "]")
+
+
+def _parse_shape(parser: AttrParser) -> list[int]:
+    parser.parse_punctuation("[")
+    out: list[int] = []
+    if parser.parse_optional_punctuation("]") is None:
+        while True:
+            out.append(parser.parse_integer(allow_boolean=False, allow_negative=False))
+            if parser.parse_optional_punctuation(",") is None:
+                break
+        parser.parse_punctuation("]")
+    return out
+
+
+def _ints(a: ArrayAttr) -> tuple[int, ...]:
+    return tuple(x.data for x in a.data)  # type: ignore[attr-defined]
+
+
+# --------------------------------------------------------------------------- types
+@irdl_attr_definition
+class BufferType(ParametrizedAttribute, TypeAttribute):
+    name = "tile.buffer"
+    element_type: Attribute
+    space: StringAttr
+
+    def print_parameters(self, printer: Printer) -> None:
+        printer.print_string("<")
+        printer.print_attribute(self.element_type)
+        printer.print_string(f", {self.space.data}>")
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser):
+        with parser.in_angle_brackets():
+            elem = parser.parse_type()
+            parser.parse_punctuation(",")
+            space = parser.parse_identifier()
+        return elem, StringAttr(space)
+
+    def verify(self) -> None:
+        if self.space.data not in SPACES:
+            raise TileMemorySpaceError(f"unknown memory space {self.space.data!r}; known: {', '.join(SPACES)}")
+
+
+def buffer(elem: Attribute, space: str = "global") -> BufferType:
+    return BufferType(elem, StringAttr(space))
+
+
+@irdl_attr_definition
+class ViewType(ParametrizedAttribute, TypeAttribute):
+    name = "tile.view"
+    shape: ArrayAttr
+    element_type: Attribute
+    space: StringAttr
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        return _ints(self.shape)
+
+    def print_parameters(self, printer: Printer) -> None:
+        printer.print_string("<")
+        _print_shape(printer, self.dims)
+        printer.print_string(", ")
+        printer.print_attribute(self.element_type)
+        printer.print_string(f", {self.space.data}>")
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser):
+        with parser.in_angle_brackets():
+            shape = _parse_shape(parser)
+            parser.parse_punctuation(",")
+            elem = parser.parse_type()
+            parser.parse_punctuation(",")
+            space = parser.parse_identifier()
+        return ArrayAttr([IntAttr(s) for s in shape]), elem, StringAttr(space)
+
+    def verify(self) -> None:
+        if len(self.dims) != 2:
+            raise TileShapeMismatch(f"!tile.view must be 2-D, got {list(self.dims)}")
+        if self.space.data not in SPACES:
+            raise TileMemorySpaceError(f"unknown memory space {self.space.data!r}")
+
+
+def view_type(rows: int, cols: int, elem: Attribute, space: str) -> ViewType:
+    return ViewType(ArrayAttr([IntAttr(rows), IntAttr(cols)]), elem, StringAttr(space))
+
+
+@irdl_attr_definition
+class TileType(ParametrizedAttribute, TypeAttribute):
+    name = "tile.tile"
+    shape: ArrayAttr
+    element_type: Attribute
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        return _ints(self.shape)
+
+    def print_parameters(self, printer: Printer) -> None:
+        printer.print_string("<")
+        _print_shape(printer, self.dims)
+        printer.print_string(", ")
+        printer.print_attribute(self.element_type)
+        printer.print_string(">")
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser):
+        with parser.in_angle_brackets():
+            shape = _parse_shape(parser)
+            parser.parse_punctuation(",")
+            elem = parser.parse_type()
+        return ArrayAttr([IntAttr(s) for s in shape]), elem
+
+    def verify(self) -> None:
+        if len(self.dims) != 2:
+            raise TileShapeMismatch(f"!tile.tile must be 2-D, got {list(self.dims)}")
+
+
+def tile_type(rows: int, cols: int, elem: Attribute) -> TileType:
+    return TileType(ArrayAttr([IntAttr(rows), IntAttr(cols)]), elem)
+
+
+@irdl_attr_definition
+class FragmentType(ParametrizedAttribute, TypeAttribute):
+    """``!tile.fragment<m, n, k, elem, acc, role, layout, family>``."""
+
+    name = "tile.fragment"
+    m: IntAttr
+    n: IntAttr
+    k: IntAttr
+    elem: Attribute
+    acc: Attribute
+    role: StringAttr
+    layout: StringAttr
+    family: StringAttr
+
+    @property
+    def mnk(self) -> tuple[int, int, int]:
+        return self.m.data, self.n.data, self.k.data
+
+    @property
+    def data_shape(self) -> tuple[int, int]:
+        """Rows x cols of the matrix this fragment holds: a is m x k, b is k x n, acc is m x n."""
+        m, n, k = self.mnk
+        return {"a": (m, k), "b": (k, n), "acc": (m, n)}[self.role.data]
+
+    def with_role(self, role: str, layout: str | None = None) -> "FragmentType":
+        return fragment(self.mnk, self.elem, self.acc, role, layout or self.layout.data, self.family.data)
+
+    def print_parameters(self, printer: Printer) -> None:
+        printer.print_string(f"<{self.m.data}, {self.n.data}, {self.k.data}, ")
+        printer.print_attribute(self.elem)
+        printer.print_string(", ")
+        printer.print_attribute(self.acc)
+        printer.print_string(f", {self.role.data}, {self.layout.data}, {self.family.data}>")
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser):
+        with parser.in_angle_brackets():
+            m = parser.parse_integer(allow_boolean=False)
+            parser.parse_punctuation(",")
+            n = parser.parse_integer(allow_boolean=False)
+            parser.parse_punctuation(",")
+            k = parser.parse_integer(allow_boolean=False)
+            parser.parse_punctuation(",")
+            elem = parser.parse_type()
+            parser.parse_punctuation(",")
+            acc = parser.parse_type()
+            parser.parse_punctuation(",")
+            role = parser.parse_identifier()
+            parser.parse_punctuation(",")
+            layout = parser.parse_identifier()
+            parser.parse_punctuation(",")
+            family = parser.parse_identifier()
+        return (IntAttr(m), IntAttr(n), IntAttr(k), elem, acc, StringAttr(role), StringAttr(layout),
+                StringAttr(family))
+
+    def verify(self) -> None:
+        if min(self.mnk) <= 0:
+            raise TileVerifyError(f"fragment shape {self.mnk} must be positive")
+        if self.role.data not in ROLES:
+            raise TileVerifyError(f"fragment role {self.role.data!r}; legal: {', '.join(ROLES)}")
+        if self.layout.data not in LAYOUTS:
+            raise TileVerifyError(f"fragment layout {self.layout.data!r}; legal: {', '.join(LAYOUTS)}")
+        if self.family.data not in FAMILIES:
+            raise TileVerifyError(f"fragment family {self.family.data!r}; legal: {', '.join(FAMILIES)}")
+
+
+def fragment(mnk: Sequence[int], elem: Attribute, acc: Attribute, role: str, layout: str,
+             family: str) -> FragmentType:
+    m, n, k = mnk
+    return FragmentType(IntAttr(m), IntAttr(n), IntAttr(k), elem, acc, StringAttr(role), StringAttr(layout),
+                        StringAttr(family))
+
+
+@irdl_attr_definition
+class TokenType(ParametrizedAttribute, TypeAttribute):
+    name = "tile.token"
+
+
+# --------------------------------------------------------------------------- memory ops
+@irdl_op_definition
+class AllocOp(IRDLOperation):
+    """A staging buffer of ``size`` elements in a staging memory space, owned by the
+    runtime's per-thread workspace (CPU) or the workgroup's LDS / shared memory (GPU)."""
+
+    name = "tile.alloc"
+    size = attr_def(IntegerAttr)
+    result = result_def(BufferType)
+    assembly_format = "attr-dict `:` type($result)"
+
+    def verify_(self) -> None:
+        t = self.result.type
+        if isinstance(t, BufferType) and t.space.data not in STAGING_SPACES:
+            raise TileMemorySpaceError(f"tile.alloc into {t.space.data!r}; staging spaces: "
+                                       f"{', '.join(STAGING_SPACES)}", op=self)
+        if ival(self.size) <= 0:
+            raise TileVerifyError("tile.alloc size must be positive", op=self)
+
+
+@irdl_op_definition
+class ViewOp(IRDLOperation):
+    """``%v = tile.view %buf[%row, %col] strides [%rs, %cs] bounds [%rows, %cols]``.
+
+    Element (i, j) of the view is ``buf[(row + i) * rs + (col + j) * cs]``; it exists
+    when ``i < rows`` and ``j < cols`` (the valid extent, clamped to the view shape)."""
+
+    name = "tile.view"
+    source = operand_def(BufferType)
+    row = operand_def(IndexType)
+    col = operand_def(IndexType)
+    row_stride = operand_def(IndexType)
+    col_stride = operand_def(IndexType)
+    rows = operand_def(IndexType)
+    cols = operand_def(IndexType)
+    result = result_def(ViewType)
+    traits = traits_def(Pure())
+    assembly_format = ("$source `[` $row `,` $col `]` `strides` `[` $row_stride `,` $col_stride `]` "
+                       "`bounds` `[` $rows `,` $cols `]` attr-dict `:` type($source) `->` type($result)")
+
+    def verify_(self) -> None:
+        s, r = self.source.type, self.result.type
+        if isinstance(s, BufferType) and isinstance(r, ViewType):
+            if s.element_type != r.element_type or s.space != r.space:
+                raise TileMemorySpaceError(
+                    f"tile.view of {s} cannot have type {r} (element type and space must match)", op=self)
+
+
+@irdl_op_definition
+class AsyncCopyOp(IRDLOperation):
+    """Copy a view into a staging buffer, packed as ``layout`` says.
+
+    Layouts: ``row_major`` (the view's rows, ``ld`` apart), ``a_panel`` (``panel``-row
+    slivers, each stored column by column: the CPU GEMM's packed A), ``b_panel``
+    (``panel``-column slivers stored row by row: packed B), with ``kpack`` consecutive
+    k elements interleaved (2 for bf16 dot-product instructions).  Edge slivers are
+    zero-padded to the full panel.  Returns a token that ``tile.wait`` consumes."""
+
+    name = "tile.async_copy"
+    source = operand_def(ViewType)
+    dest = operand_def(BufferType)
+    layout = attr_def(StringAttr)
+    panel = attr_def(IntegerAttr)
+    kpack = attr_def(IntegerAttr)
+    token = result_def(TokenType)
+    assembly_format = "$source `,` $dest attr-dict `:` type($source) `,` type($dest)"
+
+    LAYOUTS: ClassVar[tuple[str, ...]] = ("row_major", "a_panel", "b_panel")
+
+    def verify_(self) -> None:
+        d = self.dest.type
+        if isinstance(d, BufferType) and d.space.data not in STAGING_SPACES:
+            raise TileMemorySpaceError(f"tile.async_copy destination must be a staging space, got {d.space.data!r}",
+                                       op=self)
+        if self.layout.data not in self.LAYOUTS:
+            raise TileVerifyError(f"tile.async_copy layout {self.layout.data!r}; legal: {', '.join(self.LAYOUTS)}",
+                                  op=self)
+        if ival(self.panel) <= 0 or ival(self.kpack) <= 0:
+            raise TileVerifyError("tile.async_copy panel and kpack must be positive", op=self)
+
+
+@irdl_op_definition
+class WaitOp(IRDLOperation):
+    name = "tile.wait"
+    tokens = var_operand_def(TokenType)
+    assembly_format = "$tokens attr-dict"
+
+
+# --------------------------------------------------------------------------- fragment ops
+def _fragment_uses_role(op: IRDLOperation, result: SSAValue, role: str) -> None:
+    for use in result.uses:
+        user = use.operation
+        if isinstance(user, MmaOp):
+            slot = ROLES[use.index]
+            if slot != role:
+                raise TileFragmentRoleDisagrees(
+                    f"{op.name} produces a role-{role} fragment used as tile.mma operand '{slot}'", op=op)
+
+
+@irdl_op_definition
+class FragmentZeroOp(IRDLOperation):
+    name = "tile.fragment_zero"
+    result = result_def(FragmentType)
+    traits = traits_def(Pure())
+    assembly_format = "attr-dict `:` type($result)"
+
+    def verify_(self) -> None:
+        t = self.result.type
+        if isinstance(t, FragmentType) and t.role.data != "acc":
+            raise TileFragmentZeroRole(f"tile.fragment_zero must produce role acc, got {t.role.data}", op=self)
+
+
+@irdl_op_definition
+class FragmentPackOp(IRDLOperation):
+    """Load a view into a fragment; the lowering decides which lane/register holds which element."""
+
+    name = "tile.fragment_pack"
+    source = operand_def(ViewType)
+    result = result_def(FragmentType)
+    assembly_format = "$source attr-dict `:` type($source) `->` type($result)"
+
+    def verify_(self) -> None:
+        v, f = self.source.type, self.result.type
+        if isinstance(v, ViewType) and isinstance(f, FragmentType):
+            if v.dims != f.data_shape:
+                raise TileFragmentPackShape(
+                    f"tile.fragment_pack: a role-{f.role.data} fragment of shape {f.mnk} holds "
+                    f"{list(f.data_shape)}, but the view is {list(v.dims)}", op=self)
+            want = f.acc if f.role.data == "acc" else f.elem
+            if v.element_type != want:
+                raise TileFragmentPackShape(
+                    f"tile.fragment_pack: view element {v.element_type} differs from fragment's {want}", op=self)
+            _fragment_uses_role(self, self.result, f.role.data)
+
+
+@irdl_op_definition
+class MmaOp(IRDLOperation):
+    """``%d = tile.mma %a, %b, %c``: d = a x b + c on typed fragments; c is the real accumulator."""
+
+    name = "tile.mma"
+    a = operand_def()
+    b = operand_def()
+    c = operand_def()
+    result = result_def()
+    traits = traits_def(Pure())
+    assembly_format = "$a `,` $b `,` $c attr-dict `:` type($a) `,` type($b) `,` type($c) `->` type($result)"
+
+    def verify_(self) -> None:
+        types = [self.a.type, self.b.type, self.c.type]
+        for slot, t in zip(ROLES, types):
+            if not isinstance(t, FragmentType):
+                raise TileMmaUntypedOperand(f"tile.mma operand '{slot}' has type {t}; only !tile.fragment is "
+                                            "accepted", op=self)
+        fa, fb, fc = types  # type: ignore[misc]
+        for slot, t in zip(ROLES, types):
+            if t.role.data != slot:  # type: ignore[union-attr]
+                raise TileMmaOperandRole(f"tile.mma operand '{slot}' has role {t.role.data}", op=self)  # type: ignore[union-attr]
+        if not (fa.mnk == fb.mnk == fc.mnk):
+            raise TileMmaShapeMismatch(f"tile.mma shapes differ: a {fa.mnk}, b {fb.mnk}, acc {fc.mnk}", op=self)
+        if not (fa.family == fb.family == fc.family):
+            raise TileMmaFamilyMismatch(
+                f"tile.mma families differ: {fa.family.data}, {fb.family.data}, {fc.family.data}", op=self)
+        if fc.elem != fc.acc or not (fa.acc == fb.acc == fc.acc) or fa.elem != fb.elem:
+            raise TileMmaAccumMismatch(
+                f"tile.mma accumulator types disagree: acc fragment holds {fc.elem}, declared acc types "
+                f"{fa.acc}/{fb.acc}/{fc.acc}, inputs {fa.elem}/{fb.elem}", op=self)
+        if self.result.type != fc:
+            raise TileMmaResultType(f"tile.mma result type {self.result.type} differs from accumulator {fc}",
+                                    op=self)
+
+
+@irdl_op_definition
+class FragmentUnpackOp(IRDLOperation):
+    name = "tile.fragment_unpack"
+    source = operand_def(FragmentType)
+    result = result_def(TileType)
+    traits = traits_def(Pure())
+    assembly_format = "$source attr-dict `:` type($source) `->` type($result)"
+
+    def verify_(self) -> None:
+        f, t = self.source.type, self.result.type
+        if isinstance(f, FragmentType):
+            if f.role.data != "acc":
+                raise TileFragmentUnpackRole(f"tile.fragment_unpack takes an acc fragment, got role {f.role.data}",
+                                             op=self)
+            if isinstance(t, TileType) and (t.dims != f.data_shape or t.element_type != f.acc):
+                raise TileShapeMismatch(f"tile.fragment_unpack of {f} must give tile<{list(f.data_shape)}, {f.acc}>",
+                                        op=self)
+
+
+# --------------------------------------------------------------------------- tile values
+@irdl_op_definition
+class LoadOp(IRDLOperation):
+    """Read a view into registers (elements outside the valid extent read as 0)."""
+
+    name = "tile.load"
+    source = operand_def(ViewType)
+    result = result_def(TileType)
+    assembly_format = "$source attr-dict `:` type($source) `->` type($result)"
+
+    def verify_(self) -> None:
+        v, t = self.source.type, self.result.type
+        if isinstance(v, ViewType) and isinstance(t, TileType):
+            if v.dims != t.dims:
+                raise TileShapeMismatch(f"tile.load of {list(v.dims)} view gives {list(t.dims)} tile", op=self)
+
+
+@irdl_op_definition
+class StoreOp(IRDLOperation):
+    """Write a tile to a view (only the valid extent is written); converts element type."""
+
+    name = "tile.store"
+    value = operand_def(TileType)
+    dest = operand_def(ViewType)
+    assembly_format = "$value `,` $dest attr-dict `:` type($value) `,` type($dest)"
+
+    def verify_(self) -> None:
+        t, v = self.value.type, self.dest.type
+        if isinstance(v, ViewType) and isinstance(t, TileType) and t.dims != v.dims:
+            raise TileShapeMismatch(f"tile.store of {list(t.dims)} tile into {list(v.dims)} view", op=self)
+
+
+@irdl_op_definition
+class ConstantOp(IRDLOperation):
+    name = "tile.constant"
+    value = attr_def(FloatAttr)
+    result = result_def(TileType)
+    traits = traits_def(Pure())
+    assembly_format = "`(` $value `)` attr-dict `:` type($result)"
+
+
+# Elementwise functions.  Unary ones take one operand, binary two, select three.
+UNARY_FNS = ("neg", "exp", "tanh", "erf", "relu", "silu", "gelu_tanh", "gelu_erf", "sqrt", "rsqrt", "recip",
+             "copy", "abs")
+BINARY_FNS = ("add", "sub", "mul", "div", "max", "min")
+ELEMENTWISE_FNS = UNARY_FNS + BINARY_FNS
+
+
+def broadcast_tile(a: Sequence[int], b: Sequence[int]) -> tuple[int, int] | None:
+    out = []
+    for x, y in zip(a, b):
+        if x == y or y == 1:
+            out.append(x)
+        elif x == 1:
+            out.append(y)
+        else:
+            return None
+    return tuple(out)  # type: ignore[return-value]
+
+
+@irdl_op_definition
+class ElementwiseOp(IRDLOperation):
+    """Apply ``fn`` elementwise with row/column broadcasting of 1-sized tile dims."""
+
+    name = "tile.elementwise"
+    fn = attr_def(StringAttr)
+    inputs = var_operand_def(TileType)
+    result = result_def(TileType)
+    traits = traits_def(Pure())
+    assembly_format = "$fn $inputs attr-dict `:` functional-type($inputs, results)"
+
+    def verify_(self) -> None:
+        fn = self.fn.data
+        arity = 1 if fn in UNARY_FNS else 2 if fn in BINARY_FNS else None
+        if arity is None:
+            raise TileVerifyError(f"tile.elementwise fn {fn!r}; legal: {', '.join(ELEMENTWISE_FNS)}", op=self)
+        if len(self.inputs) != arity:
+            raise TileVerifyError(f"tile.elementwise {fn} takes {arity} operand(s), got {len(self.inputs)}", op=self)
+        shape: tuple[int, ...] | None = self.inputs[0].type.dims  # type: ignore[attr-defined]
+        for v in self.inputs[1:]:
+            shape = broadcast_tile(shape, v.type.dims) if shape else None  # type: ignore[attr-defined]
+        r = self.result.type
+        if shape is None or r.dims != shape:  # type: ignore[attr-defined]
+            raise TileShapeMismatch(f"tile.elementwise {fn}: operand shapes "
+                                    f"{[list(v.type.dims) for v in self.inputs]} do not give {r}", op=self)  # type: ignore[attr-defined]
+        if any(v.type.element_type != r.element_type for v in self.inputs):  # type: ignore[attr-defined]
+            raise TileShapeMismatch(f"tile.elementwise {fn}: element types differ", op=self)
+
+
+REDUCE_KINDS = ("add", "max")
+
+
+@irdl_op_definition
+class ReduceOp(IRDLOperation):
+    """Reduce a tile along ``axis`` (0: rows -> [1, C], 1: columns -> [R, 1])."""
+
+    name = "tile.reduce"
+    kind = attr_def(StringAttr)
+    axis = attr_def(IntegerAttr)
+    input = operand_def(TileType)
+    result = result_def(TileType)
+    traits = traits_def(Pure())
+    assembly_format = "$kind $input attr-dict `:` type($input) `->` type($result)"
+
+    def verify_(self) -> None:
+        if self.kind.data not in REDUCE_KINDS:
+            raise TileVerifyError(f"tile.reduce kind {self.kind.data!r}; legal: {', '.join(REDUCE_KINDS)}", op=self)
+        if ival(self.axis) not in (0, 1):
+            raise TileVerifyError("tile.reduce axis must be 0 or 1", op=self)
+        r, c = self.input.type.dims  # type: ignore[attr-defined]
+        want = (1, c) if ival(self.axis) == 0 else (r, 1)
+        if self.result.type.dims != want:  # type: ignore[attr-defined]
+            raise TileShapeMismatch(f"tile.reduce over axis {ival(self.axis)} of [{r}, {c}] gives {list(want)}",
+                                    op=self)
+
+
+# --------------------------------------------------------------------------- host level
+@irdl_op_definition
+class LaunchOp(IRDLOperation):
+    """Host program step: run kernel ``callee`` on whole tensors.
+
+    ``dims`` lists the symbolic sizes passed to the kernel (evaluated by the runtime
+    from the bound symbols); ``workspace`` is the per-thread scratch in bytes."""
+
+    name = "tile.launch"
+    callee = attr_def(FlatSymbolRefAttr)
+    args = var_operand_def()
+    outs = var_result_def()
+    dims = attr_def(ArrayAttr)
+    workspace = attr_def(IntegerAttr)
+    parallel = opt_attr_def(StringAttr)
+    assembly_format = "$callee `(` $args `)` attr-dict `:` functional-type($args, results)"
+
+
+Tile = Dialect(
+    "tile",
+    [AllocOp, ViewOp, AsyncCopyOp, WaitOp, FragmentZeroOp, FragmentPackOp, MmaOp, FragmentUnpackOp, LoadOp,
+     StoreOp, ConstantOp, ElementwiseOp, ReduceOp, LaunchOp],
+    [BufferType, ViewType, TileType, FragmentType, TokenType],
+)

@@ -1,0 +1,1 @@
+"""Graph IR -> Graph IR transforms."""

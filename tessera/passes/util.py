@@ -1,0 +1,30 @@
+"""Small IR-editing helpers shared by passes."""
+from __future__ import annotations
+
+from xdsl.ir import Block, Operation, SSAValue
+
+
+def replace_op(op: Operation, values: list[SSAValue]) -> None:
+    """Redirect every use of ``op``'s results to ``values`` and erase ``op``."""
+    for r, v in zip(op.results, values, strict=True):
+        r.replace_all_uses_with(v)
+    op.detach()
+    op.erase()
+
+
+def insert_before(anchor: Operation, *ops: Operation) -> None:
+    block = anchor.parent
+    assert block is not None
+    for o in ops:
+        block.insert_op_before(o, anchor)
+
+
+def erase_dead(block: Block, is_removable) -> bool:
+    """Erase ops in ``block`` whose results are all unused and that ``is_removable`` allows."""
+    changed = False
+    for op in reversed(list(block.ops)):
+        if op.results and all(not r.uses for r in op.results) and is_removable(op):
+            op.detach()
+            op.erase()
+            changed = True
+    return changed

@@ -1,0 +1,1 @@
+"""Command-line tools: tessera-opt and the tessera CLI."""

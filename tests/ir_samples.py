@@ -1,0 +1,167 @@
+"""One minimal, valid module per op of Tessera's dialects (used by the round-trip test)."""
+
+T = "!tessera.tensor<[M, K], f32>"
+W = "!tessera.tensor<[K, N], f32>"
+Y = "!tessera.tensor<[M, N], f32>"
+V = "!tessera.tensor<[N], f32>"
+
+
+def _fn(args: str, body: str, results: str = "") -> str:
+    ret_types = f" -> ({results})" if results else ""
+    return f"func.func @f({args}){ret_types} {{\n{body}\n}}\n"
+
+
+def _unary(op: str, attrs: str = "") -> str:
+    return _fn(f"%x : {Y}", f"  %r = {op} %x {attrs}: ({Y}) -> {Y}\n  func.return %r : {Y}", Y)
+
+
+def _binary(op: str) -> str:
+    return _fn(f"%x : {Y}, %b : {V}", f"  %r = {op} %x, %b : ({Y}, {V}) -> {Y}\n  func.return %r : {Y}", Y)
+
+
+FRAG_A = "!tile.fragment<6, 32, 1, f32, f32, a, col_major, fma>"
+FRAG_B = "!tile.fragment<6, 32, 1, f32, f32, b, row_major, fma>"
+FRAG_C = "!tile.fragment<6, 32, 1, f32, f32, acc, row_major, fma>"
+BUF = "!tile.buffer<f32, global>"
+PANEL = "!tile.buffer<f32, l2>"
+
+TILE_PREFIX = """  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c6 = arith.constant 6 : index
+  %c32 = arith.constant 32 : index
+"""
+
+
+def _tile(body: str, args: str = f"%p : {BUF}") -> str:
+    return _fn(args, TILE_PREFIX + body + "\n  func.return")
+
+
+MMA_BODY = f"""  %va = tile.view %p[%c0, %c0] strides [%c1, %c6] bounds [%c6, %c1] : {BUF} -> !tile.view<[6, 1], f32, global>
+  %vb = tile.view %p[%c0, %c0] strides [%c32, %c1] bounds [%c1, %c32] : {BUF} -> !tile.view<[1, 32], f32, global>
+  %a = tile.fragment_pack %va : !tile.view<[6, 1], f32, global> -> {FRAG_A}
+  %b = tile.fragment_pack %vb : !tile.view<[1, 32], f32, global> -> {FRAG_B}
+  %z = tile.fragment_zero : {FRAG_C}
+  %d = tile.mma %a, %b, %z : {FRAG_A}, {FRAG_B}, {FRAG_C} -> {FRAG_C}
+  %t = tile.fragment_unpack %d : {FRAG_C} -> !tile.tile<[6, 32], f32>
+  %vc = tile.view %p[%c0, %c0] strides [%c32, %c1] bounds [%c6, %c32] : {BUF} -> !tile.view<[6, 32], f32, global>
+  tile.store %t, %vc : !tile.tile<[6, 32], f32>, !tile.view<[6, 32], f32, global>"""
+
+SAMPLES: dict[str, str] = {
+    # ---- Graph IR
+    "tessera.matmul": _fn(f"%a : {T}, %b : {W}", f"  %r = tessera.matmul %a, %b : ({T}, {W}) -> {Y}\n"
+                                                 f"  func.return %r : {Y}", Y),
+    "tessera.add": _binary("tessera.add"),
+    "tessera.sub": _binary("tessera.sub"),
+    "tessera.mul": _binary("tessera.mul"),
+    "tessera.div": _binary("tessera.div"),
+    "tessera.maximum": _binary("tessera.maximum"),
+    "tessera.neg": _unary("tessera.neg"),
+    "tessera.exp": _unary("tessera.exp"),
+    "tessera.tanh": _unary("tessera.tanh"),
+    "tessera.relu": _unary("tessera.relu"),
+    "tessera.silu": _unary("tessera.silu"),
+    "tessera.sqrt": _unary("tessera.sqrt"),
+    "tessera.gelu": _unary("tessera.gelu", '{approximate = "tanh"} '),
+    "tessera.softmax": _unary("tessera.softmax", "{axis = -1 : i64} "),
+    "tessera.layer_norm": _fn(f"%x : {Y}, %g : {V}, %b : {V}",
+                              f"  %r = tessera.layer_norm %x scale %g : {V} bias %b : {V} {{eps = 1.000000e-05 : f64}} : "
+                              f"{Y} -> {Y}\n  func.return %r : {Y}", Y),
+    "tessera.rms_norm": _fn(f"%x : {Y}", f"  %r = tessera.rms_norm %x {{eps = 1.000000e-06 : f64}} : {Y} -> {Y}\n"
+                                         f"  func.return %r : {Y}", Y),
+    "tessera.reduce_sum": _fn(f"%x : {Y}", f"  %r = tessera.reduce_sum %x {{axes = [1 : i64], keepdims = false}} : "
+                                           f"({Y}) -> !tessera.tensor<[M], f32>\n"
+                                           "  func.return %r : !tessera.tensor<[M], f32>", "!tessera.tensor<[M], f32>"),
+    "tessera.reduce_max": _fn(f"%x : {Y}", f"  %r = tessera.reduce_max %x {{axes = [1 : i64], keepdims = true}} : "
+                                           f"({Y}) -> !tessera.tensor<[M, 1], f32>\n"
+                                           "  func.return %r : !tessera.tensor<[M, 1], f32>",
+                              "!tessera.tensor<[M, 1], f32>"),
+    "tessera.reduce_mean": _fn(f"%x : {Y}", f"  %r = tessera.reduce_mean %x {{axes = [0 : i64], keepdims = false}} : "
+                                            f"({Y}) -> {V}\n  func.return %r : {V}", V),
+    "tessera.transpose": _fn(f"%x : {Y}", f"  %r = tessera.transpose %x {{perm = [1 : i64, 0 : i64]}} : "
+                                          f"({Y}) -> !tessera.tensor<[N, M], f32>\n"
+                                          "  func.return %r : !tessera.tensor<[N, M], f32>",
+                             "!tessera.tensor<[N, M], f32>"),
+    "tessera.reshape": _fn(f"%x : {Y}", f"  %r = tessera.reshape %x : ({Y}) -> !tessera.tensor<[M*N], f32>\n"
+                                        "  func.return %r : !tessera.tensor<[M*N], f32>", "!tessera.tensor<[M*N], f32>"),
+    "tessera.cast": _fn(f"%x : {Y}", f"  %r = tessera.cast %x : ({Y}) -> !tessera.tensor<[M, N], bf16>\n"
+                                     "  func.return %r : !tessera.tensor<[M, N], bf16>",
+                        "!tessera.tensor<[M, N], bf16>"),
+    "tessera.constant": _fn("", "  %r = tessera.constant {value = dense<5.000000e-01> : tensor<f32>} : "
+                                "!tessera.tensor<[], f32>\n  func.return %r : !tessera.tensor<[], f32>",
+                            "!tessera.tensor<[], f32>"),
+    "tessera.fusion": _fn(f"%x : {Y}", f"""  %r = tessera.fusion "elementwise" (%x) : ({Y}) -> {Y} {{
+  ^bb0(%a : {Y}):
+    %e = tessera.exp %a : ({Y}) -> {Y}
+    tessera.yield %e : {Y}
+  }}
+  func.return %r : {Y}""", Y),
+    "tessera.yield": None,  # covered by tessera.fusion
+    # ---- Schedule IR
+    "schedule.kernel": _fn(f"%x : {Y}", f"""  %r = schedule.kernel "k0" (%x) attributes {{kind = "elementwise", loops = ["r", "c"], tiles = [1 : i64, 64 : i64], order = ["r", "c"], parallel = "r", threads = 2 : i64, staging = 1 : i64, mma = "", register_tile = [], unroll = 1 : i64, vector = 16 : i64}} : ({Y}) -> {Y} {{
+  ^bb0(%a : {Y}):
+    %e = tessera.exp %a : ({Y}) -> {Y}
+    tessera.yield %e : {Y}
+  }}
+  func.return %r : {Y}""", Y),
+    # ---- Tile IR
+    "tile.view": _tile(MMA_BODY),
+    "tile.fragment_pack": _tile(MMA_BODY),
+    "tile.fragment_zero": _tile(MMA_BODY),
+    "tile.mma": _tile(MMA_BODY),
+    "tile.fragment_unpack": _tile(MMA_BODY),
+    "tile.store": _tile(MMA_BODY),
+    "tile.alloc": _tile(f"""  %s = tile.alloc {{size = 4096 : i64}} : {PANEL}
+  %v = tile.view %p[%c0, %c0] strides [%c32, %c1] bounds [%c6, %c32] : {BUF} -> !tile.view<[6, 32], f32, global>
+  %t = tile.async_copy %v, %s {{layout = "b_panel", panel = 16 : i64, kpack = 1 : i64}} : !tile.view<[6, 32], f32, global>, {PANEL}
+  tile.wait %t"""),
+    "tile.async_copy": None,  # covered by tile.alloc
+    "tile.wait": None,
+    "tile.load": _tile(f"""  %v = tile.view %p[%c0, %c0] strides [%c32, %c1] bounds [%c1, %c32] : {BUF} -> !tile.view<[1, 32], f32, global>
+  %t = tile.load %v : !tile.view<[1, 32], f32, global> -> !tile.tile<[1, 32], f32>
+  %h = tile.constant (5.000000e-01 : f32) : !tile.tile<[1, 1], f32>
+  %e = tile.elementwise "mul" %t, %h : (!tile.tile<[1, 32], f32>, !tile.tile<[1, 1], f32>) -> !tile.tile<[1, 32], f32>
+  %m = tile.reduce "max" %e {{axis = 1 : i64}} : !tile.tile<[1, 32], f32> -> !tile.tile<[1, 1], f32>
+  %s = tile.elementwise "sub" %e, %m : (!tile.tile<[1, 32], f32>, !tile.tile<[1, 1], f32>) -> !tile.tile<[1, 32], f32>
+  tile.store %s, %v : !tile.tile<[1, 32], f32>, !tile.view<[1, 32], f32, global>"""),
+    "tile.constant": None,
+    "tile.elementwise": None,
+    "tile.reduce": None,
+    "tile.launch": _fn(f"%x : {Y}", f"""  %r = tile.launch @k0(%x) {{dims = ["M", "N"], workspace = 0 : i64}} : ({Y}) -> {Y}
+  func.return %r : {Y}""", Y),
+    # ---- Target IR: x86
+    "tessera_x86.vzero": _fn("%p : !llvm.ptr, %o : index, %n : index, %s : f32", """  %z = tessera_x86.vzero : vector<16xf32>
+  %c = tessera_x86.vconstant (1.000000e+00 : f32) : vector<16xf32>
+  %s1 = tessera_x86.vsplat %s : f32 -> vector<16xf32>
+  %b = tessera_x86.vbroadcast %p[%o] {group = 1 : i64} : vector<16xf32>
+  %l = tessera_x86.vload %p[%o] : vector<16xf32>
+  %m = tessera_x86.vload %p[%o] count %n : vector<16xf32>
+  %f = tessera_x86.vfma %b, %l, %z : vector<16xf32>
+  %g = tessera_x86.vbinary "add" %f, %m : vector<16xf32>
+  %u = tessera_x86.vunary "exp" %g : vector<16xf32>
+  %r = tessera_x86.vreduce "max" %u : vector<16xf32>
+  %h = tessera_x86.vcvt %r : vector<16xf32> -> vector<16xbf16>
+  %x = tessera_x86.load %p[%o] : f32
+  tessera_x86.store %x, %p[%o] : f32
+  tessera_x86.vstore %r, %p[%o] : vector<16xf32>
+  tessera_x86.vstore %r, %p[%o] count %n : vector<16xf32>
+  %bp = tessera_x86.vbroadcast %p[%o] {group = 2 : i64} : vector<32xbf16>
+  %bv = tessera_x86.vload %p[%o] : vector<32xbf16>
+  %d = tessera_x86.vdpbf16ps %bp, %bv, %z : vector<32xbf16>, vector<16xf32>
+  %w = tessera_x86.workspace %p[64] 
+  func.return"""),
+    "tessera_x86.vconstant": None, "tessera_x86.vsplat": None, "tessera_x86.vbroadcast": None,
+    "tessera_x86.vload": None, "tessera_x86.vstore": None, "tessera_x86.load": None, "tessera_x86.store": None,
+    "tessera_x86.vfma": None, "tessera_x86.vdpbf16ps": None, "tessera_x86.vbinary": None,
+    "tessera_x86.vunary": None, "tessera_x86.vreduce": None, "tessera_x86.vcvt": None,
+    "tessera_x86.workspace": None,
+    "tessera_x86.launch": _fn(f"%x : {Y}", f"""  %r = tessera_x86.launch @k0(%x) {{dims = ["M", "N"], workspace = 0 : i64, threads = 2 : i64, parallel = "r"}} : ({Y}) -> {Y}
+  func.return %r : {Y}""", Y),
+    # ---- Target IR: NVIDIA, ROCm
+    "tessera_nvidia.mma_sync": _fn("%a0 : i32, %a1 : i32, %a2 : i32, %a3 : i32, %b0 : i32, %b1 : i32, %c0 : f32, "
+                                   "%c1 : f32, %c2 : f32, %c3 : f32", """  %d:4 = tessera_nvidia.mma_sync "m16n8k16" a(%a0, %a1, %a2, %a3 : i32, i32, i32, i32) b(%b0, %b1 : i32, i32) c(%c0, %c1, %c2, %c3 : f32, f32, f32, f32) {atype = "f16", ctype = "f32"} -> f32, f32, f32, f32
+  func.return"""),
+    "tessera_rocm.wmma": _fn("%a : vector<16xf16>, %c : vector<8xf32>", """  %d = tessera_rocm.wmma "16x16x16" %a, %a, %c {arch = "gfx1151"} : vector<16xf16>, vector<16xf16>, vector<8xf32> -> vector<8xf32>
+  func.return"""),
+    "tessera_rocm.mfma": _fn("%a : vector<4xf16>, %c : vector<16xf32>", """  %d = tessera_rocm.mfma "32x32x8" %a, %a, %c {arch = "gfx942"} : vector<4xf16>, vector<4xf16>, vector<16xf32> -> vector<16xf32>
+  func.return"""),
+}
