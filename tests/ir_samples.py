@@ -36,14 +36,14 @@ def _tile(body: str, args: str = f"%p : {BUF}") -> str:
     return _fn(args, TILE_PREFIX + body + "\n  func.return")
 
 
-MMA_BODY = f"""  %va = tile.view %p[%c0, %c0] strides [%c1, %c6] bounds [%c6, %c1] : {BUF} -> !tile.view<[6, 1], f32, global>
-  %vb = tile.view %p[%c0, %c0] strides [%c32, %c1] bounds [%c1, %c32] : {BUF} -> !tile.view<[1, 32], f32, global>
+MMA_BODY = f"""  %va = tile.view %p[%c0] strides [%c1, %c6] bounds [%c6, %c1] : {BUF} -> !tile.view<[6, 1], f32, global>
+  %vb = tile.view %p[%c0] strides [%c32, %c1] bounds [%c1, %c32] : {BUF} -> !tile.view<[1, 32], f32, global>
   %a = tile.fragment_pack %va : !tile.view<[6, 1], f32, global> -> {FRAG_A}
   %b = tile.fragment_pack %vb : !tile.view<[1, 32], f32, global> -> {FRAG_B}
   %z = tile.fragment_zero : {FRAG_C}
   %d = tile.mma %a, %b, %z : {FRAG_A}, {FRAG_B}, {FRAG_C} -> {FRAG_C}
   %t = tile.fragment_unpack %d : {FRAG_C} -> !tile.tile<[6, 32], f32>
-  %vc = tile.view %p[%c0, %c0] strides [%c32, %c1] bounds [%c6, %c32] : {BUF} -> !tile.view<[6, 32], f32, global>
+  %vc = tile.view %p[%c0] strides [%c32, %c1] bounds [%c6, %c32] : {BUF} -> !tile.view<[6, 32], f32, global>
   tile.store %t, %vc : !tile.tile<[6, 32], f32>, !tile.view<[6, 32], f32, global>"""
 
 SAMPLES: dict[str, str] = {
@@ -111,14 +111,16 @@ SAMPLES: dict[str, str] = {
     "tile.fragment_unpack": _tile(MMA_BODY),
     "tile.store": _tile(MMA_BODY),
     "tile.alloc": _tile(f"""  %s = tile.alloc {{size = 4096 : i64}} : {PANEL}
-  %v = tile.view %p[%c0, %c0] strides [%c32, %c1] bounds [%c6, %c32] : {BUF} -> !tile.view<[6, 32], f32, global>
+  %v = tile.view %p[%c0] strides [%c32, %c1] bounds [%c6, %c32] : {BUF} -> !tile.view<[6, 32], f32, global>
   %t = tile.async_copy %v, %s {{layout = "b_panel", panel = 16 : i64, kpack = 1 : i64}} : !tile.view<[6, 32], f32, global>, {PANEL}
   tile.wait %t"""),
     "tile.async_copy": None,  # covered by tile.alloc
     "tile.wait": None,
-    "tile.load": _tile(f"""  %v = tile.view %p[%c0, %c0] strides [%c32, %c1] bounds [%c1, %c32] : {BUF} -> !tile.view<[1, 32], f32, global>
+    "tile.load": _tile(f"""  %v = tile.view %p[%c0] strides [%c32, %c1] bounds [%c1, %c32] : {BUF} -> !tile.view<[1, 32], f32, global>
   %t = tile.load %v : !tile.view<[1, 32], f32, global> -> !tile.tile<[1, 32], f32>
-  %h = tile.constant (5.000000e-01 : f32) : !tile.tile<[1, 1], f32>
+  %h0 = tile.constant (5.000000e-01 : f32) : !tile.tile<[1, 1], f32>
+  %n6 = tile.splat_index %c6 : !tile.tile<[1, 1], f32>
+  %h = tile.elementwise "div" %h0, %n6 : (!tile.tile<[1, 1], f32>, !tile.tile<[1, 1], f32>) -> !tile.tile<[1, 1], f32>
   %e = tile.elementwise "mul" %t, %h : (!tile.tile<[1, 32], f32>, !tile.tile<[1, 1], f32>) -> !tile.tile<[1, 32], f32>
   %m = tile.reduce "max" %e {{axis = 1 : i64}} : !tile.tile<[1, 32], f32> -> !tile.tile<[1, 1], f32>
   %s = tile.elementwise "sub" %e, %m : (!tile.tile<[1, 32], f32>, !tile.tile<[1, 1], f32>) -> !tile.tile<[1, 32], f32>
@@ -126,6 +128,8 @@ SAMPLES: dict[str, str] = {
     "tile.constant": None,
     "tile.elementwise": None,
     "tile.reduce": None,
+    "tile.mask": None,
+    "tile.splat_index": None,
     "tile.launch": _fn(f"%x : {Y}", f"""  %r = tile.launch @k0(%x) {{dims = ["M", "N"], workspace = 0 : i64}} : ({Y}) -> {Y}
   func.return %r : {Y}""", Y),
     # ---- Target IR: x86
@@ -147,13 +151,16 @@ SAMPLES: dict[str, str] = {
   %bp = tessera_x86.vbroadcast %p[%o] {group = 2 : i64} : vector<32xbf16>
   %bv = tessera_x86.vload %p[%o] : vector<32xbf16>
   %d = tessera_x86.vdpbf16ps %bp, %bv, %z : vector<32xbf16>, vector<16xf32>
+  %h16 = tessera_x86.vload %p[%o] : vector<16xbf16>
+  %il = tessera_x86.vinterleave %h16, %h16 : vector<16xbf16> -> vector<32xbf16>
+  %ls = tessera_x86.vlaneselect %l, %z count %n : vector<16xf32>
   %w = tessera_x86.workspace %p[64] 
   func.return"""),
     "tessera_x86.vconstant": None, "tessera_x86.vsplat": None, "tessera_x86.vbroadcast": None,
     "tessera_x86.vload": None, "tessera_x86.vstore": None, "tessera_x86.load": None, "tessera_x86.store": None,
     "tessera_x86.vfma": None, "tessera_x86.vdpbf16ps": None, "tessera_x86.vbinary": None,
     "tessera_x86.vunary": None, "tessera_x86.vreduce": None, "tessera_x86.vcvt": None,
-    "tessera_x86.workspace": None,
+    "tessera_x86.workspace": None, "tessera_x86.vinterleave": None, "tessera_x86.vlaneselect": None,
     "tessera_x86.launch": _fn(f"%x : {Y}", f"""  %r = tessera_x86.launch @k0(%x) {{dims = ["M", "N"], workspace = 0 : i64, threads = 2 : i64, parallel = "r"}} : ({Y}) -> {Y}
   func.return %r : {Y}""", Y),
     # ---- Target IR: NVIDIA, ROCm

@@ -294,22 +294,22 @@ class AllocOp(IRDLOperation):
 
 @irdl_op_definition
 class ViewOp(IRDLOperation):
-    """``%v = tile.view %buf[%row, %col] strides [%rs, %cs] bounds [%rows, %cols]``.
+    """``%v = tile.view %buf[%offset] strides [%rs, %cs] bounds [%rows, %cols]``.
 
-    Element (i, j) of the view is ``buf[(row + i) * rs + (col + j) * cs]``; it exists
-    when ``i < rows`` and ``j < cols`` (the valid extent, clamped to the view shape)."""
+    Element (i, j) of the view is ``buf[offset + i * rs + j * cs]``; it exists when
+    ``i < rows`` and ``j < cols`` (the valid extent, clamped to the view's shape):
+    loads of missing elements give 0 and stores skip them."""
 
     name = "tile.view"
     source = operand_def(BufferType)
-    row = operand_def(IndexType)
-    col = operand_def(IndexType)
+    offset = operand_def(IndexType)
     row_stride = operand_def(IndexType)
     col_stride = operand_def(IndexType)
     rows = operand_def(IndexType)
     cols = operand_def(IndexType)
     result = result_def(ViewType)
     traits = traits_def(Pure())
-    assembly_format = ("$source `[` $row `,` $col `]` `strides` `[` $row_stride `,` $col_stride `]` "
+    assembly_format = ("$source `[` $offset `]` `strides` `[` $row_stride `,` $col_stride `]` "
                        "`bounds` `[` $rows `,` $cols `]` attr-dict `:` type($source) `->` type($result)")
 
     def verify_(self) -> None:
@@ -465,10 +465,12 @@ class FragmentUnpackOp(IRDLOperation):
 # --------------------------------------------------------------------------- tile values
 @irdl_op_definition
 class LoadOp(IRDLOperation):
-    """Read a view into registers (elements outside the valid extent read as 0)."""
+    """Read a view into registers; elements outside the valid extent read as ``pad``
+    (0 unless given: a max-reduction pads with -inf)."""
 
     name = "tile.load"
     source = operand_def(ViewType)
+    pad = opt_attr_def(FloatAttr)
     result = result_def(TileType)
     assembly_format = "$source attr-dict `:` type($source) `->` type($result)"
 
@@ -501,6 +503,17 @@ class ConstantOp(IRDLOperation):
     result = result_def(TileType)
     traits = traits_def(Pure())
     assembly_format = "`(` $value `)` attr-dict `:` type($result)"
+
+
+@irdl_op_definition
+class SplatIndexOp(IRDLOperation):
+    """An index value (a runtime size) as a [1, 1] float tile."""
+
+    name = "tile.splat_index"
+    input = operand_def(IndexType)
+    result = result_def(TileType)
+    traits = traits_def(Pure())
+    assembly_format = "$input attr-dict `:` type($result)"
 
 
 # Elementwise functions.  Unary ones take one operand, binary two, select three.
@@ -551,6 +564,23 @@ class ElementwiseOp(IRDLOperation):
             raise TileShapeMismatch(f"tile.elementwise {fn}: element types differ", op=self)
 
 
+@irdl_op_definition
+class MaskOp(IRDLOperation):
+    """Keep elements in columns ``< cols``; the others become ``pad`` (neutral values for reductions)."""
+
+    name = "tile.mask"
+    input = operand_def(TileType)
+    cols = operand_def(IndexType)
+    pad = attr_def(FloatAttr)
+    result = result_def(TileType)
+    traits = traits_def(Pure())
+    assembly_format = "$input `cols` $cols `pad` `(` $pad `)` attr-dict `:` type($input) `->` type($result)"
+
+    def verify_(self) -> None:
+        if self.input.type != self.result.type:
+            raise TileShapeMismatch("tile.mask keeps the tile type", op=self)
+
+
 REDUCE_KINDS = ("add", "max")
 
 
@@ -599,6 +629,6 @@ class LaunchOp(IRDLOperation):
 Tile = Dialect(
     "tile",
     [AllocOp, ViewOp, AsyncCopyOp, WaitOp, FragmentZeroOp, FragmentPackOp, MmaOp, FragmentUnpackOp, LoadOp,
-     StoreOp, ConstantOp, ElementwiseOp, ReduceOp, LaunchOp],
+     StoreOp, ConstantOp, SplatIndexOp, ElementwiseOp, MaskOp, ReduceOp, LaunchOp],
     [BufferType, ViewType, TileType, FragmentType, TokenType],
 )

@@ -43,7 +43,9 @@ class TesseraPass(ModulePass):
         return {o.spelling: getattr(self, o.field) for o in self.options()}
 
     def spec_text(self) -> str:
-        opts = " ".join(f"{k}={_fmt(v)}" for k, v in self.option_values().items() if v is not None)
+        """The pass as a pipeline string, with the options that differ from their defaults."""
+        opts = " ".join(f"{o.spelling}={_fmt(getattr(self, o.field))}" for o in self.options()
+                        if o.required or getattr(self, o.field) != o.default)
         return f"{self.name}{{{opts}}}" if opts else self.name
 
 

@@ -9,7 +9,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tessera.passes.base import OptionInfo
-from tessera.passes.graph import canonicalize  # noqa: F401  (registers)
+from tessera.passes.graph import (  # noqa: F401  (importing registers the passes)
+    canonicalize,
+    fuse_elementwise,
+    fuse_matmul_epilogue,
+    fuse_rowwise,
+    outline_kernels,
+)
+from tessera.passes.schedule import schedule_cpu  # noqa: F401
+from tessera.passes.target.x86 import lower_tile_to_x86  # noqa: F401
+from tessera.passes.tile import lower_schedule_to_tile  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -19,6 +28,7 @@ class NamedPipeline:
     options: list[OptionInfo]
     expand: Callable[[dict], str]
     production: bool = True
+    target: str | None = None
 
 
 NAMED: dict[str, NamedPipeline] = {}
@@ -29,6 +39,39 @@ def _named(p: NamedPipeline) -> NamedPipeline:
     return p
 
 
+def _opt(spelling: str, typ, required: bool, default, doc: str) -> OptionInfo:
+    return OptionInfo(spelling, spelling.replace("-", "_"), typ, required, default, doc)
+
+
+GRAPH_PASSES = "canonicalize,fuse-matmul-epilogue,fuse-rowwise,fuse-elementwise,outline-kernels"
+SCHEDULE_PINS = ("threads", "tile-m", "tile-n", "tile-k", "register-tile", "mma-shape", "parallel", "unroll",
+                 "chunk")
+
+
+def _fmt(v) -> str:
+    return ",".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+
+
+def _cpu(o: dict) -> str:
+    pins = " ".join(f"{k}={_fmt(o[k.replace('-', '_')])}" for k in SCHEDULE_PINS
+                    if o.get(k.replace("-", "_")) not in (None, 0, "", ()))
+    sched = f"schedule-cpu{{arch={o['arch']}{' ' + pins if pins else ''}}}"
+    threads = o.get("threads") or 0
+    return f"{GRAPH_PASSES},{sched},lower-schedule-to-tile,lower-tile-to-x86{{arch={o['arch']} threads={threads}}}"
+
+
 _named(NamedPipeline(
-    "graph-canonical", "Graph IR clean-up only (no lowering)", [],
-    lambda o: "canonicalize", production=False))
+    "tessera-cpu", "the CPU lane: Graph -> Schedule -> Tile -> tessera_x86 Target IR",
+    [_opt("arch", str, True, None, "x86 CPU name or ISA level; the API resolves None to the host first"),
+     _opt("threads", int, False, 0, "threads per kernel (0: the CPUs this process may use)"),
+     _opt("tile-m", int, False, 0, "gemm MC"), _opt("tile-n", int, False, 0, "gemm NC"),
+     _opt("tile-k", int, False, 0, "gemm KC"),
+     _opt("register-tile", tuple[int, ...], False, (), "gemm MR,NR"),
+     _opt("mma-shape", tuple[int, ...], False, (), "instruction shape M,N,K to prefer"),
+     _opt("parallel", str, False, "", "parallel loop: m (gemm) / r (others) / none"),
+     _opt("unroll", int, False, 0, "gemm k-loop unroll"),
+     _opt("chunk", int, False, 0, "columns per step of row kernels")],
+    _cpu, target="x86"))
+
+_named(NamedPipeline(
+    "graph-canonical", "Graph IR clean-up only (no lowering)", [], lambda o: "canonicalize", production=False))

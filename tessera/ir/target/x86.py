@@ -239,6 +239,37 @@ class VCvtOp(IRDLOperation):
 
 
 @irdl_op_definition
+class VLaneSelectOp(IRDLOperation):
+    """Lanes below ``count`` from ``value``, the rest from ``other`` (vblendmps with a lane mask)."""
+
+    name = "tessera_x86.vlaneselect"
+    T: ClassVar = VarConstraint("T", base(VectorType))
+    value = operand_def(T)
+    other = operand_def(T)
+    count = operand_def(IndexType)
+    result = result_def(T)
+    traits = traits_def(Pure())
+    assembly_format = "$value `,` $other `count` $count attr-dict `:` type($result)"
+
+
+@irdl_op_definition
+class VInterleaveOp(IRDLOperation):
+    """Interleave two vectors lane by lane: [a0, b0, a1, b1, ...] (vpunpcklwd/vpermt2w)."""
+
+    name = "tessera_x86.vinterleave"
+    T: ClassVar = VarConstraint("T", base(VectorType))
+    lhs = operand_def(T)
+    rhs = operand_def(T)
+    result = result_def(VectorType)
+    traits = traits_def(Pure())
+    assembly_format = "$lhs `,` $rhs attr-dict `:` type($lhs) `->` type($result)"
+
+    def verify_(self) -> None:
+        n = self.lhs.type.get_shape()[0]  # type: ignore[attr-defined]
+        _check(self.result.type.get_shape()[0] == 2 * n, self, "result must be twice as wide")  # type: ignore[attr-defined]
+
+
+@irdl_op_definition
 class WorkspaceOp(IRDLOperation):
     """The calling thread's scratch at byte ``offset`` of its workspace slice."""
 
@@ -269,6 +300,6 @@ class LaunchOp(IRDLOperation):
 X86 = Dialect(
     "tessera_x86",
     [VZeroOp, VConstantOp, VSplatOp, VBroadcastOp, VLoadOp, VStoreOp, LoadOp, StoreOp, VFmaOp, VDpbf16psOp,
-     VBinaryOp, VUnaryOp, VReduceOp, VCvtOp, WorkspaceOp, LaunchOp],
+     VBinaryOp, VUnaryOp, VReduceOp, VCvtOp, VLaneSelectOp, VInterleaveOp, WorkspaceOp, LaunchOp],
     [],
 )

@@ -1,0 +1,23 @@
+"""Tessera: a tile-centric kernel compiler.
+
+    import numpy as np, tessera as ts
+
+    @ts.jit
+    def mlp(x, w, b):
+        return ts.ops.gelu(x @ w + b)
+
+    y = mlp(x, w, b)                 # Graph -> Schedule -> Tile -> Target IR -> machine code
+    print(ts.explain(mlp, x, w, b))  # layers, passes, MMA choice, the lane that ran
+"""
+from tessera import dtypes, errors
+from tessera.errors import TesseraError
+from tessera.frontend import ops
+from tessera.frontend.jit import Artifact, JitFunction, compile, explain, jit
+from tessera.runtime.lanes import LOG as lane_log
+
+bfloat16 = dtypes.bfloat16
+float32 = dtypes.float32
+
+__all__ = ["jit", "compile", "explain", "ops", "dtypes", "errors", "TesseraError", "JitFunction", "Artifact",
+           "lane_log", "bfloat16", "float32"]
+__version__ = "0.1.0"

@@ -1,0 +1,123 @@
+"""LLVM IR text -> optimised object code -> callable addresses (llvmlite's LLVM).
+
+Object code (not IR) is what the compile cache stores: loading an object into an
+MCJIT engine takes milliseconds, re-optimising IR takes hundreds.  Object code is
+produced for an explicit CPU name and feature string — never an unknown CPU name,
+which makes LLVM abort the process at codegen (the selector refuses those first).
+``emit_guarded`` runs the same compilation in a subprocess for inputs that might
+make LLVM abort, turning a crash into a ``LLVMAbortError``.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+
+import llvmlite.binding as llvm
+
+from tessera.errors import CodegenError, LLVMAbortError
+
+_lock = threading.Lock()
+_initialised: set[str] = set()
+
+
+def init(all_targets: bool = False) -> None:
+    """Initialise LLVM's native target (cheap), or every target (GPU lanes; ~0.4 s once)."""
+    with _lock:
+        if "native" not in _initialised:
+            llvm.initialize_native_target()
+            llvm.initialize_native_asmprinter()
+            _initialised.add("native")
+        if all_targets and "all" not in _initialised:
+            llvm.initialize_all_targets()
+            llvm.initialize_all_asmprinters()
+            _initialised.add("all")
+
+
+def host_triple() -> str:
+    init()
+    return llvm.get_process_triple()
+
+
+def target_machine(cpu: str, features: str, triple: str | None = None, opt: int = 3):
+    init()
+    triple = triple or llvm.get_process_triple()
+    target = llvm.Target.from_triple(triple)
+    return target.create_target_machine(cpu=cpu, features=features, opt=opt, reloc="pic", codemodel="default")
+
+
+def optimise(mod, tm, level: int = 3) -> None:
+    pto = llvm.create_pipeline_tuning_options(speed_level=level)
+    pb = llvm.create_pass_builder(tm, pto)
+    mpm = pb.getModulePassManager()
+    mpm.run(mod, pb)
+
+
+@dataclass
+class ObjectCode:
+    obj: bytes
+    asm: str | None
+    optimised_ir: str
+
+
+def emit(llvm_ir: str, cpu: str, features: str, *, want_asm: bool = False, opt: int = 3) -> ObjectCode:
+    """Parse, verify, optimise and emit object code (in this process)."""
+    init()
+    try:
+        mod = llvm.parse_assembly(llvm_ir)
+        mod.verify()
+    except RuntimeError as e:
+        raise CodegenError(f"LLVM rejected the generated IR: {str(e).strip().splitlines()[-1]}") from None
+    tm = target_machine(cpu, features, mod.triple or None, opt)
+    mod.data_layout = str(tm.target_data)
+    optimise(mod, tm, opt)
+    obj = tm.emit_object(mod)
+    asm = tm.emit_assembly(mod) if want_asm else None
+    return ObjectCode(obj, asm, str(mod))
+
+
+def emit_guarded(llvm_ir: str, cpu: str, features: str, *, want_asm: bool = False, opt: int = 3,
+                 timeout: float = 300) -> ObjectCode:
+    """As :func:`emit`, in a subprocess: an LLVM abort becomes ``LLVMAbortError``."""
+    import pickle
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "in.pkl")
+        out = os.path.join(d, "out.pkl")
+        with open(src, "wb") as f:
+            pickle.dump((llvm_ir, cpu, features, want_asm, opt), f)
+        code = ("import pickle,sys\nfrom tessera.codegen.jit import emit\n"
+                "ir_, cpu, feat, asm, opt = pickle.load(open(sys.argv[1],'rb'))\n"
+                "r = emit(ir_, cpu, feat, want_asm=asm, opt=opt)\n"
+                "pickle.dump(r, open(sys.argv[2],'wb'))\n")
+        p = subprocess.run([sys.executable, "-c", code, src, out], capture_output=True, text=True,
+                           timeout=timeout)
+        if p.returncode != 0:
+            tail = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
+            if p.returncode < 0 or p.returncode == 134:
+                raise LLVMAbortError(f"LLVM aborted (signal {-p.returncode if p.returncode < 0 else 6}) "
+                                     f"compiling for {cpu}: {tail}")
+            raise CodegenError(f"code generation failed for {cpu}: {tail}")
+        with open(out, "rb") as f:
+            return pickle.load(f)
+
+
+class LoadedObject:
+    """Object code loaded into an MCJIT engine; keeps the engine alive."""
+
+    def __init__(self, obj: bytes, symbols: list[str]):
+        init()
+        tm = llvm.Target.from_default_triple().create_target_machine()
+        empty = llvm.parse_assembly("")
+        self.engine = llvm.create_mcjit_compiler(empty, tm)
+        self.engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+        self.engine.finalize_object()
+        self.addresses = {}
+        for s in symbols:
+            addr = self.engine.get_function_address(s)
+            if not addr:
+                raise CodegenError(f"symbol {s} missing from the compiled object")
+            self.addresses[s] = addr

@@ -1,0 +1,168 @@
+"""Vector math for the x86 lane, emitted as LLVM IR (llvmlite) functions.
+
+Each function takes and returns ``<W x float>`` and is marked ``alwaysinline``.
+No fast-math flags: NaN and infinities propagate as numpy's do.  Coefficients
+come from ``tools/fit_math.py``; the maximum ULP error of each function over its
+whole input range is measured by ``tests/test_x86_math.py`` and recorded in
+``docs/numerics.md``.
+
+  exp   Cody-Waite reduction x = n ln2 + r, degree-7 Taylor polynomial, scaling by
+        2^n in two steps (exact for subnormal results)
+  tanh  x + x^3 P(x^2) for |x| < 0.625, else sign(x) (1 - 2 / (exp(2|x|) + 1))
+  erf   x P(x^2) for |x| < 1, else sign(x) (1 - erfc(|x|))
+  erfc  exp(-a^2) R(1/a) with a^2 split exactly by an FMA (a >= 1)
+  gelu  tanh form as x * sigmoid(2 y) (no cancellation for x << 0); erf form via
+        erfc for x < -sqrt(2)
+  silu  x / (1 + exp(-x))
+"""
+from __future__ import annotations
+
+import math
+
+from llvmlite import ir
+
+F32 = ir.FloatType()
+I32 = ir.IntType(32)
+I1 = ir.IntType(1)
+
+LOG2E = 1.4426950408889634
+LN2_HI = 0.693145751953125
+LN2_LO = 1.428606765330187e-06
+TANH_P = (-0.3333333432674408, 0.13333310186862946, -0.053960226476192474, 0.021774930879473686,
+          -0.008359912782907486, 0.002307977993041277)
+ERF_P = (1.128379225730896, -0.37612637877464294, 0.11283783614635468, -0.02686547487974167,
+         0.005221138242632151, -0.0008485434227623045, 0.00011274706776021048, -9.689661965239793e-06)
+ERFC_R1_CENTER, ERFC_R1 = 0.7, (0.3336736559867859, 0.3571956753730774, -0.1619383692741394,
+                                0.04845910891890526, 0.008971983566880226, -0.03039189986884594,
+                                0.031133446842432022, -0.021838560700416565, 0.0061324224807322025,
+                                0.0070611946284770966)
+ERFC_R2_CENTER, ERFC_R2 = 0.25, (0.1369994580745697, 0.5181360840797424, -0.16139350831508636,
+                                 -0.11290739476680756, 0.21250073611736298, -0.09637019038200378,
+                                 -0.17122098803520203, 0.3929065763950348, -0.20918630063533783,
+                                 -0.5095713138580322)
+
+
+class VectorMath:
+    """Declares the math functions in one module on first use."""
+
+    def __init__(self, module: ir.Module, w: int):
+        self.m = module
+        self.w = w
+        self.vt = ir.VectorType(F32, w)
+        self.vi = ir.VectorType(I32, w)
+        self.fns: dict[str, ir.Function] = {}
+
+    # ------------------------------------------------------------------ plumbing
+    def _intr(self, name: str, n: int = 1) -> ir.Function:
+        full = f"llvm.{name}.v{self.w}f32"
+        if full in self.m.globals:
+            return self.m.globals[full]
+        return ir.Function(self.m, ir.FunctionType(self.vt, [self.vt] * n), full)
+
+    def splat(self, v: float) -> ir.Constant:
+        return ir.Constant(self.vt, [ir.Constant(F32, float(v))] * self.w)
+
+    def isplat(self, v: int) -> ir.Constant:
+        return ir.Constant(self.vi, [ir.Constant(I32, int(v))] * self.w)
+
+    def fma(self, b: ir.IRBuilder, x, y, z):
+        return b.call(self._intr("fma", 3), [x, y, z])
+
+    def poly(self, b: ir.IRBuilder, z, coef) -> ir.Value:
+        acc = self.splat(coef[-1])
+        for c in coef[-2::-1]:
+            acc = self.fma(b, acc, z, self.splat(c))
+        return acc
+
+    def _define(self, name: str, body) -> ir.Function:
+        if name in self.fns:
+            return self.fns[name]
+        fn = ir.Function(self.m, ir.FunctionType(self.vt, [self.vt]), f"tsr.{name}.v{self.w}")
+        fn.linkage = "internal"
+        fn.attributes.add("alwaysinline")
+        fn.attributes.add("nounwind")
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        b.ret(body(b, fn.args[0]))
+        self.fns[name] = fn
+        return fn
+
+    def call(self, b: ir.IRBuilder, name: str, x) -> ir.Value:
+        fn = getattr(self, "_" + name)
+        return b.call(self._define(name, fn), [x])
+
+    def _isnan(self, b, x):
+        return b.fcmp_unordered("uno", x, x)
+
+    def _abs(self, b, x):
+        return b.call(self._intr("fabs"), [x])
+
+    def _copysign(self, b, mag, sign):
+        return b.call(self._intr("copysign", 2), [mag, sign])
+
+    # ------------------------------------------------------------------ functions
+    def _exp(self, b: ir.IRBuilder, x) -> ir.Value:
+        xc = b.call(self._intr("maxnum", 2), [b.call(self._intr("minnum", 2), [x, self.splat(89.0)]),
+                                              self.splat(-104.0)])
+        n = b.call(self._intr("roundeven"), [b.fmul(xc, self.splat(LOG2E))])
+        r = self.fma(b, n, self.splat(-LN2_HI), xc)
+        r = self.fma(b, n, self.splat(-LN2_LO), r)
+        p = self.poly(b, r, [1.0, 1.0, 0.5, 1 / 6, 1 / 24, 1 / 120, 1 / 720, 1 / 5040])
+        ni = b.fptosi(n, self.vi)
+        n1 = b.ashr(ni, self.isplat(1))
+        n2 = b.sub(ni, n1)
+        s1 = b.bitcast(b.shl(b.add(n1, self.isplat(127)), self.isplat(23)), self.vt)
+        s2 = b.bitcast(b.shl(b.add(n2, self.isplat(127)), self.isplat(23)), self.vt)
+        res = b.fmul(b.fmul(p, s1), s2)
+        return b.select(self._isnan(b, x), x, res)
+
+    def _tanh(self, b: ir.IRBuilder, x) -> ir.Value:
+        a = self._abs(b, x)
+        x2 = b.fmul(x, x)
+        small = self.fma(b, b.fmul(x, x2), self.poly(b, x2, TANH_P), x)
+        e = self.call(b, "exp", b.fmul(a, self.splat(2.0)))
+        big = b.fsub(self.splat(1.0), b.fdiv(self.splat(2.0), b.fadd(e, self.splat(1.0))))
+        big = self._copysign(b, big, x)
+        return b.select(b.fcmp_ordered("<", a, self.splat(0.625)), small, big)
+
+    def _erfc_big(self, b: ir.IRBuilder, a) -> ir.Value:
+        """erfc(a) for a >= 1 (also fine for a in [0.5, 1))."""
+        hi = b.fmul(a, a)
+        lo = self.fma(b, a, a, b.fsub(self.splat(0.0), hi))  # a*a - hi exactly
+        e = self.call(b, "exp", b.fsub(self.splat(0.0), hi))
+        e = b.fmul(e, b.fsub(self.splat(1.0), lo))
+        u = b.fdiv(self.splat(1.0), a)
+        r1 = self.poly(b, b.fsub(u, self.splat(ERFC_R1_CENTER)), ERFC_R1)
+        r2 = self.poly(b, b.fsub(u, self.splat(ERFC_R2_CENTER)), ERFC_R2)
+        r = b.select(b.fcmp_ordered("<", a, self.splat(2.5)), r1, r2)
+        res = b.fmul(e, r)
+        return b.select(b.fcmp_ordered(">", a, self.splat(10.0)), self.splat(0.0), res)
+
+    def _erf(self, b: ir.IRBuilder, x) -> ir.Value:
+        a = self._abs(b, x)
+        small = b.fmul(x, self.poly(b, b.fmul(x, x), ERF_P))
+        big = self._copysign(b, b.fsub(self.splat(1.0), self._erfc_big(b, a)), x)
+        return b.select(b.fcmp_unordered("<", a, self.splat(1.0)), small, big)  # NaN takes the small path
+
+    def _sigmoid_times(self, b: ir.IRBuilder, x, y) -> ir.Value:
+        """x / (1 + exp(-y))."""
+        e = self.call(b, "exp", b.fsub(self.splat(0.0), y))
+        return b.fdiv(x, b.fadd(self.splat(1.0), e))
+
+    def _silu(self, b: ir.IRBuilder, x) -> ir.Value:
+        return self._sigmoid_times(b, x, x)
+
+    def _gelu_tanh(self, b: ir.IRBuilder, x) -> ir.Value:
+        # 0.5 x (1 + tanh(y)) == x * sigmoid(2y), y = sqrt(2/pi) (x + 0.044715 x^3)
+        c = math.sqrt(2.0 / math.pi)
+        x3 = b.fmul(b.fmul(x, x), x)
+        y = b.fmul(self.splat(c), self.fma(b, self.splat(0.044715), x3, x))
+        return self._sigmoid_times(b, x, b.fmul(y, self.splat(2.0)))
+
+    def _gelu_erf(self, b: ir.IRBuilder, x) -> ir.Value:
+        # 0.5 x (1 + erf(x / sqrt2)); for x / sqrt2 <= -1 use 0.5 x erfc(|x| / sqrt2)
+        z = b.fmul(x, self.splat(1 / math.sqrt(2.0)))
+        a = self._abs(b, z)
+        one_plus = b.fadd(self.splat(1.0), self.call(b, "erf", z))
+        tail = self._erfc_big(b, a)
+        f = b.select(b.fcmp_ordered("<=", z, self.splat(-1.0)), tail, one_plus)
+        return b.fmul(b.fmul(self.splat(0.5), x), f)

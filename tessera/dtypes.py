@@ -1,0 +1,50 @@
+"""Element types: numpy / ml_dtypes <-> IR types <-> short names."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+from xdsl.dialects.builtin import BFloat16Type, Float16Type, Float32Type, Float64Type, IntegerType
+from xdsl.ir import Attribute
+
+from tessera.errors import DtypeError
+
+float32 = np.dtype(np.float32)
+float16 = np.dtype(np.float16)
+bfloat16 = np.dtype(ml_dtypes.bfloat16)
+float64 = np.dtype(np.float64)
+
+_BY_NAME = {"f32": float32, "f16": float16, "bf16": bfloat16, "f64": float64}
+_NAME = {v: k for k, v in _BY_NAME.items()}
+SUPPORTED = tuple(_BY_NAME)
+
+
+def as_dtype(d) -> np.dtype:
+    """numpy dtype from a numpy/ml_dtypes dtype, a type, or a name ('f32', 'bfloat16', ...)."""
+    if isinstance(d, str) and d in _BY_NAME:
+        return _BY_NAME[d]
+    try:
+        dt = np.dtype(d)
+    except TypeError:
+        raise DtypeError(f"unknown dtype {d!r}; supported: {', '.join(SUPPORTED)}") from None
+    if dt not in _NAME:
+        raise DtypeError(f"dtype {dt} is not supported; supported: {', '.join(SUPPORTED)}")
+    return dt
+
+
+def name(d) -> str:
+    return _NAME[as_dtype(d)]
+
+
+def ir_type(d) -> Attribute:
+    dt = as_dtype(d)
+    return {float32: Float32Type(), float16: Float16Type(), bfloat16: BFloat16Type(), float64: Float64Type()}[dt]
+
+
+def from_ir(t: Attribute) -> np.dtype:
+    for cls, dt in ((Float32Type, float32), (Float16Type, float16), (BFloat16Type, bfloat16),
+                    (Float64Type, float64)):
+        if isinstance(t, cls):
+            return dt
+    if isinstance(t, IntegerType):
+        return np.dtype(f"int{t.width.data}")
+    raise DtypeError(f"no numpy dtype for IR type {t}")

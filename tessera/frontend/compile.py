@@ -1,0 +1,207 @@
+"""Graph IR -> a CPU executable, through the named pipeline, LLVM and the cache.
+
+``compile_graph`` runs ``tessera-cpu{arch=<resolved>}`` (instrumented: every pass
+is recorded), keeps the IR of each layer, translates the Target IR to LLVM IR,
+emits object code for the resolved CPU name and features, and loads it.  ``arch``
+None means the host: it is resolved to LLVM's host CPU name and feature set before
+any lowering runs, and those are what the cache key holds.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from xdsl.dialects.builtin import ModuleOp
+
+from tessera.codegen import jit as cj
+from tessera.codegen import x86 as cg
+from tessera.errors import ScheduleIllegalError, TesseraError, UnknownArchError
+from tessera.ir import schedule as s
+from tessera.ir.attrs import ints, strs
+from tessera.ir.context import LAYERS, layer_of
+from tessera.ir.text import parse_module, print_ir
+from tessera.mma import x86 as X
+from tessera.mma.selector import get_isa, record_by_id
+from tessera.passes.pipeline import parse_pipeline, run_pipeline
+from tessera.runtime import cache
+from tessera.runtime.cpu import CpuExecutable, HostProgram
+
+PIN_KEYS = {"tile_m": int, "tile_n": int, "tile_k": int, "register_tile": tuple, "mma_shape": tuple,
+            "parallel": str, "threads": int, "unroll": int, "chunk": int}
+TARGETS = ("cpu",)
+KNOWN_TARGETS = ("cpu", "rocm", "nvidia", "apple")
+
+
+def check_pins(pins: dict | None) -> dict:
+    pins = dict(pins or {})
+    for k, v in pins.items():
+        if k not in PIN_KEYS:
+            raise ScheduleIllegalError(f"unknown schedule key {k!r}; legal: {', '.join(PIN_KEYS)}")
+        want = PIN_KEYS[k]
+        if want is tuple:
+            if not (isinstance(v, (tuple, list)) and all(isinstance(i, int) and i > 0 for i in v)):
+                raise ScheduleIllegalError(f"schedule {k}={v!r}: expected a tuple of positive ints")
+            pins[k] = tuple(v)
+        elif want is int:
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0 or (k in ("threads", "unroll") and v < 1):
+                raise ScheduleIllegalError(f"schedule {k}={v!r}: expected a positive int")
+        elif not isinstance(v, str) or v not in ("m", "r", "none"):
+            raise ScheduleIllegalError(f"schedule parallel={v!r}; legal: 'm' (gemm rows), 'r' (rows), 'none'")
+    return pins
+
+
+def pipeline_spec(arch: str, pins: dict) -> str:
+    opts = [f"arch={arch}"]
+    for k, v in sorted(pins.items()):
+        spelled = k.replace("_", "-")
+        opts.append(f"{spelled}={','.join(map(str, v)) if isinstance(v, tuple) else v}")
+    return "tessera-cpu{" + " ".join(opts) + "}"
+
+
+def resolve_arch(target: str, arch: str | None):
+    if target not in KNOWN_TARGETS:
+        raise UnknownArchError(f"unknown target {target!r}; known: {', '.join(KNOWN_TARGETS)}")
+    if target != "cpu":
+        raise UnknownArchError(f"target {target!r} has no production pipeline in this build yet; "
+                               f"available: {', '.join(TARGETS)}")
+    isa = get_isa("x86", arch)
+    return isa
+
+
+def _highest_layer(census: dict[str, int]) -> str:
+    present = {layer_of(n) for n in census} - {None}
+    for layer in reversed(LAYERS):
+        if layer in present:
+            return layer
+    return "graph"
+
+
+def layers_traversed(initial: dict[str, int], records) -> list[str]:
+    """Layers in order of first appearance in the op census (input, then after each pass)."""
+    seen: list[str] = []
+    for census in [initial] + [r.census_after for r in records]:
+        for layer in LAYERS:
+            if layer not in seen and any(layer_of(n) == layer for n in census):
+                seen.append(layer)
+    return seen
+
+
+def kernel_info(module: ModuleOp) -> list[dict]:
+    out = []
+    for op in module.walk():
+        if isinstance(op, s.KernelOp):
+            info = {"kernel": op.sym_name.data, "kind": op.kind.data,
+                    "tiles": dict(zip(strs(op.loops), ints(op.tiles))), "order": strs(op.order),
+                    "parallel": op.parallel.data, "threads": op.threads.value.data,
+                    "vector": op.vector.value.data, "unroll": op.unroll.value.data,
+                    "ops": [o.name for o in op.body.block.ops if o.name != "tessera.yield"]}
+            if op.mma.data:
+                rec = record_by_id(op.mma.data)
+                info["mma"] = {"record": rec.id, "mnemonic": rec.mnemonic, "shape": list(rec.shape),
+                               "lowered_by": rec.lowered_by}
+                info["register_tile"] = ints(op.register_tile)
+            out.append(info)
+    return out
+
+
+@dataclass
+class Compiled:
+    name: str
+    target: str
+    arch: str
+    cpu: str
+    features: str
+    spec: str
+    key: str
+    layer_ir: dict[str, str]
+    llvm_ir: str
+    meta: dict
+    executable: CpuExecutable
+    cache_status: str
+    kernels: list[str]
+    arg_dims: list = field(default_factory=list)
+    static: frozenset = frozenset()
+    _asm: str | None = None
+
+    def asm(self) -> str:
+        if self._asm is None:
+            self._asm = cj.emit(self.llvm_ir, self.cpu, self.features, want_asm=True).asm or ""
+        return self._asm
+
+
+_MEMORY: dict[str, Compiled] = {}
+
+
+def compile_graph(module: ModuleOp, *, name: str, target: str = "cpu", arch: str | None = None,
+                  pins: dict | None = None, use_disk: bool = True) -> Compiled:
+    t0 = time.perf_counter()
+    isa = resolve_arch(target, arch)
+    pins = check_pins(pins)
+    spec = pipeline_spec(isa.arch, pins)
+    passes = parse_pipeline(spec)  # options are checked before any IR is touched
+    graph_text = print_ir(module)
+    key = cache.make_key(graph_text, spec, isa.llvm_cpu or "", isa.llvm_features)
+    hit = _MEMORY.get(key)
+    if hit is not None:
+        return hit
+    entry = cache.load(key) if use_disk else None
+    status = "disk"
+    if entry is None:
+        status = "compiled"
+        entry = _build(module, passes, isa, spec, graph_text)
+        if use_disk:
+            cache.store(key, entry)
+    t_load = time.perf_counter()
+    program = entry["program"]
+    loaded = cj.LoadedObject(entry["obj"], entry["kernels"])
+    from tessera import host
+    exe = CpuExecutable(program, loaded.addresses, host.usable_cpus())
+    exe._loaded = loaded  # keep the engine alive
+    meta = dict(entry["meta"])
+    meta["compile_ms"] = dict(meta["compile_ms"])
+    meta["compile_ms"]["load"] = round((time.perf_counter() - t_load) * 1e3, 2)
+    if status == "disk":
+        meta["compile_ms"] = {"disk_cache": round((time.perf_counter() - t0) * 1e3, 2)}
+    c = Compiled(name, target, isa.arch, isa.llvm_cpu or "", isa.llvm_features, spec, key, entry["layer_ir"],
+                 entry["llvm_ir"], meta, exe, status, entry["kernels"])
+    _MEMORY[key] = c
+    return c
+
+
+def _build(module: ModuleOp, passes, isa, spec: str, graph_text: str) -> dict:
+    t0 = time.perf_counter()
+    module = module.clone()
+    snapshots: dict[str, str] = {"graph": graph_text}
+    kernels: list[dict] = []
+
+    def after(p, mod, rec, text):
+        layer = _highest_layer(rec.census_after)
+        snapshots[layer] = text
+        if not kernels and "schedule.kernel" in rec.census_after:
+            kernels.extend(kernel_info(mod))
+
+    run = run_pipeline(module, passes, after_pass=after)
+    t1 = time.perf_counter()
+    llvm_ir, names = cg.translate(module, cj.host_triple())
+    t2 = time.perf_counter()
+    oc = cj.emit(llvm_ir, isa.llvm_cpu or "", isa.llvm_features)
+    t3 = time.perf_counter()
+    meta = {
+        "passes": [r.to_dict() for r in run.records],
+        "layers": layers_traversed(run.initial_census, run.records),
+        "kernels": kernels,
+        "compile_ms": {"passes": round((t1 - t0) * 1e3, 2), "translate": round((t2 - t1) * 1e3, 2),
+                       "llvm": round((t3 - t2) * 1e3, 2)},
+        "pipeline": spec,
+    }
+    return {"obj": oc.obj, "llvm_ir": llvm_ir, "kernels": names, "layer_ir": snapshots, "meta": meta,
+            "program": HostProgram.from_module(module)}
+
+
+def feature_list(isa) -> list[str]:
+    interesting = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512bf16", "avx512vnni", "amx-tile",
+                   "amx-bf16", "amx-int8")
+    return [f for f in interesting if f in isa.features]
+
+
+__all__ = ["compile_graph", "Compiled", "check_pins", "TesseraError", "X"]

@@ -1,0 +1,257 @@
+"""Trace graph -> Graph IR with symbolic sizes.
+
+Every argument dimension becomes a symbol (``d0``, ``d1``, ...) except size-1
+dimensions, which stay the literal 1 (numpy broadcasting depends on them).  Ops
+unify symbols that must be equal (a matmul's inner dimensions, broadcast pairs),
+so one kernel serves every size with the same equalities.  A reshape that only
+merges dimensions yields products (``d0*d1``); one that splits a symbolic
+dimension cannot be expressed, so those dimensions are *specialised* (made
+static) and the graph is regenerated — the specialisation is part of the cache
+key.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.dialects import func
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    BoolAttr,
+    DenseIntOrFPElementsAttr,
+    FileLineColLoc,
+    FloatAttr,
+    IntAttr,
+    ModuleOp,
+    StringAttr,
+    TensorType as BuiltinTensor,
+    f64,
+    i1,
+)
+from xdsl.ir import Block, Region
+
+from tessera import dtypes as dt
+from tessera.ir import dims as D
+from tessera.ir import graph as g
+from tessera.ir.attrs import i64_attr, int_array
+
+from tessera.frontend.trace import Node, TraceGraph
+
+
+class Specialize(Exception):
+    def __init__(self, symbols: set[str]):
+        self.symbols = symbols
+
+
+class _UF:
+    def __init__(self):
+        self.parent: dict[str, str] = {}
+
+    def find(self, s: str) -> str:
+        self.parent.setdefault(s, s)
+        while self.parent[s] != s:
+            self.parent[s] = self.parent[self.parent[s]]
+            s = self.parent[s]
+        return s
+
+    def union(self, a: str, b: str) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            keep, drop = sorted((ra, rb), key=lambda s: (len(s), s))
+            self.parent[drop] = keep
+
+
+@dataclass
+class GraphIR:
+    module: ModuleOp
+    arg_dims: list[tuple[D.Dim, ...]]     # per traced array argument
+    static: frozenset[tuple[int, int]]    # (arg position, axis) specialised to its size
+
+
+def _unify(uf: _UF, a: D.Dim, b: D.Dim) -> None:
+    if a == b:
+        return
+    if isinstance(a, str) and isinstance(b, str) and "*" not in a and "*" not in b:
+        uf.union(a, b)
+        return
+    raise Specialize(set(D.symbols(a)) | set(D.symbols(b)) if not isinstance(a, int) or not isinstance(b, int)
+                     else set())
+
+
+def _resolve(uf: _UF, d: D.Dim) -> D.Dim:
+    if isinstance(d, int):
+        return d
+    coef, syms = D._factors(d)
+    return D.mul(coef, *[uf.find(s) for s in syms])
+
+
+def _broadcast(uf: _UF, a: Node, b: Node, da, db) -> list[D.Dim]:
+    out = []
+    for i in range(1, max(len(da), len(db)) + 1):
+        x = da[-i] if i <= len(da) else 1
+        y = db[-i] if i <= len(db) else 1
+        cx = a.shape[-i] if i <= len(a.shape) else 1
+        cy = b.shape[-i] if i <= len(b.shape) else 1
+        if x == 1:
+            out.append(y)
+        elif y == 1:
+            out.append(x)
+        else:
+            assert cx == cy
+            _unify(uf, x, y)
+            out.append(x)
+    return list(reversed(out))
+
+
+def _reshape_dims(ind, inc, outc) -> list[D.Dim]:
+    """Output dims of a reshape as products of input dims, or Specialize."""
+    if all(isinstance(d, int) for d in ind):
+        return list(outc)
+    src = [(d, c) for d, c in zip(ind, inc) if c != 1]
+    out: list[D.Dim] = []
+    i = 0
+    for c in outc:
+        if c == 1:
+            out.append(1)
+            continue
+        group = []
+        prod = 1
+        while prod < c and i < len(src):
+            group.append(src[i])
+            prod *= src[i][1]
+            i += 1
+        if prod != c:
+            syms = set()
+            for d, _ in group:
+                syms |= set(D.symbols(d))
+            raise Specialize(syms or {"__all__"})
+        out.append(D.product(d for d, _ in group))
+    if i != len(src):
+        raise Specialize({s for d, _ in src[i:] for s in D.symbols(d)} or {"__all__"})
+    return out
+
+
+def build(graph: TraceGraph, static: frozenset[tuple[int, int]] = frozenset()) -> GraphIR:
+    """Graph IR for ``graph``; regenerates with more static dims until it can be expressed."""
+    every = frozenset((a.index, axis) for a in graph.args for axis in range(len(a.shape)))
+    while True:
+        try:
+            return _build(graph, static)
+        except Specialize as sp:
+            if "__all__" in sp.symbols:
+                new = every
+            else:
+                new = static | {(a.index, axis) for a in graph.args for axis in range(len(a.shape))
+                                if f"d{a.index}_{axis}" in sp.symbols}
+            if new == static:
+                new = every
+            if new == static:
+                raise AssertionError("cannot express the traced shapes even with static sizes") from None
+            static = frozenset(new)
+
+
+def _build(graph: TraceGraph, static: frozenset[tuple[int, int]]) -> GraphIR:
+    uf = _UF()
+    dims: dict[int, list[D.Dim]] = {}
+
+    for a in graph.args:
+        dims[id(a)] = [size if size == 1 or (a.index, axis) in static else f"d{a.index}_{axis}"
+                       for axis, size in enumerate(a.shape)]
+    try:
+        _infer(graph, uf, dims)
+    except Specialize as sp:  # widen to every argument symbol unified with the named ones
+        roots = {uf.find(x) for x in sp.symbols if x != "__all__"}
+        arg_syms = {x for a in graph.args for x in dims[id(a)] if isinstance(x, str)}
+        raise Specialize({x for x in arg_syms if uf.find(x) in roots} | (sp.symbols & {"__all__"})) from None
+    return _emit(graph, uf, dims, static)
+
+
+def _infer(graph: TraceGraph, uf: _UF, dims: dict) -> None:
+    for n in graph.nodes:
+        ins = [dims[id(x)] for x in n.inputs]
+        op = n.op
+        if op == "constant":
+            d = []
+        elif op in ("add", "sub", "mul", "div", "maximum"):
+            d = _broadcast(uf, n.inputs[0], n.inputs[1], ins[0], ins[1])
+        elif op == "matmul":
+            a, b = ins
+            _unify(uf, a[-1], b[-2])
+            batch = _broadcast(uf, _Shape(n.inputs[0].shape[:-2]), _Shape(n.inputs[1].shape[:-2]), a[:-2], b[:-2])
+            d = batch + [a[-2], b[-1]]
+        elif op in ("reduce_sum", "reduce_max", "reduce_mean"):
+            axes, keep = n.attrs["axes"], n.attrs["keepdims"]
+            d = [1 if i in axes else x for i, x in enumerate(ins[0]) if keep or i not in axes]
+        elif op == "transpose":
+            d = [ins[0][p] for p in n.attrs["perm"]]
+        elif op == "reshape":
+            d = _reshape_dims(ins[0], n.inputs[0].shape, n.shape)
+        elif op in ("layer_norm", "rms_norm"):
+            d = list(ins[0])
+            for v in ins[1:]:
+                _unify(uf, v[0], d[-1])
+        else:  # unary, softmax, cast
+            d = list(ins[0])
+        dims[id(n)] = d
+
+
+def _emit(graph: TraceGraph, uf: _UF, dims: dict, static) -> GraphIR:
+    def ttype(node: Node) -> g.TensorType:
+        return g.TensorType.of([_resolve(uf, x) for x in dims[id(node)]], dt.ir_type(node.dtype))
+
+    block = Block(arg_types=[ttype(a) for a in graph.args])
+    vals = {id(a): block.args[i] for i, a in enumerate(graph.args)}
+    for n in graph.nodes:
+        T = ttype(n)
+        operands = [vals[id(x)] for x in n.inputs]
+        op = _make_op(n, operands, T)
+        if n.loc is not None:
+            op.location = FileLineColLoc(StringAttr(n.loc.file), IntAttr(n.loc.line), IntAttr(n.loc.col))
+        block.add_op(op)
+        vals[id(n)] = op.results[0]
+    outs = [vals[id(o)] for o in graph.outputs]
+    block.add_op(func.ReturnOp(*outs))
+    fn = func.FuncOp("main", ([v.type for v in block.args], [v.type for v in outs]), Region(block))
+    module = ModuleOp([fn])
+    arg_dims = [tuple(_resolve(uf, x) for x in dims[id(a)]) for a in graph.args]
+    return GraphIR(module, arg_dims, static)
+
+
+class _Shape:
+    def __init__(self, shape):
+        self.shape = shape
+
+
+_SIMPLE = {"add": g.AddOp, "sub": g.SubOp, "mul": g.MulOp, "div": g.DivOp, "maximum": g.MaximumOp,
+           "neg": g.NegOp, "exp": g.ExpOp, "tanh": g.TanhOp, "relu": g.ReluOp, "silu": g.SiluOp, "sqrt": g.SqrtOp,
+           "matmul": g.MatmulOp, "reshape": g.ReshapeOp, "cast": g.CastOp}
+
+
+def _make_op(n: Node, operands, T):
+    if n.op in _SIMPLE:
+        return _SIMPLE[n.op].create(operands=operands, result_types=[T])
+    if n.op == "gelu":
+        return g.GeluOp.create(operands=operands, result_types=[T],
+                               attributes={"approximate": StringAttr(n.attrs["approximate"])})
+    if n.op == "softmax":
+        return g.SoftmaxOp.create(operands=operands, result_types=[T], attributes={"axis": i64_attr(n.attrs["axis"])})
+    if n.op in ("layer_norm", "rms_norm"):
+        present = n.attrs["present"]
+        rest = iter(operands[1:])
+        groups = [[operands[0]]] + [[next(rest)] if p else [] for p in present]
+        cls = g.LayerNormOp if n.op == "layer_norm" else g.RmsNormOp
+        return cls(operands=groups, result_types=[T], attributes={"eps": FloatAttr(n.attrs["eps"], f64)})
+    if n.op in ("reduce_sum", "reduce_max", "reduce_mean"):
+        cls = {"reduce_sum": g.ReduceSumOp, "reduce_max": g.ReduceMaxOp, "reduce_mean": g.ReduceMeanOp}[n.op]
+        return cls.create(operands=operands, result_types=[T],
+                          attributes={"axes": int_array(n.attrs["axes"]),
+                                      "keepdims": BoolAttr(n.attrs["keepdims"], i1)})
+    if n.op == "transpose":
+        return g.TransposeOp.create(operands=operands, result_types=[T], attributes={"perm": int_array(n.attrs["perm"])})
+    if n.op == "constant":
+        et = dt.ir_type(n.dtype)
+        val = DenseIntOrFPElementsAttr.from_list(BuiltinTensor(et, []), [n.value])
+        return g.ConstantOp.create(result_types=[T], attributes={"value": val})
+    raise AssertionError(n.op)
+
+
+__all__ = ["build", "GraphIR", "ArrayAttr"]

@@ -1,0 +1,216 @@
+"""``tessera.jit``, ``tessera.compile`` and ``tessera.explain``.
+
+A call is specialised on the arguments' dtypes and ranks, which dimensions are 1,
+and any Python scalars; sizes stay symbolic, so a sweep of shapes reuses one
+compiled kernel.  Dispatch is strict: the compiled lane runs or the call raises.
+Only ``strict=False`` lets a failed compile run the numpy reference instead, and
+the lane log records it.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from tessera import dtypes as dt
+from tessera.errors import ArgumentError, DtypeError, FrontendError, TesseraError
+from tessera.frontend import graphgen, reference
+from tessera.frontend.compile import Compiled, check_pins, compile_graph, feature_list, resolve_arch
+from tessera.frontend.report import LaneReport
+from tessera.frontend.trace import trace
+from tessera.runtime.cpu import bind_symbols
+from tessera.runtime.lanes import LOG, LaneDecision
+
+
+@dataclass
+class Variant:
+    static: dict[tuple[int, int], int]      # (array index, axis) -> size
+    compiled: Compiled | None
+    graph: object                            # the TraceGraph (for the reference lane)
+    reason: str = ""                         # why the reference lane is used (strict=False only)
+    copies: tuple[str, ...] = ()
+
+    def matches(self, arrays: list[np.ndarray]) -> bool:
+        for (i, axis), size in self.static.items():
+            if arrays[i].shape[axis] != size:
+                return False
+        if self.compiled is None:
+            return all(a.shape == n.shape for a, n in zip(arrays, self.graph.args))
+        try:
+            bind_symbols(self.compiled.executable.program.inputs, arrays)
+        except TesseraError:
+            return False
+        return True
+
+
+class JitFunction:
+    def __init__(self, fn, *, target: str = "cpu", arch: str | None = None, strict: bool = True,
+                 schedule: dict | None = None):
+        self.fn = fn
+        self.target = target
+        self.arch = arch
+        self.strict = strict
+        self.schedule = check_pins(schedule)
+        self.name = getattr(fn, "__name__", "fn")
+        self._variants: dict[tuple, list[Variant]] = {}
+        self._lock = threading.Lock()
+        functools.update_wrapper(self, fn)
+
+    def with_schedule(self, **pins) -> "JitFunction":
+        """The same function with schedule choices pinned (per-call overrides)."""
+        return JitFunction(self.fn, target=self.target, arch=self.arch, strict=self.strict,
+                           schedule={**self.schedule, **pins})
+
+    # ------------------------------------------------------------------ arguments
+    def _split_args(self, args) -> tuple[list, list[bool], list[np.ndarray], list[str]]:
+        is_t, arrays, copies, prepared = [], [], [], []
+        for i, a in enumerate(args):
+            if isinstance(a, np.ndarray) or hasattr(a, "__array_interface__"):
+                a = np.asarray(a)
+                try:
+                    dt.as_dtype(a.dtype)
+                except DtypeError:
+                    raise DtypeError(f"argument {i} of {self.name}: dtype {a.dtype} is not supported "
+                                     f"(supported: {', '.join(dt.SUPPORTED)})") from None
+                if not a.flags.c_contiguous:
+                    a = np.ascontiguousarray(a)
+                    copies.append(f"argument {i} copied to C-contiguous layout")
+                is_t.append(True)
+                arrays.append(a)
+                prepared.append(a)
+            elif isinstance(a, (int, float)) and not isinstance(a, bool):
+                is_t.append(False)
+                prepared.append(a)
+            else:
+                raise ArgumentError(f"argument {i} of {self.name}: expected a numpy array or a Python number, got "
+                                    f"{type(a).__name__}")
+        return prepared, is_t, arrays, copies
+
+    def _key(self, prepared, is_t) -> tuple:
+        parts = []
+        for a, t in zip(prepared, is_t):
+            if t:
+                parts.append(("a", str(a.dtype), a.ndim, tuple(s == 1 for s in a.shape)))
+            else:
+                parts.append(("s", type(a).__name__, a))
+        return tuple(parts)
+
+    # ------------------------------------------------------------------ compile
+    def _variant(self, args) -> tuple[Variant, list[np.ndarray]]:
+        prepared, is_t, arrays, copies = self._split_args(args)
+        key = self._key(prepared, is_t)
+        with self._lock:
+            for v in self._variants.get(key, []):
+                if v.matches(arrays):
+                    if copies:
+                        v.copies = tuple(copies)
+                    return v, arrays
+        v = self._build(prepared, is_t, arrays)
+        v.copies = tuple(copies)
+        with self._lock:
+            self._variants.setdefault(key, []).append(v)
+        return v, arrays
+
+    def _build(self, prepared, is_t, arrays) -> Variant:
+        graph = trace(self.fn, prepared, is_t)
+        # arrays index -> position among traced args
+        pos = [i for i, t in enumerate(is_t) if t]
+        try:
+            gir = graphgen.build(graph)
+            static = {(pos.index(a), axis): arrays[pos.index(a)].shape[axis] for a, axis in gir.static}
+            c = compile_graph(gir.module, name=self.name, target=self.target, arch=self.arch, pins=self.schedule)
+            c.static = frozenset(static)
+            return Variant(static, c, graph)
+        except FrontendError:
+            raise
+        except TesseraError as e:
+            if self.strict:
+                raise
+            return Variant({(i, ax): s for i, a in enumerate(arrays) for ax, s in enumerate(a.shape)}, None, graph,
+                           reason=f"{e.code}: {e.message}")
+
+    # ------------------------------------------------------------------ call
+    def __call__(self, *args):
+        v, arrays = self._variant(args)
+        if v.compiled is None:
+            LOG.record(LaneDecision(self.name, "reference", v.reason, requested_fallback=True))
+            outs = reference.evaluate(v.graph, arrays)
+        else:
+            LOG.record(LaneDecision(self.name, self.lane, "compiled"))
+            outs = v.compiled.executable.run(arrays)
+        return tuple(outs) if v.graph.tuple_output else outs[0]
+
+    @property
+    def lane(self) -> str:
+        return "cpu-x86" if self.target == "cpu" else f"{self.target}"
+
+    def compile(self, *args) -> "Artifact":
+        v, _ = self._variant(args)
+        return Artifact(self, v)
+
+    def explain(self, *args) -> LaneReport:
+        return self.compile(*args).report()
+
+
+class Artifact:
+    """A compiled specialisation: IR of every layer, machine code, the report; callable."""
+
+    def __init__(self, fn: JitFunction, variant: Variant):
+        self.fn = fn
+        self.variant = variant
+
+    @property
+    def compiled(self) -> Compiled:
+        if self.variant.compiled is None:
+            raise FrontendError(f"{self.fn.name} runs on the reference lane ({self.variant.reason}); "
+                                "it has no compiled artifact")
+        return self.variant.compiled
+
+    def ir(self, layer: str = "graph") -> str:
+        if layer == "llvm":
+            return self.compiled.llvm_ir
+        if layer not in self.compiled.layer_ir:
+            raise ArgumentError(f"no IR for layer {layer!r}; layers: graph, schedule, tile, target, llvm")
+        return self.compiled.layer_ir[layer]
+
+    def asm(self) -> str:
+        return self.compiled.asm()
+
+    def binary(self) -> bytes:
+        return self.compiled.meta.get("obj", b"") or b""
+
+    def report(self) -> LaneReport:
+        v = self.variant
+        if v.compiled is None:
+            return LaneReport(self.fn.name, "reference", self.fn.target, str(self.fn.arch), "", [], [], [], [], {},
+                              "none", "", list(v.copies), [], v.reason)
+        c = v.compiled
+        isa = resolve_arch(c.target, c.arch)
+        m = c.meta
+        static = [f"argument {i} axis {ax} = {n}" for (i, ax), n in sorted(v.static.items())]
+        return LaneReport(self.fn.name, self.fn.lane, c.target, c.arch, c.cpu, feature_list(isa), m["layers"],
+                          m["passes"], m["kernels"], m["compile_ms"], c.cache_status, m["pipeline"], list(v.copies),
+                          static)
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+
+def jit(fn=None, *, target: str = "cpu", arch: str | None = None, strict: bool = True, schedule: dict | None = None):
+    """Compile a Python function over arrays.  Usable as ``@jit`` or ``@jit(target=..., ...)``."""
+    def wrap(f):
+        return JitFunction(f, target=target, arch=arch, strict=strict, schedule=schedule)
+    return wrap(fn) if fn is not None else wrap
+
+
+def compile(fn, *example_args, target: str = "cpu", arch: str | None = None, schedule: dict | None = None):  # noqa: A001
+    """Compile ``fn`` for the example arguments without running it."""
+    jf = fn if isinstance(fn, JitFunction) else JitFunction(fn, target=target, arch=arch, schedule=schedule)
+    return jf.compile(*example_args)
+
+
+def explain(fn, *args) -> LaneReport:
+    jf = fn if isinstance(fn, JitFunction) else JitFunction(fn)
+    return jf.explain(*args)

@@ -1,0 +1,242 @@
+"""``tessera.ops``: the Graph IR op set, usable on traced tensors.
+
+Each function checks shapes and dtypes at trace time (errors carry the caller's
+line) and records one node.  Semantics follow numpy: broadcasting, matmul batch
+rules (1-D operands included), ``axis``/``keepdims`` on reductions.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tessera import dtypes as dt
+from tessera.errors import DtypeError, RankMismatchError, ShapeMismatchError
+from tessera.frontend.trace import (
+    Tensor,
+    _err,
+    add_node,
+    as_tensor,
+    broadcast_shapes,
+    normalize_axis,
+    require_float,
+    same_dtype,
+)
+
+GELU_APPROXIMATIONS = ("tanh", "erf")
+
+
+def _t(x, what: str) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise _err(DtypeError, f"{what} expects a traced tensor, got {type(x).__name__}")
+    return x
+
+
+def _binary(op: str, a, b) -> Tensor:
+    if not isinstance(a, Tensor) and isinstance(b, Tensor):
+        a = as_tensor(a, b, op)
+    a = _t(a, op)
+    b = as_tensor(b, a, op)
+    require_float(a, op)
+    same_dtype(a, b, op)
+    return add_node(op, [a._node, b._node], {}, broadcast_shapes(a.shape, b.shape, op), a.dtype)
+
+
+def add(a, b) -> Tensor:
+    return _binary("add", a, b)
+
+
+def sub(a, b) -> Tensor:
+    return _binary("sub", a, b)
+
+
+def mul(a, b) -> Tensor:
+    return _binary("mul", a, b)
+
+
+def div(a, b) -> Tensor:
+    return _binary("div", a, b)
+
+
+def maximum(a, b) -> Tensor:
+    return _binary("maximum", a, b)
+
+
+def _unary(op: str, x, **attrs) -> Tensor:
+    x = _t(x, op)
+    require_float(x, op)
+    return add_node(op, [x._node], attrs, x.shape, x.dtype)
+
+
+def neg(x) -> Tensor:
+    return _unary("neg", x)
+
+
+def exp(x) -> Tensor:
+    return _unary("exp", x)
+
+
+def tanh(x) -> Tensor:
+    return _unary("tanh", x)
+
+
+def relu(x) -> Tensor:
+    return _unary("relu", x)
+
+
+def silu(x) -> Tensor:
+    return _unary("silu", x)
+
+
+def sqrt(x) -> Tensor:
+    return _unary("sqrt", x)
+
+
+def gelu(x, approximate: str = "tanh") -> Tensor:
+    if approximate not in GELU_APPROXIMATIONS:
+        raise _err(DtypeError, f"gelu approximate={approximate!r}; legal: {', '.join(GELU_APPROXIMATIONS)}")
+    return _unary("gelu", x, approximate=approximate)
+
+
+def softmax(x, axis: int = -1) -> Tensor:
+    x = _t(x, "softmax")
+    require_float(x, "softmax")
+    if x.ndim == 0:
+        raise _err(RankMismatchError, "softmax needs rank >= 1")
+    axis = normalize_axis(axis, x.ndim, "softmax")
+    return add_node("softmax", [x._node], {"axis": axis}, x.shape, x.dtype)
+
+
+def _norm(op: str, x, vecs: list, eps: float) -> Tensor:
+    x = _t(x, op)
+    require_float(x, op)
+    if x.ndim == 0:
+        raise _err(RankMismatchError, f"{op} needs rank >= 1")
+    inputs = [x._node]
+    present = []
+    for name, v in vecs:
+        if v is None:
+            present.append(False)
+            continue
+        v = _t(v, op)
+        same_dtype(x, v, f"{op} {name}")
+        if v.shape != (x.shape[-1],):
+            raise _err(ShapeMismatchError, f"{op}: {name} must have shape ({x.shape[-1]},), got {v.shape}")
+        inputs.append(v._node)
+        present.append(True)
+    return add_node(op, inputs, {"eps": float(eps), "present": tuple(present)}, x.shape, x.dtype)
+
+
+def layer_norm(x, scale=None, bias=None, eps: float = 1e-5) -> Tensor:
+    """``(x - mean) / sqrt(var + eps) * scale + bias`` over the last axis."""
+    return _norm("layer_norm", x, [("scale", scale), ("bias", bias)], eps)
+
+
+def rms_norm(x, scale=None, eps: float = 1e-6) -> Tensor:
+    """``x / sqrt(mean(x**2) + eps) * scale`` over the last axis."""
+    return _norm("rms_norm", x, [("scale", scale)], eps)
+
+
+def _reduce(op: str, x, axis, keepdims: bool) -> Tensor:
+    x = _t(x, op)
+    require_float(x, op)
+    if axis is None:
+        axes = tuple(range(x.ndim))
+    elif isinstance(axis, int):
+        axes = (normalize_axis(axis, x.ndim, op),)
+    else:
+        axes = tuple(normalize_axis(a, x.ndim, op) for a in axis)
+        if len(set(axes)) != len(axes):
+            raise _err(RankMismatchError, f"{op}: repeated axis in {axis}")
+    if not axes:
+        return x
+    if op == "reduce_max" and any(x.shape[a] == 0 for a in axes):
+        raise _err(ShapeMismatchError, f"{op}: zero-size reduction has no identity (numpy raises too)")
+    shape = tuple((1 if i in axes else d) for i, d in enumerate(x.shape) if keepdims or i not in axes)
+    return add_node(op, [x._node], {"axes": tuple(sorted(axes)), "keepdims": bool(keepdims)}, shape, x.dtype)
+
+
+def reduce_sum(x, axis=None, keepdims: bool = False) -> Tensor:
+    return _reduce("reduce_sum", x, axis, keepdims)
+
+
+def reduce_max(x, axis=None, keepdims: bool = False) -> Tensor:
+    return _reduce("reduce_max", x, axis, keepdims)
+
+
+def reduce_mean(x, axis=None, keepdims: bool = False) -> Tensor:
+    return _reduce("reduce_mean", x, axis, keepdims)
+
+
+def transpose(x, axes=None) -> Tensor:
+    x = _t(x, "transpose")
+    perm = tuple(reversed(range(x.ndim))) if axes is None else tuple(normalize_axis(a, x.ndim, "transpose")
+                                                                     for a in axes)
+    if sorted(perm) != list(range(x.ndim)):
+        raise _err(RankMismatchError, f"transpose: {axes} is not a permutation of {x.ndim} axes")
+    if perm == tuple(range(x.ndim)):
+        return x
+    return add_node("transpose", [x._node], {"perm": perm}, tuple(x.shape[p] for p in perm), x.dtype)
+
+
+def reshape(x, shape) -> Tensor:
+    x = _t(x, "reshape")
+    shape = tuple(int(s) for s in ((shape,) if isinstance(shape, int) else shape))
+    if shape.count(-1) > 1:
+        raise _err(ShapeMismatchError, "reshape: at most one -1")
+    total = x.size
+    if -1 in shape:
+        known = math.prod(s for s in shape if s != -1)
+        if known == 0 or total % known:
+            raise _err(ShapeMismatchError, f"reshape: cannot reshape {x.shape} into {shape}")
+        shape = tuple(total // known if s == -1 else s for s in shape)
+    if any(s < 0 for s in shape) or math.prod(shape) != total:
+        raise _err(ShapeMismatchError, f"reshape: cannot reshape {x.shape} ({total} elements) into {shape}")
+    if shape == x.shape:
+        return x
+    return add_node("reshape", [x._node], {}, shape, x.dtype)
+
+
+def cast(x, dtype) -> Tensor:
+    x = _t(x, "cast")
+    d = dt.as_dtype(dtype)
+    if d == x.dtype:
+        return x
+    return add_node("cast", [x._node], {}, x.shape, d)
+
+
+def matmul(a, b, out_dtype=None) -> Tensor:
+    """``a @ b`` with numpy rules; bf16/f16 inputs accumulate in f32 and give their own
+    dtype unless ``out_dtype=np.float32``."""
+    a, b = _t(a, "matmul"), _t(b, "matmul")
+    require_float(a, "matmul")
+    same_dtype(a, b, "matmul")
+    if a.ndim == 0 or b.ndim == 0:
+        raise _err(RankMismatchError, "matmul: operands must have rank >= 1")
+    out = dt.as_dtype(out_dtype) if out_dtype is not None else a.dtype
+    if out != a.dtype and not (out == dt.float32 and a.dtype in (dt.bfloat16, dt.float16)):
+        raise _err(DtypeError, f"matmul: out_dtype {dt.name(out)} is not allowed for {dt.name(a.dtype)} inputs "
+                               "(same dtype, or float32 for bf16/f16)")
+    squeeze = []
+    if a.ndim == 1:
+        a = reshape(a, (1, a.shape[0]))
+        squeeze.append(-2)
+    if b.ndim == 1:
+        b = reshape(b, (b.shape[0], 1))
+        squeeze.append(-1)
+    if a.shape[-1] != b.shape[-2]:
+        raise _err(ShapeMismatchError, f"matmul: inner dimensions differ: {a.shape} @ {b.shape}")
+    batch = broadcast_shapes(a.shape[:-2], b.shape[:-2], "matmul batch dimensions")
+    shape = (*batch, a.shape[-2], b.shape[-1])
+    y = add_node("matmul", [a._node, b._node], {}, shape, out)
+    if squeeze:
+        final = list(shape)
+        for ax in sorted(squeeze):
+            final[ax] = None
+        y = reshape(y, tuple(s for s in final if s is not None))
+    return y
+
+
+__all__ = ["add", "sub", "mul", "div", "maximum", "neg", "exp", "tanh", "relu", "silu", "sqrt", "gelu", "softmax",
+           "layer_norm", "rms_norm", "reduce_sum", "reduce_max", "reduce_mean", "transpose", "reshape", "cast",
+           "matmul", "np"]

@@ -1,0 +1,64 @@
+"""The lane report: what the compiler did and which lane ran (``tessera.explain``)."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class LaneReport:
+    function: str
+    lane: str
+    target: str
+    arch: str
+    cpu: str
+    features: list[str]
+    layers: list[str]
+    passes: list[dict]
+    kernels: list[dict]
+    compile_ms: dict
+    cache: str
+    pipeline: str
+    copies: list[str] = field(default_factory=list)
+    specialised: list[str] = field(default_factory=list)
+    reason: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @property
+    def fusion_groups(self) -> list[dict]:
+        return [{"kernel": k["kernel"], "kind": k["kind"], "ops": k["ops"]} for k in self.kernels]
+
+    def __str__(self) -> str:
+        lines = [f"tessera lane report: {self.function}",
+                 f"  lane      {self.lane}" + (f"   ({self.reason})" if self.reason else ""),
+                 f"  arch      {self.arch} (LLVM cpu {self.cpu}); features {', '.join(self.features) or '-'}",
+                 f"  layers    {' -> '.join(self.layers)}",
+                 f"  pipeline  {self.pipeline}",
+                 f"  cache     {self.cache}; compile ms {self.compile_ms}"]
+        if self.copies:
+            lines.append(f"  copies    {'; '.join(self.copies)}")
+        if self.specialised:
+            lines.append(f"  static    {'; '.join(self.specialised)}")
+        if self.passes:
+            lines.append("  passes")
+            w = max(len(p["pass"]) for p in self.passes)
+            for p in self.passes:
+                ch = "changed" if p["changed"] else "unchanged"
+                lines.append(f"    {p['pass']:<{w}}  {ch:<9}  ops {p['ops_in']:>5} -> {p['ops_out']:<5}"
+                             f"  +{','.join(p['produced']) or '-'}  -{','.join(p['consumed']) or '-'}")
+        if self.kernels:
+            lines.append("  kernels")
+            for k in self.kernels:
+                mma = k.get("mma")
+                sel = (f"{mma['record']} ({mma['mnemonic']}) register tile {'x'.join(map(str, k['register_tile']))}"
+                       if mma else f"vector {k['vector']}")
+                tiles = ", ".join(f"{a}={b}" for a, b in k["tiles"].items())
+                lines.append(f"    {k['kernel']:<18} {k['kind']:<11} tiles [{tiles}] parallel {k['parallel']} "
+                             f"threads {k['threads']}; {sel}")
+                lines.append(f"      fused: {', '.join(k['ops'])}")
+        return "\n".join(lines)

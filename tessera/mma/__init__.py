@@ -1,0 +1,1 @@
+"""MMA instruction records (data) and the cost-aware selector."""

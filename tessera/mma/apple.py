@@ -1,0 +1,11 @@
+"""apple matrix-instruction records (filled in by the apple selector work)."""
+from __future__ import annotations
+
+from tessera.mma.records import MmaIsa, MmaRecord
+
+RECORDS: tuple[MmaRecord, ...] = ()
+ARCHS: tuple[str, ...] = ()
+
+
+def isa(arch: str) -> MmaIsa:
+    raise NotImplementedError

@@ -1,0 +1,111 @@
+"""x86 records and CPU names.
+
+An x86 ``arch`` is an LLVM CPU name from :data:`CPUS` (its features decide which
+records are legal), ``host`` (LLVM's host CPU name and its reported features), or
+an ISA-level name from :data:`ISA_LEVELS`, which maps to ``x86-64-v3``/``x86-64-v4``
+plus a feature string — it never reaches LLVM as a CPU name (LLVM aborts the
+process at codegen on a CPU name it does not know).
+
+Sources: Intel SDM vol. 2 (VFMADD231PS, VDPBF16PS, VPDPBUSD, TDPBF16PS, TDPBSSD),
+LLVM ``IntrinsicsX86.td``.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from tessera.mma.records import MmaRecord
+
+LOWERING = "lower-tile-to-x86"
+
+RECORDS: tuple[MmaRecord, ...] = (
+    MmaRecord("x86.avx2.fma.f32", "x86", "fma", (1, 8, 1), "f32", "f32", "f32", "vfmadd231ps ymm",
+              "llvm.fma.v8f32", features=("avx2", "fma"), vector_width=8, lowered_by=LOWERING,
+              a_layout="col_major", b_layout="row_major",
+              note="one broadcast A element x 8 B lanes; register tile of MR x NR of these"),
+    MmaRecord("x86.avx512.fma.f32", "x86", "fma", (1, 16, 1), "f32", "f32", "f32", "vfmadd231ps zmm",
+              "llvm.fma.v16f32", features=("avx512f",), vector_width=16, lowered_by=LOWERING,
+              a_layout="col_major", b_layout="row_major"),
+    MmaRecord("x86.avx512_bf16.dpbf16ps", "x86", "avx512_bf16", (1, 16, 2), "bf16", "bf16", "f32",
+              "vdpbf16ps zmm", "llvm.x86.avx512bf16.dpbf16ps.512", features=("avx512bf16", "avx512f"),
+              vector_width=16, lowered_by=LOWERING, a_layout="col_major", b_layout="row_major",
+              semantics="pairwise bf16 dot product into f32; denormal inputs and outputs are flushed to zero "
+                        "and rounding ignores MXCSR (round to nearest even)"),
+    MmaRecord("x86.avx512_vnni.vpdpbusd", "x86", "avx512_vnni", (1, 16, 4), "u8", "s8", "i32",
+              "vpdpbusd zmm", "llvm.x86.avx512.vpdpbusd.512", features=("avx512vnni", "avx512f"), vector_width=16,
+              semantics="u8 x s8 products, four per i32 lane, summed into i32 without saturation"),
+    MmaRecord("x86.amx.bf16", "x86", "amx", (16, 16, 32), "bf16", "bf16", "f32", "tdpbf16ps",
+              "llvm.x86.tdpbf16ps", features=("amx-tile", "amx-bf16"),
+              semantics="tile registers (tmm0-7), 16 rows x 64 bytes; not a vector-lane instruction"),
+    MmaRecord("x86.amx.int8", "x86", "amx", (16, 16, 64), "s8", "s8", "i32", "tdpbssd",
+              "llvm.x86.tdpbssd", features=("amx-tile", "amx-int8"),
+              semantics="s8 x s8 into i32 tile registers"),
+)
+
+_AVX2 = frozenset({"sse4.2", "avx", "avx2", "fma", "f16c", "bmi2"})
+_AVX512 = _AVX2 | {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"}
+
+# LLVM CPU name -> the features that matter to the records (LLVM spelling).
+CPUS: dict[str, frozenset[str]] = {
+    "x86-64-v3": _AVX2,
+    "x86-64-v4": _AVX512,
+    "haswell": _AVX2,
+    "broadwell": _AVX2,
+    "skylake": _AVX2,
+    "znver2": _AVX2,
+    "znver3": _AVX2,
+    "skylake-avx512": _AVX512,
+    "cascadelake": _AVX512 | {"avx512vnni"},
+    "icelake-server": _AVX512 | {"avx512vnni"},
+    "cooperlake": _AVX512 | {"avx512vnni", "avx512bf16"},
+    "znver4": _AVX512 | {"avx512vnni", "avx512bf16"},
+    "znver5": _AVX512 | {"avx512vnni", "avx512bf16"},
+    "sapphirerapids": _AVX512 | {"avx512vnni", "avx512bf16", "amx-tile", "amx-bf16", "amx-int8"},
+    "graniterapids": _AVX512 | {"avx512vnni", "avx512bf16", "amx-tile", "amx-bf16", "amx-int8"},
+}
+
+# ISA-level names -> (LLVM CPU, extra features).  Never handed to LLVM as a CPU name.
+ISA_LEVELS: dict[str, tuple[str, frozenset[str]]] = {
+    "avx2": ("x86-64-v3", frozenset()),
+    "avx512": ("x86-64-v4", frozenset()),
+    "avx512_bf16": ("x86-64-v4", frozenset({"avx512bf16"})),
+    "avx512_vnni": ("x86-64-v4", frozenset({"avx512vnni"})),
+    "amx": ("x86-64-v4", frozenset({"avx512bf16", "avx512vnni", "amx-tile", "amx-bf16", "amx-int8"})),
+}
+
+
+@lru_cache(maxsize=1)
+def host_cpu() -> tuple[str, frozenset[str]]:
+    """LLVM's host CPU name and the features LLVM reports enabled on this machine."""
+    import llvmlite.binding as llvm
+
+    name = llvm.get_host_cpu_name()
+    feats = frozenset(k for k, v in llvm.get_host_cpu_features().items() if v)
+    return name, feats
+
+
+def resolve(arch: str | None) -> tuple[str, str, frozenset[str]]:
+    """``arch`` -> (resolved arch name, LLVM CPU name, feature set).  Raises KeyError if unknown."""
+    if arch is None or arch == "host":
+        name, feats = host_cpu()
+        return name, name, feats
+    if arch in ISA_LEVELS:
+        cpu, extra = ISA_LEVELS[arch]
+        return arch, cpu, CPUS[cpu] | extra
+    if arch in CPUS:
+        return arch, arch, CPUS[arch]
+    host_name, host_feats = host_cpu()
+    if arch == host_name:
+        return arch, arch, host_feats
+    raise KeyError(arch)
+
+
+def known_archs() -> list[str]:
+    return ["host"] + sorted(ISA_LEVELS) + sorted(CPUS)
+
+
+def llvm_feature_string(features: frozenset[str]) -> str:
+    return ",".join(f"+{f}" for f in sorted(features))
+
+
+def register_budget(features: frozenset[str]) -> int:
+    return 32 if "avx512f" in features else 16

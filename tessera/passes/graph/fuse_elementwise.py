@@ -1,0 +1,48 @@
+"""``fuse-elementwise``: trees of elementwise ops whose intermediate values have one
+use and the output's shape become one ``elementwise`` group: one loop nest, no
+intermediate tensors."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp
+
+from tessera.ir import graph as g
+from tessera.passes.base import TesseraPass, register
+from tessera.passes.graph.outline import is_elementwise, outline, single_use
+
+
+def _grow(op, shape, group: list, block) -> None:
+    for v in op.operands:
+        p = v.owner
+        if getattr(p, "parent", None) is not block:
+            continue
+        if isinstance(p, g.ConstantOp) and single_use(v):
+            group.append(p)
+        elif is_elementwise(p) and single_use(v) and p.results[0].type.dims == shape and p not in group:
+            group.append(p)
+            _grow(p, shape, group, block)
+
+
+@register
+@dataclass(frozen=True)
+class FuseElementwise(TesseraPass):
+    """Group trees of same-shape elementwise ops (single-use intermediates) into one loop nest."""
+
+    name = "fuse-elementwise"
+    kind = "graph-transform"
+    consumes = ()
+    produces = ("tessera.fusion", "tessera.yield")
+
+    def apply(self, ctx: Context, module: ModuleOp) -> None:
+        for f in module.walk():
+            if not (isinstance(f, func.FuncOp) and f.body.blocks):
+                continue
+            block = f.body.block
+            for op in reversed(list(block.ops)):
+                if op.parent is block and is_elementwise(op):
+                    group = [op]
+                    _grow(op, op.results[0].type.dims, group, block)
+                    outline(group, "elementwise")

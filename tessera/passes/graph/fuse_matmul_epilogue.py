@@ -1,0 +1,76 @@
+"""``fuse-matmul-epilogue``: one ``gemm`` group per matmul.
+
+The group takes the matmul, the reshape/transpose ops that only feed its operands
+(they become strides of the packing copies), and the chain of elementwise ops that
+follows it while each link has a single use and keeps the matmul's shape: bias and
+residual adds, scaling, activations, and a final cast.  Scalar constants used only
+by the chain come along.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp
+
+from tessera.ir import graph as g
+from tessera.passes.base import TesseraPass, register
+from tessera.passes.graph.outline import outline, single_use
+
+
+def _operand_views(v, group: list) -> None:
+    while isinstance(v.owner, (g.ReshapeOp, g.TransposeOp)) and single_use(v):
+        group.append(v.owner)
+        v = v.owner.input
+
+
+def _epilogue(mm: g.MatmulOp, group: list) -> None:
+    chain = mm.result
+    while single_use(chain):
+        user = next(iter(chain.uses)).operation
+        if isinstance(user, g.CastOp):
+            group.append(user)
+            return
+        if isinstance(user, g.ELEMENTWISE_UNARY):
+            pass
+        elif isinstance(user, g.ELEMENTWISE_BINARY):
+            if user.result.type.dims != chain.type.dims:
+                return  # the other operand would broadcast the result: not an epilogue
+            other = user.rhs if user.lhs == chain else user.lhs
+            if isinstance(other.owner, g.ConstantOp) and single_use(other):
+                group.append(other.owner)
+        else:
+            return
+        group.append(user)
+        chain = user.results[0]
+
+
+def fuse_matmuls(block) -> bool:
+    changed = False
+    for op in list(block.ops):
+        if isinstance(op, g.MatmulOp) and op.parent is block:
+            group = [op]
+            _operand_views(op.lhs, group)
+            if op.rhs != op.lhs:
+                _operand_views(op.rhs, group)
+            _epilogue(op, group)
+            outline(group, "gemm")
+            changed = True
+    return changed
+
+
+@register
+@dataclass(frozen=True)
+class FuseMatmulEpilogue(TesseraPass):
+    """Group each matmul with its operand reshapes/transposes and its elementwise epilogue."""
+
+    name = "fuse-matmul-epilogue"
+    kind = "graph-transform"
+    consumes = ()
+    produces = ("tessera.fusion", "tessera.yield")
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for f in op.walk():
+            if isinstance(f, func.FuncOp) and f.body.blocks:
+                fuse_matmuls(f.body.block)

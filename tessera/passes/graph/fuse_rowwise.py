@@ -1,0 +1,85 @@
+"""``fuse-rowwise``: softmax / layer_norm / rms_norm over the last axis, with their
+elementwise producers (a prologue applied as the row is read) and consumers (an
+epilogue applied as it is written), into one ``rowwise`` group: one pass over
+memory, the row kept in cache.
+
+A softmax over another axis is left alone here (it becomes its own kernel with
+transposes around it, see ``canonicalize``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp
+
+from tessera.ir import graph as g
+from tessera.ir.attrs import ival
+from tessera.passes.base import TesseraPass, register
+from tessera.passes.graph.outline import outline, single_use
+
+
+def _is_last_axis(op) -> bool:
+    if isinstance(op, g.SoftmaxOp):
+        return ival(op.axis) % op.input.type.rank == op.input.type.rank - 1
+    return True
+
+
+def _prologue(v, shape, group: list) -> None:
+    """Elementwise producers of ``v`` of the same shape, used only here."""
+    op = v.owner
+    if not (isinstance(op, g.ELEMENTWISE_UNARY + g.ELEMENTWISE_BINARY) and single_use(v)
+            and op.results[0].type.dims == shape and op.parent is not None
+            and not isinstance(op.parent.parent_op(), g.FusionOp)):
+        return
+    group.append(op)
+    if isinstance(op, g.ELEMENTWISE_UNARY):
+        _prologue(op.input, shape, group)
+        return
+    for o in (op.lhs, op.rhs):
+        if isinstance(o.owner, g.ConstantOp) and single_use(o):
+            group.append(o.owner)
+        elif o.type.dims == shape:
+            _prologue(o, shape, group)
+
+
+def _epilogue(v, group: list) -> None:
+    while single_use(v):
+        user = next(iter(v.uses)).operation
+        if isinstance(user, g.CastOp):
+            group.append(user)
+            return
+        if not isinstance(user, g.ELEMENTWISE_UNARY + g.ELEMENTWISE_BINARY):
+            return
+        if user.results[0].type.dims != v.type.dims:
+            return
+        if isinstance(user, g.ELEMENTWISE_BINARY):
+            other = user.rhs if user.lhs == v else user.lhs
+            if isinstance(other.owner, g.ConstantOp) and single_use(other):
+                group.append(other.owner)
+        group.append(user)
+        v = user.results[0]
+
+
+@register
+@dataclass(frozen=True)
+class FuseRowwise(TesseraPass):
+    """Group each last-axis softmax/layer_norm/rms_norm with its elementwise producers and consumers."""
+
+    name = "fuse-rowwise"
+    kind = "graph-transform"
+    consumes = ()
+    produces = ("tessera.fusion", "tessera.yield")
+
+    def apply(self, ctx: Context, module: ModuleOp) -> None:
+        for f in module.walk():
+            if not (isinstance(f, func.FuncOp) and f.body.blocks):
+                continue
+            block = f.body.block
+            for op in list(block.ops):
+                if isinstance(op, g.ROWWISE) and op.parent is block and _is_last_axis(op):
+                    group = [op]
+                    _prologue(op.input, op.input.type.dims, group)
+                    _epilogue(op.result, group)
+                    outline(group, "rowwise")

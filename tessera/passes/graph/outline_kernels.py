@@ -1,0 +1,55 @@
+"""``outline-kernels``: every Graph IR op not yet in a group becomes a group of its
+own (reduce, transpose, a lone reshape as a copy); constants, already copied into
+the groups that use them, are dropped, so the function body holds only groups."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp
+
+from tessera.errors import PassFailedError
+from tessera.ir import graph as g
+from tessera.passes.base import TesseraPass, register
+from tessera.passes.graph.outline import outline
+
+KIND_OF = {g.TransposeOp: "transpose", g.ReshapeOp: "elementwise", g.ConstantOp: "elementwise",
+           g.MatmulOp: "gemm"}
+
+
+def _kind(op) -> str:
+    if isinstance(op, g.REDUCTIONS):
+        return "reduce"
+    if isinstance(op, g.ROWWISE):
+        return "rowwise"
+    for cls, k in KIND_OF.items():
+        if isinstance(op, cls):
+            return k
+    if isinstance(op, g.ELEMENTWISE_UNARY + g.ELEMENTWISE_BINARY + (g.CastOp,)):
+        return "elementwise"
+    raise PassFailedError(f"outline-kernels: no kernel kind for {op.name}")
+
+
+@register
+@dataclass(frozen=True)
+class OutlineKernels(TesseraPass):
+    """Make every remaining Graph IR op a kernel group of its own."""
+
+    name = "outline-kernels"
+    kind = "graph-transform"
+    consumes = ()
+    produces = ("tessera.fusion", "tessera.yield")
+
+    def apply(self, ctx: Context, module: ModuleOp) -> None:
+        for f in module.walk():
+            if not (isinstance(f, func.FuncOp) and f.body.blocks):
+                continue
+            block = f.body.block
+            for op in reversed(list(block.ops)):  # consumers first: they copy constants in
+                if op.dialect_name() == "tessera" and not isinstance(op, (g.FusionOp, g.YieldOp)):
+                    if isinstance(op, g.ConstantOp) and not op.result.uses:
+                        op.detach()
+                        op.erase()
+                        continue
+                    outline([op], _kind(op))

@@ -1,0 +1,141 @@
+"""``schedule-cpu{arch=...}``: Graph IR fusion groups -> ``schedule.kernel`` (x86).
+
+Every decision lands on the kernel op and is read by schedule -> tile:
+
+- gemm: the MMA record from the selector (``select_mma`` for the input dtype on
+  this arch), the register tile from ``register_tile`` (MR x NR instructions
+  within the register file), cache blocks from the host's cache sizes (the B
+  micro-panel KC x NR*W fills half of L1, the A block MC x KC half of L2, the B
+  panel KC x NC a share of L3), the BLIS loop order (b, n, k, m), the row loop in
+  parallel across the CPUs this process may use, a 4x unrolled k loop;
+- rowwise / elementwise / reduce / transpose: rows in parallel, a vector width of
+  the arch's register, a column chunk of several registers.
+
+Options pin choices (``tessera.jit(schedule=...)``); an illegal pin is a
+``SCHEDULE_ILLEGAL`` error naming what is legal.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import BFloat16Type, Float16Type, Float32Type, ModuleOp, StringAttr
+
+from tessera import host
+from tessera.errors import MmaSelectorError, ScheduleIllegalError, UnknownArchError
+from tessera.ir import graph as g
+from tessera.ir import schedule as s
+from tessera.ir.attrs import i64_attr, int_array, str_array
+from tessera.mma.selector import get_isa, register_tile, require_lowering, select_mma
+from tessera.passes.base import TesseraPass, option, register
+
+DTYPE = {Float32Type: "f32", BFloat16Type: "bf16", Float16Type: "f16"}
+PARALLEL_LEGAL = {"gemm": ("m", "none"), "rowwise": ("r", "none"), "elementwise": ("r", "none"),
+                  "reduce": ("r", "none"), "transpose": ("r", "none")}
+
+
+def _dtype(elem) -> str:
+    for cls, name in DTYPE.items():
+        if isinstance(elem, cls):
+            return name
+    return str(elem)
+
+
+def _round_down(v: int, m: int) -> int:
+    return max(m, v // m * m)
+
+
+@register
+@dataclass(frozen=True)
+class ScheduleCpu(TesseraPass):
+    """Graph IR fusion groups -> schedule.kernel with x86 tiling, register tile and parallel loop."""
+
+    name = "schedule-cpu"
+    kind = "layer-boundary"
+    consumes = ("tessera.fusion",)
+    produces = ("schedule.kernel",)
+    arch: str = option(doc="x86 CPU name or ISA level (host resolved before lowering); required")
+    threads: int = option(0, doc="threads per kernel (0: the CPUs this process may use)")
+    tile_m: int = option(0, doc="gemm MC (rows per A block); 0: from the cache sizes")
+    tile_n: int = option(0, doc="gemm NC (columns per B panel); 0: from the cache sizes")
+    tile_k: int = option(0, doc="gemm KC (k per panel); 0: from the cache sizes")
+    register_tile: tuple[int, ...] = option((), doc="gemm MR,NR instructions per register tile; (): the selector's")
+    mma_shape: tuple[int, ...] = option((), doc="gemm instruction shape M,N,K to prefer (selector-checked)")
+    parallel: str = option("", doc="loop split across threads: m (gemm), r (others), or none")
+    unroll: int = option(4, doc="unroll of the gemm k loop")
+    chunk: int = option(0, doc="columns per step of row/elementwise kernels (0: 4 vector registers)")
+
+    def apply(self, ctx: Context, module: ModuleOp) -> None:
+        try:
+            isa = get_isa("x86", self.arch)
+        except UnknownArchError:
+            raise
+        w = 16 if "avx512f" in isa.features else 8
+        threads = self.threads or host.usable_cpus()
+        if threads < 1:
+            raise ScheduleIllegalError("threads must be >= 1")
+        n = 0
+        for fn in module.walk():
+            if not (isinstance(fn, func.FuncOp) and fn.body.blocks):
+                continue
+            for op in list(fn.body.block.ops):
+                if isinstance(op, g.FusionOp):
+                    self._schedule(op, isa, w, threads, f"k{n}_{op.kind.data}")
+                    n += 1
+
+    def _schedule(self, fop: g.FusionOp, isa, w: int, threads: int, name: str) -> None:
+        kind = fop.kind.data
+        par = self.parallel or ("m" if kind == "gemm" else "r")
+        if par not in PARALLEL_LEGAL.get(kind, ()):
+            raise ScheduleIllegalError(f"kernel {name}: parallel={par!r} is not legal for a {kind} kernel; "
+                                       f"legal: {', '.join(PARALLEL_LEGAL[kind])}")
+        attrs = {"sym_name": StringAttr(name), "kind": StringAttr(kind), "parallel": StringAttr(par),
+                 "threads": i64_attr(threads if par != "none" else 1), "staging": i64_attr(1),
+                 "unroll": i64_attr(1), "mma": StringAttr(""), "register_tile": int_array([]),
+                 "vector": i64_attr(w)}
+        if kind == "gemm":
+            attrs.update(self._gemm(fop, isa, w, name))
+        else:
+            chunk = self.chunk or 4 * w
+            if chunk % w:
+                raise ScheduleIllegalError(f"kernel {name}: chunk {chunk} must be a multiple of the vector width {w}")
+            attrs.update({"loops": str_array(["r", "c"]), "tiles": int_array([1, chunk]),
+                          "order": str_array(["r", "c"])})
+        region = fop.detach_region(fop.body)
+        kop = s.KernelOp.create(operands=list(fop.inputs), result_types=[r.type for r in fop.outputs],
+                                attributes=attrs, regions=[region])
+        kop.location = fop.location
+        fop.parent.insert_op_before(kop, fop)
+        for old, new in zip(fop.outputs, kop.outputs):
+            old.replace_all_uses_with(new)
+        fop.detach()
+        fop.erase()
+
+    def _gemm(self, fop: g.FusionOp, isa, w: int, name: str) -> dict:
+        mm = next(o for o in fop.body.block.ops if isinstance(o, g.MatmulOp))
+        dtype = _dtype(mm.lhs.type.element_type)
+        try:
+            sel = select_mma(isa, dtype, out_dtype="f32",
+                             prefer_shape=tuple(self.mma_shape) if self.mma_shape else None)
+            require_lowering(sel, "lower-tile-to-x86")
+        except MmaSelectorError as e:
+            e.message = f"kernel {name} ({mm.name}): {e.message}"
+            raise e.with_location(None)
+        rt = register_tile(isa, sel, prefer_tile=tuple(self.register_tile) if self.register_tile else None)
+        kp = sel.record.k
+        esize = 2 if dtype in ("bf16", "f16") else 4
+        nrw = rt.nr * w
+        caches = host.cache_sizes()
+        kc = self.tile_k or _round_down(min(max(caches["L1"] // 2 // (nrw * esize), 128), 1024), kp * 4)
+        mc = self.tile_m or _round_down(caches["L2"] // 2 // (kc * esize), rt.mr)
+        nc = self.tile_n or _round_down(min(caches["L3"] // 4 // (kc * esize), 4096), nrw)
+        for label, v, mult in (("tile-m", mc, rt.mr), ("tile-n", nc, nrw), ("tile-k", kc, kp)):
+            if v <= 0 or v % mult:
+                raise ScheduleIllegalError(f"kernel {name}: {label}={v} must be a positive multiple of {mult} "
+                                           f"(register tile {rt.mr}x{rt.nr} of {sel.record.id}, {w} lanes)")
+        if self.unroll < 1:
+            raise ScheduleIllegalError(f"kernel {name}: unroll must be >= 1")
+        return {"loops": str_array(["b", "m", "n", "k"]), "tiles": int_array([1, mc, nc, kc]),
+                "order": str_array(["b", "n", "k", "m"]), "mma": StringAttr(sel.record.id),
+                "register_tile": int_array([rt.mr, rt.nr]), "unroll": i64_attr(self.unroll)}

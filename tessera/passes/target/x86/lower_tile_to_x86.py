@@ -1,0 +1,752 @@
+"""``lower-tile-to-x86{arch=...}``: Tile IR -> ``tessera_x86`` Target IR.
+
+The compiler owns the register mapping.  A ``!tile.tile<[R, C], elem>`` or an acc
+fragment becomes R rows of ceil(C / W) vector registers (W lanes, from the
+arch: 16 with AVX-512, 8 with AVX2); a [R, 1] tile is one splatted register per
+row.  An A fragment (MR x K) becomes MR broadcast registers (K elements repeated:
+pairs for ``vdpbf16ps``), a B fragment (K x NR*W) NR vector loads.  ``tile.mma``
+becomes MR*NR ``vfma`` / ``vdpbf16ps``; the accumulator registers are threaded
+through ``scf.for`` as loop-carried values.  Views are not values: they become
+(base, offset, strides, valid extent) used by loads and stores, which split into
+an unmasked path for full tiles and a masked one for edges.  ``tile.async_copy``
+expands into packing loops; ``tile.alloc`` carves the thread's workspace.
+``arch`` is mandatory: ``None`` in the API is resolved to the host CPU before
+any lowering runs.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from xdsl.context import Context
+from xdsl.dialects import arith, func, scf
+from xdsl.dialects.builtin import (
+    BFloat16Type,
+    Float16Type,
+    Float32Type,
+    FloatAttr,
+    IndexType,
+    IntegerType,
+    ModuleOp,
+    StringAttr,
+    VectorType,
+    f32,
+)
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+
+from tessera.errors import CodegenError, MmaSelectorError, PassFailedError, UnknownArchError
+from tessera.ir import tile as t
+from tessera.ir.attrs import i64_attr, ival
+from tessera.ir.builder import INDEX, Builder
+from tessera.ir.target import x86 as x
+from tessera.mma.selector import get_isa
+from tessera.passes.base import TesseraPass, option, register
+
+PTR = x.PTR
+
+
+@dataclass
+class ViewVal:
+    base: SSAValue
+    off: SSAValue
+    rs: SSAValue
+    cs: SSAValue
+    rows: SSAValue
+    cols: SSAValue
+    shape: tuple[int, int]
+    elem: Attribute
+
+
+@dataclass
+class Regs:
+    """A tile or fragment in registers: rows x vectors (or broadcast registers)."""
+
+    shape: tuple[int, int]
+    rows: list[list[SSAValue]]
+    kind: str = "tile"   # tile | a | b
+
+    def flat(self) -> list[SSAValue]:
+        return [v for r in self.rows for v in r]
+
+
+def _const_int(v: SSAValue) -> int | None:
+    op = v.owner
+    if isinstance(op, arith.ConstantOp):
+        return ival(op.value)
+    return None
+
+
+def _is_half(elem: Attribute) -> bool:
+    return isinstance(elem, (BFloat16Type, Float16Type))
+
+
+@dataclass
+class _Lowerer:
+    w: int
+    features: frozenset[str]
+    ws_offset: int = 0
+    vmap: dict = field(default_factory=dict)
+
+    @property
+    def vf32(self) -> VectorType:
+        return VectorType(f32, [self.w])
+
+    # ------------------------------------------------------------------ values
+    def get(self, v: SSAValue):
+        return self.vmap[v]
+
+    def scalar(self, v: SSAValue) -> SSAValue:
+        r = self.vmap[v]
+        assert isinstance(r, SSAValue), v
+        return r
+
+    def nvec(self, cols: int) -> int:
+        return 1 if cols == 1 else -(-cols // self.w)
+
+    def flatten_types(self, ty: Attribute) -> list[Attribute]:
+        if isinstance(ty, (t.TileType, t.FragmentType)):
+            return [self.vf32] * self._nregs(ty)
+        if isinstance(ty, t.BufferType):
+            return [PTR]
+        if isinstance(ty, t.TokenType):
+            return []
+        return [ty]
+
+    def _nregs(self, ty) -> int:
+        if isinstance(ty, t.TileType):
+            r, c = ty.dims
+            return r * self.nvec(c)
+        role = ty.role.data
+        m, n, k = ty.mnk
+        if role == "acc":
+            return m * self.nvec(n)
+        raise CodegenError(f"{role}-fragments cannot be loop-carried")
+
+    def pack_value(self, ty: Attribute, vals: list[SSAValue]):
+        if isinstance(ty, (t.TileType, t.FragmentType)):
+            r, c = ty.dims if isinstance(ty, t.TileType) else ty.data_shape
+            nv = self.nvec(c)
+            return Regs((r, c), [vals[i * nv:(i + 1) * nv] for i in range(r)])
+        if isinstance(ty, t.TokenType):
+            return None
+        return vals[0]
+
+    def flat_value(self, v: SSAValue) -> list[SSAValue]:
+        r = self.vmap[v]
+        if isinstance(r, Regs):
+            return r.flat()
+        if r is None:
+            return []
+        return [r]
+
+    # ------------------------------------------------------------------ blocks
+    def lower_block(self, src: Block, b: Builder) -> None:
+        for op in src.ops:
+            self.lower_op(op, b)
+
+    def lower_op(self, op: Operation, b: Builder) -> None:
+        handler = getattr(self, "op_" + op.name.replace(".", "_"), None)
+        if handler is not None:
+            handler(op, b)
+            return
+        if op.dialect_name() == "arith":
+            new = op.clone(value_mapper={k: v for k, v in self.vmap.items() if isinstance(v, SSAValue)})
+            b.op(new)
+            for o, n in zip(op.results, new.results):
+                self.vmap[o] = n
+            return
+        raise CodegenError(f"lower-tile-to-x86 cannot lower {op.name}")
+
+    def op_scf_for(self, op: scf.ForOp, b: Builder) -> None:
+        init = [v for a in op.iter_args for v in self.flat_value(a)]
+        src = op.body.block
+        types = [ty for a in src.args[1:] for ty in self.flatten_types(a.type)]
+        block = Block(arg_types=[INDEX] + types)
+        self.vmap[src.args[0]] = block.args[0]
+        i = 1
+        for a in src.args[1:]:
+            n = len(self.flatten_types(a.type))
+            self.vmap[a] = self.pack_value(a.type, list(block.args[i:i + n]))
+            i += n
+        inner = b.child(block)
+        self.lower_block(src, inner)
+        new = scf.ForOp(self.scalar(op.lb), self.scalar(op.ub), self.scalar(op.step), init, Region(block))
+        b.op(new)
+        i = 0
+        for r in op.results:
+            n = len(self.flatten_types(r.type))
+            self.vmap[r] = self.pack_value(r.type, list(new.results[i:i + n]))
+            i += n
+
+    def op_scf_yield(self, op: scf.YieldOp, b: Builder) -> None:
+        b.op(scf.YieldOp(*[v for a in op.operands for v in self.flat_value(a)]))
+
+    def op_scf_if(self, op: scf.IfOp, b: Builder) -> None:
+        types = [ty for r in op.results for ty in self.flatten_types(r.type)]
+        regions = []
+        for region in (op.true_region, op.false_region):
+            if not region.blocks:
+                regions.append(None)
+                continue
+            block = Block()
+            self.lower_block(region.block, b.child(block))
+            regions.append(Region(block))
+        new = scf.IfOp(self.scalar(op.cond), types, regions[0], regions[1])
+        b.op(new)
+        i = 0
+        for r in op.results:
+            n = len(self.flatten_types(r.type))
+            self.vmap[r] = self.pack_value(r.type, list(new.results[i:i + n]))
+            i += n
+
+    def op_func_return(self, op, b: Builder) -> None:
+        b.op(func.ReturnOp())
+
+    # ------------------------------------------------------------------ memory
+    def op_tile_alloc(self, op: t.AllocOp, b: Builder) -> None:
+        elem = op.result.type.element_type
+        size = ival(op.size) * (2 if _is_half(elem) else 4 if not isinstance(elem, IntegerType) else 1)
+        new = x.WorkspaceOp.create(operands=[self.ws], attributes={"offset": i64_attr(self.ws_offset)},
+                                   result_types=[PTR])
+        b.op(new)
+        self.ws_offset += (size + 63) // 64 * 64
+        self.vmap[op.result] = new.result
+
+    def op_tile_view(self, op: t.ViewOp, b: Builder) -> None:
+        ty = op.result.type
+        R, C = ty.dims
+        rows = b.max(b.min(self.scalar(op.rows), R), 0)
+        cols = b.max(b.min(self.scalar(op.cols), C), 0)
+        self.vmap[op.result] = ViewVal(self.scalar(op.source), self.scalar(op.offset), self.scalar(op.row_stride),
+                                       self.scalar(op.col_stride), b.c(rows), b.c(cols), (R, C), ty.element_type)
+
+    def op_tile_wait(self, op, b: Builder) -> None:
+        pass  # CPU copies are synchronous: the packing loops have finished when wait is reached
+
+    # ------------------------------------------------------------------ helpers
+    def vtype(self, elem: Attribute, n: int | None = None) -> VectorType:
+        return VectorType(elem, [n or self.w])
+
+    def _load_vec(self, b: Builder, base, off, elem, count=None, pad: float = 0.0) -> SSAValue:
+        """Load W elements (converted to f32); with count: masked, missing lanes = pad."""
+        operands = [base, b.c(off)] + ([b.c(count)] if count is not None else [])
+        ld = x.VLoadOp.create(operands=operands, result_types=[self.vtype(elem)])
+        b.op(ld)
+        v = ld.result
+        if not isinstance(elem, Float32Type):
+            cv = x.VCvtOp.create(operands=[v], result_types=[self.vf32])
+            b.op(cv)
+            v = cv.result
+        if count is not None and pad != 0.0:
+            sel = x.VLaneSelectOp.create(operands=[v, self.vconst(b, pad), b.c(count)], result_types=[self.vf32])
+            b.op(sel)
+            v = sel.result
+        return v
+
+    def vconst(self, b: Builder, value: float) -> SSAValue:
+        op = x.VConstantOp.create(attributes={"value": FloatAttr(value, f32)}, result_types=[self.vf32])
+        b.op(op)
+        return op.result
+
+    def _store_vec(self, b: Builder, v, base, off, elem, count=None) -> None:
+        if not isinstance(elem, Float32Type):
+            cv = x.VCvtOp.create(operands=[v], result_types=[self.vtype(elem)])
+            b.op(cv)
+            v = cv.result
+        operands = [v, base, b.c(off)] + ([b.c(count)] if count is not None else [])
+        b.op(x.VStoreOp.create(operands=operands))
+
+    def _bcast(self, b: Builder, base, off, elem, group: int = 1) -> SSAValue:
+        if group == 1:
+            op = x.VBroadcastOp.create(operands=[base, b.c(off)], attributes={"group": i64_attr(1)},
+                                       result_types=[self.vtype(elem)])
+            b.op(op)
+            v = op.result
+            if not isinstance(elem, Float32Type):
+                cv = x.VCvtOp.create(operands=[v], result_types=[self.vf32])
+                b.op(cv)
+                v = cv.result
+            return v
+        op = x.VBroadcastOp.create(operands=[base, b.c(off)], attributes={"group": i64_attr(group)},
+                                   result_types=[self.vtype(elem, self.w * group)])
+        b.op(op)
+        return op.result
+
+    def _count(self, b: Builder, cols, v: int, rows=None, i: int | None = None):
+        cnt = b.max(b.min(b.sub(cols, v * self.w), self.w), 0)
+        if rows is not None and i is not None:
+            ok = b.cmp("slt", i, rows)
+            cnt = b.select(ok, b.c(cnt), b.c(0))
+        return cnt
+
+    def _static_count(self, C: int, v: int) -> int | None:
+        """Lanes of vector v inside a C-wide row (None: all W)."""
+        return None if (v + 1) * self.w <= C else C - v * self.w
+
+    def _full(self, b: Builder, vv: ViewVal) -> SSAValue | None:
+        R, C = vv.shape
+        rk, ck = _const_int(vv.rows), _const_int(vv.cols)
+        if rk is not None and ck is not None and rk >= R and ck >= C:
+            return None
+        ok_r = b.cmp("sge", vv.rows, R)
+        ok_c = b.cmp("sge", vv.cols, C)
+        return b.op(arith.AndIOp(ok_r, ok_c)).results[0]
+
+    # ------------------------------------------------------------------ loads / stores
+    def _load_tile(self, b: Builder, vv: ViewVal, pad: float = 0.0) -> Regs:
+        R, C = vv.shape
+        cs = _const_int(vv.cs)
+        if C == 1:
+            rows = []
+            for i in range(R):
+                if R == 1:
+                    off = vv.off
+                    rows.append([self._bcast(b, vv.base, off, vv.elem)])
+                    continue
+                ok = b.cmp("slt", i, vv.rows)
+                off = b.select(ok, b.c(b.add(vv.off, b.mul(i, vv.rs))), b.c(vv.off))
+                val = self._bcast(b, vv.base, off, vv.elem)
+                sel = arith.SelectOp(ok, val, self.vconst(b, pad))
+                b.op(sel)
+                rows.append([sel.result])
+            return Regs((R, C), rows)
+        if cs != 1:
+            raise CodegenError(f"tile.load of a [{R}, {C}] view needs unit column stride (pack it first)")
+        nv = self.nvec(C)
+        full = self._full(b, vv)
+
+        def full_path(bb: Builder) -> list[SSAValue]:
+            out = []
+            for i in range(R):
+                roff = bb.add(vv.off, bb.mul(i, vv.rs))
+                for v in range(nv):
+                    out.append(self._load_vec(bb, vv.base, bb.add(roff, v * self.w), vv.elem,
+                                              self._static_count(C, v), pad))
+            return out
+
+        def edge_path(bb: Builder) -> list[SSAValue]:
+            out = []
+            for i in range(R):
+                ok = bb.cmp("slt", i, vv.rows)
+                roff = bb.select(ok, bb.c(bb.add(vv.off, bb.mul(i, vv.rs))), bb.c(vv.off))
+                for v in range(nv):
+                    cnt = self._count(bb, vv.cols, v, vv.rows, i)
+                    out.append(self._load_vec(bb, vv.base, bb.add(roff, v * self.w), vv.elem, cnt, pad))
+            return out
+
+        if full is None:
+            vals = full_path(b)
+        else:
+            vals = b.if_(full, full_path, edge_path, [self.vf32] * (R * nv))
+        return Regs((R, C), [vals[i * nv:(i + 1) * nv] for i in range(R)])
+
+    def _store_tile(self, b: Builder, regs: Regs, vv: ViewVal) -> None:
+        R, C = vv.shape
+        if _const_int(vv.cs) != 1 and C != 1:
+            raise CodegenError(f"tile.store to a [{R}, {C}] view needs unit column stride")
+        nv = self.nvec(C)
+        full = self._full(b, vv)
+        rows = self._expand(regs, R, C)
+
+        def full_path(bb: Builder):
+            for i in range(R):
+                roff = bb.add(vv.off, bb.mul(i, vv.rs))
+                for v in range(nv):
+                    self._store_vec(bb, rows[i][v], vv.base, bb.add(roff, v * self.w), vv.elem,
+                                    self._static_count(C, v))
+            return []
+
+        def edge_path(bb: Builder):
+            for i in range(R):
+                ok = bb.cmp("slt", i, vv.rows)
+                roff = bb.select(ok, bb.c(bb.add(vv.off, bb.mul(i, vv.rs))), bb.c(vv.off))
+                for v in range(nv):
+                    cnt = self._count(bb, bb.min(vv.cols, C), v, vv.rows, i)
+                    self._store_vec(bb, rows[i][v], vv.base, bb.add(roff, v * self.w), vv.elem, cnt)
+            return []
+
+        if full is None:
+            full_path(b)
+        else:
+            b.if_(full, full_path, edge_path)
+
+    def _expand(self, regs: Regs, R: int, C: int) -> list[list[SSAValue]]:
+        """Broadcast a tile's registers to R x nvec(C)."""
+        nv = self.nvec(C)
+        out = []
+        for i in range(R):
+            row = regs.rows[0 if len(regs.rows) == 1 else i]
+            out.append([row[0 if len(row) == 1 else v] for v in range(nv)])
+        return out
+
+    def op_tile_load(self, op: t.LoadOp, b: Builder) -> None:
+        pad = op.pad.value.data if op.pad is not None else 0.0
+        self.vmap[op.result] = self._load_tile(b, self.get(op.source), pad)
+
+    def op_tile_store(self, op: t.StoreOp, b: Builder) -> None:
+        self._store_tile(b, self.get(op.value), self.get(op.dest))
+
+    def op_tile_constant(self, op: t.ConstantOp, b: Builder) -> None:
+        R, C = op.result.type.dims
+        v = self.vconst(b, op.value.value.data)
+        self.vmap[op.result] = Regs((R, C), [[v] * self.nvec(C) for _ in range(R)])
+
+    # ------------------------------------------------------------------ fragments
+    def op_tile_fragment_zero(self, op: t.FragmentZeroOp, b: Builder) -> None:
+        m, n = op.result.type.data_shape
+        nv = self.nvec(n)
+        rows = []
+        for _ in range(m):
+            row = []
+            for _ in range(nv):
+                z = x.VZeroOp.create(result_types=[self.vf32])
+                b.op(z)
+                row.append(z.result)
+            rows.append(row)
+        self.vmap[op.result] = Regs((m, n), rows)
+
+    def op_tile_fragment_pack(self, op: t.FragmentPackOp, b: Builder) -> None:
+        ft: t.FragmentType = op.result.type
+        vv: ViewVal = self.get(op.source)
+        role = ft.role.data
+        m, n, k = ft.mnk
+        if ft.family.data not in ("fma", "avx512_bf16"):
+            raise MmaSelectorError(f"lower-tile-to-x86 has no lowering for fragment family {ft.family.data}")
+        if role == "acc":
+            self.vmap[op.result] = self._load_tile(b, vv)
+            return
+        if n % self.w:
+            raise CodegenError(f"fragment n={n} is not a multiple of the vector width {self.w}")
+        if role == "a":
+            # MR broadcast registers: element (i, 0..k-1) repeated across the vector
+            if k > 1 and _const_int(vv.cs) != 1:
+                raise CodegenError("A fragment with k > 1 needs its k elements contiguous")
+            rows = [[self._bcast(b, vv.base, b.add(vv.off, b.mul(i, vv.rs)), vv.elem, group=k)] for i in range(m)]
+            self.vmap[op.result] = Regs((m, k), rows, "a")
+            return
+        # role b: k x n; k elements of one column are adjacent (stride 1), columns k apart
+        if _const_int(vv.rs) != 1 and k > 1 or _const_int(vv.cs) != k:
+            raise CodegenError(f"B fragment view must be packed (row stride 1, column stride {k})")
+        vecs = []
+        for v in range(n // self.w):
+            ld = x.VLoadOp.create(operands=[vv.base, b.c(b.add(vv.off, v * self.w * k))],
+                                  result_types=[self.vtype(vv.elem, self.w * k)])
+            b.op(ld)
+            vecs.append(ld.result)
+        self.vmap[op.result] = Regs((k, n), [vecs], "b")
+
+    def op_tile_mma(self, op: t.MmaOp, b: Builder) -> None:
+        a: Regs = self.get(op.a)
+        bb: Regs = self.get(op.b)
+        c: Regs = self.get(op.c)
+        fam = op.a.type.family.data
+        if fam == "avx512_bf16" and "avx512bf16" not in self.features:
+            raise MmaSelectorError("vdpbf16ps needs AVX512-BF16, which this arch lacks")
+        rows = []
+        for i, crow in enumerate(c.rows):
+            row = []
+            for v, acc in enumerate(crow):
+                if fam == "fma":
+                    new = x.VFmaOp.create(operands=[a.rows[i][0], bb.rows[0][v], acc], result_types=[self.vf32])
+                else:
+                    new = x.VDpbf16psOp.create(operands=[a.rows[i][0], bb.rows[0][v], acc], result_types=[self.vf32])
+                b.op(new)
+                row.append(new.results[0])
+            rows.append(row)
+        self.vmap[op.result] = Regs(c.shape, rows)
+
+    def op_tile_fragment_unpack(self, op, b: Builder) -> None:
+        self.vmap[op.result] = self.get(op.source)
+
+    # ------------------------------------------------------------------ compute
+    def op_tile_elementwise(self, op: t.ElementwiseOp, b: Builder) -> None:
+        fn = op.fn.data
+        R, C = op.result.type.dims
+        ins = [self._expand(self.get(v), R, C) for v in op.inputs]
+        nv = self.nvec(C)
+        rows = []
+        for i in range(R):
+            row = []
+            for v in range(nv):
+                if len(ins) == 1:
+                    new = x.VUnaryOp.create(operands=[ins[0][i][v]], attributes={"fn": StringAttr(fn)},
+                                            result_types=[self.vf32])
+                else:
+                    new = x.VBinaryOp.create(operands=[ins[0][i][v], ins[1][i][v]],
+                                             attributes={"fn": StringAttr(fn)}, result_types=[self.vf32])
+                b.op(new)
+                row.append(new.results[0])
+            rows.append(row)
+        self.vmap[op.result] = Regs((R, C), rows)
+
+    def op_tile_splat_index(self, op, b: Builder) -> None:
+        i = b.op(arith.IndexCastOp(self.scalar(op.input), IntegerType(64))).results[0]
+        fv = b.op(arith.SIToFPOp(i, f32)).results[0]
+        sp = x.VSplatOp.create(operands=[fv], result_types=[self.vf32])
+        b.op(sp)
+        self.vmap[op.result] = Regs((1, 1), [[sp.result]])
+
+    def op_tile_mask(self, op: t.MaskOp, b: Builder) -> None:
+        R, C = op.input.type.dims
+        src = self._expand(self.get(op.input), R, C)
+        cols = self.scalar(op.cols)
+        padv = self.vconst(b, op.pad.value.data)
+        rows = []
+        for i in range(R):
+            row = []
+            for v in range(self.nvec(C)):
+                cnt = b.max(b.min(b.sub(cols, v * self.w), self.w), 0)
+                sel = x.VLaneSelectOp.create(operands=[src[i][v], padv, b.c(cnt)], result_types=[self.vf32])
+                b.op(sel)
+                row.append(sel.result)
+            rows.append(row)
+        self.vmap[op.result] = Regs((R, C), rows)
+
+    def op_tile_reduce(self, op: t.ReduceOp, b: Builder) -> None:
+        kind = op.kind.data
+        src: Regs = self.get(op.input)
+        R, C = op.input.type.dims
+        rows = self._expand(src, R, C)
+        fn = "add" if kind == "add" else "max"
+
+        def comb(x0, x1):
+            new = x.VBinaryOp.create(operands=[x0, x1], attributes={"fn": StringAttr(fn)}, result_types=[self.vf32])
+            b.op(new)
+            return new.results[0]
+
+        if ival(op.axis) == 1:
+            out = []
+            for i in range(R):
+                acc = rows[i][0]
+                for v in rows[i][1:]:
+                    acc = comb(acc, v)
+                if C > 1:
+                    red = x.VReduceOp.create(operands=[acc], attributes={"kind": StringAttr(kind)},
+                                             result_types=[self.vf32])
+                    b.op(red)
+                    acc = red.result
+                out.append([acc])
+            self.vmap[op.result] = Regs((R, 1), out)
+        else:
+            acc_row = list(rows[0])
+            for i in range(1, R):
+                acc_row = [comb(a0, a1) for a0, a1 in zip(acc_row, rows[i])]
+            self.vmap[op.result] = Regs((1, C), [acc_row])
+
+    # ------------------------------------------------------------------ packing copies
+    def op_tile_async_copy(self, op: t.AsyncCopyOp, b: Builder) -> None:
+        src: ViewVal = self.get(op.source)
+        dst = self.scalar(op.dest)
+        layout, panel, kp = op.layout.data, ival(op.panel), ival(op.kpack)
+        if layout == "b_panel":
+            self._pack_b(b, src, dst, panel, kp)
+        elif layout == "a_panel":
+            self._pack_a(b, src, dst, panel, kp)
+        else:
+            self._copy_rows(b, src, dst)
+
+    def _scalar_type(self, elem):
+        return elem
+
+    def _pack_b(self, b: Builder, src: ViewVal, dst, nrw: int, kp: int) -> None:
+        """dst[p*nrw*kcp + g*nrw*kp + c*kp + q] = src[(g*kp+q)*rs + (p*nrw+c)*cs], zero-padded."""
+        rows, cols = src.rows, src.cols
+        kcp = b.mul(b.ceil_div(rows, kp), kp)
+        npanel = b.ceil_div(cols, nrw)
+        cs1 = _const_int(src.cs) == 1
+        elem = src.elem
+        W = self.w
+        nv = nrw // W
+
+        def panel(bp: Builder, p, _c):
+            pbase = bp.mul(p, bp.mul(nrw, kcp))
+            col0 = bp.mul(p, nrw)
+            if cs1:
+                counts = [bp.max(bp.min(bp.sub(cols, bp.add(col0, v * W)), W), 0) for v in range(nv)]
+
+                def group(bg: Builder, gidx, _c2):
+                    dbase = bg.add(pbase, bg.mul(gidx, nrw * kp))
+                    if kp == 1:
+                        soff = bg.add(src.off, bg.add(bg.mul(gidx, src.rs), col0))
+                        for v in range(nv):
+                            ld = x.VLoadOp.create(operands=[src.base, bg.c(bg.add(soff, v * W)), bg.c(counts[v])],
+                                                  result_types=[self.vtype(elem)])
+                            bg.op(ld)
+                            bg.op(x.VStoreOp.create(operands=[ld.result, dst, bg.c(bg.add(dbase, v * W))]))
+                    else:
+                        k0 = bg.mul(gidx, kp)
+                        regs = []
+                        for q in range(kp):
+                            kq = bg.add(k0, q)
+                            okq = bg.cmp("slt", kq, rows)
+                            soff = bg.select(okq, bg.c(bg.add(src.off, bg.add(bg.mul(kq, src.rs), col0))),
+                                             bg.c(bg.add(src.off, col0)))
+                            rowv = []
+                            for v in range(nv):
+                                cnt = bg.select(okq, bg.c(counts[v]), bg.c(0))
+                                ld = x.VLoadOp.create(operands=[src.base, bg.c(bg.add(soff, v * W)), bg.c(cnt)],
+                                                      result_types=[self.vtype(elem)])
+                                bg.op(ld)
+                                rowv.append(ld.result)
+                            regs.append(rowv)
+                        if kp != 2:
+                            raise CodegenError("b_panel packing supports kpack 1 or 2")
+                        for v in range(nv):
+                            il = x.VInterleaveOp.create(operands=[regs[0][v], regs[1][v]],
+                                                        result_types=[self.vtype(elem, 2 * W)])
+                            bg.op(il)
+                            bg.op(x.VStoreOp.create(operands=[il.result, dst, bg.c(bg.add(dbase, v * W * 2))]))
+                    return []
+
+                bp.for_(0, bp.ceil_div(rows, kp), 1, group)
+            else:
+                self._scalar_pack(bp, src, dst, pbase, col0, nrw, kp, kcp, transpose=False)
+            return []
+
+        b.for_(0, npanel, 1, panel)
+
+    def _pack_a(self, b: Builder, src: ViewVal, dst, mr: int, kp: int) -> None:
+        """dst[p*mr*kcp + g*mr*kp + r*kp + q] = src[(p*mr+r)*rs + (g*kp+q)*cs], zero-padded."""
+        kcp = b.mul(b.ceil_div(src.cols, kp), kp)
+        npanel = b.ceil_div(src.rows, mr)
+
+        def panel(bp: Builder, p, _c):
+            pbase = bp.mul(p, bp.mul(mr, kcp))
+            self._scalar_pack(bp, src, dst, pbase, bp.mul(p, mr), mr, kp, kcp, transpose=True)
+            return []
+
+        b.for_(0, npanel, 1, panel)
+
+    def _scalar_pack(self, b: Builder, src: ViewVal, dst, pbase, start, width: int, kp: int, kcp,
+                     transpose: bool) -> None:
+        """Copy one sliver element by element.  For A (transpose): sliver rows are the
+        view's rows and k runs along its columns; for B, k runs along the view's rows."""
+        elem = src.elem
+        if transpose:
+            n_lines, k_len, line_stride, k_stride = src.rows, src.cols, src.rs, src.cs
+        else:
+            n_lines, k_len, line_stride, k_stride = src.cols, src.rows, src.cs, src.rs
+        valid = b.max(b.min(b.sub(n_lines, start), width), 0)
+
+        def line(bl: Builder, r, _c):
+            src_line = bl.add(src.off, bl.mul(bl.add(start, r), line_stride))
+            ok = bl.cmp("slt", r, valid)
+
+            def copy(bc: Builder):
+                def kloop(bk: Builder, kk, _c2):
+                    g_ = bk.div(kk, kp) if kp > 1 else kk
+                    q = bk.rem(kk, kp) if kp > 1 else 0
+                    doff = bk.add(pbase, bk.add(bk.mul(g_, width * kp), bk.add(bk.mul(r, kp), q)))
+                    ld = x.LoadOp.create(operands=[src.base, bk.c(bk.add(src_line, bk.mul(kk, k_stride)))],
+                                         result_types=[elem])
+                    bk.op(ld)
+                    bk.op(x.StoreOp.create(operands=[ld.result, dst, bk.c(doff)]))
+                    return []
+                bc.for_(0, k_len, 1, kloop)
+                self._zero_tail(bc, dst, pbase, r, width, kp, k_len, kcp, elem)
+                return []
+
+            def zero(bz: Builder):
+                self._zero_tail(bz, dst, pbase, r, width, kp, 0, kcp, elem)
+                return []
+
+            bl.if_(ok, copy, zero)
+            return []
+
+        b.for_(0, width, 1, line)
+
+    def _zero_tail(self, b: Builder, dst, pbase, r, width, kp, k_from, kcp, elem) -> None:
+        def zl(bz: Builder, kk, _c):
+            g_ = bz.div(kk, kp) if kp > 1 else kk
+            q = bz.rem(kk, kp) if kp > 1 else 0
+            doff = bz.add(pbase, bz.add(bz.mul(g_, width * kp), bz.add(bz.mul(r, kp), q)))
+            zero = arith.ConstantOp(FloatAttr(0.0, elem), elem)
+            bz.op(zero)
+            bz.op(x.StoreOp.create(operands=[zero.result, dst, bz.c(doff)]))
+            return []
+        b.for_(k_from, kcp, 1, zl)
+
+    def _copy_rows(self, b: Builder, src: ViewVal, dst) -> None:
+        R, C = src.shape
+
+        def row(br: Builder, i, _c):
+            regs = self._load_tile(br, ViewVal(src.base, br.c(br.add(src.off, br.mul(i, src.rs))), src.rs, src.cs,
+                                               br.c(1), src.cols, (1, C), src.elem))
+            self._store_tile(br, regs, ViewVal(dst, br.c(br.mul(i, C)), br.c(C), br.c(1), br.c(1), br.c(C), (1, C),
+                                                src.elem))
+            return []
+
+        b.for_(0, src.rows, 1, row)
+
+
+@register
+@dataclass(frozen=True)
+class LowerTileToX86(TesseraPass):
+    """Tile IR -> tessera_x86 Target IR (register tiles, packing loops, masked edges)."""
+
+    name = "lower-tile-to-x86"
+    kind = "target-lowering"
+    consumes = ("tile.alloc", "tile.view", "tile.async_copy", "tile.wait", "tile.fragment_zero",
+                "tile.fragment_pack", "tile.mma", "tile.fragment_unpack", "tile.load", "tile.store",
+                "tile.constant", "tile.splat_index", "tile.elementwise", "tile.mask", "tile.reduce", "tile.launch")
+    produces = ("tessera_x86.vzero", "tessera_x86.vconstant", "tessera_x86.vbroadcast", "tessera_x86.vload",
+                "tessera_x86.vstore", "tessera_x86.load", "tessera_x86.store", "tessera_x86.vfma",
+                "tessera_x86.vdpbf16ps", "tessera_x86.vbinary", "tessera_x86.vunary", "tessera_x86.vreduce",
+                "tessera_x86.vcvt", "tessera_x86.vinterleave", "tessera_x86.vlaneselect",
+                "tessera_x86.workspace", "tessera_x86.launch")
+    arch: str = option(doc="x86 CPU name or ISA level (host resolved before lowering); required")
+    threads: int = option(0, doc="most threads a launch may use (0: the CPUs this process may use)")
+
+    def apply(self, ctx: Context, module: ModuleOp) -> None:
+        try:
+            isa = get_isa("x86", self.arch)
+        except UnknownArchError as e:
+            raise PassFailedError(f"lower-tile-to-x86: {e.message}") from None
+        w = 16 if "avx512f" in isa.features else 8
+        for op in list(module.body.block.ops):
+            if not isinstance(op, func.FuncOp):
+                continue
+            if _is_kernel(op):
+                new = lower_kernel(op, w, isa.features)
+                module.body.block.insert_op_before(new, op)
+                op.detach()
+                op.erase()
+            else:
+                _lower_host(op, self.threads)
+
+
+def _is_kernel(fn: func.FuncOp) -> bool:
+    ins = fn.function_type.inputs.data
+    return bool(ins) and isinstance(ins[-1], t.BufferType) and ins[-1].space.data == "workspace"
+
+
+def lower_kernel(fn: func.FuncOp, w: int, features: frozenset[str]) -> func.FuncOp:
+    low = _Lowerer(w, features)
+    src = fn.body.block
+    arg_types = []
+    for a in src.args:
+        arg_types += low.flatten_types(a.type)
+    block = Block(arg_types=arg_types)
+    for a, n in zip(src.args, block.args):
+        low.vmap[a] = n
+    low.ws = block.args[-1]
+    b = Builder(block)
+    low.lower_block(src, b)
+    new = func.FuncOp(fn.sym_name.data, (arg_types, []), Region(block))
+    new.attributes["workspace"] = i64_attr(low.ws_offset)
+    return new
+
+
+def _lower_host(fn: func.FuncOp, threads: int) -> None:
+    for op in list(fn.walk()):
+        if isinstance(op, t.LaunchOp):
+            new = x.LaunchOp.create(
+                operands=list(op.args), result_types=[r.type for r in op.outs],
+                attributes={"callee": op.callee, "dims": op.dims, "workspace": op.workspace,
+                            "threads": i64_attr(threads), **({"parallel": op.parallel} if op.parallel else {})})
+            new.location = op.location
+            op.parent.insert_op_before(new, op)
+            for o, n in zip(op.outs, new.outs):
+                o.replace_all_uses_with(n)
+            op.detach()
+            op.erase()

@@ -1,0 +1,207 @@
+"""Shared pieces of the schedule -> tile kernel generators.
+
+Kernel ABI (Tile IR, every target): a kernel function takes
+
+  1. one ``!tile.buffer<elem, global>`` per input tensor of the schedule.kernel,
+     then one per output, in order;
+  2. one ``index`` per entry of the launch's ``dims`` list — sizes and strides as
+     symbolic expressions the runtime evaluates from the bound symbols;
+  3. ``tid: index, nthreads: index`` — this thread and how many share the work;
+  4. ``ws: !tile.buffer<i8, workspace>`` — this thread's scratch; ``tile.alloc``
+     carves staging buffers from it (``workspace`` bytes on the launch).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from xdsl.dialects import func
+from xdsl.dialects.builtin import FloatAttr, IntegerType, f32
+from xdsl.ir import Attribute, Block, BlockArgument, Region, SSAValue
+
+from tessera.errors import ScheduleIllegalError
+from tessera.ir import dims as D
+from tessera.ir import graph as g
+from tessera.ir import tile as t
+from tessera.ir.attrs import i64_attr
+from tessera.ir.builder import INDEX, Builder
+
+WS_TYPE = t.buffer(IntegerType(8), "workspace")
+ALIGN = 64
+
+
+@dataclass
+class KernelSig:
+    """Collects a kernel's parameters, then builds its function and entry builder."""
+
+    name: str
+    buffers: list[Attribute] = field(default_factory=list)
+    dims: list[D.Dim] = field(default_factory=list)
+    _dim_index: dict[D.Dim, int] = field(default_factory=dict)
+    workspace: int = 0
+    allocs: list[tuple[int, int]] = field(default_factory=list)
+
+    def buffer(self, elem: Attribute) -> int:
+        self.buffers.append(t.buffer(elem, "global"))
+        return len(self.buffers) - 1
+
+    def dim(self, expr: D.Dim) -> D.Dim:
+        """Register a symbolic size; static ints stay constants."""
+        expr = D.canon(expr)
+        if not isinstance(expr, int) and expr not in self._dim_index:
+            self._dim_index[expr] = len(self.dims)
+            self.dims.append(expr)
+        return expr
+
+    def build(self) -> "KernelFn":
+        arg_types = self.buffers + [INDEX] * len(self.dims) + [INDEX, INDEX, WS_TYPE]
+        block = Block(arg_types=arg_types)
+        fn = func.FuncOp(self.name, (arg_types, []), Region(block))
+        return KernelFn(self, fn, block)
+
+
+@dataclass
+class KernelFn:
+    sig: KernelSig
+    fn: func.FuncOp
+    block: Block
+
+    def __post_init__(self) -> None:
+        self.b = Builder(self.block)
+        nb = len(self.sig.buffers)
+        self.buffer_args = list(self.block.args[:nb])
+        self.dim_args = {e: self.block.args[nb + i] for e, i in self.sig._dim_index.items()}
+        self.tid = self.block.args[nb + len(self.sig.dims)]
+        self.nthreads = self.block.args[nb + len(self.sig.dims) + 1]
+        self.ws = self.block.args[-1]
+
+    def size(self, expr: D.Dim) -> SSAValue | int:
+        expr = D.canon(expr)
+        if isinstance(expr, int):
+            return expr
+        if expr in self.dim_args:
+            return self.dim_args[expr]
+        raise KeyError(f"dimension {expr} was not registered on kernel {self.sig.name}")
+
+    def alloc(self, b: Builder, elems: int, elem: Attribute, space: str) -> SSAValue:
+        op = t.AllocOp.create(attributes={"size": i64_attr(elems)}, result_types=[t.buffer(elem, space)])
+        b.op(op)
+        return op.result
+
+    def finish(self) -> func.FuncOp:
+        self.block.add_op(func.ReturnOp())
+        return self.fn
+
+
+def row_major_strides(dims: Sequence[D.Dim]) -> list[D.Dim]:
+    out: list[D.Dim] = []
+    acc: D.Dim = 1
+    for d in reversed(dims):
+        out.append(acc)
+        acc = D.mul(acc, d)
+    return list(reversed(out))
+
+
+@dataclass(frozen=True)
+class StridedView:
+    """A tensor seen through transposes/reshapes of a contiguous kernel input."""
+
+    arg: int
+    dims: tuple[D.Dim, ...]
+    strides: tuple[D.Dim, ...]
+
+    @staticmethod
+    def contiguous(arg: int, dims: Sequence[D.Dim]) -> "StridedView":
+        return StridedView(arg, tuple(dims), tuple(row_major_strides(dims)))
+
+    def transpose(self, perm: Sequence[int]) -> "StridedView":
+        return StridedView(self.arg, tuple(self.dims[p] for p in perm), tuple(self.strides[p] for p in perm))
+
+    def reshape(self, new: Sequence[D.Dim]) -> "StridedView | None":
+        """Only when expressible as strides: groups of old dims merge (if they are
+        contiguous with each other) or split into new dims."""
+        old = [(d, s) for d, s in zip(self.dims, self.strides) if d != 1]
+        new_nz = [d for d in new if d != 1]
+        out: list[D.Dim] = []
+        i = j = 0
+        while i < len(old) or j < len(new_nz):
+            if i >= len(old) or j >= len(new_nz):
+                return None
+            og, ng = [old[i]], [new_nz[j]]
+            i, j = i + 1, j + 1
+            while D.product(d for d, _ in og) != D.product(ng):
+                po, pn = D.product(d for d, _ in og), D.product(ng)
+                if isinstance(po, int) and isinstance(pn, int):
+                    if po < pn and i < len(old):
+                        og.append(old[i]); i += 1
+                    elif pn < po and j < len(new_nz):
+                        ng.append(new_nz[j]); j += 1
+                    else:
+                        return None
+                elif i < len(old) and (len(ng) == 1 or j >= len(new_nz)):
+                    og.append(old[i]); i += 1
+                elif j < len(new_nz):
+                    ng.append(new_nz[j]); j += 1
+                else:
+                    return None
+            for (d0, s0), (d1, s1) in zip(og, og[1:]):
+                if D.mul(d1, s1) != s0:
+                    return None  # not contiguous with each other
+            base = og[-1][1]
+            out.extend(D.mul(s, base) for s in row_major_strides(ng))
+        strides = []
+        it = iter(out)
+        for d in new:
+            strides.append(0 if d == 1 else next(it))
+        return StridedView(self.arg, tuple(new), tuple(strides))
+
+
+def trace_view(value: SSAValue, block: Block) -> StridedView | None:
+    """Follow reshape/transpose ops from ``value`` back to a block argument."""
+    chain = []
+    v = value
+    while not (isinstance(v, BlockArgument) and v.block is block):
+        op = v.owner
+        if isinstance(op, (g.ReshapeOp, g.TransposeOp)):
+            chain.append(op)
+            v = op.input
+        else:
+            return None
+    view = StridedView.contiguous(v.index, v.type.dims)  # type: ignore[attr-defined]
+    for op in reversed(chain):
+        if isinstance(op, g.TransposeOp):
+            view = view.transpose(op.permutation)
+        else:
+            view = view.reshape(op.result.type.dims)
+            if view is None:
+                return None
+    return view
+
+
+def scalar_constant(op) -> float | None:
+    if isinstance(op, g.ConstantOp):
+        vals = op.value.get_values()  # type: ignore[attr-defined]
+        if len(vals) == 1:
+            return float(vals[0])
+    return None
+
+
+def tile_const(b: Builder, value: float, elem: Attribute = f32) -> SSAValue:
+    op = t.ConstantOp.create(attributes={"value": FloatAttr(value, f32)}, result_types=[t.tile_type(1, 1, elem)])
+    b.op(op)
+    return op.result
+
+
+def elementwise(b: Builder, fn: str, operands: Sequence[SSAValue]) -> SSAValue:
+    shape = operands[0].type.dims  # type: ignore[attr-defined]
+    for o in operands[1:]:
+        shape = t.broadcast_tile(shape, o.type.dims)  # type: ignore[attr-defined]
+    elem = operands[0].type.element_type  # type: ignore[attr-defined]
+    op = t.ElementwiseOp.create(operands=list(operands), attributes={"fn": t.StringAttr(fn)},
+                                result_types=[t.tile_type(shape[0], shape[1], elem)])
+    b.op(op)
+    return op.result
+
+
+def illegal(kernel: str, what: str) -> ScheduleIllegalError:
+    return ScheduleIllegalError(f"schedule.kernel @{kernel}: {what}")

@@ -1,0 +1,399 @@
+"""GEMM kernels: ``[batch] C = epilogue(A @ B [+ C0])`` as BLIS-style Tile IR.
+
+The loop nest (schedule order ``b, n, k, m``): for each batch and each NC-block of
+columns and KC-block of k, the B block is packed (``tile.async_copy`` into an
+``l3`` panel of NR*W-column slivers); for each MC-block of rows, the A block is
+packed (into an ``l2`` panel of MR-row slivers); then every MR x NR*W register
+tile runs ``tile.mma`` over k on typed fragments (``tile.view`` ->
+``tile.fragment_pack``), starting from ``tile.fragment_zero`` — or from the real
+incoming accumulator C0, or from the partial sums of earlier k-blocks — and
+the last k-block applies the fused epilogue and stores (masked at edges).
+
+Threads split the (batch x row-tile) space into contiguous ranges; each thread
+packs its own panels, so no barrier is needed and every element is computed by
+the same sequence of instructions whatever the thread count.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from xdsl.dialects.builtin import BFloat16Type, Float16Type, Float32Type, StringAttr, f32
+from xdsl.ir import Attribute, BlockArgument, SSAValue
+
+from tessera.ir import dims as D
+from tessera.ir import graph as g
+from tessera.ir import schedule as s
+from tessera.ir import tile as t
+from tessera.ir.attrs import i64_attr
+from tessera.ir.builder import Builder
+from tessera.mma.selector import MmaSelection
+from tessera.passes.tile.kernels.common import (
+    ALIGN,
+    KernelFn,
+    KernelSig,
+    StridedView,
+    elementwise,
+    illegal,
+    scalar_constant,
+    tile_const,
+    trace_view,
+)
+
+LEGAL_ORDERS = (["b", "n", "k", "m"],)
+
+
+@dataclass
+class Operand:
+    """An epilogue operand: a kernel input broadcast against the [batch..., M, N] output."""
+
+    arg: int
+    row_bcast: bool      # same value for every row (shape [..., 1, N] or [N])
+    col_bcast: bool      # same value for every column
+    view: StridedView    # with the output's rank (missing leading dims: stride 0)
+
+
+@dataclass
+class GemmPlan:
+    a: StridedView
+    b: StridedView
+    batch: tuple[D.Dim, ...]
+    m: D.Dim
+    n: D.Dim
+    k: D.Dim
+    in_elem: Attribute
+    out_elem: Attribute
+    c0: Operand | None = None
+    epilogue: list[tuple] = field(default_factory=list)   # ("un", fn) | ("bin", fn, Operand|float, chain_is_lhs)
+    out_arg_types: list[Attribute] = field(default_factory=list)
+
+    def describe(self) -> dict:
+        steps = []
+        for st in self.epilogue:
+            if st[0] == "un":
+                steps.append(st[1])
+            else:
+                o = st[2]
+                what = f"{o:g}" if isinstance(o, float) else ("row" if o.row_bcast and not o.col_bcast else
+                                                               "col" if o.col_bcast and not o.row_bcast else
+                                                               "scalar" if o.row_bcast else "full")
+                steps.append(f"{st[1]}({what})")
+        return {"accumulate_c0": self.c0 is not None, "epilogue": steps,
+                "out_dtype": str(self.out_elem)}
+
+
+def _broadcast_view(view: StridedView, out_dims: tuple[D.Dim, ...]) -> StridedView:
+    pad = len(out_dims) - len(view.dims)
+    dims = (1,) * pad + view.dims
+    strides = [0] * pad + list(view.strides)
+    for i, (d, od) in enumerate(zip(dims, out_dims)):
+        if d == 1 and od != 1:
+            strides[i] = 0
+    return StridedView(view.arg, tuple(out_dims), tuple(strides))
+
+
+def analyse(kop: s.KernelOp) -> GemmPlan:
+    block = kop.body.block
+    name = kop.sym_name.data
+    mms = [o for o in block.ops if isinstance(o, g.MatmulOp)]
+    if len(mms) != 1:
+        raise illegal(name, f"a gemm kernel holds exactly one tessera.matmul, found {len(mms)}")
+    mm = mms[0]
+    a, b = trace_view(mm.lhs, block), trace_view(mm.rhs, block)
+    if a is None or b is None:
+        raise illegal(name, "matmul operands must be kernel inputs seen through reshape/transpose")
+    rt = mm.result.type
+    out_dims = rt.dims
+    batch, (m, n) = out_dims[:-2], out_dims[-2:]
+    k = mm.lhs.type.dims[-1]
+    a = _broadcast_view(a, (*batch, m, k))
+    b = _broadcast_view(b, (*batch, k, n))
+    plan = GemmPlan(a, b, batch, m, n, k, mm.lhs.type.element_type, rt.element_type)
+    chain: SSAValue = mm.result
+    for op in block.ops:
+        if op is mm or isinstance(op, (g.ReshapeOp, g.TransposeOp, g.ConstantOp)) and chain not in op.operands:
+            continue
+        if isinstance(op, g.YieldOp):
+            if list(op.values) != [chain]:
+                raise illegal(name, "a gemm kernel yields its epilogue chain only")
+            break
+        if chain not in op.operands:
+            raise illegal(name, f"{op.name} is not on the matmul's epilogue chain")
+        if isinstance(op, g.CastOp):
+            plan.out_elem = op.result.type.element_type
+        elif isinstance(op, g.ELEMENTWISE_UNARY):
+            plan.epilogue.append(("un", g.elementwise_fn(op)))
+        elif isinstance(op, g.ELEMENTWISE_BINARY):
+            lhs_is_chain = op.lhs == chain
+            other = op.rhs if lhs_is_chain else op.lhs
+            if other == chain:
+                plan.epilogue.append(("self", g.elementwise_fn(op)))
+            else:
+                const = None if isinstance(other, BlockArgument) else scalar_constant(other.owner)
+                if const is not None:
+                    plan.epilogue.append(("bin", g.elementwise_fn(op), const, lhs_is_chain))
+                else:
+                    view = trace_view(other, block)
+                    if view is None or view.arg >= len(kop.inputs):
+                        raise illegal(name, f"epilogue operand of {op.name} is not a kernel input")
+                    ov = _broadcast_view(view, out_dims)
+                    operand = Operand(view.arg, ov.strides[-2] == 0, ov.strides[-1] == 0, ov)
+                    if (not plan.epilogue and op.FN == "add" and not operand.row_bcast and not operand.col_bcast
+                            and plan.c0 is None and isinstance(plan.out_elem, Float32Type)):
+                        plan.c0 = operand  # the real incoming accumulator: C = A @ B + C0
+                    else:
+                        plan.epilogue.append(("bin", g.elementwise_fn(op), operand, lhs_is_chain))
+        else:
+            raise illegal(name, f"{op.name} cannot be fused into a gemm epilogue")
+        chain = op.results[0]
+    return plan
+
+
+@dataclass
+class GemmConfig:
+    sel: MmaSelection
+    mr: int
+    nr: int
+    mc: int
+    nc: int
+    kc: int
+    unroll: int
+    w: int
+
+
+def config(kop: s.KernelOp, sel: MmaSelection) -> GemmConfig:
+    name = kop.sym_name.data
+    if kop.loop_order not in LEGAL_ORDERS:
+        raise illegal(name, f"gemm loop order {kop.loop_order} is not implemented; legal: {LEGAL_ORDERS}")
+    if kop.staging.value.data != 1:
+        raise illegal(name, "CPU gemm stages each panel once (staging = 1)")
+    if kop.parallel.data not in ("m", "none"):
+        raise illegal(name, f"CPU gemm splits the row loop across threads: parallel = 'm' or 'none', "
+                            f"not {kop.parallel.data!r}")
+    mr, nr = kop.reg_tile
+    w = sel.record.vector_width or 1
+    if kop.vector.value.data != w:
+        raise illegal(name, f"vector width {kop.vector.value.data} does not match {sel.record.id} ({w} lanes)")
+    tiles = kop.tile_sizes
+    kp = sel.record.k
+    mc, nc, kc = tiles["m"], tiles["n"], tiles["k"]
+    if mc % mr or nc % (nr * w) or kc % kp:
+        raise illegal(name, f"cache blocks must be multiples of the register tile: MC={mc} (MR={mr}), "
+                            f"NC={nc} (NR*W={nr * w}), KC={kc} (K of {sel.record.id}={kp})")
+    return GemmConfig(sel, mr, nr, mc, nc, kc, kop.unroll.value.data, w)
+
+
+def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, list[D.Dim], int, list]:
+    """Build the kernel; returns (func, dims, workspace bytes, extra output types)."""
+    rec = cfg.sel.record
+    kp = rec.k
+    MR, NR, W = cfg.mr, cfg.nr, cfg.w
+    NRW = NR * W
+    MC, NC, KC, U = cfg.mc, cfg.nc, cfg.kc, cfg.unroll
+    in_elem, out_elem = plan.in_elem, plan.out_elem
+    acc_elem = f32
+    frag_a = t.fragment((MR, NRW, kp), in_elem, acc_elem, "a", "col_major", rec.family)
+    frag_b = frag_a.with_role("b", "row_major")
+    frag_c = t.fragment((MR, NRW, kp), acc_elem, acc_elem, "acc", "row_major", rec.family)
+    partial_needed = not isinstance(out_elem, Float32Type)
+
+    sig = KernelSig(kop.sym_name.data)
+    for v in kop.inputs:
+        sig.buffer(v.type.element_type)
+    out_buf = sig.buffer(out_elem)
+    part_buf = sig.buffer(f32) if partial_needed else out_buf
+    extra_outputs = [g.TensorType.of((*plan.batch, plan.m, plan.n), f32)] if partial_needed else []
+    for d in (*plan.batch, plan.m, plan.n, plan.k):
+        sig.dim(d)
+    views = [plan.a, plan.b] + ([plan.c0.view] if plan.c0 else []) + [
+        st[2].view for st in plan.epilogue if st[0] == "bin" and isinstance(st[2], Operand)]
+    for v in views:
+        for st in v.strides:
+            sig.dim(st)
+    kf = sig.build()
+    b = kf.b
+    buf = kf.buffer_args
+    M, N, K = kf.size(plan.m), kf.size(plan.n), kf.size(plan.k)
+    nbatch = len(plan.batch)
+
+    # workspace: A panel (MC x KC) and B panel (KC x NC), element type of the inputs
+    esize = 2 if isinstance(in_elem, (BFloat16Type, Float16Type)) else 4
+    a_elems, b_elems = MC * KC, KC * NC
+    apack = kf.alloc(b, a_elems, in_elem, "l2")
+    bpack = kf.alloc(b, b_elems, in_elem, "l3")
+    workspace = _round(a_elems * esize) + _round(b_elems * esize)
+
+    # ---- thread partition over (batch x row tiles)
+    batch_total = 1
+    for d in plan.batch:
+        batch_total = b.mul(batch_total, kf.size(d))
+    mtiles = b.ceil_div(M, MR)
+    total = b.mul(batch_total, mtiles)
+    per = b.ceil_div(total, kf.nthreads)
+    lo = b.min(b.mul(kf.tid, per), total)
+    hi = b.min(b.add(lo, per), total)
+    mt_safe = b.max(mtiles, 1)
+    b_lo = b.div(lo, mt_safe)
+    b_hi = b.ceil_div(hi, mt_safe)
+
+    def view(bb: Builder, src: SSAValue, elem, space, shape, off, rs, cs, rows, cols) -> SSAValue:
+        op = t.ViewOp.create(operands=[src, bb.c(off), bb.c(rs), bb.c(cs), bb.c(rows), bb.c(cols)],
+                             result_types=[t.view_type(shape[0], shape[1], elem, space)])
+        bb.op(op)
+        return op.result
+
+    def batch_offset(bb: Builder, bidx: SSAValue, v: StridedView) -> SSAValue | int:
+        off: SSAValue | int = 0
+        rem: SSAValue | int = bidx
+        for i in reversed(range(nbatch)):
+            size = kf.size(plan.batch[i])
+            idx = bb.rem(rem, size) if i > 0 else rem
+            rem = bb.div(rem, size) if i > 0 else 0
+            off = bb.add(off, bb.mul(idx, kf.size(v.strides[i])))
+        return off
+
+    def body_batch(bb: Builder, bi: SSAValue, _c) -> None:
+        m_lo = bb.mul(bb.max(bb.sub(lo, bb.mul(bi, mtiles)), 0), MR)
+        m_hi = bb.min(bb.mul(bb.sub(hi, bb.mul(bi, mtiles)), MR), M)
+        off_a = batch_offset(bb, bi, plan.a)
+        off_b = batch_offset(bb, bi, plan.b)
+        off_c = bb.mul(bi, bb.mul(M, N))
+        epi_offs = {}
+        for v in views[2:]:
+            epi_offs[id(v)] = batch_offset(bb, bi, v)
+        sAm, sAk = kf.size(plan.a.strides[-2]), kf.size(plan.a.strides[-1])
+        sBk, sBn = kf.size(plan.b.strides[-2]), kf.size(plan.b.strides[-1])
+
+        def body_jc(bj: Builder, jc: SSAValue, _c) -> None:
+            nc = bj.min(NC, bj.sub(N, jc))
+
+            def body_pc(bp: Builder, pc: SSAValue, _c) -> None:
+                kc = bp.max(bp.min(KC, bp.sub(K, pc)), 0)
+                kcp = bp.mul(bp.ceil_div(kc, kp), kp)
+                bsrc = view(bp, buf[1], in_elem, "global", (KC, NC),
+                            bp.add(off_b, bp.add(bp.mul(pc, sBk), bp.mul(jc, sBn))), sBk, sBn, kc, nc)
+                tok = t.AsyncCopyOp.create(operands=[bsrc, bpack], attributes={
+                    "layout": StringAttr("b_panel"), "panel": i64_attr(NRW), "kpack": i64_attr(kp)},
+                    result_types=[t.TokenType()])
+                bp.op(tok)
+                bp.op(t.WaitOp.create(operands=[tok.token]))
+                first = bp.cmp("eq", pc, 0)
+                last = bp.cmp("sge", bp.add(pc, kc), K)
+
+                def body_ic(bi2: Builder, ic: SSAValue, _c) -> None:
+                    mc = bi2.min(MC, bi2.sub(m_hi, ic))
+                    asrc = view(bi2, buf[0], in_elem, "global", (MC, KC),
+                                bi2.add(off_a, bi2.add(bi2.mul(ic, sAm), bi2.mul(pc, sAk))), sAm, sAk, mc, kc)
+                    tok2 = t.AsyncCopyOp.create(operands=[asrc, apack], attributes={
+                        "layout": StringAttr("a_panel"), "panel": i64_attr(MR), "kpack": i64_attr(kp)},
+                        result_types=[t.TokenType()])
+                    bi2.op(tok2)
+                    bi2.op(t.WaitOp.create(operands=[tok2.token]))
+
+                    def body_jr(bj2: Builder, jr: SSAValue, _c) -> None:
+                        def body_ir(br: Builder, ir: SSAValue, _c) -> None:
+                            micro_tile(br, ic, ir, jc, jr, mc, nc, kc, kcp, pc, first, last, off_c, epi_offs)
+                        bj2.for_(0, mc, MR, body_ir)
+
+                    bi2.for_(0, nc, NRW, body_jr)
+
+                bp.for_(m_lo, m_hi, MC, body_ic)
+
+            # at least one k-block, so K == 0 still writes C (zeros or C0, then the epilogue)
+            bj.for_(0, bj.max(K, 1), KC, body_pc)
+
+        bb.for_(0, N, NC, body_jc)
+
+    def micro_tile(br: Builder, ic, ir, jc, jr, mc, nc, kc, kcp, pc, first, last, off_c, epi_offs) -> None:
+        row = br.add(ic, ir)
+        col = br.add(jc, jr)
+        vr = br.sub(mc, ir)
+        vc = br.sub(nc, jr)
+        c_off = br.add(off_c, br.add(br.mul(row, N), col))
+        part_view = view(br, buf[part_buf], f32, "global", (MR, NRW), c_off, N, 1, vr, vc)
+
+        def init_first(bf: Builder):
+            if plan.c0 is not None:
+                v = plan.c0.view
+                off = bf.add(epi_offs[id(v)], bf.add(bf.mul(row, kf.size(v.strides[-2])),
+                                                     bf.mul(col, kf.size(v.strides[-1]))))
+                cv = view(bf, buf[plan.c0.arg], f32, "global", (MR, NRW), off, kf.size(v.strides[-2]),
+                          kf.size(v.strides[-1]), vr, vc)
+                op = t.FragmentPackOp.create(operands=[cv], result_types=[frag_c])
+            else:
+                op = t.FragmentZeroOp.create(result_types=[frag_c])
+            bf.op(op)
+            return [op.result]
+
+        def init_partial(bf: Builder):
+            op = t.FragmentPackOp.create(operands=[part_view], result_types=[frag_c])
+            bf.op(op)
+            return [op.result]
+
+        acc0 = br.if_(first, init_first, init_partial, [frag_c])[0]
+        a_base = br.mul(br.div(ir, MR), br.mul(MR, kcp))
+        b_base = br.mul(br.div(jr, NRW), br.mul(NRW, kcp))
+
+        def step(bk: Builder, kk, acc: SSAValue) -> SSAValue:
+            av = view(bk, apack, in_elem, "l2", (MR, kp), bk.add(a_base, bk.mul(kk, MR)), kp, 1, MR, kp)
+            bv = view(bk, bpack, in_elem, "l3", (kp, NRW), bk.add(b_base, bk.mul(kk, NRW)), 1, kp, kp, NRW)
+            fa = t.FragmentPackOp.create(operands=[av], result_types=[frag_a])
+            fb = t.FragmentPackOp.create(operands=[bv], result_types=[frag_b])
+            bk.op(fa)
+            bk.op(fb)
+            mma = t.MmaOp.create(operands=[fa.result, fb.result, acc], result_types=[frag_c])
+            bk.op(mma)
+            return mma.result
+
+        kmain = br.mul(br.div(kcp, kp * U), kp * U)
+
+        def unrolled(bk: Builder, kk, carried):
+            acc = carried[0]
+            for u in range(U):
+                acc = step(bk, bk.add(kk, u * kp), acc)
+            return [acc]
+
+        acc = br.for_(0, kmain, kp * U, unrolled, [acc0])[0] if U > 1 else acc0
+        acc = br.for_(kmain if U > 1 else 0, kcp, kp, lambda bk, kk, c: [step(bk, kk, c[0])], [acc])[0]
+        unpack = t.FragmentUnpackOp.create(operands=[acc], result_types=[t.tile_type(MR, NRW, f32)])
+        br.op(unpack)
+
+        def finish(bf: Builder):
+            val = unpack.result
+            for st in plan.epilogue:
+                if st[0] == "un":
+                    val = elementwise(bf, st[1], [val])
+                elif st[0] == "self":
+                    val = elementwise(bf, st[1], [val, val])
+                else:
+                    _, fn, operand, chain_lhs = st
+                    if isinstance(operand, float):
+                        other = tile_const(bf, operand)
+                    else:
+                        ov = operand.view
+                        r = 1 if operand.row_bcast else MR
+                        c = 1 if operand.col_bcast else NRW
+                        rs = 0 if operand.row_bcast else kf.size(ov.strides[-2])
+                        cs = 0 if operand.col_bcast else kf.size(ov.strides[-1])
+                        off = bf.add(epi_offs[id(ov)], bf.add(bf.mul(row, rs), bf.mul(col, cs)))
+                        elem = kop.inputs[operand.arg].type.element_type
+                        vw = view(bf, buf[operand.arg], elem, "global", (r, c), off, rs, cs,
+                                  1 if r == 1 else vr, 1 if c == 1 else vc)
+                        ld = t.LoadOp.create(operands=[vw], result_types=[t.tile_type(r, c, elem)])
+                        bf.op(ld)
+                        other = ld.result
+                    val = elementwise(bf, fn, [val, other] if chain_lhs else [other, val])
+            out_view = view(bf, buf[out_buf], out_elem, "global", (MR, NRW), c_off, N, 1, vr, vc)
+            bf.op(t.StoreOp.create(operands=[val, out_view]))
+
+        def keep_partial(bf: Builder):
+            bf.op(t.StoreOp.create(operands=[unpack.result, part_view]))
+
+        br.if_(last, finish, keep_partial)
+
+    b.for_(b_lo, b_hi, 1, body_batch)
+    fn = kf.finish()
+    return fn, sig.dims, workspace, extra_outputs
+
+
+def _round(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN

@@ -1,0 +1,120 @@
+"""Reductions (sum, max, mean) over a contiguous run of axes.
+
+With the reduced axes last, each output element is one row reduced in vector
+chunks (tail lanes masked to the neutral value) and then across lanes in a fixed
+tree; otherwise each (outer index, column chunk) work item sums rows of
+``[1, chunk]`` vectors.  Non-contiguous axes are split into successive reductions
+by ``canonicalize``."""
+from __future__ import annotations
+
+from xdsl.dialects.builtin import FloatAttr, StringAttr, f32
+
+from tessera.errors import ScheduleIllegalError
+from tessera.ir import dims as D
+from tessera.ir import graph as g
+from tessera.ir import schedule as s
+from tessera.ir import tile as t
+from tessera.ir.attrs import i64_attr, ints
+from tessera.passes.tile.kernels import rows as R
+from tessera.passes.tile.kernels.common import KernelSig, elementwise, row_major_strides, trace_view
+
+
+def generate(kop: s.KernelOp):
+    R.check_rows_schedule(kop)
+    block = kop.body.block
+    red = [o for o in block.ops if isinstance(o, g.REDUCTIONS)]
+    if len(red) != 1 or list(block.last_op.operands) != [red[0].result]:
+        raise ScheduleIllegalError(f"kernel {kop.sym_name.data}: a reduce kernel holds one reduction")
+    op = red[0]
+    view = trace_view(op.input, block)
+    xd = tuple(op.input.type.dims)
+    if view is None or list(view.strides) != row_major_strides(xd):
+        raise ScheduleIllegalError("a reduction reads a contiguous input (a transpose kernel copies it first)")
+    axes = sorted(a % len(xd) for a in ints(op.axes))
+    if axes != list(range(axes[0], axes[-1] + 1)):
+        raise ScheduleIllegalError("reduction axes must be contiguous here (canonicalize splits them)")
+    outer = D.product(xd[:axes[0]])
+    rlen = D.product(xd[axes[0]:axes[-1] + 1])
+    inner = D.product(xd[axes[-1] + 1:])
+    kind = "max" if isinstance(op, g.ReduceMaxOp) else "add"
+    pad = float("-inf") if kind == "max" else 0.0
+    chunk = R.chunk_of(kop)
+    elem = op.input.type.element_type
+    out_elem = op.result.type.element_type
+    sig = KernelSig(kop.sym_name.data)
+    for v in kop.inputs:
+        sig.buffer(v.type.element_type)
+    out_buf = sig.buffer(out_elem)
+    for d in (outer, rlen, inner):
+        sig.dim(d)
+    kf = sig.build()
+    b = kf.b
+    O, Rn, I = kf.size(outer), kf.size(rlen), kf.size(inner)
+    xb = view.arg
+
+    def view_at(bb, buf, off, width, cols, el):
+        v = t.ViewOp.create(operands=[kf.buffer_args[buf], bb.c(off), bb.c(0), bb.c(1), bb.c(1), bb.c(cols)],
+                            result_types=[t.view_type(1, width, el, "global")])
+        bb.op(v)
+        return v.result
+
+    def load(bb, off, cols, width):
+        attrs = {"pad": FloatAttr(pad, f32)} if pad != 0.0 else {}
+        ld = t.LoadOp.create(operands=[view_at(bb, xb, off, width, cols, elem)], attributes=attrs,
+                             result_types=[t.tile_type(1, width, elem)])
+        bb.op(ld)
+        return ld.result
+
+    def splat(bb, value):
+        z = t.ConstantOp.create(attributes={"value": FloatAttr(value, f32)}, result_types=[t.tile_type(1, chunk, f32)])
+        bb.op(z)
+        return z.result
+
+    def finish(bb, acc):
+        if isinstance(op, g.ReduceMeanOp):
+            n = t.SplatIndexOp.create(operands=[bb.c(Rn)], result_types=[t.tile_type(1, 1, f32)])
+            bb.op(n)
+            acc = elementwise(bb, "div", [acc, n.result])
+        return acc
+
+    if inner == 1:
+        lo, hi = R.thread_range(kf, b, O)
+
+        def row(br, r, _c):
+            base = br.mul(r, Rn)
+
+            def body(bc, c, carried):
+                x = load(bc, bc.add(base, c), bc.sub(Rn, c), chunk)
+                return [elementwise(bc, kind, [carried[0], x])]
+
+            acc = br.for_(0, Rn, chunk, body, [splat(br, pad)])[0]
+            red_op = t.ReduceOp.create(operands=[acc], attributes={"kind": StringAttr(kind), "axis": i64_attr(1)},
+                                       result_types=[t.tile_type(1, 1, f32)])
+            br.op(red_op)
+            res = finish(br, red_op.result)
+            br.op(t.StoreOp.create(operands=[res, view_at(br, out_buf, r, 1, 1, out_elem)]))
+            return []
+
+        b.for_(lo, hi, 1, row)
+    else:
+        nchunks = b.ceil_div(I, chunk)
+        lo, hi = R.thread_range(kf, b, b.mul(O, nchunks))
+
+        def item(bi, w, _c):
+            o = bi.div(w, nchunks)
+            c = bi.mul(bi.rem(w, nchunks), chunk)
+            cols = bi.sub(I, c)
+            base = bi.add(bi.mul(o, bi.mul(Rn, I)), c)
+
+            def body(bc, rr, carried):
+                x = load(bc, bc.add(base, bc.mul(rr, I)), cols, chunk)
+                return [elementwise(bc, kind, [carried[0], x])]
+
+            acc = bi.for_(0, Rn, 1, body, [splat(bi, pad)])[0]
+            res = finish(bi, acc)
+            bi.op(t.StoreOp.create(operands=[res, view_at(bi, out_buf, bi.add(bi.mul(o, I), c), chunk, cols,
+                                                          out_elem)]))
+            return []
+
+        b.for_(lo, hi, 1, item)
+    return kf.finish(), sig.dims, 0, []

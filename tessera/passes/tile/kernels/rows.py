@@ -1,0 +1,202 @@
+"""Shared machinery of the row-based kernels (elementwise, rowwise, reduce).
+
+The iteration space is ``[lead..., C]``: rows (the product of the leading dims)
+are split across threads, each row is walked in chunks of ``tiles[c]`` columns.
+A *leaf* is a kernel input (possibly seen through reshape/transpose) broadcast to
+the iteration space; per row it is read at an offset that is ``r * C`` for a
+contiguous leaf, ``0`` for one broadcast over all rows, or the mixed-radix sum
+of the row's index times the leaf's strides otherwise.  Its column stride is 1
+(a vector per chunk) or 0 (one value per row).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.dialects.builtin import FloatAttr, StringAttr, f32
+from xdsl.ir import Block, BlockArgument, SSAValue
+
+from tessera.errors import ScheduleIllegalError
+from tessera.ir import dims as D
+from tessera.ir import graph as g
+from tessera.ir import schedule as s
+from tessera.ir import tile as t
+from tessera.ir.builder import Builder
+from tessera.passes.tile.kernels.common import (
+    KernelFn,
+    KernelSig,
+    StridedView,
+    elementwise,
+    row_major_strides,
+    scalar_constant,
+    tile_const,
+    trace_view,
+)
+
+
+@dataclass
+class Leaf:
+    value: SSAValue
+    view: StridedView        # broadcast to the iteration dims
+    mode: str                # contig | bcast | general
+    col_stride: int          # 1 or 0
+    elem: object
+
+
+def broadcast_to(view: StridedView, dims: tuple[D.Dim, ...]) -> StridedView:
+    pad = len(dims) - len(view.dims)
+    vd = (1,) * pad + view.dims
+    st = [0] * pad + list(view.strides)
+    for i, (a, b_) in enumerate(zip(vd, dims)):
+        if a == 1 and b_ != 1:
+            st[i] = 0
+        elif a != b_:
+            raise ScheduleIllegalError(f"operand of shape {list(view.dims)} does not broadcast to {list(dims)}")
+    return StridedView(view.arg, tuple(dims), tuple(st))
+
+
+def classify(view: StridedView, dims: tuple[D.Dim, ...]) -> tuple[str, int]:
+    cs = view.strides[-1] if dims else 0
+    if dims and dims[-1] == 1:
+        cs = 0
+    if cs not in (0, 1):
+        raise ScheduleIllegalError("a row kernel reads operands with unit or zero column stride "
+                                   f"(got {cs}); a transpose kernel must copy it first")
+    lead = view.strides[:-1]
+    if all(st == 0 or d == 1 for st, d in zip(lead, dims[:-1])):
+        return "bcast", int(cs)
+    if cs == 1 and list(view.strides) == row_major_strides(dims):
+        return "contig", 1
+    return "general", int(cs)
+
+
+def find_leaves(block: Block, dims: tuple[D.Dim, ...], compute_ops) -> dict[SSAValue, Leaf]:
+    """Every operand of ``compute_ops`` that traces to a kernel input."""
+    leaves: dict[SSAValue, Leaf] = {}
+    for op in compute_ops:
+        for v in op.operands:
+            if v in leaves or (not isinstance(v, BlockArgument) and not isinstance(v.owner, (g.ReshapeOp,
+                                                                                            g.TransposeOp))):
+                continue
+            view = trace_view(v, block)
+            if view is None:
+                raise ScheduleIllegalError(f"operand of {op.name} is not a kernel input view")
+            bv = broadcast_to(view, dims)
+            mode, cs = classify(bv, dims)
+            leaves[v] = Leaf(v, bv, mode, cs, v.type.element_type)
+    return leaves
+
+
+def register_dims(sig: KernelSig, dims, leaves: dict[SSAValue, Leaf]) -> None:
+    for d in dims:
+        sig.dim(d)
+    for lf in leaves.values():
+        if lf.mode == "general":
+            for st in lf.view.strides[:-1]:
+                sig.dim(st)
+
+
+def thread_range(kf: KernelFn, b: Builder, total) -> tuple:
+    per = b.ceil_div(total, kf.nthreads)
+    lo = b.min(b.mul(kf.tid, per), total)
+    hi = b.min(b.add(lo, per), total)
+    return lo, hi
+
+
+class RowCtx:
+    """Per-row offsets of every leaf, computed once per row."""
+
+    def __init__(self, kf: KernelFn, b: Builder, r, dims, leaves: dict[SSAValue, Leaf]):
+        self.kf, self.b, self.r = kf, b, r
+        C = kf.size(dims[-1])
+        self.C = C
+        self.offsets: dict[SSAValue, object] = {}
+        lead = dims[:-1]
+        digits = None
+        for v, lf in leaves.items():
+            if lf.mode == "contig":
+                self.offsets[v] = b.mul(r, C)
+            elif lf.mode == "bcast":
+                self.offsets[v] = 0
+            else:
+                if digits is None:
+                    digits = []
+                    rem = r
+                    for i in reversed(range(len(lead))):
+                        size = kf.size(lead[i])
+                        digits.append(b.rem(rem, size) if i > 0 else rem)
+                        rem = b.div(rem, size) if i > 0 else 0
+                    digits.reverse()
+                off = 0
+                for dgt, st in zip(digits, lf.view.strides[:-1]):
+                    if st != 0:
+                        off = b.add(off, b.mul(dgt, kf.size(st)))
+                self.offsets[v] = off
+
+
+def load_leaf(kf: KernelFn, b: Builder, lf: Leaf, row_off, c, cols_left, chunk: int, pad: float | None = None):
+    buf = kf.buffer_args[lf.view.arg]
+    width = chunk if lf.col_stride == 1 else 1
+    off = b.add(row_off, c) if lf.col_stride == 1 else row_off
+    view = t.ViewOp.create(operands=[buf, b.c(off), b.c(0), b.c(lf.col_stride), b.c(1),
+                                     b.c(cols_left if width > 1 else 1)],
+                           result_types=[t.view_type(1, width, lf.elem, "global")])
+    b.op(view)
+    attrs = {"pad": FloatAttr(pad, f32)} if pad is not None and pad != 0.0 else {}
+    ld = t.LoadOp.create(operands=[view.result], attributes=attrs, result_types=[t.tile_type(1, width, lf.elem)])
+    b.op(ld)
+    return ld.result
+
+
+def store_row(kf: KernelFn, b: Builder, buf_index: int, elem, value, off, cols_left, chunk: int) -> None:
+    view = t.ViewOp.create(operands=[kf.buffer_args[buf_index], b.c(off), b.c(0), b.c(1), b.c(1), b.c(cols_left)],
+                           result_types=[t.view_type(1, chunk, elem, "global")])
+    b.op(view)
+    vt = value.type
+    if vt.dims != (1, chunk):  # broadcast a [1, 1] value across the chunk
+        value = _widen(b, value, chunk)
+    b.op(t.StoreOp.create(operands=[value, view.result]))
+
+
+def _widen(b: Builder, value, chunk: int):
+    zero = t.ConstantOp.create(attributes={"value": FloatAttr(0.0, f32)},
+                               result_types=[t.tile_type(1, chunk, value.type.element_type)])
+    b.op(zero)
+    return elementwise(b, "add", [zero.result, value])
+
+
+def emit_ops(b: Builder, ops, vals: dict) -> None:
+    """Graph IR elementwise ops -> tile.elementwise on already-mapped values."""
+    for op in ops:
+        if isinstance(op, (g.ReshapeOp, g.TransposeOp)):
+            continue
+        if isinstance(op, g.ConstantOp):
+            c = scalar_constant(op)
+            if c is None:
+                raise ScheduleIllegalError("only scalar constants are supported inside kernels")
+            vals[op.result] = tile_const(b, c)
+        elif isinstance(op, g.CastOp):
+            vals[op.result] = vals[op.input]
+        elif isinstance(op, g.ELEMENTWISE_UNARY):
+            vals[op.result] = elementwise(b, g.elementwise_fn(op), [vals[op.input]])
+        elif isinstance(op, g.ELEMENTWISE_BINARY):
+            vals[op.result] = elementwise(b, g.elementwise_fn(op), [vals[op.lhs], vals[op.rhs]])
+        else:
+            raise ScheduleIllegalError(f"{op.name} is not an elementwise op")
+
+
+def chunk_of(kop: s.KernelOp) -> int:
+    return kop.tile_sizes["c"]
+
+
+def check_rows_schedule(kop: s.KernelOp) -> None:
+    if kop.loop_order != ["r", "c"]:
+        raise ScheduleIllegalError(f"kernel {kop.sym_name.data}: row kernels run loops in order [r, c]")
+    if kop.tile_sizes.get("r") != 1:
+        raise ScheduleIllegalError(f"kernel {kop.sym_name.data}: row kernels take one row per step (tile r = 1)")
+    if kop.tile_sizes["c"] % kop.vector.value.data:
+        raise ScheduleIllegalError(f"kernel {kop.sym_name.data}: the column chunk must be a multiple of the "
+                                   "vector width")
+
+
+__all__ = ["Leaf", "find_leaves", "register_dims", "thread_range", "RowCtx", "load_leaf", "store_row",
+           "emit_ops", "chunk_of", "check_rows_schedule", "StringAttr"]

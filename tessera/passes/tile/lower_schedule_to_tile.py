@@ -1,0 +1,77 @@
+"""``lower-schedule-to-tile``: each ``schedule.kernel`` becomes a Tile IR kernel function
+and a ``tile.launch`` in the host program.
+
+The generator is chosen by the kernel's ``kind`` (and, for gemm, the target of its
+MMA record); it reads every schedule attribute.  The kernel function follows the
+ABI in ``kernels/common.py``; the launch lists the symbolic sizes the runtime
+passes and the per-thread workspace bytes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import FlatSymbolRefAttr, ModuleOp, StringAttr
+
+from tessera.errors import ScheduleIllegalError
+from tessera.ir import schedule as s
+from tessera.ir import tile as t
+from tessera.ir.attrs import i64_attr, str_array
+from tessera.mma.selector import record_by_id, select_mma, get_isa, MmaSelection, accumulator_regs_per_lane
+from tessera.passes.base import TesseraPass, register
+from tessera.passes.tile.kernels import elementwise, gemm, reduce, rowwise, transpose
+
+
+def _selection(kop: s.KernelOp) -> MmaSelection:
+    rec = record_by_id(kop.mma.data)
+    return MmaSelection(rec, rec.shape, rec.a_layout, rec.b_layout, 1, rec.acc_dtype,
+                        accumulator_regs_per_lane(rec))
+
+
+def generate(kop: s.KernelOp):
+    kind = kop.kind.data
+    if kind == "gemm":
+        sel = _selection(kop)
+        if sel.record.target != "x86":
+            raise ScheduleIllegalError(f"no {sel.record.target} gemm generator in this pipeline")
+        plan = gemm.analyse(kop)
+        return gemm.generate(kop, plan, gemm.config(kop, sel))
+    mod = {"rowwise": rowwise, "elementwise": elementwise, "reduce": reduce, "transpose": transpose}.get(kind)
+    if mod is None:
+        raise ScheduleIllegalError(f"no Tile IR generator for kernel kind {kind!r}")
+    return mod.generate(kop)
+
+
+@register
+@dataclass(frozen=True)
+class LowerScheduleToTile(TesseraPass):
+    """schedule.kernel -> Tile IR kernel functions + tile.launch host steps."""
+
+    name = "lower-schedule-to-tile"
+    kind = "layer-boundary"
+    consumes = ("schedule.kernel",)
+    produces = ("func.func", "tile.launch", "tile.alloc", "tile.view", "tile.async_copy", "tile.wait",
+                "tile.fragment_zero", "tile.fragment_pack", "tile.mma", "tile.fragment_unpack", "tile.load",
+                "tile.store", "tile.constant", "tile.elementwise", "tile.reduce")
+
+    def apply(self, ctx: Context, module: ModuleOp) -> None:
+        for fn in list(module.body.block.ops):
+            if not (isinstance(fn, func.FuncOp) and fn.body.blocks):
+                continue
+            for kop in list(fn.body.block.ops):
+                if not isinstance(kop, s.KernelOp):
+                    continue
+                kfn, dims, workspace, extra = generate(kop)
+                module.body.block.add_op(kfn)
+                launch = t.LaunchOp.create(
+                    operands=list(kop.inputs), result_types=[r.type for r in kop.outputs] + list(extra),
+                    attributes={"callee": FlatSymbolRefAttr(kop.sym_name.data), "dims": str_array(
+                        [str(d) for d in dims]), "workspace": i64_attr(workspace),
+                        "parallel": StringAttr(kop.parallel.data)})
+                launch.location = kop.location
+                fn.body.block.insert_op_before(launch, kop)
+                for old, new in zip(kop.outputs, launch.outs):
+                    old.replace_all_uses_with(new)
+                kop.detach()
+                kop.erase()

@@ -1,0 +1,222 @@
+"""The CPU lane's executable: the host program of a Target IR module, run with
+compiled kernels.
+
+The host program is ``@main``'s list of ``tessera_x86.launch`` ops.  For a call,
+the runtime binds the symbolic sizes from the input arrays, checks them, then for
+every launch: evaluates its size list, allocates its outputs (after checking the
+memory this process may use), and calls the kernel from up to ``threads`` threads
+(``tid`` = 0..n-1) through ctypes, which releases the GIL.  Each thread has its own
+workspace of the launch's size.  There is no other path: if a kernel cannot run,
+the call fails.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+from xdsl.dialects import func
+from xdsl.dialects.builtin import (
+    BFloat16Type,
+    Float16Type,
+    Float32Type,
+    Float64Type,
+    IntegerType,
+    ModuleOp,
+)
+
+from tessera import host
+from tessera.errors import ArgumentError, OutOfMemoryError, ShapeMismatchError
+from tessera.ir import dims as D
+from tessera.ir import graph as g
+from tessera.ir.attrs import ival, strs
+from tessera.ir.target import x86 as x
+
+NP_DTYPE = {Float32Type: np.dtype(np.float32), BFloat16Type: np.dtype(ml_dtypes.bfloat16),
+            Float16Type: np.dtype(np.float16), Float64Type: np.dtype(np.float64)}
+
+
+def np_dtype(elem) -> np.dtype:
+    for cls, dt in NP_DTYPE.items():
+        if isinstance(elem, cls):
+            return dt
+    if isinstance(elem, IntegerType):
+        return np.dtype(f"int{elem.width.data}")
+    raise ArgumentError(f"no numpy dtype for {elem}")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor's symbolic dims and dtype, as plain data (the cache pickles it)."""
+
+    dims: tuple
+    dtype: str
+
+    @staticmethod
+    def of(t: g.TensorType) -> "TensorSpec":
+        return TensorSpec(tuple(t.dims), np_dtype(t.element_type).str)
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return np.dtype(self.dtype) if self.dtype != "<V2" else np.dtype(ml_dtypes.bfloat16)
+
+
+@dataclass
+class Step:
+    kernel: str
+    args: list[int]              # value ids
+    outs: list[int]
+    out_types: list[TensorSpec]
+    dims: list[str]
+    workspace: int
+    threads: int
+    parallel: str
+
+
+@dataclass
+class HostProgram:
+    inputs: list[TensorSpec]
+    steps: list[Step]
+    results: list[int]           # value ids (an input id when an argument is returned as is)
+    input_ids: list[int]
+
+    @staticmethod
+    def from_module(module: ModuleOp) -> "HostProgram":
+        main = next(op for op in module.body.block.ops if isinstance(op, func.FuncOp) and "workspace" not in
+                    op.attributes)
+        ids: dict = {}
+        for a in main.body.block.args:
+            ids[a] = len(ids)
+        steps = []
+        results: list[int] = []
+        for op in main.body.block.ops:
+            if isinstance(op, x.LaunchOp):
+                for r in op.outs:
+                    ids[r] = len(ids)
+                steps.append(Step(op.callee.root_reference.data, [ids[v] for v in op.args], [ids[r] for r in op.outs],
+                                  [TensorSpec.of(r.type) for r in op.outs], strs(op.dims), ival(op.workspace),
+                                  ival(op.threads), op.parallel.data if op.parallel else "none"))
+            elif isinstance(op, func.ReturnOp):
+                results = [ids[v] for v in op.operands]
+            else:
+                raise ArgumentError(f"host program holds {op.name}; only launches are executable")
+        return HostProgram([TensorSpec.of(a.type) for a in main.body.block.args], steps, results,
+                           list(range(len(main.body.block.args))))
+
+
+_pool_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+
+
+def pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=max(1, host.usable_cpus() - 1), thread_name_prefix="tessera")
+        return _pool
+
+
+def bind_symbols(types: list[TensorSpec], arrays: list[np.ndarray]) -> dict[str, int]:
+    """Bind each symbol to a size; a symbol seen twice must have one size."""
+    env: dict[str, int] = {}
+    for i, (t, a) in enumerate(zip(types, arrays)):
+        if a.ndim != t.rank:
+            raise ShapeMismatchError(f"argument {i} has rank {a.ndim}; the compiled function expects {t.rank}")
+        for axis, (d, n) in enumerate(zip(t.dims, a.shape)):
+            if isinstance(d, int):
+                if d != n:
+                    raise ShapeMismatchError(f"argument {i} dimension {axis} is {n}; compiled for {d}")
+            else:
+                syms = D.symbols(d)
+                if len(syms) == 1 and D.canon(d) == syms[0]:
+                    if syms[0] in env and env[syms[0]] != n:
+                        raise ShapeMismatchError(f"argument {i} dimension {axis} is {n} but {syms[0]} is "
+                                                 f"{env[syms[0]]} elsewhere")
+                    env[syms[0]] = n
+    for i, (t, a) in enumerate(zip(types, arrays)):  # products of symbols, once all symbols are bound
+        for axis, (d, n) in enumerate(zip(t.dims, a.shape)):
+            if not isinstance(d, int) and D.evaluate(d, env) != n:
+                raise ShapeMismatchError(f"argument {i} dimension {axis} is {n}, expected {d} = {D.evaluate(d, env)}")
+    return env
+
+
+class Workspaces(threading.local):
+    def __init__(self):
+        self.buf = np.empty(0, np.uint8)
+
+
+class CpuExecutable:
+    def __init__(self, program: HostProgram, addresses: dict[str, int], max_threads: int):
+        self.program = program
+        self.max_threads = max_threads
+        self.fns = {}
+        for s in program.steps:
+            nbuf = len(s.args) + len(s.outs)
+            argtypes = [ctypes.c_void_p] * nbuf + [ctypes.c_int64] * (len(s.dims) + 2) + [ctypes.c_void_p]
+            self.fns[s.kernel] = ctypes.CFUNCTYPE(None, *argtypes)(addresses[s.kernel])
+        self._ws = Workspaces()
+        self._ws_pool: dict[int, np.ndarray] = {}
+        self._ws_lock = threading.Lock()
+
+    def _workspace(self, tid: int, size: int) -> int:
+        with self._ws_lock:
+            buf = self._ws_pool.get(tid)
+            if buf is None or buf.nbytes < size:
+                buf = np.empty(max(size, 64) + 64, np.uint8)
+                self._ws_pool[tid] = buf
+        return buf.ctypes.data + (-buf.ctypes.data % 64)
+
+    def threads_for(self, step: Step, env: dict[str, int], sizes: list[int]) -> int:
+        n = step.threads or self.max_threads
+        n = min(n, self.max_threads)
+        if step.parallel == "none":
+            return 1
+        work = 1
+        for t in step.out_types:
+            work = max(work, int(np.prod([D.evaluate(d, env) for d in t.dims])) if t.dims else 1)
+        if step.kernel.endswith("_gemm") and sizes:
+            work *= max(1, sizes[-1])  # x K
+            return 1 if work < (1 << 21) else n
+        return 1 if work < (1 << 15) else n
+
+    def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        prog = self.program
+        env = bind_symbols(prog.inputs, arrays)
+        vals: dict[int, np.ndarray] = dict(zip(prog.input_ids, arrays))
+        for s in prog.steps:
+            sizes = [D.evaluate(D.parse_dim(d), env) for d in s.dims]
+            outs = []
+            need = 0
+            shapes = []
+            for t in s.out_types:
+                shape = tuple(D.evaluate(d, env) for d in t.dims)
+                shapes.append(shape)
+                need += int(np.prod(shape, dtype=np.int64)) * t.np_dtype.itemsize
+            if need > host.memory_available():
+                raise OutOfMemoryError(f"kernel {s.kernel} needs {need / 2**20:.1f} MiB for its results; "
+                                       f"{host.memory_available() / 2**20:.1f} MiB available")
+            for t, shape in zip(s.out_types, shapes):
+                outs.append(np.empty(shape, t.np_dtype))
+            for o, a in zip(s.outs, outs):
+                vals[o] = a
+            ptrs = [vals[i].ctypes.data for i in s.args] + [a.ctypes.data for a in outs]
+            nthreads = self.threads_for(s, env, sizes)
+            fn = self.fns[s.kernel]
+            if any(a.size == 0 for a in outs):
+                continue
+            if nthreads == 1:
+                fn(*ptrs, *sizes, 0, 1, self._workspace(0, s.workspace))
+            else:
+                futs = [pool().submit(fn, *ptrs, *sizes, t, nthreads, self._workspace(t, s.workspace))
+                        for t in range(1, nthreads)]
+                fn(*ptrs, *sizes, 0, nthreads, self._workspace(0, s.workspace))
+                for f in futs:
+                    f.result()
+        return [vals[i] for i in prog.results]
