@@ -122,7 +122,8 @@ SAMPLES: dict[str, str] = {
   %n6 = tile.splat_index %c6 : !tile.tile<[1, 1], f32>
   %h = tile.elementwise "div" %h0, %n6 : (!tile.tile<[1, 1], f32>, !tile.tile<[1, 1], f32>) -> !tile.tile<[1, 1], f32>
   %e = tile.elementwise "mul" %t, %h : (!tile.tile<[1, 32], f32>, !tile.tile<[1, 1], f32>) -> !tile.tile<[1, 32], f32>
-  %m = tile.reduce "max" %e {{axis = 1 : i64}} : !tile.tile<[1, 32], f32> -> !tile.tile<[1, 1], f32>
+  %mk = tile.mask %e cols %c6 pad (-1.000000e+00 : f32) : !tile.tile<[1, 32], f32> -> !tile.tile<[1, 32], f32>
+  %m = tile.reduce "max" %mk {{axis = 1 : i64}} : !tile.tile<[1, 32], f32> -> !tile.tile<[1, 1], f32>
   %s = tile.elementwise "sub" %e, %m : (!tile.tile<[1, 32], f32>, !tile.tile<[1, 1], f32>) -> !tile.tile<[1, 32], f32>
   tile.store %s, %v : !tile.tile<[1, 32], f32>, !tile.view<[1, 32], f32, global>"""),
     "tile.constant": None,

@@ -1,0 +1,46 @@
+"""The ``tessera`` command: demo, bench, mma, lanes, docs."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tessera.errors import TesseraError
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def _docs(args) -> int:
+    from tessera.tools import docs
+    names = list(docs.GENERATORS) if args.name == "all" else [args.name]
+    for n in names:
+        if n not in docs.GENERATORS:
+            raise TesseraError(f"unknown document {n!r}; known: {', '.join(docs.GENERATORS)}")
+        if args.write:
+            print(f"wrote {docs.write(n, ROOT)}")
+        else:
+            sys.stdout.write(docs.generate(n))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="tessera")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("docs", help="print or --write a generated document")
+    d.add_argument("name", help="errors | mma | lanes | numerics | all")
+    d.add_argument("--write", action="store_true")
+    d.set_defaults(func=_docs)
+    demo = sub.add_parser("demo", help="compile and run a transformer block on the CPU lane")
+    demo.add_argument("--seq", type=int, default=256)
+    demo.add_argument("--dim", type=int, default=256)
+    demo.set_defaults(func=lambda a: __import__("tessera.tools.demo", fromlist=["main"]).main(a))
+    args = ap.parse_args(argv)
+    try:
+        return args.func(args)
+    except TesseraError as e:
+        print(e, file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
