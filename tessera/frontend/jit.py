@@ -172,7 +172,8 @@ class Artifact:
         if layer == "llvm":
             return self.compiled.llvm_ir
         if layer not in self.compiled.layer_ir:
-            raise ArgumentError(f"no IR for layer {layer!r}; layers: graph, schedule, tile, target, llvm")
+            raise ArgumentError(f"no IR for layer {layer!r}; layers: graph (as traced), graph-fused, schedule, "
+                                "tile, target, llvm")
         return self.compiled.layer_ir[layer]
 
     def asm(self) -> str:

@@ -3,6 +3,8 @@
 - ``reshape(reshape(x))`` -> one reshape; a reshape to the input's own type -> x
 - ``transpose(transpose(x))`` -> one transpose; the identity permutation -> x
 - ``cast`` to the input's own type -> x; ``neg(neg(x))`` -> x
+- ``softmax`` over a non-last axis -> transpose, softmax over the last axis, transpose back
+- a reduction over non-contiguous axes -> successive reductions over contiguous runs
 - unused pure Graph IR ops are removed
 """
 from __future__ import annotations
@@ -15,7 +17,9 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.traits import Pure
 
 from tessera.ir import graph as g
-from tessera.ir.attrs import int_array
+from xdsl.dialects.builtin import BoolAttr, i1
+
+from tessera.ir.attrs import i64_attr, int_array, ints, ival
 from tessera.passes.base import TesseraPass, register
 from tessera.passes.util import erase_dead, insert_before, replace_op
 
@@ -51,7 +55,55 @@ def _simplify_once(op) -> bool:
     if isinstance(op, g.NegOp) and isinstance(op.input.owner, g.NegOp):
         replace_op(op, [op.input.owner.input])
         return True
+    if isinstance(op, g.SoftmaxOp):
+        rank = op.input.type.rank
+        axis = ival(op.axis) % rank
+        if axis != rank - 1:
+            perm = list(range(rank))
+            perm[axis], perm[-1] = perm[-1], perm[axis]
+            t_in = g.TransposeOp.create(operands=[op.input], attributes={"perm": int_array(perm)},
+                                        result_types=[g.infer_transpose(op.input.type, perm)])
+            sm = g.SoftmaxOp.create(operands=[t_in.result], attributes={"axis": i64_attr(rank - 1)},
+                                    result_types=[t_in.result.type])
+            t_out = g.TransposeOp.create(operands=[sm.result], attributes={"perm": int_array(perm)},
+                                         result_types=[op.result.type])
+            for new in (t_in, sm, t_out):
+                new.location = op.location
+            insert_before(op, t_in, sm, t_out)
+            replace_op(op, [t_out.result])
+            return True
+    if isinstance(op, g.REDUCTIONS):
+        axes = sorted(ints(op.axes))
+        keep = bool(op.keepdims.value.data)
+        runs = _runs(axes)
+        if len(runs) > 1:
+            # reduce the last run first, then the other axes, keeping dims; reshape drops them at the end
+            v = op.input
+            inner = type(op).create(operands=[v], result_types=[g.infer_reduce(op.name, v.type, runs[-1], True)],
+                                    attributes={"axes": int_array(runs[-1]), "keepdims": BoolAttr(True, i1)})
+            rest = [a for r in runs[:-1] for a in r]
+            kept = g.infer_reduce(op.name, inner.result.type, rest, True)
+            outer = type(op).create(operands=[inner.results[0]], result_types=[kept],
+                                    attributes={"axes": int_array(rest), "keepdims": BoolAttr(True, i1)})
+            new_ops = [inner, outer]
+            if not keep:
+                new_ops.append(g.ReshapeOp.create(operands=[outer.results[0]], result_types=[op.result.type]))
+            for new in new_ops:
+                new.location = op.location
+            insert_before(op, *new_ops)
+            replace_op(op, [new_ops[-1].results[0]])
+            return True
     return False
+
+
+def _runs(axes: list[int]) -> list[list[int]]:
+    runs: list[list[int]] = []
+    for a in axes:
+        if runs and runs[-1][-1] == a - 1:
+            runs[-1].append(a)
+        else:
+            runs.append([a])
+    return runs
 
 
 def _is_pure_graph_op(op) -> bool:

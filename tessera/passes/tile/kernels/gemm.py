@@ -269,7 +269,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
             def body_pc(bp: Builder, pc: SSAValue, _c) -> None:
                 kc = bp.max(bp.min(KC, bp.sub(K, pc)), 0)
                 kcp = bp.mul(bp.ceil_div(kc, kp), kp)
-                bsrc = view(bp, buf[1], in_elem, "global", (KC, NC),
+                bsrc = view(bp, buf[plan.b.arg], in_elem, "global", (KC, NC),
                             bp.add(off_b, bp.add(bp.mul(pc, sBk), bp.mul(jc, sBn))), sBk, sBn, kc, nc)
                 tok = t.AsyncCopyOp.create(operands=[bsrc, bpack], attributes={
                     "layout": StringAttr("b_panel"), "panel": i64_attr(NRW), "kpack": i64_attr(kp)},
@@ -281,7 +281,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
 
                 def body_ic(bi2: Builder, ic: SSAValue, _c) -> None:
                     mc = bi2.min(MC, bi2.sub(m_hi, ic))
-                    asrc = view(bi2, buf[0], in_elem, "global", (MC, KC),
+                    asrc = view(bi2, buf[plan.a.arg], in_elem, "global", (MC, KC),
                                 bi2.add(off_a, bi2.add(bi2.mul(ic, sAm), bi2.mul(pc, sAk))), sAm, sAk, mc, kc)
                     tok2 = t.AsyncCopyOp.create(operands=[asrc, apack], attributes={
                         "layout": StringAttr("a_panel"), "panel": i64_attr(MR), "kpack": i64_attr(kp)},
