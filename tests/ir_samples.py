@@ -58,6 +58,7 @@ SAMPLES: dict[str, str] = {
     "tessera.neg": _unary("tessera.neg"),
     "tessera.exp": _unary("tessera.exp"),
     "tessera.tanh": _unary("tessera.tanh"),
+    "tessera.erf": _unary("tessera.erf"),
     "tessera.relu": _unary("tessera.relu"),
     "tessera.silu": _unary("tessera.silu"),
     "tessera.sqrt": _unary("tessera.sqrt"),

@@ -25,6 +25,11 @@ def rel_err(actual, expected) -> float:
     return float(num / den) if den > 0 else float(num)
 
 
+def gate(actual, expected, tol: float) -> bool:
+    """The numeric gate: relative Frobenius error below tol (NaN fails)."""
+    return bool(rel_err(actual, expected) < tol)
+
+
 def assert_close(actual, expected, tol: float, what: str = "") -> None:
     err = rel_err(actual, expected)
     assert err < tol, f"{what}: relative error {err:.3e} >= {tol:.0e}"

@@ -13,7 +13,7 @@ whole input range is measured by ``tests/test_x86_math.py`` and recorded in
   erfc  exp(-a^2) R(1/a) with a^2 split exactly by an FMA (a >= 1)
   gelu  tanh form as x * sigmoid(2 y) (no cancellation for x << 0); erf form via
         erfc for x < -sqrt(2)
-  silu  x / (1 + exp(-x))
+  silu  x * sigmoid(x), with sigmoid from exp(-|x|) (no overflow for x << 0)
 """
 from __future__ import annotations
 
@@ -144,9 +144,12 @@ class VectorMath:
         return b.select(b.fcmp_unordered("<", a, self.splat(1.0)), small, big)  # NaN takes the small path
 
     def _sigmoid_times(self, b: ir.IRBuilder, x, y) -> ir.Value:
-        """x / (1 + exp(-y))."""
-        e = self.call(b, "exp", b.fsub(self.splat(0.0), y))
-        return b.fdiv(x, b.fadd(self.splat(1.0), e))
+        """x * sigmoid(y) without overflow: e = exp(-|y|) never exceeds 1, and for y < 0
+        sigmoid(y) = e / (1 + e), computed as (x * e) / (1 + e)."""
+        e = self.call(b, "exp", b.fsub(self.splat(0.0), self._abs(b, y)))
+        num = b.select(b.fcmp_ordered(">=", y, self.splat(0.0)), x, b.fmul(x, e))
+        res = b.fdiv(num, b.fadd(self.splat(1.0), e))
+        return b.select(self._isnan(b, y), y, res)
 
     def _silu(self, b: ir.IRBuilder, x) -> ir.Value:
         return self._sigmoid_times(b, x, x)

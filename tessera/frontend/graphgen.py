@@ -222,7 +222,7 @@ class _Shape:
 
 
 _SIMPLE = {"add": g.AddOp, "sub": g.SubOp, "mul": g.MulOp, "div": g.DivOp, "maximum": g.MaximumOp,
-           "neg": g.NegOp, "exp": g.ExpOp, "tanh": g.TanhOp, "relu": g.ReluOp, "silu": g.SiluOp, "sqrt": g.SqrtOp,
+           "neg": g.NegOp, "exp": g.ExpOp, "tanh": g.TanhOp, "erf": g.ErfOp, "relu": g.ReluOp, "silu": g.SiluOp, "sqrt": g.SqrtOp,
            "matmul": g.MatmulOp, "reshape": g.ReshapeOp, "cast": g.CastOp}
 
 

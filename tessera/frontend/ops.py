@@ -80,6 +80,10 @@ def tanh(x) -> Tensor:
     return _unary("tanh", x)
 
 
+def erf(x) -> Tensor:
+    return _unary("erf", x)
+
+
 def relu(x) -> Tensor:
     return _unary("relu", x)
 
@@ -237,6 +241,6 @@ def matmul(a, b, out_dtype=None) -> Tensor:
     return y
 
 
-__all__ = ["add", "sub", "mul", "div", "maximum", "neg", "exp", "tanh", "relu", "silu", "sqrt", "gelu", "softmax",
+__all__ = ["add", "sub", "mul", "div", "maximum", "neg", "exp", "tanh", "erf", "relu", "silu", "sqrt", "gelu", "softmax",
            "layer_norm", "rms_norm", "reduce_sum", "reduce_max", "reduce_mean", "transpose", "reshape", "cast",
            "matmul", "np"]

@@ -37,6 +37,8 @@ def evaluate(graph: TraceGraph, arrays: list[np.ndarray]) -> list[np.ndarray]:
             r = -x[0]
         elif op in ("exp", "tanh", "sqrt"):
             r = getattr(np, op)(x[0])
+        elif op == "erf":
+            r = _erf64(x[0])
         elif op == "relu":
             r = np.maximum(x[0], 0)
         elif op == "silu":

@@ -312,6 +312,12 @@ class TanhOp(_Unary):
 
 
 @irdl_op_definition
+class ErfOp(_Unary):
+    name = "tessera.erf"
+    FN: ClassVar[str] = "erf"
+
+
+@irdl_op_definition
 class ReluOp(_Unary):
     name = "tessera.relu"
     FN: ClassVar[str] = "relu"
@@ -582,14 +588,14 @@ def elementwise_fn(op: IRDLOperation) -> str:
     return op.FN  # type: ignore[attr-defined]
 
 
-ELEMENTWISE_UNARY = (NegOp, ExpOp, TanhOp, ReluOp, SiluOp, GeluOp, SqrtOp)
+ELEMENTWISE_UNARY = (NegOp, ExpOp, TanhOp, ErfOp, ReluOp, SiluOp, GeluOp, SqrtOp)
 ELEMENTWISE_BINARY = (AddOp, SubOp, MulOp, DivOp, MaximumOp)
 REDUCTIONS = (ReduceSumOp, ReduceMaxOp, ReduceMeanOp)
 ROWWISE = (SoftmaxOp, LayerNormOp, RmsNormOp)
 
 Graph = Dialect(
     "tessera",
-    [MatmulOp, AddOp, SubOp, MulOp, DivOp, MaximumOp, NegOp, ExpOp, TanhOp, ReluOp, SiluOp, SqrtOp, GeluOp,
+    [MatmulOp, AddOp, SubOp, MulOp, DivOp, MaximumOp, NegOp, ExpOp, TanhOp, ErfOp, ReluOp, SiluOp, SqrtOp, GeluOp,
      SoftmaxOp, LayerNormOp, RmsNormOp, ReduceSumOp, ReduceMaxOp, ReduceMeanOp, TransposeOp, ReshapeOp,
      CastOp, ConstantOp, FusionOp, YieldOp],
     [TensorType],

@@ -24,8 +24,14 @@ def errors_md() -> str:
     return "".join(out)
 
 
+def _numerics_md() -> str:
+    from tessera.tools.numerics import numerics_md
+    return numerics_md()
+
+
 GENERATORS: dict[str, tuple[str, Callable[[], str]]] = {
     "errors": ("docs/errors.md", errors_md),
+    "numerics": ("docs/numerics.md", _numerics_md),
 }
 
 

@@ -1,0 +1,167 @@
+"""Edge behaviour of the CPU lane: numpy semantics for empty and non-finite data, bad input,
+thread-count invariance, and gates with teeth (planted bugs must fail them)."""
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+
+import oracle as O
+import tessera as ts
+from tessera.errors import TesseraError
+
+
+def rnd(rng, *shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+# --------------------------------------------------------------------------- numpy semantics
+@pytest.mark.parametrize("sa, sb", [((0, 5), (5, 3)), ((4, 5), (5, 0)), ((4, 0), (0, 3))])
+def test_zero_size_matmul_behaves_like_numpy(rng, sa, sb):
+    a, b = rnd(rng, *sa), rnd(rng, *sb)
+    bias = rnd(rng, sb[1])
+    y = ts.jit(lambda x, w, c: x @ w + c)(a, b, bias)
+    ref = O.f64(a) @ O.f64(b) + bias
+    assert y.shape == ref.shape
+    np.testing.assert_allclose(y, ref, rtol=1e-6)
+
+
+def test_zero_size_elementwise_and_rowwise(rng):
+    x = rnd(rng, 0, 7)
+    assert ts.jit(lambda a: ts.ops.exp(a) + 1.0)(x).shape == (0, 7)
+    assert ts.jit(ts.ops.softmax)(x).shape == (0, 7)
+    assert ts.jit(lambda a: ts.ops.reduce_sum(a, 0))(x).shape == (7,)
+    np.testing.assert_array_equal(ts.jit(lambda a: ts.ops.reduce_sum(a, 0))(x), np.zeros(7, np.float32))
+
+
+def test_nan_and_inf_propagate_like_numpy(rng):
+    x = rnd(rng, 5, 40)
+    x[0, 3], x[1, 7], x[2, 9] = np.nan, np.inf, -np.inf
+    for f, ref in [(ts.ops.exp, np.exp), (ts.ops.tanh, np.tanh), (lambda a: ts.ops.gelu(a, "erf"), O.gelu_erf),
+                   (ts.ops.relu, lambda a: np.maximum(a, 0)), (ts.ops.softmax, O.softmax)]:
+        with np.errstate(all="ignore"):
+            want = ref(O.f64(x))
+            got = ts.jit(f)(x)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        fin = np.isfinite(want)
+        np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+        np.testing.assert_allclose(got[fin], want[fin], rtol=2e-6, atol=1e-30)
+    w = rnd(rng, 40, 6)
+    with np.errstate(all="ignore"):
+        want = O.f64(x) @ O.f64(w)
+    got = ts.jit(lambda a, b: a @ b)(x, w)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+
+
+# --------------------------------------------------------------------------- bad input
+def _line_of(fn, needle: str) -> int:
+    src, start = inspect.getsourcelines(fn)
+    return start + next(i for i, line in enumerate(src) if needle in line)
+
+
+def test_shape_mismatch_names_the_users_line(rng):
+    def f(a, b):
+        c = ts.ops.exp(a)
+        return c @ b  # the bad line
+
+    with pytest.raises(TesseraError) as info:
+        ts.jit(f)(rnd(rng, 4, 5), rnd(rng, 6, 3))
+    assert info.value.code == "SHAPE_MISMATCH"
+    assert info.value.location.line == _line_of(f, "the bad line")
+    assert __file__ in str(info.value)
+
+
+@pytest.mark.parametrize("fn, args, code", [
+    (lambda a, b: a + b, [(4, 5), (3, 5)], "SHAPE_MISMATCH"),
+    (lambda a: ts.ops.softmax(a, axis=3), [(4, 5)], "RANK_MISMATCH"),
+    (lambda a, b: ts.ops.layer_norm(a, b), [(4, 5), (4,)], "SHAPE_MISMATCH"),
+    (lambda a: a.reshape(7, 3), [(4, 5)], "SHAPE_MISMATCH"),
+    (lambda a: ts.ops.gelu(a, "fast"), [(4, 5)], "DTYPE_UNSUPPORTED"),
+])
+def test_bad_shapes_and_attributes(rng, fn, args, code):
+    with pytest.raises(TesseraError) as info:
+        ts.jit(fn)(*[rnd(rng, *s) for s in args])
+    assert info.value.code == code
+    assert info.value.location is not None
+
+
+def test_dtype_errors(rng):
+    with pytest.raises(TesseraError) as info:
+        ts.jit(lambda a: a * 2.0)(np.arange(6).reshape(2, 3))
+    assert info.value.code == "DTYPE_UNSUPPORTED" and "int64" in str(info.value)
+    with pytest.raises(TesseraError) as info:
+        ts.jit(lambda a, b: a + b)(rnd(rng, 3), rnd(rng, 3).astype(ts.bfloat16))
+    assert info.value.code == "DTYPE_UNSUPPORTED"
+    with pytest.raises(TesseraError) as info:
+        ts.jit(lambda a, b: a @ b)(rnd(rng, 3, 3).astype(np.float16), rnd(rng, 3, 3).astype(np.float16))
+    assert info.value.code == "MMA_SELECTOR" and "f16" in str(info.value)  # x86 has no f16 matrix instruction
+
+
+def test_unsupported_python_constructs(rng):
+    def branchy(a):
+        if a:  # data-dependent control flow
+            return a
+        return -a
+
+    with pytest.raises(TesseraError) as info:
+        ts.jit(branchy)(rnd(rng, 3))
+    assert info.value.code == "UNSUPPORTED_CONSTRUCT" and info.value.location.line == _line_of(branchy, "if a:")
+    for fn in (lambda a: float(a), lambda a: a[0], lambda a: np.exp(a), lambda a: [v for v in a]):
+        with pytest.raises(TesseraError) as info:
+            ts.jit(fn)(rnd(rng, 3))
+        assert info.value.code == "UNSUPPORTED_CONSTRUCT"
+    with pytest.raises(TesseraError) as info:
+        ts.jit(lambda a: 3.0)(rnd(rng, 3))
+    assert info.value.code == "FRONTEND"
+    with pytest.raises(TesseraError) as info:
+        ts.jit(lambda a: a)("not an array")
+    assert info.value.code == "BAD_ARGUMENT"
+
+
+def test_result_larger_than_memory_is_refused_before_allocation(rng):
+    a, b = rnd(rng, 200_000, 1), rnd(rng, 1, 200_000)  # 160 GB of result
+    with pytest.raises(TesseraError) as info:
+        ts.jit(lambda x, w: x @ w)(a, b)
+    assert info.value.code == "OUT_OF_MEMORY" and "MiB" in str(info.value)
+
+
+def test_non_contiguous_inputs_are_copied_and_reported(rng):
+    x = rnd(rng, 30, 40)[:, ::2]
+    f = ts.jit(lambda a: ts.ops.exp(a))
+    O.assert_close(f(x), np.exp(O.f64(x)), 1e-5)
+    assert any("copied" in c for c in ts.explain(f, x).copies)
+
+
+# --------------------------------------------------------------------------- determinism and lanes
+def test_results_are_bitwise_identical_whatever_the_thread_count(rng):
+    a, b, c = rnd(rng, 301, 700), rnd(rng, 700, 257), rnd(rng, 257)
+    x = rnd(rng, 513, 900)
+    outs = []
+    for threads in (1, 2):
+        f = ts.jit(lambda p, q, r: ts.ops.gelu(p @ q + r), schedule={"threads": threads})
+        g = ts.jit(lambda v: ts.ops.layer_norm(ts.ops.softmax(v) * 3.0), schedule={"threads": threads})
+        outs.append((f(a, b, c), g(x)))
+    np.testing.assert_array_equal(outs[0][0], outs[1][0])
+    np.testing.assert_array_equal(outs[0][1], outs[1][1])
+
+
+def test_strict_dispatch_fails_instead_of_falling_back(rng):
+    a = rnd(rng, 4, 4).astype(np.float16)
+    f = ts.jit(lambda x, w: x @ w)  # no f16 matrix instruction on x86: the compile is refused
+    with pytest.raises(TesseraError):
+        f(a, a)
+    relaxed = ts.jit(lambda x, w: x @ w, strict=False)
+    before = len(ts.lane_log.entries)
+    y = relaxed(a, a)
+    np.testing.assert_allclose(y, (a.astype(np.float64) @ a).astype(np.float16), rtol=1e-2)
+    entry = ts.lane_log.entries[before]
+    assert entry.lane == "reference" and "MMA_SELECTOR" in entry.reason and entry.requested_fallback
+    assert ts.explain(relaxed, a, a).lane == "reference"
+
+
+def test_compiled_lane_is_recorded(rng):
+    f = ts.jit(lambda x: x * 2.0)
+    before = len(ts.lane_log.entries)
+    f(rnd(rng, 3))
+    assert ts.lane_log.entries[before].lane == "cpu-x86"

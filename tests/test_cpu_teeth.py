@@ -1,0 +1,53 @@
+"""The numeric gates have teeth: a bug planted in the compiler makes them fail.
+
+Each test patches one piece of the lowering (caches off, so the patched compiler
+really runs), compiles a fresh kernel and shows the float64 oracle check rejects it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import oracle as O
+import tessera as ts
+from tessera.passes.target.x86.lower_tile_to_x86 import _Lowerer
+from tessera.passes.tile.kernels import gemm, rowwise
+
+
+def test_off_by_one_remainder_tile_is_caught(rng, monkeypatch):
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    a, b = rng.standard_normal((37, 41)).astype(np.float32), rng.standard_normal((41, 29)).astype(np.float32)
+    f = lambda x, w: x @ w  # noqa: E731
+    ok = ts.jit(f)(a, b)
+    O.assert_close(ok, O.f64(a) @ b, 1e-5)  # the gate passes on the real compiler
+    orig = _Lowerer._count
+
+    def planted(self, bld, cols, v, rows=None, i=None):  # masks one column too many at every edge
+        return orig(self, bld, bld.sub(cols, 1), v, rows, i)
+
+    monkeypatch.setattr(_Lowerer, "_count", planted)
+    bad = ts.jit(f)(a, b)
+    assert not O.gate(bad, O.f64(a) @ b, 1e-5)
+
+
+def test_dropping_the_incoming_accumulator_is_caught(rng, monkeypatch):
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    a, b, c = (rng.standard_normal(s).astype(np.float32) for s in ((20, 30), (30, 25), (20, 25)))
+    ref = O.f64(a) @ b + c
+    orig = gemm.analyse
+
+    def planted(kop):
+        plan = orig(kop)
+        plan.c0 = None  # a synthesised zero instead of the real accumulator
+        return plan
+
+    monkeypatch.setattr(gemm, "analyse", planted)
+    assert not O.gate(ts.jit(lambda x, w, r: x @ w + r)(a, b, c), ref, 1e-5)
+
+
+def test_wrong_softmax_normaliser_is_caught(rng, monkeypatch):
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    x = rng.standard_normal((9, 70)).astype(np.float32)
+    O.assert_close(ts.jit(ts.ops.softmax)(x), O.softmax(x), 1e-5)
+    orig = rowwise._reduce
+    monkeypatch.setattr(rowwise, "_reduce", lambda b, kind, v: orig(b, "max", v))  # sum replaced by max
+    assert not O.gate(ts.jit(ts.ops.softmax)(x), O.softmax(x), 1e-5)
