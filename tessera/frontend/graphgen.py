@@ -103,30 +103,34 @@ def _broadcast(uf: _UF, a: Node, b: Node, da, db) -> list[D.Dim]:
 
 
 def _reshape_dims(ind, inc, outc) -> list[D.Dim]:
-    """Output dims of a reshape as products of input dims, or Specialize."""
+    """Output dims of a reshape, as products of input dims where groups merge, or static
+    sizes where a group of static dims splits; a symbolic dim that splits -> Specialize."""
     if all(isinstance(d, int) for d in ind):
         return list(outc)
     src = [(d, c) for d, c in zip(ind, inc) if c != 1]
-    out: list[D.Dim] = []
-    i = 0
-    for c in outc:
-        if c == 1:
-            out.append(1)
-            continue
-        group = []
-        prod = 1
-        while prod < c and i < len(src):
-            group.append(src[i])
-            prod *= src[i][1]
-            i += 1
-        if prod != c:
-            syms = set()
-            for d, _ in group:
-                syms |= set(D.symbols(d))
-            raise Specialize(syms or {"__all__"})
-        out.append(D.product(d for d, _ in group))
-    if i != len(src):
-        raise Specialize({s for d, _ in src[i:] for s in D.symbols(d)} or {"__all__"})
+    dst = [(i, c) for i, c in enumerate(outc) if c != 1]
+    out: list[D.Dim] = [1] * len(outc)
+    i = j = 0
+    while i < len(src) or j < len(dst):
+        if i >= len(src) or j >= len(dst):
+            raise Specialize({"__all__"})
+        ins, outs = [src[i]], [dst[j]]
+        i, j = i + 1, j + 1
+        pi, po = ins[0][1], outs[0][1]
+        while pi != po:
+            if pi < po and i < len(src):
+                ins.append(src[i]); pi *= src[i][1]; i += 1
+            elif po < pi and j < len(dst):
+                outs.append(dst[j]); po *= dst[j][1]; j += 1
+            else:
+                raise Specialize({"__all__"})
+        if len(outs) == 1:
+            out[outs[0][0]] = D.product(d for d, _ in ins)
+        elif all(isinstance(d, int) for d, _ in ins):
+            for k, c in outs:
+                out[k] = c
+        else:
+            raise Specialize({s for d, _ in ins for s in D.symbols(d)})
     return out
 
 

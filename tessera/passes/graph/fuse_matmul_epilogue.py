@@ -15,14 +15,28 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 
 from tessera.ir import graph as g
+from tessera.ir.strided import StridedView
 from tessera.passes.base import TesseraPass, register
 from tessera.passes.graph.outline import outline, single_use
 
 
 def _operand_views(v, group: list) -> None:
+    """Absorb the single-use reshape/transpose chain feeding a matmul operand, as far as it
+    stays expressible as strides of the chain's source (otherwise the rest stays a copy)."""
+    chain = []
     while isinstance(v.owner, (g.ReshapeOp, g.TransposeOp)) and single_use(v):
-        group.append(v.owner)
+        chain.append(v.owner)
         v = v.owner.input
+    # walk from the source towards the matmul; keep the longest expressible suffix
+    view = StridedView.contiguous(0, v.type.dims)
+    keep = 0
+    for i, op in enumerate(reversed(chain)):
+        view = view.transpose(op.permutation) if isinstance(op, g.TransposeOp) else view.reshape(op.result.type.dims)
+        if view is None:
+            # everything from this op towards the source must stay outside; restart from its result
+            view = StridedView.contiguous(0, op.result.type.dims)
+            keep = i + 1
+    group.extend(chain[:len(chain) - keep])
 
 
 def _epilogue(mm: g.MatmulOp, group: list) -> None:

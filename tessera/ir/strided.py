@@ -1,0 +1,76 @@
+"""Strided views: a tensor seen through transposes and reshapes of a contiguous buffer.
+
+Used by the fusion passes (to decide whether a reshape/transpose chain can become
+strides instead of a copy) and by the kernel generators (to address the buffer).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tessera.ir import dims as D
+
+
+def row_major_strides(dims: Sequence[D.Dim]) -> list[D.Dim]:
+    out: list[D.Dim] = []
+    acc: D.Dim = 1
+    for d in reversed(dims):
+        out.append(acc)
+        acc = D.mul(acc, d)
+    return list(reversed(out))
+
+
+@dataclass(frozen=True)
+class StridedView:
+    """A tensor seen through transposes/reshapes of a contiguous kernel input."""
+
+    arg: int
+    dims: tuple[D.Dim, ...]
+    strides: tuple[D.Dim, ...]
+
+    @staticmethod
+    def contiguous(arg: int, dims: Sequence[D.Dim]) -> "StridedView":
+        return StridedView(arg, tuple(dims), tuple(row_major_strides(dims)))
+
+    def transpose(self, perm: Sequence[int]) -> "StridedView":
+        return StridedView(self.arg, tuple(self.dims[p] for p in perm), tuple(self.strides[p] for p in perm))
+
+    def reshape(self, new: Sequence[D.Dim]) -> "StridedView | None":
+        """Only when expressible as strides: groups of old dims merge (if they are
+        contiguous with each other) or split into new dims."""
+        old = [(d, s) for d, s in zip(self.dims, self.strides) if d != 1]
+        new_nz = [d for d in new if d != 1]
+        out: list[D.Dim] = []
+        i = j = 0
+        while i < len(old) or j < len(new_nz):
+            if i >= len(old) or j >= len(new_nz):
+                return None
+            og, ng = [old[i]], [new_nz[j]]
+            i, j = i + 1, j + 1
+            while D.product(d for d, _ in og) != D.product(ng):
+                po, pn = D.product(d for d, _ in og), D.product(ng)
+                if isinstance(po, int) and isinstance(pn, int):
+                    if po < pn and i < len(old):
+                        og.append(old[i]); i += 1
+                    elif pn < po and j < len(new_nz):
+                        ng.append(new_nz[j]); j += 1
+                    else:
+                        return None
+                elif i < len(old) and (len(ng) == 1 or j >= len(new_nz)):
+                    og.append(old[i]); i += 1
+                elif j < len(new_nz):
+                    ng.append(new_nz[j]); j += 1
+                else:
+                    return None
+            for (d0, s0), (d1, s1) in zip(og, og[1:]):
+                if D.mul(d1, s1) != s0:
+                    return None  # not contiguous with each other
+            base = og[-1][1]
+            out.extend(D.mul(s, base) for s in row_major_strides(ng))
+        strides = []
+        it = iter(out)
+        for d in new:
+            strides.append(0 if d == 1 else next(it))
+        return StridedView(self.arg, tuple(new), tuple(strides))
+
+
