@@ -113,10 +113,12 @@ SAMPLES: dict[str, str] = {
     "tile.store": _tile(MMA_BODY),
     "tile.alloc": _tile(f"""  %s = tile.alloc {{size = 4096 : i64}} : {PANEL}
   %v = tile.view %p[%c0] strides [%c32, %c1] bounds [%c6, %c32] : {BUF} -> !tile.view<[6, 32], f32, global>
-  %t = tile.async_copy %v, %s {{layout = "b_panel", panel = 16 : i64, kpack = 1 : i64}} : !tile.view<[6, 32], f32, global>, {PANEL}
-  tile.wait %t"""),
+  %t = tile.async_copy %v, %s[%c0] {{layout = "b_panel", panel = 16 : i64, kpack = 1 : i64}} : !tile.view<[6, 32], f32, global>, {PANEL}
+  tile.wait %t
+  tile.barrier"""),
     "tile.async_copy": None,  # covered by tile.alloc
     "tile.wait": None,
+    "tile.barrier": None,
     "tile.load": _tile(f"""  %v = tile.view %p[%c0] strides [%c32, %c1] bounds [%c1, %c32] : {BUF} -> !tile.view<[1, 32], f32, global>
   %t = tile.load %v : !tile.view<[1, 32], f32, global> -> !tile.tile<[1, 32], f32>
   %h0 = tile.constant (5.000000e-01 : f32) : !tile.tile<[1, 1], f32>
@@ -126,7 +128,8 @@ SAMPLES: dict[str, str] = {
   %mk = tile.mask %e cols %c6 pad (-1.000000e+00 : f32) : !tile.tile<[1, 32], f32> -> !tile.tile<[1, 32], f32>
   %m = tile.reduce "max" %mk {{axis = 1 : i64}} : !tile.tile<[1, 32], f32> -> !tile.tile<[1, 1], f32>
   %s = tile.elementwise "sub" %e, %m : (!tile.tile<[1, 32], f32>, !tile.tile<[1, 1], f32>) -> !tile.tile<[1, 32], f32>
-  tile.store %s, %v : !tile.tile<[1, 32], f32>, !tile.view<[1, 32], f32, global>"""),
+  %big = arith.cmpi sge, %c32, %c6 : index
+  tile.store %s, %v stream %big : !tile.tile<[1, 32], f32>, !tile.view<[1, 32], f32, global>"""),
     "tile.constant": None,
     "tile.elementwise": None,
     "tile.reduce": None,
@@ -150,12 +153,17 @@ SAMPLES: dict[str, str] = {
   tessera_x86.store %x, %p[%o] : f32
   tessera_x86.vstore %r, %p[%o] : vector<16xf32>
   tessera_x86.vstore %r, %p[%o] count %n : vector<16xf32>
+  tessera_x86.vstore %r, %p[%o] {nontemporal} : vector<16xf32>
+  %al = tessera_x86.aligned %p[%o] {bytes = 64 : i64, elem_bytes = 4 : i64}
+  tessera_x86.sfence
+  tessera_x86.barrier %p, %n
   %bp = tessera_x86.vbroadcast %p[%o] {group = 2 : i64} : vector<32xbf16>
   %bv = tessera_x86.vload %p[%o] : vector<32xbf16>
   %d = tessera_x86.vdpbf16ps %bp, %bv, %z : vector<32xbf16>, vector<16xf32>
   %h16 = tessera_x86.vload %p[%o] : vector<16xbf16>
   %il = tessera_x86.vinterleave %h16, %h16 : vector<16xbf16> -> vector<32xbf16>
   %ls = tessera_x86.vlaneselect %l, %z count %n : vector<16xf32>
+  %tr:2 = tessera_x86.vtranspose %l, %z : vector<16xf32>, vector<16xf32> -> vector<16xf32>, vector<16xf32>
   %w = tessera_x86.workspace %p[64] 
   func.return"""),
     "tessera_x86.vconstant": None, "tessera_x86.vsplat": None, "tessera_x86.vbroadcast": None,
@@ -163,7 +171,8 @@ SAMPLES: dict[str, str] = {
     "tessera_x86.vfma": None, "tessera_x86.vdpbf16ps": None, "tessera_x86.vbinary": None,
     "tessera_x86.vunary": None, "tessera_x86.vreduce": None, "tessera_x86.vcvt": None,
     "tessera_x86.workspace": None, "tessera_x86.vinterleave": None, "tessera_x86.vlaneselect": None,
-    "tessera_x86.launch": _fn(f"%x : {Y}", f"""  %r = tessera_x86.launch @k0(%x) {{dims = ["M", "N"], workspace = 0 : i64, threads = 2 : i64, parallel = "r"}} : ({Y}) -> {Y}
+    "tessera_x86.aligned": None, "tessera_x86.sfence": None, "tessera_x86.vtranspose": None, "tessera_x86.barrier": None,
+    "tessera_x86.launch": _fn(f"%x : {Y}", f"""  %r = tessera_x86.launch @k0(%x) {{dims = ["M", "N"], workspace = 0 : i64, team = 0 : i64, threads = 2 : i64, parallel = "r"}} : ({Y}) -> {Y}
   func.return %r : {Y}""", Y),
     # ---- Target IR: NVIDIA, ROCm
     "tessera_nvidia.mma_sync": _fn("%a0 : i32, %a1 : i32, %a2 : i32, %a3 : i32, %b0 : i32, %b1 : i32, %c0 : f32, "

@@ -72,6 +72,10 @@ def llvm_type(t: Attribute) -> ir.Type:
     raise CodegenError(f"no LLVM type for {t}")
 
 
+def _bytes(t: ir.Type) -> int:
+    return {"f32": 4, "bf16": 2, "f16": 2, "f64": 8}.get(getattr(t, "intrinsic_name", ""), 4)
+
+
 def check_translatable(module: ModuleOp) -> None:
     """Refuse a module that still holds ops of a higher layer (a lowering is missing)."""
     bad = sorted({op.name for op in module.walk() if op.dialect_name() not in ALLOWED_DIALECTS})
@@ -275,7 +279,11 @@ class _Fn:
         vt = val.type
         addr = self._addr(self.v(op.base), self.v(op.offset), vt.element)
         if op.count is None:
-            self.b.store(val, addr, align=1)
+            if op.nontemporal is not None:
+                st = self.b.store(val, addr, align=vt.count * _bytes(vt.element))
+                st.set_metadata("nontemporal", self.gen.m.add_metadata([ir.Constant(I32, 1)]))
+            else:
+                self.b.store(val, addr, align=1)
             return
         fn = self.gen.intrinsic(f"llvm.masked.store.{self._vec_suffix(vt)}.p0", ir.VoidType(),
                                 [vt, PTR, I32, ir.VectorType(I1, vt.count)])
@@ -307,6 +315,54 @@ class _Fn:
         s = self.b.load(self._addr(self.v(op.base), self.v(op.offset), vt.element), typ=it, align=1)
         iv = self._splat(s, ir.VectorType(it, vt.count // group))
         self.set(op, self.b.bitcast(iv, vt))
+
+    def op_tessera_x86_aligned(self, op):
+        ty = {1: I8, 2: I16, 4: I32, 8: I64}[ival(op.elem_bytes)]
+        addr = self.b.ptrtoint(self._addr(self.v(op.base), self.v(op.offset), ty), I64)
+        low = self.b.and_(addr, ir.Constant(I64, ival(op.bytes) - 1))
+        self.set(op, self.b.icmp_unsigned("==", low, ir.Constant(I64, 0)))
+
+    def op_tessera_x86_barrier(self, op):
+        """Sense-reversing barrier: word 0 counts arrivals, word 8 (another cache line) is the generation."""
+        b = self.b
+        team, n = self.v(op.team), self.v(op.nthreads)
+        count = team
+        gen_ptr = b.gep(team, [ir.Constant(I64, 64)], source_etype=I8)
+        gen = b.load_atomic(gen_ptr, "acquire", 8, typ=I64)
+        old = b.atomic_rmw("add", count, ir.Constant(I64, 1), "acq_rel")
+        last = b.icmp_signed("==", old, b.sub(n, ir.Constant(I64, 1)))
+        last_bb = self.f.append_basic_block("barrier.last")
+        wait_bb = self.f.append_basic_block("barrier.wait")
+        spin_bb = self.f.append_basic_block("barrier.spin")
+        done_bb = self.f.append_basic_block("barrier.done")
+        pre = b.block
+        b.cbranch(last, last_bb, wait_bb)
+        b.position_at_end(last_bb)
+        b.atomic_rmw("xchg", count, ir.Constant(I64, 0), "monotonic")
+        b.atomic_rmw("add", gen_ptr, ir.Constant(I64, 1), "release")
+        b.branch(done_bb)
+        b.position_at_end(wait_bb)
+        spins = b.phi(I64)
+        spins.add_incoming(ir.Constant(I64, 0), pre)
+        now = b.load_atomic(gen_ptr, "acquire", 8, typ=I64)
+        b.cbranch(b.icmp_signed("==", now, gen), spin_bb, done_bb)
+        b.position_at_end(spin_bb)
+        b.call(self.gen.intrinsic("llvm.x86.sse2.pause", ir.VoidType(), []), [])
+        nxt = b.add(spins, ir.Constant(I64, 1))
+        yield_bb = self.f.append_basic_block("barrier.yield")
+        back_bb = self.f.append_basic_block("barrier.back")
+        b.cbranch(b.icmp_unsigned("==", b.and_(nxt, ir.Constant(I64, 1023)), ir.Constant(I64, 0)), yield_bb, back_bb)
+        b.position_at_end(yield_bb)
+        sy = self.gen.m.globals.get("sched_yield") or ir.Function(self.gen.m, ir.FunctionType(I32, []), "sched_yield")
+        b.call(sy, [])
+        b.branch(back_bb)
+        b.position_at_end(back_bb)
+        spins.add_incoming(nxt, back_bb)
+        b.branch(wait_bb)
+        b.position_at_end(done_bb)
+
+    def op_tessera_x86_sfence(self, op):
+        self.b.call(self.gen.intrinsic("llvm.x86.sse.sfence", ir.VoidType(), []), [])
 
     def op_tessera_x86_workspace(self, op):
         self.set(op, self.b.gep(self.v(op.base), [ir.Constant(I64, ival(op.offset))], source_etype=I8))
@@ -411,6 +467,34 @@ class _Fn:
             self.set(op, self.b.fpext(a, dst))
         else:
             self.set(op, self.b.fptrunc(a, dst))
+
+    def op_tessera_x86_vtranspose(self, op):
+        vt = llvm_type(op.inputs[0].type)
+        bits = vt.count * _bytes(vt.element) * 8
+        units = bits // 32
+        ut = ir.VectorType(I32, units)
+        vecs = [self.b.bitcast(self.v(v), ut) for v in op.inputs]
+        r = len(vecs)
+        width = 1
+        while width < r:
+            width *= 2
+        vecs += [ir.Constant(ut, ir.Undefined)] * (width - r)
+        n = units
+        while len(vecs) > 1:  # concatenate pairwise
+            pairs = []
+            for i in range(0, len(vecs), 2):
+                pairs.append(self.b.shuffle_vector(vecs[i], vecs[i + 1],
+                                                   ir.Constant(ir.VectorType(I32, 2 * n), list(range(2 * n)))))
+            vecs, n = pairs, 2 * n
+        whole = vecs[0]
+        perm = [(k % r) * units + (k // r) for k in range(r * units)]
+        outs = []
+        for j in range(r):
+            idx = perm[j * units:(j + 1) * units]
+            sel = self.b.shuffle_vector(whole, ir.Constant(whole.type, ir.Undefined),
+                                        ir.Constant(ir.VectorType(I32, units), idx))
+            outs.append(self.b.bitcast(sel, vt))
+        self.set(op, *outs)
 
     def op_tessera_x86_vinterleave(self, op):
         a, c = self.v(op.lhs), self.v(op.rhs)

@@ -46,8 +46,9 @@ def check_pins(pins: dict | None) -> dict:
         elif want is int:
             if not isinstance(v, int) or isinstance(v, bool) or v < 0 or (k in ("threads", "unroll") and v < 1):
                 raise ScheduleIllegalError(f"schedule {k}={v!r}: expected a positive int")
-        elif not isinstance(v, str) or v not in ("m", "r", "none"):
-            raise ScheduleIllegalError(f"schedule parallel={v!r}; legal: 'm' (gemm rows), 'r' (rows), 'none'")
+        elif not isinstance(v, str) or v not in ("m", "b*m", "r", "none"):
+            raise ScheduleIllegalError(f"schedule parallel={v!r}; legal: 'm' (gemm rows, shared B), 'b*m' (gemm "
+                                       "batch x rows), 'r' (rows of other kernels), 'none'")
     return pins
 
 

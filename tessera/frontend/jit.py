@@ -32,17 +32,17 @@ class Variant:
     reason: str = ""                         # why the reference lane is used (strict=False only)
     copies: tuple[str, ...] = ()
 
-    def matches(self, arrays: list[np.ndarray]) -> bool:
+    def matches(self, arrays: list[np.ndarray]) -> dict | None:
+        """The bound sizes if this specialisation serves ``arrays``, else None."""
         for (i, axis), size in self.static.items():
             if arrays[i].shape[axis] != size:
-                return False
+                return None
         if self.compiled is None:
-            return all(a.shape == n.shape for a, n in zip(arrays, self.graph.args))
+            return {} if all(a.shape == n.shape for a, n in zip(arrays, self.graph.args)) else None
         try:
-            bind_symbols(self.compiled.executable.program.inputs, arrays)
+            return bind_symbols(self.compiled.executable.program.inputs, arrays)
         except TesseraError:
-            return False
-        return True
+            return None
 
 
 class JitFunction:
@@ -92,26 +92,27 @@ class JitFunction:
         parts = []
         for a, t in zip(prepared, is_t):
             if t:
-                parts.append(("a", str(a.dtype), a.ndim, tuple(s == 1 for s in a.shape)))
+                parts.append(("a", a.dtype, tuple(s == 1 for s in a.shape)))
             else:
                 parts.append(("s", type(a).__name__, a))
         return tuple(parts)
 
     # ------------------------------------------------------------------ compile
-    def _variant(self, args) -> tuple[Variant, list[np.ndarray]]:
+    def _variant(self, args) -> tuple[Variant, list[np.ndarray], dict | None]:
         prepared, is_t, arrays, copies = self._split_args(args)
         key = self._key(prepared, is_t)
         with self._lock:
             for v in self._variants.get(key, []):
-                if v.matches(arrays):
+                env = v.matches(arrays)
+                if env is not None:
                     if copies:
                         v.copies = tuple(copies)
-                    return v, arrays
+                    return v, arrays, env
         v = self._build(prepared, is_t, arrays)
         v.copies = tuple(copies)
         with self._lock:
             self._variants.setdefault(key, []).append(v)
-        return v, arrays
+        return v, arrays, None
 
     def _build(self, prepared, is_t, arrays) -> Variant:
         graph = trace(self.fn, prepared, is_t)
@@ -133,13 +134,13 @@ class JitFunction:
 
     # ------------------------------------------------------------------ call
     def __call__(self, *args):
-        v, arrays = self._variant(args)
+        v, arrays, env = self._variant(args)
         if v.compiled is None:
             LOG.record(LaneDecision(self.name, "reference", v.reason, requested_fallback=True))
             outs = reference.evaluate(v.graph, arrays)
         else:
             LOG.record(LaneDecision(self.name, self.lane, "compiled"))
-            outs = v.compiled.executable.run(arrays)
+            outs = v.compiled.executable.run(arrays, env)
         return tuple(outs) if v.graph.tuple_output else outs[0]
 
     @property
@@ -147,7 +148,7 @@ class JitFunction:
         return "cpu-x86" if self.target == "cpu" else f"{self.target}"
 
     def compile(self, *args) -> "Artifact":
-        v, _ = self._variant(args)
+        v, _, _ = self._variant(args)
         return Artifact(self, v)
 
     def explain(self, *args) -> LaneReport:

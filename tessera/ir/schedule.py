@@ -8,7 +8,7 @@ schedule -> tile lowering reads every attribute; none is decoration:
   loops          the loop names of the iteration space, e.g. ["m", "n", "k"]
   tiles          the cache-block size per loop (same order as loops)
   order          loop nest order, outermost first (a permutation of loops)
-  parallel       the loop whose blocks are split across threads (or "none")
+  parallel       the loop whose blocks are split across threads ("b*m": the product of two), or "none"
   threads        how many threads the parallel loop is split across at most
   staging        staging depth (1 = copy then compute; 2+ = multi-buffered on GPUs)
   mma            the MMA selector record id the kernel's fragments come from ("" if none)
@@ -90,8 +90,9 @@ class KernelOp(IRDLOperation):
             raise bad("tile sizes must be positive")
         if sorted(self.loop_order) != sorted(loops):
             raise bad(f"order {self.loop_order} is not a permutation of loops {loops}")
-        if self.parallel.data != "none" and self.parallel.data not in loops:
-            raise bad(f"parallel loop {self.parallel.data!r} is not one of {loops} (or 'none')")
+        if self.parallel.data != "none" and not set(self.parallel.data.split("*")) <= set(loops):
+            raise bad(f"parallel loop {self.parallel.data!r} is not one of {loops}, a product of them "
+                      "('b*m'), or 'none'")
         if min(ival(self.threads), ival(self.staging), ival(self.unroll), ival(self.vector)) < 1:
             raise bad("threads, staging, unroll and vector must be >= 1")
         if len(self.reg_tile) not in (0, 2) or any(r <= 0 for r in self.reg_tile):

@@ -26,11 +26,13 @@ from xdsl.dialects.builtin import (
     IndexType,
     IntAttr,
     IntegerAttr,
+    IntegerType,
     StringAttr,
 )
 from xdsl.ir import Attribute, Dialect, ParametrizedAttribute, SSAValue, TypeAttribute
 from xdsl.irdl import (
     IRDLOperation,
+    opt_operand_def,
     attr_def,
     irdl_attr_definition,
     irdl_op_definition,
@@ -65,11 +67,13 @@ from tessera.errors import (
 FAMILIES = ("fma", "avx512_bf16", "avx512_vnni", "amx", "mma_sync", "wgmma", "wmma", "mfma", "simdgroup")
 ROLES = ("a", "b", "acc")
 LAYOUTS = ("row_major", "col_major", "panel", "lane")
-# Memory spaces: global (device/host memory), workspace (runtime-owned scratch),
-# l1/l2/l3 (CPU staging panels sized for that cache level), lds (AMD), smem (NVIDIA),
+# Memory spaces: global (device/host memory), workspace (runtime-owned per-thread scratch),
+# l1/l2/l3 (per-thread CPU staging panels sized for that cache level), team (CPU staging
+# shared by the threads of one launch, like a GPU workgroup's), lds (AMD), smem (NVIDIA),
 # tgmem (Apple threadgroup memory).
-SPACES = ("global", "workspace", "l1", "l2", "l3", "lds", "smem", "tgmem")
-STAGING_SPACES = ("l1", "l2", "l3", "lds", "smem", "tgmem", "workspace")
+SPACES = ("global", "workspace", "l1", "l2", "l3", "team", "lds", "smem", "tgmem")
+STAGING_SPACES = ("l1", "l2", "l3", "team", "lds", "smem", "tgmem", "workspace")
+SHARED_SPACES = ("team", "lds", "smem", "tgmem")
 
 
 def _print_shape(printer: Printer, shape: Sequence[int]) -> None:
@@ -328,16 +332,18 @@ class AsyncCopyOp(IRDLOperation):
     slivers, each stored column by column: the CPU GEMM's packed A), ``b_panel``
     (``panel``-column slivers stored row by row: packed B), with ``kpack`` consecutive
     k elements interleaved (2 for bf16 dot-product instructions).  Edge slivers are
-    zero-padded to the full panel.  Returns a token that ``tile.wait`` consumes."""
+    zero-padded to the full panel.  The packed data starts at element ``dest_offset`` of the
+    destination.  Returns a token that ``tile.wait`` consumes."""
 
     name = "tile.async_copy"
     source = operand_def(ViewType)
     dest = operand_def(BufferType)
+    dest_offset = operand_def(IndexType)
     layout = attr_def(StringAttr)
     panel = attr_def(IntegerAttr)
     kpack = attr_def(IntegerAttr)
     token = result_def(TokenType)
-    assembly_format = "$source `,` $dest attr-dict `:` type($source) `,` type($dest)"
+    assembly_format = "$source `,` $dest `[` $dest_offset `]` attr-dict `:` type($source) `,` type($dest)"
 
     LAYOUTS: ClassVar[tuple[str, ...]] = ("row_major", "a_panel", "b_panel")
 
@@ -358,6 +364,15 @@ class WaitOp(IRDLOperation):
     name = "tile.wait"
     tokens = var_operand_def(TokenType)
     assembly_format = "$tokens attr-dict"
+
+
+@irdl_op_definition
+class BarrierOp(IRDLOperation):
+    """Every thread of the launch (GPU: of the workgroup) arrives before any continues:
+    staging written by some threads becomes visible to all."""
+
+    name = "tile.barrier"
+    assembly_format = "attr-dict"
 
 
 # --------------------------------------------------------------------------- fragment ops
@@ -483,12 +498,16 @@ class LoadOp(IRDLOperation):
 
 @irdl_op_definition
 class StoreOp(IRDLOperation):
-    """Write a tile to a view (only the valid extent is written); converts element type."""
+    """Write a tile to a view (only the valid extent is written); converts element type.
+
+    With ``stream`` (an i1), the store may bypass the caches when it is true (the data
+    is large and will not be read again soon): non-temporal stores on x86."""
 
     name = "tile.store"
     value = operand_def(TileType)
     dest = operand_def(ViewType)
-    assembly_format = "$value `,` $dest attr-dict `:` type($value) `,` type($dest)"
+    stream = opt_operand_def(IntegerType(1))
+    assembly_format = ("$value `,` $dest (`stream` $stream^)? attr-dict `:` type($value) `,` type($dest)")
 
     def verify_(self) -> None:
         t, v = self.value.type, self.dest.type
@@ -614,7 +633,8 @@ class LaunchOp(IRDLOperation):
     """Host program step: run kernel ``callee`` on whole tensors.
 
     ``dims`` lists the symbolic sizes passed to the kernel (evaluated by the runtime
-    from the bound symbols); ``workspace`` is the per-thread scratch in bytes."""
+    from the bound symbols); ``workspace`` is the per-thread scratch in bytes and ``team``
+    the scratch shared by the launch's threads."""
 
     name = "tile.launch"
     callee = attr_def(FlatSymbolRefAttr)
@@ -622,13 +642,14 @@ class LaunchOp(IRDLOperation):
     outs = var_result_def()
     dims = attr_def(ArrayAttr)
     workspace = attr_def(IntegerAttr)
+    team = opt_attr_def(IntegerAttr)
     parallel = opt_attr_def(StringAttr)
     assembly_format = "$callee `(` $args `)` attr-dict `:` functional-type($args, results)"
 
 
 Tile = Dialect(
     "tile",
-    [AllocOp, ViewOp, AsyncCopyOp, WaitOp, FragmentZeroOp, FragmentPackOp, MmaOp, FragmentUnpackOp, LoadOp,
+    [AllocOp, ViewOp, AsyncCopyOp, WaitOp, BarrierOp, FragmentZeroOp, FragmentPackOp, MmaOp, FragmentUnpackOp, LoadOp,
      StoreOp, ConstantOp, SplatIndexOp, ElementwiseOp, MaskOp, ReduceOp, LaunchOp],
     [BufferType, ViewType, TileType, FragmentType, TokenType],
 )

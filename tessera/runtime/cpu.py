@@ -12,6 +12,7 @@ the call fails.
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from xdsl.dialects.builtin import (
 )
 
 from tessera import host
+from tessera.runtime import memory
 from tessera.errors import ArgumentError, OutOfMemoryError, ShapeMismatchError
 from tessera.ir import dims as D
 from tessera.ir import graph as g
@@ -76,6 +78,7 @@ class Step:
     out_types: list[TensorSpec]
     dims: list[str]
     workspace: int
+    team: int
     threads: int
     parallel: str
 
@@ -102,7 +105,7 @@ class HostProgram:
                     ids[r] = len(ids)
                 steps.append(Step(op.callee.root_reference.data, [ids[v] for v in op.args], [ids[r] for r in op.outs],
                                   [TensorSpec.of(r.type) for r in op.outs], strs(op.dims), ival(op.workspace),
-                                  ival(op.threads), op.parallel.data if op.parallel else "none"))
+                                  ival(op.team), ival(op.threads), op.parallel.data if op.parallel else "none"))
             elif isinstance(op, func.ReturnOp):
                 results = [ids[v] for v in op.operands]
             else:
@@ -126,6 +129,22 @@ def pool() -> ThreadPoolExecutor:
 def bind_symbols(types: list[TensorSpec], arrays: list[np.ndarray]) -> dict[str, int]:
     """Bind each symbol to a size; a symbol seen twice must have one size."""
     env: dict[str, int] = {}
+    simple = True
+    for t, a in zip(types, arrays):  # fast path: every dim an int or a plain symbol
+        if a.ndim != t.rank:
+            simple = False
+            break
+        for d, n in zip(t.dims, a.shape):
+            if isinstance(d, int):
+                if d != n:
+                    simple = False
+            elif "*" in d:
+                simple = False
+            elif env.setdefault(d, n) != n:
+                simple = False
+    if simple and len(types) == len(arrays):
+        return env
+    env = {}
     for i, (t, a) in enumerate(zip(types, arrays)):
         if a.ndim != t.rank:
             raise ShapeMismatchError(f"argument {i} has rank {a.ndim}; the compiled function expects {t.rank}")
@@ -147,9 +166,22 @@ def bind_symbols(types: list[TensorSpec], arrays: list[np.ndarray]) -> dict[str,
     return env
 
 
-class Workspaces(threading.local):
-    def __init__(self):
-        self.buf = np.empty(0, np.uint8)
+CHECK_MEMORY_ABOVE = 64 << 20
+_EVAL_CACHE: dict = {}
+
+
+def _eval(d, env: dict[str, int]) -> int:
+    """Evaluate a size expression (``int``, ``"M"``, ``"2*B*S"``) with a parse cache."""
+    if isinstance(d, int):
+        return d
+    f = _EVAL_CACHE.get(d)
+    if f is None:
+        coef, syms = D._factors(D.parse_dim(d) if isinstance(d, str) else d)
+        f = _EVAL_CACHE[d] = (coef, tuple(syms))
+    coef, syms = f
+    for sym in syms:
+        coef *= env[sym]
+    return coef
 
 
 class CpuExecutable:
@@ -159,11 +191,12 @@ class CpuExecutable:
         self.fns = {}
         for s in program.steps:
             nbuf = len(s.args) + len(s.outs)
-            argtypes = [ctypes.c_void_p] * nbuf + [ctypes.c_int64] * (len(s.dims) + 2) + [ctypes.c_void_p]
+            argtypes = [ctypes.c_void_p] * nbuf + [ctypes.c_int64] * (len(s.dims) + 2) + [ctypes.c_void_p] * 2
             self.fns[s.kernel] = ctypes.CFUNCTYPE(None, *argtypes)(addresses[s.kernel])
-        self._ws = Workspaces()
         self._ws_pool: dict[int, np.ndarray] = {}
         self._ws_lock = threading.Lock()
+        self._team: np.ndarray = np.zeros(0, np.uint8)
+        self._run_lock = threading.Lock()  # one call at a time uses the team buffer
 
     def _workspace(self, tid: int, size: int) -> int:
         with self._ws_lock:
@@ -173,6 +206,13 @@ class CpuExecutable:
                 self._ws_pool[tid] = buf
         return buf.ctypes.data + (-buf.ctypes.data % 64)
 
+    def _team_buffer(self, size: int) -> int:
+        if self._team.nbytes < size + 64:
+            self._team = np.zeros(size + 64, np.uint8)
+        addr = self._team.ctypes.data + (-self._team.ctypes.data % 64)
+        ctypes.memset(addr, 0, 128)  # barrier words
+        return addr
+
     def threads_for(self, step: Step, env: dict[str, int], sizes: list[int]) -> int:
         n = step.threads or self.max_threads
         n = min(n, self.max_threads)
@@ -180,30 +220,36 @@ class CpuExecutable:
             return 1
         work = 1
         for t in step.out_types:
-            work = max(work, int(np.prod([D.evaluate(d, env) for d in t.dims])) if t.dims else 1)
+            work = max(work, math.prod(_eval(d, env) for d in t.dims))
         if step.kernel.endswith("_gemm") and sizes:
             work *= max(1, sizes[-1])  # x K
             return 1 if work < (1 << 21) else n
         return 1 if work < (1 << 15) else n
 
-    def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    def run(self, arrays: list[np.ndarray], env: dict[str, int] | None = None) -> list[np.ndarray]:
+        with self._run_lock:  # workspaces and the team buffer belong to one call at a time
+            return self._run(arrays, env)
+
+    def _run(self, arrays: list[np.ndarray], env: dict[str, int] | None = None) -> list[np.ndarray]:
         prog = self.program
-        env = bind_symbols(prog.inputs, arrays)
+        if env is None:
+            env = bind_symbols(prog.inputs, arrays)
         vals: dict[int, np.ndarray] = dict(zip(prog.input_ids, arrays))
         for s in prog.steps:
-            sizes = [D.evaluate(D.parse_dim(d), env) for d in s.dims]
+            sizes = [_eval(d, env) for d in s.dims]
             outs = []
             need = 0
             shapes = []
             for t in s.out_types:
-                shape = tuple(D.evaluate(d, env) for d in t.dims)
+                shape = tuple(_eval(d, env) for d in t.dims)
                 shapes.append(shape)
-                need += int(np.prod(shape, dtype=np.int64)) * t.np_dtype.itemsize
-            if need > host.memory_available():
+                need += math.prod(shape) * t.np_dtype.itemsize
+            # reading /proc costs ~150 us: only results that could matter are checked
+            if need > CHECK_MEMORY_ABOVE and need > host.memory_available():
                 raise OutOfMemoryError(f"kernel {s.kernel} needs {need / 2**20:.1f} MiB for its results; "
                                        f"{host.memory_available() / 2**20:.1f} MiB available")
             for t, shape in zip(s.out_types, shapes):
-                outs.append(np.empty(shape, t.np_dtype))
+                outs.append(memory.empty(shape, t.np_dtype))
             for o, a in zip(s.outs, outs):
                 vals[o] = a
             ptrs = [vals[i].ctypes.data for i in s.args] + [a.ctypes.data for a in outs]
@@ -211,12 +257,13 @@ class CpuExecutable:
             fn = self.fns[s.kernel]
             if any(a.size == 0 for a in outs):
                 continue
+            team = self._team_buffer(s.team)
             if nthreads == 1:
-                fn(*ptrs, *sizes, 0, 1, self._workspace(0, s.workspace))
+                fn(*ptrs, *sizes, 0, 1, self._workspace(0, s.workspace), team)
             else:
-                futs = [pool().submit(fn, *ptrs, *sizes, t, nthreads, self._workspace(t, s.workspace))
+                futs = [pool().submit(fn, *ptrs, *sizes, t, nthreads, self._workspace(t, s.workspace), team)
                         for t in range(1, nthreads)]
-                fn(*ptrs, *sizes, 0, nthreads, self._workspace(0, s.workspace))
+                fn(*ptrs, *sizes, 0, nthreads, self._workspace(0, s.workspace), team)
                 for f in futs:
                     f.result()
         return [vals[i] for i in prog.results]

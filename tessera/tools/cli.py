@@ -23,6 +23,21 @@ def _docs(args) -> int:
     return 0
 
 
+def _bench(args) -> int:
+    if args.what == "tiles":
+        from tessera.tools import bench_tiles
+        res = bench_tiles.measure(args.dtype)
+        print(f"{res['arch']} {res['record']} (1 thread, 2048^3):")
+        for k, v in sorted(res["gflops"].items(), key=lambda kv: -kv[1]):
+            print(f"  {k:>6}  {v:7.1f} GFLOP/s")
+        if args.write:
+            bench_tiles.write(res)
+            print("calibration.json updated")
+        return 0
+    from tessera.tools import bench_cpu
+    return bench_cpu.main(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="tessera")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -34,6 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--seq", type=int, default=256)
     demo.add_argument("--dim", type=int, default=256)
     demo.set_defaults(func=lambda a: __import__("tessera.tools.demo", fromlist=["main"]).main(a))
+    bt = sub.add_parser("bench", help="benchmarks: cpu (the performance table), tiles (register-tile calibration)")
+    bt.add_argument("what", choices=["cpu", "tiles"])
+    bt.add_argument("--write", action="store_true", help="tiles: update calibration.json; cpu: docs/benchmarks.md")
+    bt.add_argument("--dtype", default="f32")
+    bt.add_argument("--quick", action="store_true", help="cpu: fewer repeats and sizes")
+    bt.set_defaults(func=_bench)
     args = ap.parse_args(argv)
     try:
         return args.func(args)

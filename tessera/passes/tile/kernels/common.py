@@ -8,7 +8,9 @@ Kernel ABI (Tile IR, every target): a kernel function takes
      symbolic expressions the runtime evaluates from the bound symbols;
   3. ``tid: index, nthreads: index`` — this thread and how many share the work;
   4. ``ws: !tile.buffer<i8, workspace>`` — this thread's scratch; ``tile.alloc``
-     carves staging buffers from it (``workspace`` bytes on the launch).
+     carves per-thread staging buffers from it (``workspace`` bytes on the launch);
+  5. ``team: !tile.buffer<i8, team>`` — scratch shared by the launch's threads (its
+     first 128 bytes are the barrier's); ``tile.alloc`` in space ``team`` carves from it.
 """
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ from tessera.ir.builder import INDEX, Builder
 from tessera.ir.strided import StridedView, row_major_strides
 
 WS_TYPE = t.buffer(IntegerType(8), "workspace")
+TEAM_TYPE = t.buffer(IntegerType(8), "team")
+TEAM_RESERVED = 128  # bytes at the start of the team buffer used by tile.barrier
 ALIGN = 64
 
 
@@ -55,7 +59,7 @@ class KernelSig:
         return expr
 
     def build(self) -> "KernelFn":
-        arg_types = self.buffers + [INDEX] * len(self.dims) + [INDEX, INDEX, WS_TYPE]
+        arg_types = self.buffers + [INDEX] * len(self.dims) + [INDEX, INDEX, WS_TYPE, TEAM_TYPE]
         block = Block(arg_types=arg_types)
         fn = func.FuncOp(self.name, (arg_types, []), Region(block))
         return KernelFn(self, fn, block)
@@ -74,7 +78,8 @@ class KernelFn:
         self.dim_args = {e: self.block.args[nb + i] for e, i in self.sig._dim_index.items()}
         self.tid = self.block.args[nb + len(self.sig.dims)]
         self.nthreads = self.block.args[nb + len(self.sig.dims) + 1]
-        self.ws = self.block.args[-1]
+        self.ws = self.block.args[-2]
+        self.team = self.block.args[-1]
 
     def size(self, expr: D.Dim) -> SSAValue | int:
         expr = D.canon(expr)

@@ -50,6 +50,7 @@ def generate(kop: s.KernelOp):
         for d in dims[:-1]:
             nrows = b.mul(nrows, kf.size(d))
     lo, hi = R.thread_range(kf, b, nrows)
+    stream = R.stream_flag(b, T if flat else b.mul(nrows, C))
 
     def row_body(br, r, _c):
         if flat:
@@ -67,7 +68,7 @@ def generate(kop: s.KernelOp):
             vals = {v: R.load_leaf(kf, bc, lf, offsets[v], c, left, chunk) for v, lf in leaves.items()}
             R.emit_ops(bc, compute, vals)
             for o, bi in zip(outs, out_bufs):
-                R.store_row(kf, bc, bi, o.type.element_type, vals[o], bc.add(out_off, c), left, chunk)
+                R.store_row(kf, bc, bi, o.type.element_type, vals[o], bc.add(out_off, c), left, chunk, stream)
             return []
 
         br.for_(0, row_len, chunk, col_body)

@@ -158,6 +158,7 @@ class GemmConfig:
     kc: int
     unroll: int
     w: int
+    mode: str   # "m": rows split, B panels shared by the team; "b*m": batch x rows, private panels
 
 
 def config(kop: s.KernelOp, sel: MmaSelection) -> GemmConfig:
@@ -166,9 +167,9 @@ def config(kop: s.KernelOp, sel: MmaSelection) -> GemmConfig:
         raise illegal(name, f"gemm loop order {kop.loop_order} is not implemented; legal: {LEGAL_ORDERS}")
     if kop.staging.value.data != 1:
         raise illegal(name, "CPU gemm stages each panel once (staging = 1)")
-    if kop.parallel.data not in ("m", "none"):
-        raise illegal(name, f"CPU gemm splits the row loop across threads: parallel = 'm' or 'none', "
-                            f"not {kop.parallel.data!r}")
+    if kop.parallel.data not in ("m", "b*m", "none"):
+        raise illegal(name, f"CPU gemm parallel loop: 'm' (rows; B panels shared by the threads), 'b*m' (batch x "
+                            f"rows; private panels) or 'none', not {kop.parallel.data!r}")
     mr, nr = kop.reg_tile
     w = sel.record.vector_width or 1
     if kop.vector.value.data != w:
@@ -179,7 +180,8 @@ def config(kop: s.KernelOp, sel: MmaSelection) -> GemmConfig:
     if mc % mr or nc % (nr * w) or kc % kp:
         raise illegal(name, f"cache blocks must be multiples of the register tile: MC={mc} (MR={mr}), "
                             f"NC={nc} (NR*W={nr * w}), KC={kc} (K of {sel.record.id}={kp})")
-    return GemmConfig(sel, mr, nr, mc, nc, kc, kop.unroll.value.data, w)
+    return GemmConfig(sel, mr, nr, mc, nc, kc, kop.unroll.value.data, w,
+                      "b*m" if kop.parallel.data == "none" else kop.parallel.data)
 
 
 def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, list[D.Dim], int, list]:
@@ -191,9 +193,6 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
     MC, NC, KC, U = cfg.mc, cfg.nc, cfg.kc, cfg.unroll
     in_elem, out_elem = plan.in_elem, plan.out_elem
     acc_elem = f32
-    frag_a = t.fragment((MR, NRW, kp), in_elem, acc_elem, "a", "col_major", rec.family)
-    frag_b = frag_a.with_role("b", "row_major")
-    frag_c = t.fragment((MR, NRW, kp), acc_elem, acc_elem, "acc", "row_major", rec.family)
     partial_needed = not isinstance(out_elem, Float32Type)
 
     sig = KernelSig(kop.sym_name.data)
@@ -218,22 +217,32 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
     # workspace: A panel (MC x KC) and B panel (KC x NC), element type of the inputs
     esize = 2 if isinstance(in_elem, (BFloat16Type, Float16Type)) else 4
     a_elems, b_elems = MC * KC, KC * NC
+    shared = cfg.mode == "m"
     apack = kf.alloc(b, a_elems, in_elem, "l2")
-    bpack = kf.alloc(b, b_elems, in_elem, "l3")
-    workspace = _round(a_elems * esize) + _round(b_elems * esize)
+    bpack = kf.alloc(b, b_elems, in_elem, "team" if shared else "l3")
+    workspace = _round(a_elems * esize) + (0 if shared else _round(b_elems * esize))
 
-    # ---- thread partition over (batch x row tiles)
+    # ---- thread partition
     batch_total = 1
     for d in plan.batch:
         batch_total = b.mul(batch_total, kf.size(d))
     mtiles = b.ceil_div(M, MR)
-    total = b.mul(batch_total, mtiles)
-    per = b.ceil_div(total, kf.nthreads)
-    lo = b.min(b.mul(kf.tid, per), total)
-    hi = b.min(b.add(lo, per), total)
-    mt_safe = b.max(mtiles, 1)
-    b_lo = b.div(lo, mt_safe)
-    b_hi = b.ceil_div(hi, mt_safe)
+    if shared:
+        # every thread walks every batch and k-block; rows are split; B panels are packed by all
+        # threads together into the team's staging and shared after a barrier
+        b_lo, b_hi = 0, batch_total
+        per = b.ceil_div(mtiles, kf.nthreads)
+        lo = b.min(b.mul(kf.tid, per), mtiles)
+        hi = b.min(b.add(lo, per), mtiles)
+    else:
+        # contiguous ranges of (batch x row tiles) per thread, each packing its own panels
+        total = b.mul(batch_total, mtiles)
+        per = b.ceil_div(total, kf.nthreads)
+        lo = b.min(b.mul(kf.tid, per), total)
+        hi = b.min(b.add(lo, per), total)
+        mt_safe = b.max(mtiles, 1)
+        b_lo = b.div(lo, mt_safe)
+        b_hi = b.ceil_div(hi, mt_safe)
 
     def view(bb: Builder, src: SSAValue, elem, space, shape, off, rs, cs, rows, cols) -> SSAValue:
         op = t.ViewOp.create(operands=[src, bb.c(off), bb.c(rs), bb.c(cs), bb.c(rows), bb.c(cols)],
@@ -251,9 +260,19 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
             off = bb.add(off, bb.mul(idx, kf.size(v.strides[i])))
         return off
 
+    # k-blocks of equal size (at most KC, a multiple of the instruction's K): K = 1029 with
+    # KC = 512 runs three blocks of 344 instead of 512 + 512 + 5 (a tail that is all overhead)
+    nkb = b.max(b.ceil_div(K, KC), 1)
+    kstep = b.max(b.mul(b.ceil_div(b.ceil_div(K, nkb), kp * U), kp * U), kp * U)
+    kstep = b.min(kstep, KC)
+
     def body_batch(bb: Builder, bi: SSAValue, _c) -> None:
-        m_lo = bb.mul(bb.max(bb.sub(lo, bb.mul(bi, mtiles)), 0), MR)
-        m_hi = bb.min(bb.mul(bb.sub(hi, bb.mul(bi, mtiles)), MR), M)
+        if shared:
+            m_lo = bb.mul(lo, MR)
+            m_hi = bb.min(bb.mul(hi, MR), M)
+        else:
+            m_lo = bb.mul(bb.max(bb.sub(lo, bb.mul(bi, mtiles)), 0), MR)
+            m_hi = bb.min(bb.mul(bb.sub(hi, bb.mul(bi, mtiles)), MR), M)
         off_a = batch_offset(bb, bi, plan.a)
         off_b = batch_offset(bb, bi, plan.b)
         off_c = bb.mul(bi, bb.mul(M, N))
@@ -267,15 +286,27 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
             nc = bj.min(NC, bj.sub(N, jc))
 
             def body_pc(bp: Builder, pc: SSAValue, _c) -> None:
-                kc = bp.max(bp.min(KC, bp.sub(K, pc)), 0)
+                kc = bp.max(bp.min(kstep, bp.sub(K, pc)), 0)
                 kcp = bp.mul(bp.ceil_div(kc, kp), kp)
+                if shared:  # this thread's share of the panel's NR*W-column slivers
+                    npan = bp.ceil_div(nc, NRW)
+                    pper = bp.ceil_div(npan, kf.nthreads)
+                    p0 = bp.min(bp.mul(kf.tid, pper), npan)
+                    p1 = bp.min(bp.add(p0, pper), npan)
+                    c0 = bp.mul(p0, NRW)
+                    ncols = bp.max(bp.sub(bp.min(bp.mul(p1, NRW), nc), c0), 0)
+                    dst0 = bp.mul(c0, kcp)
+                else:
+                    c0, ncols, dst0 = 0, nc, 0
                 bsrc = view(bp, buf[plan.b.arg], in_elem, "global", (KC, NC),
-                            bp.add(off_b, bp.add(bp.mul(pc, sBk), bp.mul(jc, sBn))), sBk, sBn, kc, nc)
-                tok = t.AsyncCopyOp.create(operands=[bsrc, bpack], attributes={
+                            bp.add(off_b, bp.add(bp.mul(pc, sBk), bp.mul(bp.add(jc, c0), sBn))), sBk, sBn, kc, ncols)
+                tok = t.AsyncCopyOp.create(operands=[bsrc, bpack, bp.c(dst0)], attributes={
                     "layout": StringAttr("b_panel"), "panel": i64_attr(NRW), "kpack": i64_attr(kp)},
                     result_types=[t.TokenType()])
                 bp.op(tok)
                 bp.op(t.WaitOp.create(operands=[tok.token]))
+                if shared:
+                    bp.op(t.BarrierOp.create())  # the whole panel is packed before anyone reads it
                 first = bp.cmp("eq", pc, 0)
                 last = bp.cmp("sge", bp.add(pc, kc), K)
 
@@ -283,40 +314,61 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
                     mc = bi2.min(MC, bi2.sub(m_hi, ic))
                     asrc = view(bi2, buf[plan.a.arg], in_elem, "global", (MC, KC),
                                 bi2.add(off_a, bi2.add(bi2.mul(ic, sAm), bi2.mul(pc, sAk))), sAm, sAk, mc, kc)
-                    tok2 = t.AsyncCopyOp.create(operands=[asrc, apack], attributes={
+                    tok2 = t.AsyncCopyOp.create(operands=[asrc, apack, bi2.c(0)], attributes={
                         "layout": StringAttr("a_panel"), "panel": i64_attr(MR), "kpack": i64_attr(kp)},
                         result_types=[t.TokenType()])
                     bi2.op(tok2)
                     bi2.op(t.WaitOp.create(operands=[tok2.token]))
 
-                    def body_jr(bj2: Builder, jr: SSAValue, _c) -> None:
+                    def strip(bj2: Builder, jr, nrv: int) -> None:
                         def body_ir(br: Builder, ir: SSAValue, _c) -> None:
-                            micro_tile(br, ic, ir, jc, jr, mc, nc, kc, kcp, pc, first, last, off_c, epi_offs)
+                            micro_tile(br, ic, ir, jc, jr, mc, nc, kc, kcp, pc, first, last, off_c, epi_offs, nrv)
                         bj2.for_(0, mc, MR, body_ir)
 
-                    bi2.for_(0, nc, NRW, body_jr)
+                    # full NR*W-wide strips, then one remainder strip of the fewest vectors that cover it
+                    # (a remainder tile, not a masked full one: 513 columns do 16.03 strips of work, not 17)
+                    nfull = bi2.mul(bi2.div(nc, NRW), NRW)
+                    bi2.for_(0, nfull, NRW, lambda bj2, jr, _c: strip(bj2, jr, NR))
+                    rem = bi2.sub(nc, nfull)
+
+                    def remainder(bj2: Builder, nrv: int):
+                        if nrv == NR:
+                            strip(bj2, nfull, NR)
+                            return []
+                        bj2.if_(bj2.cmp("sle", rem, nrv * W), lambda b3: strip(b3, nfull, nrv),
+                                lambda b3: remainder(b3, nrv + 1))
+                        return []
+
+                    bi2.if_(bi2.cmp("sgt", rem, 0), lambda b3: remainder(b3, 1))
 
                 bp.for_(m_lo, m_hi, MC, body_ic)
+                if shared:
+                    bp.op(t.BarrierOp.create())  # everyone is done with the panel before it is repacked
 
             # at least one k-block, so K == 0 still writes C (zeros or C0, then the epilogue)
-            bj.for_(0, bj.max(K, 1), KC, body_pc)
+            bj.for_(0, bj.max(K, 1), kstep, body_pc)
 
         bb.for_(0, N, NC, body_jc)
 
-    def micro_tile(br: Builder, ic, ir, jc, jr, mc, nc, kc, kcp, pc, first, last, off_c, epi_offs) -> None:
+    def micro_tile(br: Builder, ic, ir, jc, jr, mc, nc, kc, kcp, pc, first, last, off_c, epi_offs,
+                   nrv: int) -> None:
+        cols = nrv * W
+        frag_a = t.fragment((MR, cols, kp), in_elem, acc_elem, "a", "col_major", rec.family)
+        frag_b = frag_a.with_role("b", "row_major")
+        frag_c = t.fragment((MR, cols, kp), acc_elem, acc_elem, "acc", "row_major", rec.family)
         row = br.add(ic, ir)
         col = br.add(jc, jr)
         vr = br.sub(mc, ir)
         vc = br.sub(nc, jr)
         c_off = br.add(off_c, br.add(br.mul(row, N), col))
-        part_view = view(br, buf[part_buf], f32, "global", (MR, NRW), c_off, N, 1, vr, vc)
+        part_view = view(br, buf[part_buf], f32, "global", (MR, cols), c_off, N, 1, vr, vc)
 
         def init_first(bf: Builder):
             if plan.c0 is not None:
                 v = plan.c0.view
                 off = bf.add(epi_offs[id(v)], bf.add(bf.mul(row, kf.size(v.strides[-2])),
                                                      bf.mul(col, kf.size(v.strides[-1]))))
-                cv = view(bf, buf[plan.c0.arg], f32, "global", (MR, NRW), off, kf.size(v.strides[-2]),
+                cv = view(bf, buf[plan.c0.arg], f32, "global", (MR, cols), off, kf.size(v.strides[-2]),
                           kf.size(v.strides[-1]), vr, vc)
                 op = t.FragmentPackOp.create(operands=[cv], result_types=[frag_c])
             else:
@@ -335,7 +387,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
 
         def step(bk: Builder, kk, acc: SSAValue) -> SSAValue:
             av = view(bk, apack, in_elem, "l2", (MR, kp), bk.add(a_base, bk.mul(kk, MR)), kp, 1, MR, kp)
-            bv = view(bk, bpack, in_elem, "l3", (kp, NRW), bk.add(b_base, bk.mul(kk, NRW)), 1, kp, kp, NRW)
+            bv = view(bk, bpack, in_elem, "team" if shared else "l3", (kp, cols), bk.add(b_base, bk.mul(kk, NRW)), 1, kp, kp, cols)
             fa = t.FragmentPackOp.create(operands=[av], result_types=[frag_a])
             fb = t.FragmentPackOp.create(operands=[bv], result_types=[frag_b])
             bk.op(fa)
@@ -346,19 +398,29 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
 
         kmain = br.mul(br.div(kcp, kp * U), kp * U)
 
-        def unrolled(bk: Builder, kk, carried):
-            acc = carried[0]
-            for u in range(U):
-                acc = step(bk, bk.add(kk, u * kp), acc)
-            return [acc]
+        # A narrow tile has too few accumulators to hide the FMA latency: it keeps two (even
+        # and odd k steps) and adds them at the end.
+        chains = 2 if U > 1 and U % 2 == 0 and MR * nrv < 8 else 1
+        accs0 = [acc0] + [br.op(t.FragmentZeroOp.create(result_types=[frag_c])).results[0]
+                          for _ in range(chains - 1)]
 
-        acc = br.for_(0, kmain, kp * U, unrolled, [acc0])[0] if U > 1 else acc0
-        acc = br.for_(kmain if U > 1 else 0, kcp, kp, lambda bk, kk, c: [step(bk, kk, c[0])], [acc])[0]
-        unpack = t.FragmentUnpackOp.create(operands=[acc], result_types=[t.tile_type(MR, NRW, f32)])
-        br.op(unpack)
+        def unrolled(bk: Builder, kk, carried):
+            accs = list(carried)
+            for u in range(U):
+                accs[u % chains] = step(bk, bk.add(kk, u * kp), accs[u % chains])
+            return accs
+
+        accs = br.for_(0, kmain, kp * U, unrolled, accs0) if U > 1 else accs0
+        accs[0] = br.for_(kmain if U > 1 else 0, kcp, kp, lambda bk, kk, c: [step(bk, kk, c[0])], [accs[0]])[0]
+        unpacked = []
+        for a_ in accs:
+            up = t.FragmentUnpackOp.create(operands=[a_], result_types=[t.tile_type(MR, cols, f32)])
+            br.op(up)
+            unpacked.append(up.result)
+        unpack = unpacked[0] if chains == 1 else elementwise(br, "add", unpacked)
 
         def finish(bf: Builder):
-            val = unpack.result
+            val = unpack
             for st in plan.epilogue:
                 if st[0] == "un":
                     val = elementwise(bf, st[1], [val])
@@ -371,7 +433,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
                     else:
                         ov = operand.view
                         r = 1 if operand.row_bcast else MR
-                        c = 1 if operand.col_bcast else NRW
+                        c = 1 if operand.col_bcast else cols
                         rs = 0 if operand.row_bcast else kf.size(ov.strides[-2])
                         cs = 0 if operand.col_bcast else kf.size(ov.strides[-1])
                         off = bf.add(epi_offs[id(ov)], bf.add(bf.mul(row, rs), bf.mul(col, cs)))
@@ -382,11 +444,11 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
                         bf.op(ld)
                         other = ld.result
                     val = elementwise(bf, fn, [val, other] if chain_lhs else [other, val])
-            out_view = view(bf, buf[out_buf], out_elem, "global", (MR, NRW), c_off, N, 1, vr, vc)
+            out_view = view(bf, buf[out_buf], out_elem, "global", (MR, cols), c_off, N, 1, vr, vc)
             bf.op(t.StoreOp.create(operands=[val, out_view]))
 
         def keep_partial(bf: Builder):
-            bf.op(t.StoreOp.create(operands=[unpack.result, part_view]))
+            bf.op(t.StoreOp.create(operands=[unpack, part_view]))
 
         br.if_(last, finish, keep_partial)
 

@@ -147,14 +147,25 @@ def load_leaf(kf: KernelFn, b: Builder, lf: Leaf, row_off, c, cols_left, chunk: 
     return ld.result
 
 
-def store_row(kf: KernelFn, b: Builder, buf_index: int, elem, value, off, cols_left, chunk: int) -> None:
+# Results of at least this many bytes are written with streaming stores (they do not fit in
+# the caches, so reading the destination lines first — what an ordinary store does — is wasted).
+STREAM_MIN_BYTES = 8 << 20
+
+
+def stream_flag(b: Builder, total_elems, elem_bytes: int = 4):
+    """An i1: true when the kernel's result is large enough to stream."""
+    return b.cmp("sge", b.c(total_elems), STREAM_MIN_BYTES // elem_bytes)
+
+
+def store_row(kf: KernelFn, b: Builder, buf_index: int, elem, value, off, cols_left, chunk: int,
+              stream=None) -> None:
     view = t.ViewOp.create(operands=[kf.buffer_args[buf_index], b.c(off), b.c(0), b.c(1), b.c(1), b.c(cols_left)],
                            result_types=[t.view_type(1, chunk, elem, "global")])
     b.op(view)
     vt = value.type
     if vt.dims != (1, chunk):  # broadcast a [1, 1] value across the chunk
         value = _widen(b, value, chunk)
-    b.op(t.StoreOp.create(operands=[value, view.result]))
+    b.op(t.StoreOp.create(operands=[value, view.result] + ([stream] if stream is not None else [])))
 
 
 def _widen(b: Builder, value, chunk: int):

@@ -16,7 +16,7 @@ thread count).
 """
 from __future__ import annotations
 
-from xdsl.dialects.builtin import Float32Type, FloatAttr, StringAttr, f32
+from xdsl.dialects.builtin import FloatAttr, StringAttr, f32
 
 from tessera.errors import ScheduleIllegalError
 from tessera.ir import graph as g
@@ -27,6 +27,7 @@ from tessera.passes.tile.kernels import rows as R
 from tessera.passes.tile.kernels.common import KernelSig, elementwise, tile_const
 
 NEG_INF = float("-inf")
+SCRATCH = 16384  # floats of per-thread scratch row (64 KiB: stays in L2)
 
 
 def _split(block):
@@ -85,11 +86,12 @@ def generate(kop: s.KernelOp):
     kf = sig.build()
     b = kf.b
     C = kf.size(dims[-1])
+    scratch = kf.alloc(b, SCRATCH, f32, "l2") if isinstance(norm, g.SoftmaxOp) else None
     nrows = 1
     for d in dims[:-1]:
         nrows = b.mul(nrows, kf.size(d))
     lo, hi = R.thread_range(kf, b, nrows)
-    out_is_f32 = isinstance(out.type.element_type, Float32Type)
+    stream = R.stream_flag(b, b.mul(nrows, C))
     eps = norm.eps.value.data if hasattr(norm, "eps") else 0.0
 
     def row(br, r, _c):
@@ -111,7 +113,7 @@ def generate(kop: s.KernelOp):
                     for v, lf in leaves.items() if v not in vec_operands and v != x}
             vals[norm.result] = yv
             R.emit_ops(bc, epilogue, vals)
-            R.store_row(kf, bc, out_buf, out.type.element_type, vals[out], bc.add(out_off, c), left, chunk)
+            R.store_row(kf, bc, out_buf, out.type.element_type, vals[out], bc.add(out_off, c), left, chunk, stream)
 
         def accumulate(kind: str, pad: float, fn):
             """Sum (or max) over the row of fn(x chunk) -> [1, 1] tile."""
@@ -128,13 +130,25 @@ def generate(kop: s.KernelOp):
 
         if isinstance(norm, g.SoftmaxOp):
             mx = accumulate("max", NEG_INF, lambda bc, xv: xv)
+            # e = exp(t - max) is kept in a per-thread scratch row (cache resident) when the row fits,
+            # so the output is written once (streamed when large); longer rows recompute e in pass 3.
+            fits = br.cmp("sle", C, SCRATCH)
+
+            def scratch_view(bc, c, left):
+                v = t.ViewOp.create(operands=[scratch, bc.c(c), bc.c(0), bc.c(1), bc.c(1), bc.c(left)],
+                                    result_types=[t.view_type(1, chunk, f32, "l2")])
+                bc.op(v)
+                return v.result
 
             def exp_sum(bc, c, carried):
                 xv, left = x_chunk(bc, c)
                 e = elementwise(bc, "exp", [elementwise(bc, "sub", [xv, mx])])
                 e = _mask(bc, e, left, 0.0)
-                if out_is_f32 and not epilogue:
-                    R.store_row(kf, bc, out_buf, out.type.element_type, e, bc.add(out_off, c), left, chunk)
+
+                def keep(bs):
+                    bs.op(t.StoreOp.create(operands=[e, scratch_view(bs, c, left)]))
+
+                bc.if_(fits, keep)
                 return [elementwise(bc, "add", [carried[0], e])]
 
             ssum = _reduce(br, "add", br.for_(0, C, chunk, exp_sum, [_splat(br, chunk, 0.0)])[0])
@@ -142,17 +156,17 @@ def generate(kop: s.KernelOp):
 
             def write(bc, c, _c2):
                 left = bc.sub(C, c)
-                if out_is_f32 and not epilogue:
-                    view = t.ViewOp.create(operands=[kf.buffer_args[out_buf], bc.c(bc.add(out_off, c)), bc.c(0),
-                                                     bc.c(1), bc.c(1), bc.c(left)],
-                                           result_types=[t.view_type(1, chunk, out.type.element_type, "global")])
-                    bc.op(view)
-                    ld = t.LoadOp.create(operands=[view.result], result_types=[t.tile_type(1, chunk, f32)])
-                    bc.op(ld)
-                    e = ld.result
-                else:
-                    xv, _ = x_chunk(bc, c)
-                    e = elementwise(bc, "exp", [elementwise(bc, "sub", [xv, mx])])
+
+                def from_scratch(bs):
+                    ld = t.LoadOp.create(operands=[scratch_view(bs, c, left)], result_types=[t.tile_type(1, chunk, f32)])
+                    bs.op(ld)
+                    return [ld.result]
+
+                def recompute(bs):
+                    xv, _ = x_chunk(bs, c)
+                    return [elementwise(bs, "exp", [elementwise(bs, "sub", [xv, mx])])]
+
+                e = bc.if_(fits, from_scratch, recompute, [t.tile_type(1, chunk, f32)])[0]
                 finish_chunk(bc, c, left, elementwise(bc, "mul", [e, inv]))
                 return []
 
@@ -185,7 +199,7 @@ def generate(kop: s.KernelOp):
         return []
 
     b.for_(lo, hi, 1, row)
-    return kf.finish(), sig.dims, 0, []
+    return kf.finish(), sig.dims, (SCRATCH * 4 if scratch is not None else 0), []
 
 
 class _Use:
