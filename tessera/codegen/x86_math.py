@@ -7,7 +7,7 @@ whole input range is measured by ``tests/test_x86_math.py`` and recorded in
 ``docs/numerics.md``.
 
   exp   Cody-Waite reduction x = n ln2 + r, degree-7 Taylor polynomial, scaling by
-        2^n in two steps (exact for subnormal results)
+        2^n with vscalefps on AVX-512 (else in two exponent steps); exact for subnormal results
   tanh  x + x^3 P(x^2) for |x| < 0.625, else sign(x) (1 - 2 / (exp(2|x|) + 1))
   erf   x P(x^2) for |x| < 1, else sign(x) (1 - erfc(|x|))
   erfc  exp(-a^2) R(1/a) with a^2 split exactly by an FMA (a >= 1)
@@ -45,9 +45,10 @@ ERFC_R2_CENTER, ERFC_R2 = 0.25, (0.1369994580745697, 0.5181360840797424, -0.1613
 class VectorMath:
     """Declares the math functions in one module on first use."""
 
-    def __init__(self, module: ir.Module, w: int):
+    def __init__(self, module: ir.Module, w: int, avx512: bool = True):
         self.m = module
         self.w = w
+        self.avx512 = avx512
         self.vt = ir.VectorType(F32, w)
         self.vi = ir.VectorType(I32, w)
         self.fns: dict[str, ir.Function] = {}
@@ -90,6 +91,20 @@ class VectorMath:
         fn = getattr(self, "_" + name)
         return b.call(self._define(name, fn), [x])
 
+    def recip(self, b: ir.IRBuilder, d) -> ir.Value:
+        """1/d: vrcp14ps and one Newton step (~2^-27 relative) on AVX-512, else a division.
+        Infinity gives 0 and zero gives infinity, as a division would."""
+        if self.w != 16 or not self.avx512:
+            return b.fdiv(self.splat(1.0), d)
+        name = "llvm.x86.avx512.rcp14.ps.512"
+        f = self.m.globals.get(name) or ir.Function(
+            self.m, ir.FunctionType(self.vt, [self.vt, self.vt, ir.IntType(16)]), name)
+        r = b.call(f, [d, self.splat(0.0), ir.Constant(ir.IntType(16), -1)])
+        nr = b.fmul(r, self.fma(b, b.fsub(self.splat(0.0), d), r, self.splat(2.0)))
+        # the Newton step turns rcp(inf) = 0 and rcp(0) = inf into NaN: keep r where it is exact
+        exact = b.or_(b.fcmp_ordered("==", r, self.splat(0.0)), b.fcmp_ordered("==", r, self.splat(float("inf"))))
+        return b.select(exact, r, nr)
+
     def _isnan(self, b, x):
         return b.fcmp_unordered("uno", x, x)
 
@@ -107,6 +122,13 @@ class VectorMath:
         r = self.fma(b, n, self.splat(-LN2_HI), xc)
         r = self.fma(b, n, self.splat(-LN2_LO), r)
         p = self.poly(b, r, [1.0, 1.0, 0.5, 1 / 6, 1 / 24, 1 / 120, 1 / 720, 1 / 5040])
+        if self.w == 16 and self.avx512:
+            # vscalefps: p * 2^n in one instruction, exact for subnormal and overflowing results
+            name = "llvm.x86.avx512.mask.scalef.ps.512"
+            f = self.m.globals.get(name) or ir.Function(self.m, ir.FunctionType(
+                self.vt, [self.vt, self.vt, self.vt, ir.IntType(16), I32]), name)
+            res = b.call(f, [p, n, self.splat(0.0), ir.Constant(ir.IntType(16), -1), ir.Constant(I32, 4)])
+            return b.select(self._isnan(b, x), x, res)
         ni = b.fptosi(n, self.vi)
         n1 = b.ashr(ni, self.isplat(1))
         n2 = b.sub(ni, n1)
@@ -120,7 +142,7 @@ class VectorMath:
         x2 = b.fmul(x, x)
         small = self.fma(b, b.fmul(x, x2), self.poly(b, x2, TANH_P), x)
         e = self.call(b, "exp", b.fmul(a, self.splat(2.0)))
-        big = b.fsub(self.splat(1.0), b.fdiv(self.splat(2.0), b.fadd(e, self.splat(1.0))))
+        big = b.fsub(self.splat(1.0), b.fmul(self.splat(2.0), self.recip(b, b.fadd(e, self.splat(1.0)))))
         big = self._copysign(b, big, x)
         return b.select(b.fcmp_ordered("<", a, self.splat(0.625)), small, big)
 
@@ -148,7 +170,7 @@ class VectorMath:
         sigmoid(y) = e / (1 + e), computed as (x * e) / (1 + e)."""
         e = self.call(b, "exp", b.fsub(self.splat(0.0), self._abs(b, y)))
         num = b.select(b.fcmp_ordered(">=", y, self.splat(0.0)), x, b.fmul(x, e))
-        res = b.fdiv(num, b.fadd(self.splat(1.0), e))
+        res = b.fmul(num, self.recip(b, b.fadd(self.splat(1.0), e)))
         return b.select(self._isnan(b, y), y, res)
 
     def _silu(self, b: ir.IRBuilder, x) -> ir.Value:
