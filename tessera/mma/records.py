@@ -39,6 +39,14 @@ class MmaRecord:
     a_layout: str = "row_major"
     b_layout: str = "col_major"
     note: str = ""
+    # how the LLVM oracle test calls the intrinsic: return type, operand types, trailing
+    # immediates (and their type), extra target features, and what the assembly must contain
+    llvm_ret: str = ""
+    llvm_args: tuple[str, ...] = ()
+    llvm_imms: tuple[int, ...] = ()
+    llvm_imm_type: str = "i32"
+    llvm_features: str = ""
+    asm_regex: str = ""
 
     @property
     def m(self) -> int:
@@ -63,7 +71,8 @@ class MmaRecord:
         return self.min_ptx
 
     def accepts(self, dtype: str) -> bool:
-        return dtype in (self.a_dtype, self.b_dtype, self.in_dtype)
+        """Inputs of ``dtype`` on both sides ("u8xs8" names mixed inputs such as VNNI's)."""
+        return dtype == self.in_dtype
 
     def to_dict(self) -> dict:
         return {

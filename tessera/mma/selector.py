@@ -77,7 +77,10 @@ def _flops(r: MmaRecord) -> int:
 
 
 def _check_dtype(isa: MmaIsa, dtype: str, what: str = "dtype") -> None:
-    if dtype not in KNOWN_DTYPES:
+    """A known dtype name, or "AxB" for mixed inputs (u8xs8)."""
+    if dtype in KNOWN_DTYPES:
+        return
+    if not all(part in KNOWN_DTYPES for part in dtype.split("x", 1)):
         raise MmaSelectorError(f"unknown {what} {dtype!r}; known dtypes: {', '.join(KNOWN_DTYPES)}")
 
 
@@ -135,8 +138,18 @@ class MmaSelection:
 
 
 def select_mma(isa: MmaIsa, dtype: str, *, out_dtype: str | None = None, math_mode: str | None = None,
-               prefer_shape: tuple[int, int, int] | None = None) -> MmaSelection:
+               prefer_shape: tuple[int, int, int] | None = None, wave: int | None = None) -> MmaSelection:
     ranked = rank_shapes_by_footprint(isa, dtype, out_dtype)
+    if isa.target == "rocm":
+        # the wave size comes from the arch (RDNA: wave32, CDNA: wave64), never a default
+        if wave is None:
+            wave = isa.wave_sizes[0]
+        if wave not in isa.wave_sizes:
+            raise MmaSelectorError(f"rocm:{isa.arch} runs wave{'/wave'.join(map(str, isa.wave_sizes))} only; "
+                                   f"wave{wave} is not legal there")
+        ranked = [r for r in ranked if r.lanes == wave]
+        if not ranked:
+            raise MmaSelectorError(f"rocm:{isa.arch}: no {dtype} matrix instruction runs in wave{wave}")
     modes = sorted({r.math_mode for r in ranked if r.math_mode})
     if math_mode is None:
         plain = [r for r in ranked if r.math_mode is None]

@@ -38,6 +38,31 @@ def _bench(args) -> int:
     return bench_cpu.main(args)
 
 
+def _mma(args) -> int:
+    from tessera.mma.selector import (accumulator_regs_per_lane, all_records, get_isa, rank_shapes_by_footprint,
+                                      ranked_register_tiles, select_mma)
+    if args.list:
+        for r in all_records():
+            print(f"{r.id:45} {'x'.join(map(str, r.shape)):10} {r.a_dtype:>10}->{r.acc_dtype:<4} "
+                  f"{r.mnemonic:50} {r.lowered_by or 'no lowering yet'}")
+        return 0
+    isa = get_isa(args.target, args.arch)
+    print(f"{isa.target}:{isa.arch}  register budget {isa.register_budget}"
+          + (f"  waves {isa.wave_sizes}" if isa.wave_sizes else ""))
+    print("candidates (cheapest first):")
+    for r in rank_shapes_by_footprint(isa, args.dtype, args.out_dtype):
+        fp = accumulator_regs_per_lane(r)
+        print(f"  {r.id:45} {'x'.join(map(str, r.shape)):10} regs/lane {'-' if fp is None else f'{fp:g}':>4}  "
+              f"{r.math_mode or '':5} {r.lowered_by or 'no lowering yet'}")
+    sel = select_mma(isa, args.dtype, out_dtype=args.out_dtype, math_mode=args.math_mode, wave=args.wave)
+    print(f"selected: {sel.record.id} ({sel.record.mnemonic}); lowered by {sel.lowered_by or 'nothing yet'}")
+    if isa.target == "x86" and sel.record.vector_width:
+        print("register tiles (best first):")
+        for t in ranked_register_tiles(isa, sel)[:6]:
+            print(f"  {t.mr}x{t.nr}  {t.registers:2} registers  {t.score:6.1f} GFLOP/s ({t.source})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="tessera")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -55,6 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     bt.add_argument("--dtype", default="f32")
     bt.add_argument("--quick", action="store_true", help="cpu: fewer repeats and sizes")
     bt.set_defaults(func=_bench)
+    mm = sub.add_parser("mma", help="the MMA selector: ranked candidates and the selection, or the whole table")
+    mm.add_argument("--target", default="x86")
+    mm.add_argument("--arch", default=None)
+    mm.add_argument("--dtype", default="f32")
+    mm.add_argument("--out-dtype", default=None)
+    mm.add_argument("--math-mode", default=None)
+    mm.add_argument("--wave", type=int, default=None, help="rocm: wave size (default: the arch's own)")
+    mm.add_argument("--list", action="store_true")
+    mm.set_defaults(func=_mma)
     args = ap.parse_args(argv)
     try:
         return args.func(args)

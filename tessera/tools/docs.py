@@ -24,6 +24,38 @@ def errors_md() -> str:
     return "".join(out)
 
 
+def mma_md() -> str:
+    from tessera.mma.selector import accumulator_regs_per_lane, all_records
+    out = [HEADER.format(cmd="tessera docs mma --write"), "# Matrix instructions (the selector's table)\n\n",
+           "One record per real instruction; `select_mma` and `register_tile` choose from these and nothing else. "
+           "`lowered by` names the pass that implements the record in a pipeline, or says *no lowering yet* "
+           "(a compile that would need it is refused with `MMA_NO_LOWERING`).  Every record is compiled for each "
+           "of its archs by LLVM (and PTX by ptxas) in `tests/test_mma_oracle.py`.\n\n"]
+    recs = all_records()
+    by_target: dict[str, list] = {}
+    for r in recs:
+        by_target.setdefault(r.target, []).append(r)
+    out.append("| target | records | lowered |\n|---|---:|---:|\n")
+    for t, rs in by_target.items():
+        out.append(f"| {t} | {len(rs)} | {sum(1 for r in rs if r.lowered_by)} |\n")
+    for t, rs in by_target.items():
+        out.append(f"\n## {t}\n\n| id | shape | a x b -> acc | mode | lanes | regs/lane | archs / features | "
+                   "mnemonic | implemented by | lowered by |\n|---|---|---|---|---:|---:|---|---|---|---|\n")
+        for r in rs:
+            fp = accumulator_regs_per_lane(r)
+            where = ", ".join(sorted(r.archs)) if r.archs else "+" + " +".join(r.features)
+            if r.family == "wgmma" and r.shape[1] not in (8, 64, 128, 256):
+                continue  # wgmma: every N = 8..256 step 8 is a record; the table shows four
+            out.append(f"| `{r.id}` | {'x'.join(map(str, r.shape))} | {r.a_dtype} x {r.b_dtype} -> {r.acc_dtype} | "
+                       f"{r.math_mode or ''} | {r.lanes or (r.vector_width or '-')} | "
+                       f"{'-' if fp is None else f'{fp:g}'} | {where} | `{r.mnemonic}` | `{r.intrinsic}` | "
+                       f"{r.lowered_by or '*no lowering yet*'} |\n")
+        if t == "nvidia":
+            out.append("\n(wgmma rows shown for N = 8, 64, 128, 256; the table holds every N from 8 to 256 in steps "
+                       "of 8 for f16, bf16, e4m3 and e5m2.)\n")
+    return "".join(out)
+
+
 def _numerics_md() -> str:
     from tessera.tools.numerics import numerics_md
     return numerics_md()
@@ -32,6 +64,7 @@ def _numerics_md() -> str:
 GENERATORS: dict[str, tuple[str, Callable[[], str]]] = {
     "errors": ("docs/errors.md", errors_md),
     "numerics": ("docs/numerics.md", _numerics_md),
+    "mma": ("docs/mma.md", mma_md),
 }
 
 

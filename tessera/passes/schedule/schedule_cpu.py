@@ -131,6 +131,7 @@ class ScheduleCpu(TesseraPass):
         rt = register_tile(isa, sel, prefer_tile=tuple(self.register_tile) if self.register_tile else None)
         kp = sel.record.k
         esize = 2 if dtype in ("bf16", "f16") else 4
+        w = sel.record.vector_width or w
         nrw = rt.nr * w
         caches = host.cache_sizes()
         # KC: the B micro-panel (KC x NR*W) is streamed from L2 for every row tile and its k-loop is
@@ -146,6 +147,7 @@ class ScheduleCpu(TesseraPass):
                                            f"(register tile {rt.mr}x{rt.nr} of {sel.record.id}, {w} lanes)")
         if self.unroll < 1:
             raise ScheduleIllegalError(f"kernel {name}: unroll must be >= 1")
-        return {"loops": str_array(["b", "m", "n", "k"]), "tiles": int_array([1, mc, nc, kc]),
+        return {"vector": i64_attr(sel.record.vector_width or w),
+                "loops": str_array(["b", "m", "n", "k"]), "tiles": int_array([1, mc, nc, kc]),
                 "order": str_array(["b", "n", "k", "m"]), "mma": StringAttr(sel.record.id),
                 "register_tile": int_array([rt.mr, rt.nr]), "unroll": i64_attr(self.unroll)}

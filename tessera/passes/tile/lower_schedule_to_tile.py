@@ -63,6 +63,8 @@ class LowerScheduleToTile(TesseraPass):
                 if not isinstance(kop, s.KernelOp):
                     continue
                 kfn, dims, workspace, extra = generate(kop)
+                # the vector width the kernel's tiles are laid out for (the target lowering maps them)
+                kfn.attributes["vector"] = kop.vector
                 module.body.block.add_op(kfn)
                 launch = t.LaunchOp.create(
                     operands=list(kop.inputs), result_types=[r.type for r in kop.outputs] + list(extra),

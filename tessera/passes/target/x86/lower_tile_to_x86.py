@@ -786,7 +786,11 @@ class LowerTileToX86(TesseraPass):
             if not isinstance(op, func.FuncOp):
                 continue
             if _is_kernel(op):
-                new = lower_kernel(op, w, isa.features)
+                kw = ival(op.attributes["vector"]) if "vector" in op.attributes else w
+                if kw > w or w % kw:
+                    raise PassFailedError(f"lower-tile-to-x86: kernel @{op.sym_name.data} is laid out for {kw}-lane "
+                                          f"vectors; {self.arch} has {w}")
+                new = lower_kernel(op, kw, isa.features)
                 module.body.block.insert_op_before(new, op)
                 op.detach()
                 op.erase()
