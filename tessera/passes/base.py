@@ -21,7 +21,7 @@ KINDS = ("graph-transform", "layer-boundary", "target-lowering", "schedule-trans
 class TesseraPass(ModulePass):
     name: ClassVar[str] = ""
     kind: ClassVar[str] = "graph-transform"
-    consumes: ClassVar[tuple[str, ...]] = ()
+    consumes: ClassVar[tuple[str, ...]] = ()   # op names or fnmatch patterns ("tessera.*")
     produces: ClassVar[tuple[str, ...]] = ()
     summary: ClassVar[str] = ""
 

@@ -29,6 +29,8 @@ class NamedPipeline:
     expand: Callable[[dict], str]
     production: bool = True
     target: str | None = None
+    example_arch: str | None = None          # the arch the lane map compiles with (machine independent)
+    translation: tuple[str, ...] = ()        # dialects the translation after the last pass accepts
 
 
 NAMED: dict[str, NamedPipeline] = {}
@@ -52,12 +54,21 @@ def _fmt(v) -> str:
     return ",".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
 
 
+ENTRY_LAYERS = ("graph", "schedule", "tile", "target")
+
+
 def _cpu(o: dict) -> str:
+    entry = o.get("input") or "graph"
+    if entry not in ENTRY_LAYERS:
+        from tessera.errors import PipelineOptionType
+        raise PipelineOptionType(f"pass 'tessera-cpu': option 'input' is one of {', '.join(ENTRY_LAYERS)}, "
+                                 f"not {entry!r}")
     pins = " ".join(f"{k}={_fmt(o[k.replace('-', '_')])}" for k in SCHEDULE_PINS
                     if o.get(k.replace("-", "_")) not in (None, 0, "", ()))
     sched = f"schedule-cpu{{arch={o['arch']}{' ' + pins if pins else ''}}}"
     threads = o.get("threads") or 0
-    return f"{GRAPH_PASSES},{sched},lower-schedule-to-tile,lower-tile-to-x86{{arch={o['arch']} threads={threads}}}"
+    stages = [GRAPH_PASSES + "," + sched, "lower-schedule-to-tile", f"lower-tile-to-x86{{arch={o['arch']} threads={threads}}}"]
+    return ",".join(stages[ENTRY_LAYERS.index(entry):])
 
 
 _named(NamedPipeline(
@@ -70,8 +81,7 @@ _named(NamedPipeline(
      _opt("mma-shape", tuple[int, ...], False, (), "instruction shape M,N,K to prefer"),
      _opt("parallel", str, False, "", "parallel loop: m (gemm) / r (others) / none"),
      _opt("unroll", int, False, 0, "gemm k-loop unroll"),
-     _opt("chunk", int, False, 0, "columns per step of row kernels")],
-    _cpu, target="x86"))
-
-_named(NamedPipeline(
-    "graph-canonical", "Graph IR clean-up only (no lowering)", [], lambda o: "canonicalize", production=False))
+     _opt("chunk", int, False, 0, "columns per step of row kernels"),
+     _opt("input", str, False, "graph", "the layer the input is at: graph, schedule, tile or target")],
+    _cpu, target="x86", example_arch="avx512_bf16",
+    translation=("tessera_x86", "arith", "scf", "func", "builtin")))

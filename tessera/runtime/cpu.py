@@ -31,7 +31,7 @@ from xdsl.dialects.builtin import (
 
 from tessera import host
 from tessera.runtime import memory
-from tessera.errors import ArgumentError, OutOfMemoryError, ShapeMismatchError
+from tessera.errors import ArgumentError, LaneUnavailableError, OutOfMemoryError, ShapeMismatchError
 from tessera.ir import dims as D
 from tessera.ir import graph as g
 from tessera.ir.attrs import ival, strs
@@ -254,7 +254,10 @@ class CpuExecutable:
                 vals[o] = a
             ptrs = [vals[i].ctypes.data for i in s.args] + [a.ctypes.data for a in outs]
             nthreads = self.threads_for(s, env, sizes)
-            fn = self.fns[s.kernel]
+            fn = self.fns.get(s.kernel)
+            if fn is None:  # never substitute another lane: the call fails
+                raise LaneUnavailableError(f"compiled kernel {s.kernel} is not loaded; the cpu-x86 lane cannot run "
+                                           "this program")
             if any(a.size == 0 for a in outs):
                 continue
             team = self._team_buffer(s.team)

@@ -38,6 +38,17 @@ def _bench(args) -> int:
     return bench_cpu.main(args)
 
 
+def _lanes(args) -> int:
+    from tessera.tools import docs, lanes
+    if args.write:
+        print(f"wrote {docs.write('lanes', ROOT)}")
+        return 0
+    sm = lanes.static_map()
+    runs = lanes.run_map() if args.run else None
+    print(lanes.render_md(sm, runs) if args.markdown else lanes.render_text(sm, runs))
+    return 1 if lanes.gate_violations(sm, runs) else 0
+
+
 def _mma(args) -> int:
     from tessera.mma.selector import (accumulator_regs_per_lane, all_records, get_isa, rank_shapes_by_footprint,
                                       ranked_register_tiles, select_mma)
@@ -89,6 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     mm.add_argument("--wave", type=int, default=None, help="rocm: wave size (default: the arch's own)")
     mm.add_argument("--list", action="store_true")
     mm.set_defaults(func=_mma)
+    ln = sub.add_parser("lanes", help="the lane map: pipelines, passes, op producers/consumers, gates")
+    ln.add_argument("--run", action="store_true", help="also compile the examples/ corpus through every pipeline")
+    ln.add_argument("--markdown", action="store_true")
+    ln.add_argument("--write", action="store_true", help="write docs/lanes.md (implies --run --markdown)")
+    ln.set_defaults(func=_lanes)
     args = ap.parse_args(argv)
     try:
         return args.func(args)

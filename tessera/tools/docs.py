@@ -56,6 +56,11 @@ def mma_md() -> str:
     return "".join(out)
 
 
+def _lanes_md() -> str:
+    from tessera.tools.lanes import lanes_md
+    return lanes_md()
+
+
 def _numerics_md() -> str:
     from tessera.tools.numerics import numerics_md
     return numerics_md()
@@ -65,6 +70,7 @@ GENERATORS: dict[str, tuple[str, Callable[[], str]]] = {
     "errors": ("docs/errors.md", errors_md),
     "numerics": ("docs/numerics.md", _numerics_md),
     "mma": ("docs/mma.md", mma_md),
+    "lanes": ("docs/lanes.md", _lanes_md),
 }
 
 

@@ -117,8 +117,9 @@ class Canonicalize(TesseraPass):
 
     name = "canonicalize"
     kind = "graph-transform"
-    consumes = ()
-    produces = ()
+    consumes = ("tessera.*",)
+    produces = ("tessera.transpose", "tessera.softmax", "tessera.reshape", "tessera.reduce_sum", "tessera.reduce_max",
+                "tessera.reduce_mean")
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for f in op.walk():

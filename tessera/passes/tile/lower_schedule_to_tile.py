@@ -50,10 +50,10 @@ class LowerScheduleToTile(TesseraPass):
 
     name = "lower-schedule-to-tile"
     kind = "layer-boundary"
-    consumes = ("schedule.kernel",)
-    produces = ("func.func", "tile.launch", "tile.alloc", "tile.view", "tile.async_copy", "tile.wait",
+    consumes = ("schedule.kernel", "tessera.*")
+    produces = ("func.func", "tile.launch", "tile.alloc", "tile.view", "tile.async_copy", "tile.wait", "tile.barrier",
                 "tile.fragment_zero", "tile.fragment_pack", "tile.mma", "tile.fragment_unpack", "tile.load",
-                "tile.store", "tile.constant", "tile.elementwise", "tile.reduce")
+                "tile.store", "tile.constant", "tile.splat_index", "tile.elementwise", "tile.mask", "tile.reduce")
 
     def apply(self, ctx: Context, module: ModuleOp) -> None:
         for fn in list(module.body.block.ops):

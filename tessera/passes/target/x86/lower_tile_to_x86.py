@@ -766,7 +766,7 @@ class LowerTileToX86(TesseraPass):
                 "tile.fragment_pack", "tile.mma", "tile.fragment_unpack", "tile.load", "tile.store",
                 "tile.constant", "tile.splat_index", "tile.elementwise", "tile.mask", "tile.reduce", "tile.launch")
     produces = ("tessera_x86.vzero", "tessera_x86.vconstant", "tessera_x86.vbroadcast", "tessera_x86.vload",
-                "tessera_x86.vstore", "tessera_x86.load", "tessera_x86.store", "tessera_x86.vfma",
+                "tessera_x86.vstore", "tessera_x86.load", "tessera_x86.store", "tessera_x86.vfma", "tessera_x86.vsplat",
                 "tessera_x86.vdpbf16ps", "tessera_x86.vbinary", "tessera_x86.vunary", "tessera_x86.vreduce",
                 "tessera_x86.vcvt", "tessera_x86.vinterleave", "tessera_x86.vtranspose", "tessera_x86.vlaneselect", "tessera_x86.aligned",
                 "tessera_x86.sfence", "tessera_x86.barrier",
