@@ -13,7 +13,9 @@ float16 = np.dtype(np.float16)
 bfloat16 = np.dtype(ml_dtypes.bfloat16)
 float64 = np.dtype(np.float64)
 
-_BY_NAME = {"f32": float32, "f16": float16, "bf16": bfloat16, "f64": float64}
+bool_ = np.dtype(np.bool_)
+
+_BY_NAME = {"f32": float32, "f16": float16, "bf16": bfloat16, "f64": float64, "bool": bool_}
 _NAME = {v: k for k, v in _BY_NAME.items()}
 SUPPORTED = tuple(_BY_NAME)
 
@@ -37,6 +39,8 @@ def name(d) -> str:
 
 def ir_type(d) -> Attribute:
     dt = as_dtype(d)
+    if dt == bool_:
+        return IntegerType(1)
     return {float32: Float32Type(), float16: Float16Type(), bfloat16: BFloat16Type(), float64: Float64Type()}[dt]
 
 
@@ -46,5 +50,5 @@ def from_ir(t: Attribute) -> np.dtype:
         if isinstance(t, cls):
             return dt
     if isinstance(t, IntegerType):
-        return np.dtype(f"int{t.width.data}")
+        return bool_ if t.width.data == 1 else np.dtype(f"int{t.width.data}")
     raise DtypeError(f"no numpy dtype for IR type {t}")

@@ -77,6 +77,26 @@ class GraphShapeError(GraphVerifyError):
     code = "GRAPH_SHAPE"
 
 
+class AttentionHeadDimError(GraphShapeError):
+    """Attention: q and k head dimensions differ (or v's sequence differs from k's)."""
+    code = "ATTENTION_HEAD_DIM"
+
+
+class AttentionSeqError(GraphShapeError):
+    """Attention: k and v have different sequence lengths (or batch)."""
+    code = "ATTENTION_SEQ"
+
+
+class AttentionHeadsError(GraphShapeError):
+    """Attention: the number of query heads is not a multiple of the key/value heads."""
+    code = "ATTENTION_HEADS"
+
+
+class AttentionMaskError(GraphShapeError):
+    """Attention: the mask does not broadcast to [batch, heads, seq_q, seq_k] or has an unsupported dtype."""
+    code = "ATTENTION_MASK"
+
+
 class GraphDtypeError(GraphVerifyError):
     """Operand or result element types are not allowed for the op, or disagree."""
     code = "GRAPH_DTYPE"

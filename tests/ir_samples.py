@@ -90,6 +90,12 @@ SAMPLES: dict[str, str] = {
     "tessera.constant": _fn("", "  %r = tessera.constant {value = dense<5.000000e-01> : tensor<f32>} : "
                                 "!tessera.tensor<[], f32>\n  func.return %r : !tessera.tensor<[], f32>",
                             "!tessera.tensor<[], f32>"),
+    "tessera.attention": _fn("%q : !tessera.tensor<[B, H, S, D], f32>, %k : !tessera.tensor<[B, H, T, D], f32>, "
+                             "%v : !tessera.tensor<[B, H, T, E], f32>, %m : !tessera.tensor<[S, T], i1>",
+                             "  %r = tessera.attention %q, %k, %v mask %m : !tessera.tensor<[S, T], i1> {causal = true, "
+                             "masked_rows = \"zero\"} : !tessera.tensor<[B, H, S, D], f32>, !tessera.tensor<[B, H, T, D], "
+                             "f32>, !tessera.tensor<[B, H, T, E], f32> -> !tessera.tensor<[B, H, S, E], f32>\n"
+                             "  func.return %r : !tessera.tensor<[B, H, S, E], f32>", "!tessera.tensor<[B, H, S, E], f32>"),
     "tessera.fusion": _fn(f"%x : {Y}", f"""  %r = tessera.fusion "elementwise" (%x) : ({Y}) -> {Y} {{
   ^bb0(%a : {Y}):
     %e = tessera.exp %a : ({Y}) -> {Y}

@@ -245,6 +245,12 @@ class _Fn:
     def op_arith_sitofp(self, op):
         self.set(op, self.b.sitofp(self.v(op.input), llvm_type(op.result.type)))
 
+    def op_arith_extf(self, op):
+        self.set(op, self.b.fpext(self.v(op.input), llvm_type(op.result.type)))
+
+    def op_arith_truncf(self, op):
+        self.set(op, self.b.fptrunc(self.v(op.input), llvm_type(op.result.type)))
+
     def op_arith_select(self, op):
         self.set(op, self.b.select(self.v(op.cond), self.v(op.lhs), self.v(op.rhs)))
 
@@ -403,6 +409,12 @@ class _Fn:
             r = b.fmul(a, c)
         elif fn == "div":
             r = b.fdiv(a, c)
+        elif fn == "safe_div":
+            zero = ir.Constant(a.type, None)
+            r = b.select(b.fcmp_ordered("==", c, zero), zero, b.fdiv(a, c))
+        elif fn == "mask_select":
+            ninf = ir.Constant(a.type, [ir.Constant(a.type.element, float("-inf"))] * a.type.count)
+            r = b.select(b.fcmp_unordered("!=", c, ir.Constant(a.type, None)), a, ninf)
         else:  # max / min propagate NaN like numpy.maximum / numpy.minimum
             name = "maximum" if fn == "max" else "minimum"
             f = self.gen.intrinsic(f"llvm.{name}.{self._vec_suffix(a.type)}", a.type, [a.type, a.type])
@@ -427,6 +439,10 @@ class _Fn:
             r = b.fdiv(one, b.call(self.gen.intrinsic(f"llvm.sqrt.{self._vec_suffix(vt)}", vt, [vt]), [a]))
         elif fn == "recip":
             r = b.fdiv(one, a)
+        elif fn == "finite_or_zero":
+            fabs = b.call(self.gen.intrinsic(f"llvm.fabs.{self._vec_suffix(vt)}", vt, [vt]), [a])
+            inf = ir.Constant(vt, [ir.Constant(vt.element, float("inf"))] * vt.count)
+            r = b.select(b.fcmp_ordered("<", fabs, inf), a, ir.Constant(vt, None))
         elif fn == "relu":
             f = self.gen.intrinsic(f"llvm.maximum.{self._vec_suffix(vt)}", vt, [vt, vt])
             r = b.call(f, [a, ir.Constant(vt, None)])
@@ -463,7 +479,9 @@ class _Fn:
     def op_tessera_x86_vcvt(self, op):
         src, dst = llvm_type(op.input.type), llvm_type(op.result.type)
         a = self.v(op.input)
-        if isinstance(dst.element, ir.FloatType) and not isinstance(src.element, ir.FloatType):
+        if isinstance(src.element, ir.IntType):
+            self.set(op, self.b.uitofp(a, dst))  # bool masks (one byte each) -> 0.0 / 1.0
+        elif isinstance(dst.element, ir.FloatType) and not isinstance(src.element, ir.FloatType):
             self.set(op, self.b.fpext(a, dst))
         else:
             self.set(op, self.b.fptrunc(a, dst))

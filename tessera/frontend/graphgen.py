@@ -160,6 +160,9 @@ def _build(graph: TraceGraph, static: frozenset[tuple[int, int]]) -> GraphIR:
     for a in graph.args:
         dims[id(a)] = [size if size == 1 or (a.index, axis) in static else f"d{a.index}_{axis}"
                        for axis, size in enumerate(a.shape)]
+        syms = {dims[id(a)][ax] for ax in a.observed if isinstance(dims[id(a)][ax], str)}
+        if syms:
+            raise Specialize(syms)
     try:
         _infer(graph, uf, dims)
     except Specialize as sp:  # widen to every argument symbol unified with the named ones
@@ -189,6 +192,24 @@ def _infer(graph: TraceGraph, uf: _UF, dims: dict) -> None:
             d = [ins[0][p] for p in n.attrs["perm"]]
         elif op == "reshape":
             d = _reshape_dims(ins[0], n.inputs[0].shape, n.shape)
+        elif op == "attention":
+            q, k, v = ins[:3]
+            _unify(uf, q[0], k[0])
+            for a, c in zip(k[:3], v[:3]):
+                _unify(uf, a, c)
+            _unify(uf, q[3], k[3])
+            # grouped heads need their ratio to divide: keep both head counts static
+            need = []
+            if q[1] != k[1] and n.inputs[0].shape[1] != n.inputs[1].shape[1]:
+                need += [x for x in (q[1], k[1]) if not isinstance(x, int)]
+            elif n.inputs[0].shape[1] == n.inputs[1].shape[1]:
+                _unify(uf, q[1], k[1])
+            if need:
+                raise Specialize({s for x in need for s in D.symbols(x)})
+            if n.attrs["mask"]:  # the mask broadcasts to [batch, heads_q, seq_q, seq_k]
+                scores = _Shape(n.shape[:3] + (n.inputs[1].shape[2],))
+                _broadcast(uf, n.inputs[3], scores, ins[3], [q[0], q[1], q[2], k[2]])
+            d = [q[0], q[1], q[2], v[3]]
         elif op in ("layer_norm", "rms_norm"):
             d = list(ins[0])
             for v in ins[1:]:
@@ -196,6 +217,10 @@ def _infer(graph: TraceGraph, uf: _UF, dims: dict) -> None:
         else:  # unary, softmax, cast
             d = list(ins[0])
         dims[id(n)] = d
+        if n.observed:  # user code read these sizes (they may have become constants): specialise them
+            syms = {s for ax in n.observed for s in D.symbols(d[ax])}
+            if syms:
+                raise Specialize(syms)
 
 
 def _emit(graph: TraceGraph, uf: _UF, dims: dict, static) -> GraphIR:
@@ -251,6 +276,12 @@ def _make_op(n: Node, operands, T):
                                       "keepdims": BoolAttr(n.attrs["keepdims"], i1)})
     if n.op == "transpose":
         return g.TransposeOp.create(operands=operands, result_types=[T], attributes={"perm": int_array(n.attrs["perm"])})
+    if n.op == "attention":
+        groups = [[operands[0]], [operands[1]], [operands[2]], [operands[3]] if n.attrs["mask"] else []]
+        attrs = {"causal": BoolAttr(n.attrs["causal"], i1), "masked_rows": StringAttr(n.attrs["masked_rows"])}
+        if n.attrs["scale"] is not None:  # none: 1/sqrt(head dim), computed from the runtime size
+            attrs["scale"] = FloatAttr(n.attrs["scale"], f64)
+        return g.AttentionOp(operands=groups, result_types=[T], attributes=attrs)
     if n.op == "constant":
         et = dt.ir_type(n.dtype)
         val = DenseIntOrFPElementsAttr.from_list(BuiltinTensor(et, []), [n.value])

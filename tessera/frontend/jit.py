@@ -70,7 +70,7 @@ class JitFunction:
             if isinstance(a, np.ndarray) or hasattr(a, "__array_interface__"):
                 a = np.asarray(a)
                 try:
-                    dt.as_dtype(a.dtype)
+                    dt.as_dtype(a.dtype)  # float dtypes, and bool (attention masks)
                 except DtypeError:
                     raise DtypeError(f"argument {i} of {self.name}: dtype {a.dtype} is not supported "
                                      f"(supported: {', '.join(dt.SUPPORTED)})") from None

@@ -241,6 +241,50 @@ def matmul(a, b, out_dtype=None) -> Tensor:
     return y
 
 
-__all__ = ["add", "sub", "mul", "div", "maximum", "neg", "exp", "tanh", "erf", "relu", "silu", "sqrt", "gelu", "softmax",
+def attention(q, k, v, *, causal: bool = False, scale: float | None = None, mask=None) -> Tensor:
+    """Scaled dot-product attention on [batch, heads, seq, dim] tensors.
+
+    ``softmax(q @ k^T * scale + mask) @ v`` with f32 accumulation; ``scale`` defaults to
+    1/sqrt(dim).  Grouped-query: k/v may have fewer heads (query head h reads kv head
+    h // (heads_q // heads_kv)).  ``mask``: bool (True = attend) or additive float,
+    broadcastable to [batch, heads, seq_q, seq_k].  ``causal``: key j is masked for query i
+    when j > i (top-left alignment, like torch's ``scaled_dot_product_attention(is_causal=True)``
+    when seq_q != seq_k).  A query row whose every key is masked returns zeros."""
+    from tessera.errors import AttentionHeadDimError, AttentionHeadsError, AttentionMaskError, AttentionSeqError
+    q, k, v = _t(q, "attention"), _t(k, "attention"), _t(v, "attention")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.ndim != 4:
+            raise _err(RankMismatchError, f"attention: {name} must be [batch, heads, seq, dim], got shape {t.shape}")
+    require_float(q, "attention")
+    same_dtype(q, k, "attention")
+    same_dtype(q, v, "attention")
+    (b, h, sq, d), (bk, hk, sk, dk), (bv, hv, sv, dv) = q.shape, k.shape, v.shape
+    if d != dk:
+        raise _err(AttentionHeadDimError, f"attention: q head dim {d} differs from k head dim {dk}")
+    if (bk, hk, sk) != (bv, hv, sv):
+        raise _err(AttentionSeqError, f"attention: k {k.shape} and v {v.shape} differ in batch, heads or sequence")
+    if b != bk:
+        raise _err(AttentionSeqError, f"attention: batch of q ({b}) and k ({bk}) differ")
+    if hk == 0 or h % hk:
+        raise _err(AttentionHeadsError, f"attention: {h} query heads are not a multiple of {hk} key/value heads")
+    inputs = [q._node, k._node, v._node]
+    if mask is not None:
+        mask = _t(mask, "attention mask")
+        if mask.dtype != dt.bool_ and mask.dtype != q.dtype:
+            raise _err(AttentionMaskError, f"attention: mask dtype {mask.dtype}; use bool or {q.dtype}")
+        try:
+            out = broadcast_shapes(mask.shape, (b, h, sq, sk), "attention mask")
+        except ShapeMismatchError:
+            raise _err(AttentionMaskError, f"attention: mask {mask.shape} does not broadcast to {(b, h, sq, sk)}") \
+                from None
+        if out != (b, h, sq, sk) or mask.ndim > 4:
+            raise _err(AttentionMaskError, f"attention: mask {mask.shape} does not broadcast to {(b, h, sq, sk)}")
+        inputs.append(mask._node)
+    s = float(scale) if scale is not None else None  # None: 1/sqrt(head dim), from the size at run time
+    return add_node("attention", inputs, {"causal": bool(causal), "scale": s, "masked_rows": "zero",
+                                          "mask": mask is not None}, (b, h, sq, dv), q.dtype)
+
+
+__all__ = ["attention", "add", "sub", "mul", "div", "maximum", "neg", "exp", "tanh", "erf", "relu", "silu", "sqrt", "gelu", "softmax",
            "layer_norm", "rms_norm", "reduce_sum", "reduce_max", "reduce_mean", "transpose", "reshape", "cast",
            "matmul", "np"]

@@ -19,10 +19,37 @@ def _erf64(x: np.ndarray) -> np.ndarray:
     return _erf(x).astype(np.float64)
 
 
+def attention64(q, k, v, mask, scale, causal, masked_rows="zero"):
+    """float64 scaled dot-product attention with Tessera's semantics (the oracle the tests use)."""
+    hq, hk = q.shape[1], k.shape[1]
+    if hq != hk:
+        k = np.repeat(k, hq // hk, axis=1)
+        v = np.repeat(v, hq // hk, axis=1)
+    s = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
+    sq, sk = s.shape[-2:]
+    allowed = np.ones(s.shape, bool)
+    if causal:
+        allowed &= np.tril(np.ones((sq, sk), bool))
+    if mask is not None:
+        if mask.dtype == np.bool_:
+            allowed &= np.broadcast_to(mask, s.shape)
+        else:
+            s = s + mask
+    s = np.where(allowed, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        e = np.exp(s - np.where(np.isfinite(m), m, 0))
+        out = np.matmul(e, v) / e.sum(-1, keepdims=True)
+    dead = ~np.isfinite(m[..., 0]) | (e.sum(-1) == 0)
+    out[dead] = 0.0 if masked_rows == "zero" else np.nan
+    return out
+
+
 def evaluate(graph: TraceGraph, arrays: list[np.ndarray]) -> list[np.ndarray]:
     vals: dict[int, np.ndarray] = {}
     for a in graph.args:
-        vals[id(a)] = np.asarray(arrays[a.index], dtype=np.float64)
+        arr = np.asarray(arrays[a.index])
+        vals[id(a)] = arr if arr.dtype == np.bool_ else arr.astype(np.float64)
     for n in graph.nodes:
         x = [vals[id(i)] for i in n.inputs]
         op = n.op
@@ -73,6 +100,10 @@ def evaluate(graph: TraceGraph, arrays: list[np.ndarray]) -> list[np.ndarray]:
             r = np.transpose(x[0], n.attrs["perm"])
         elif op == "reshape":
             r = np.reshape(x[0], n.shape)
+        elif op == "attention":
+            sc = n.attrs["scale"] if n.attrs["scale"] is not None else 1 / math.sqrt(max(x[0].shape[-1], 1))
+            r = attention64(x[0], x[1], x[2], x[3] if n.attrs["mask"] else None, sc,
+                            n.attrs["causal"], n.attrs["masked_rows"])
         elif op == "cast":
             r = x[0].astype(n.dtype).astype(np.float64)
         else:

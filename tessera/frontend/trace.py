@@ -31,6 +31,12 @@ _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _state = threading.local()
 
 
+def _from_user_code() -> bool:
+    """Whether the caller two frames up (the one reading a size) is user code, not Tessera."""
+    f = sys._getframe(2)
+    return not os.path.abspath(f.f_code.co_filename).startswith(_PKG_DIR + os.sep)
+
+
 def user_location() -> SourceLocation | None:
     """The innermost stack frame outside the tessera package."""
     f = sys._getframe(1)
@@ -52,6 +58,7 @@ class Node:
     loc: SourceLocation | None
     index: int = -1              # for "arg" nodes: argument position
     value: object = None         # for "constant" nodes
+    observed: set = field(default_factory=set)  # axes whose size user code read (they must stay static)
 
 
 @dataclass
@@ -117,6 +124,8 @@ class Tensor:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        if _from_user_code():
+            self._node.observed.update(range(len(self._node.shape)))
         return self._node.shape
 
     @property
@@ -129,6 +138,8 @@ class Tensor:
 
     @property
     def size(self) -> int:
+        if _from_user_code():
+            self._node.observed.update(range(len(self._node.shape)))
         return math.prod(self._node.shape)
 
     def __repr__(self) -> str:
@@ -214,9 +225,11 @@ class Tensor:
         return ops.reduce_mean(self, axis, keepdims)
 
     def __len__(self) -> int:
-        if not self.shape:
+        if not self._node.shape:
             raise _err(UnsupportedConstructError, "len() of a 0-d traced tensor")
-        return self.shape[0]
+        if _from_user_code():
+            self._node.observed.add(0)
+        return self._node.shape[0]
 
     # --- what a trace cannot do
     def __bool__(self):

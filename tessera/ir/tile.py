@@ -537,8 +537,9 @@ class SplatIndexOp(IRDLOperation):
 
 # Elementwise functions.  Unary ones take one operand, binary two, select three.
 UNARY_FNS = ("neg", "exp", "tanh", "erf", "relu", "silu", "gelu_tanh", "gelu_erf", "sqrt", "rsqrt", "recip",
-             "copy", "abs")
-BINARY_FNS = ("add", "sub", "mul", "div", "max", "min")
+             "copy", "abs", "finite_or_zero")
+# safe_div: a / b, or 0 where b == 0.  mask_select: a where b != 0, else -inf.
+BINARY_FNS = ("add", "sub", "mul", "div", "max", "min", "safe_div", "mask_select")
 ELEMENTWISE_FNS = UNARY_FNS + BINARY_FNS
 
 
@@ -643,6 +644,7 @@ class LaunchOp(IRDLOperation):
     dims = attr_def(ArrayAttr)
     workspace = attr_def(IntegerAttr)
     team = opt_attr_def(IntegerAttr)
+    limits = opt_attr_def(ArrayAttr)  # "expr<=n" bounds the runtime checks before the call
     parallel = opt_attr_def(StringAttr)
     assembly_format = "$callee `(` $args `)` attr-dict `:` functional-type($args, results)"
 

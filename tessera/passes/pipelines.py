@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from tessera.passes.base import OptionInfo
 from tessera.passes.graph import (  # noqa: F401  (importing registers the passes)
     canonicalize,
+    fuse_attention,
     fuse_elementwise,
     fuse_matmul_epilogue,
     fuse_rowwise,
@@ -45,7 +46,7 @@ def _opt(spelling: str, typ, required: bool, default, doc: str) -> OptionInfo:
     return OptionInfo(spelling, spelling.replace("-", "_"), typ, required, default, doc)
 
 
-GRAPH_PASSES = "canonicalize,fuse-matmul-epilogue,fuse-rowwise,fuse-elementwise,outline-kernels"
+GRAPH_PASSES = "canonicalize,fuse-attention,fuse-matmul-epilogue,fuse-rowwise,fuse-elementwise,outline-kernels"
 SCHEDULE_PINS = ("threads", "tile-m", "tile-n", "tile-k", "register-tile", "mma-shape", "parallel", "unroll",
                  "chunk")
 

@@ -46,7 +46,7 @@ def np_dtype(elem) -> np.dtype:
         if isinstance(elem, cls):
             return dt
     if isinstance(elem, IntegerType):
-        return np.dtype(f"int{elem.width.data}")
+        return np.dtype(np.bool_) if elem.width.data == 1 else np.dtype(f"int{elem.width.data}")
     raise ArgumentError(f"no numpy dtype for {elem}")
 
 
@@ -67,7 +67,9 @@ class TensorSpec:
 
     @property
     def np_dtype(self) -> np.dtype:
-        return np.dtype(self.dtype) if self.dtype != "<V2" else np.dtype(ml_dtypes.bfloat16)
+        if self.dtype == "<V2":
+            return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(self.dtype)
 
 
 @dataclass
@@ -81,6 +83,7 @@ class Step:
     team: int
     threads: int
     parallel: str
+    limits: tuple = ()
 
 
 @dataclass
@@ -105,7 +108,8 @@ class HostProgram:
                     ids[r] = len(ids)
                 steps.append(Step(op.callee.root_reference.data, [ids[v] for v in op.args], [ids[r] for r in op.outs],
                                   [TensorSpec.of(r.type) for r in op.outs], strs(op.dims), ival(op.workspace),
-                                  ival(op.team), ival(op.threads), op.parallel.data if op.parallel else "none"))
+                                  ival(op.team), ival(op.threads), op.parallel.data if op.parallel else "none",
+                                  tuple(strs(op.limits)) if op.limits else ()))
             elif isinstance(op, func.ReturnOp):
                 results = [ids[v] for v in op.operands]
             else:
@@ -236,6 +240,10 @@ class CpuExecutable:
             env = bind_symbols(prog.inputs, arrays)
         vals: dict[int, np.ndarray] = dict(zip(prog.input_ids, arrays))
         for s in prog.steps:
+            for lim in s.limits:
+                expr, bound = lim.split("<=")
+                if _eval(expr, env) > int(bound):
+                    raise ShapeMismatchError(f"kernel {s.kernel} supports {expr} <= {bound}, got {_eval(expr, env)}")
             sizes = [_eval(d, env) for d in s.dims]
             outs = []
             need = 0

@@ -54,8 +54,8 @@ from tessera.ir.attrs import ival
 PTR = LLVMPointerType()  # x86 code addresses one flat space
 
 UNARY = ("neg", "exp", "tanh", "erf", "relu", "silu", "gelu_tanh", "gelu_erf", "sqrt", "rsqrt", "recip", "copy",
-         "abs")
-BINARY = ("add", "sub", "mul", "div", "max", "min")
+         "abs", "finite_or_zero")
+BINARY = ("add", "sub", "mul", "div", "max", "min", "safe_div", "mask_select")
 
 
 def _check(cond: bool, op: IRDLOperation, msg: str) -> None:
@@ -349,6 +349,7 @@ class LaunchOp(IRDLOperation):
     workspace = attr_def(IntegerAttr)
     team = attr_def(IntegerAttr)
     threads = attr_def(IntegerAttr)
+    limits = opt_attr_def(ArrayAttr)
     parallel = opt_attr_def(StringAttr)
     assembly_format = "$callee `(` $args `)` attr-dict `:` functional-type($args, results)"
 

@@ -15,7 +15,7 @@ from tessera.passes.base import TesseraPass, register
 from tessera.passes.graph.outline import outline
 
 KIND_OF = {g.TransposeOp: "transpose", g.ReshapeOp: "elementwise", g.ConstantOp: "elementwise",
-           g.MatmulOp: "gemm"}
+           g.MatmulOp: "gemm", g.AttentionOp: "attention"}
 
 
 def _kind(op) -> str:
@@ -38,7 +38,7 @@ class OutlineKernels(TesseraPass):
 
     name = "outline-kernels"
     kind = "graph-transform"
-    consumes = ()
+    consumes = ("tessera.constant",)  # constants already copied into the groups that use them
     produces = ("tessera.fusion", "tessera.yield")
 
     def apply(self, ctx: Context, module: ModuleOp) -> None:

@@ -32,7 +32,7 @@ from tessera.passes.base import TesseraPass, option, register
 
 DTYPE = {Float32Type: "f32", BFloat16Type: "bf16", Float16Type: "f16"}
 PARALLEL_LEGAL = {"gemm": ("m", "b*m", "none"), "rowwise": ("r", "none"), "elementwise": ("r", "none"),
-                  "reduce": ("r", "none"), "transpose": ("r", "none")}
+                  "reduce": ("r", "none"), "transpose": ("r", "none"), "attention": ("bh*q", "none")}
 
 
 def _dtype(elem) -> str:
@@ -86,7 +86,8 @@ class ScheduleCpu(TesseraPass):
 
     def _schedule(self, fop: g.FusionOp, isa, w: int, threads: int, name: str) -> None:
         kind = fop.kind.data
-        par = self.parallel or (self._gemm_parallel(fop) if kind == "gemm" else "r")
+        par = self.parallel or (self._gemm_parallel(fop) if kind == "gemm" else "bh*q" if kind == "attention"
+                                else "r")
         if par not in PARALLEL_LEGAL.get(kind, ()):
             raise ScheduleIllegalError(f"kernel {name}: parallel={par!r} is not legal for a {kind} kernel; "
                                        f"legal: {', '.join(PARALLEL_LEGAL[kind])}")
@@ -96,6 +97,8 @@ class ScheduleCpu(TesseraPass):
                  "vector": i64_attr(w)}
         if kind == "gemm":
             attrs.update(self._gemm(fop, isa, w, name))
+        elif kind == "attention":
+            attrs.update(self._attention(isa, w, name))
         else:
             chunk = self.chunk or 4 * w
             if chunk % w:
@@ -111,6 +114,22 @@ class ScheduleCpu(TesseraPass):
             old.replace_all_uses_with(new)
         fop.detach()
         fop.erase()
+
+    def _attention(self, isa, w: int, name: str) -> dict:
+        """Flash attention on f32 register tiles: query blocks of 64 rows, key blocks of 64 columns."""
+        sel = select_mma(isa, "f32", out_dtype="f32")
+        require_lowering(sel, "lower-tile-to-x86")
+        rt = register_tile(isa, sel, prefer_tile=tuple(self.register_tile) if self.register_tile else None)
+        w = sel.record.vector_width or w
+        nrw = rt.nr * w
+        bq = self.tile_m or rt.mr * -(-64 // rt.mr)      # about 64 query rows, whole register tiles
+        bkv = self.tile_n or nrw * -(-64 // nrw)         # about 64 keys
+        if bq % rt.mr or bkv % (rt.nr * w):
+            raise ScheduleIllegalError(f"kernel {name}: query block {bq} must be a multiple of MR={rt.mr} and key "
+                                       f"block {bkv} of NR*W={rt.nr * w}")
+        return {"vector": i64_attr(w), "loops": str_array(["bh", "q", "kv"]), "tiles": int_array([1, bq, bkv]),
+                "order": str_array(["bh", "q", "kv"]), "mma": StringAttr(sel.record.id),
+                "register_tile": int_array([rt.mr, rt.nr]), "unroll": i64_attr(self.unroll)}
 
     @staticmethod
     def _gemm_parallel(fop: g.FusionOp) -> str:

@@ -20,7 +20,7 @@ from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr, str_array
 from tessera.mma.selector import record_by_id, select_mma, get_isa, MmaSelection, accumulator_regs_per_lane
 from tessera.passes.base import TesseraPass, register
-from tessera.passes.tile.kernels import elementwise, gemm, reduce, rowwise, transpose
+from tessera.passes.tile.kernels import attention, elementwise, gemm, reduce, rowwise, transpose
 
 
 def _selection(kop: s.KernelOp) -> MmaSelection:
@@ -37,7 +37,8 @@ def generate(kop: s.KernelOp):
             raise ScheduleIllegalError(f"no {sel.record.target} gemm generator in this pipeline")
         plan = gemm.analyse(kop)
         return gemm.generate(kop, plan, gemm.config(kop, sel))
-    mod = {"rowwise": rowwise, "elementwise": elementwise, "reduce": reduce, "transpose": transpose}.get(kind)
+    mod = {"rowwise": rowwise, "elementwise": elementwise, "reduce": reduce, "transpose": transpose,
+           "attention": attention}.get(kind)
     if mod is None:
         raise ScheduleIllegalError(f"no Tile IR generator for kernel kind {kind!r}")
     return mod.generate(kop)
@@ -65,12 +66,13 @@ class LowerScheduleToTile(TesseraPass):
                 kfn, dims, workspace, extra = generate(kop)
                 # the vector width the kernel's tiles are laid out for (the target lowering maps them)
                 kfn.attributes["vector"] = kop.vector
+                limits = kfn.attributes.pop("limits", None)
                 module.body.block.add_op(kfn)
                 launch = t.LaunchOp.create(
                     operands=list(kop.inputs), result_types=[r.type for r in kop.outputs] + list(extra),
                     attributes={"callee": FlatSymbolRefAttr(kop.sym_name.data), "dims": str_array(
                         [str(d) for d in dims]), "workspace": i64_attr(workspace),
-                        "parallel": StringAttr(kop.parallel.data)})
+                        "parallel": StringAttr(kop.parallel.data), **({"limits": limits} if limits else {})})
                 launch.location = kop.location
                 fn.body.block.insert_op_before(launch, kop)
                 for old, new in zip(kop.outputs, launch.outs):

@@ -243,6 +243,8 @@ class _Lowerer:
 
     # ------------------------------------------------------------------ helpers
     def vtype(self, elem: Attribute, n: int | None = None) -> VectorType:
+        if isinstance(elem, IntegerType) and elem.width.data == 1:
+            elem = IntegerType(8)  # a bool in memory is one byte
         return VectorType(elem, [n or self.w])
 
     def _load_vec(self, b: Builder, base, off, elem, count=None, pad: float = 0.0) -> SSAValue:
@@ -577,6 +579,7 @@ class _Lowerer:
         src: ViewVal = self.get(op.source)
         dst = self.scalar(op.dest)
         doff = self.scalar(op.dest_offset)
+        self.pack_elem = op.dest.type.element_type  # packing converts (bf16 inputs into f32 staging)
         layout, panel, kp = op.layout.data, ival(op.panel), ival(op.kpack)
         if layout == "b_panel":
             self._pack_b(b, src, dst, doff, panel, kp)
@@ -612,7 +615,8 @@ class _Lowerer:
                             ld = x.VLoadOp.create(operands=[src.base, bg.c(bg.add(soff, v * W)), bg.c(counts[v])],
                                                   result_types=[self.vtype(elem)])
                             bg.op(ld)
-                            bg.op(x.VStoreOp.create(operands=[ld.result, dst, bg.c(bg.add(dbase, v * W))]))
+                            val = self._convert_vec(bg, ld.result, elem)
+                            bg.op(x.VStoreOp.create(operands=[val, dst, bg.c(bg.add(dbase, v * W))]))
                     else:
                         k0 = bg.mul(gidx, kp)
                         regs = []
@@ -716,7 +720,7 @@ class _Lowerer:
                     ld = x.LoadOp.create(operands=[src.base, bk.c(bk.add(src_line, bk.mul(kk, k_stride)))],
                                          result_types=[elem])
                     bk.op(ld)
-                    bk.op(x.StoreOp.create(operands=[ld.result, dst, bk.c(doff)]))
+                    bk.op(x.StoreOp.create(operands=[self._convert_scalar(bk, ld.result, elem), dst, bk.c(doff)]))
                     return []
                 bc.for_(k_start, k_len, 1, kloop)
                 self._zero_tail(bc, dst, pbase, r, width, kp, k_len, kcp, elem)
@@ -731,7 +735,23 @@ class _Lowerer:
 
         b.for_(0, width, 1, line)
 
+    def _convert_vec(self, b: Builder, v, elem):
+        out = getattr(self, "pack_elem", elem)
+        if out == elem:
+            return v
+        cv = x.VCvtOp.create(operands=[v], result_types=[VectorType(out, [v.type.get_shape()[0]])])
+        b.op(cv)
+        return cv.result
+
+    def _convert_scalar(self, b: Builder, v, elem):
+        out = getattr(self, "pack_elem", elem)
+        if out == elem:
+            return v
+        cls = arith.ExtFOp if _elem_bytes(out) > _elem_bytes(elem) else arith.TruncFOp
+        return b.op(cls(v, out)).results[0]
+
     def _zero_tail(self, b: Builder, dst, pbase, r, width, kp, k_from, kcp, elem) -> None:
+        elem = getattr(self, "pack_elem", elem)
         def zl(bz: Builder, kk, _c):
             g_ = bz.div(kk, kp) if kp > 1 else kk
             q = bz.rem(kk, kp) if kp > 1 else 0
@@ -832,7 +852,8 @@ def _lower_host(fn: func.FuncOp, threads: int, kernels: dict[str, func.FuncOp]) 
                 operands=list(op.args), result_types=[r.type for r in op.outs],
                 attributes={"callee": op.callee, "dims": op.dims, "workspace": k.attributes["workspace"],
                             "team": k.attributes["team"], "threads": i64_attr(threads),
-                            **({"parallel": op.parallel} if op.parallel else {})})
+                            **({"parallel": op.parallel} if op.parallel else {}),
+                            **({"limits": op.limits} if op.limits else {})})
             new.location = op.location
             op.parent.insert_op_before(new, op)
             for o, n in zip(op.outs, new.outs):

@@ -440,7 +440,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
                         elem = kop.inputs[operand.arg].type.element_type
                         vw = view(bf, buf[operand.arg], elem, "global", (r, c), off, rs, cs,
                                   1 if r == 1 else vr, 1 if c == 1 else vc)
-                        ld = t.LoadOp.create(operands=[vw], result_types=[t.tile_type(r, c, elem)])
+                        ld = t.LoadOp.create(operands=[vw], result_types=[t.tile_type(r, c, f32)])  # f32 in registers
                         bf.op(ld)
                         other = ld.result
                     val = elementwise(bf, fn, [val, other] if chain_lhs else [other, val])

@@ -142,7 +142,7 @@ def load_leaf(kf: KernelFn, b: Builder, lf: Leaf, row_off, c, cols_left, chunk: 
                            result_types=[t.view_type(1, width, lf.elem, "global")])
     b.op(view)
     attrs = {"pad": FloatAttr(pad, f32)} if pad is not None and pad != 0.0 else {}
-    ld = t.LoadOp.create(operands=[view.result], attributes=attrs, result_types=[t.tile_type(1, width, lf.elem)])
+    ld = t.LoadOp.create(operands=[view.result], attributes=attrs, result_types=[t.tile_type(1, width, f32)])  # f32 in registers
     b.op(ld)
     return ld.result
 

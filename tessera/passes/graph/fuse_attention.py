@@ -1,0 +1,123 @@
+"""``fuse-attention``: recognise ``softmax((q @ k^T) * scale [+ mask]) @ v`` and group attention.
+
+The composed form is rewritten into ``tessera.attention`` (with ``masked_rows = "nan"``: a
+row whose every score is -inf gives NaN in the composed form, and so it does in the fused
+kernel) only where the result is the same computation: rank-4 float32 operands, a key
+transpose of the last two dims, a scalar constant scale (``* c`` or ``/ c``), an additive
+float mask, a softmax over the last axis, and single-use intermediates.  bf16 composed forms
+are left alone: they round the scores to bf16 between ops, which the fused kernel does not.
+
+Every ``tessera.attention`` (written or recognised) then becomes one ``attention`` group with
+the reshape/transpose chains of its operands that are expressible as strides.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import BoolAttr, Float32Type, FloatAttr, ModuleOp, StringAttr, f64, i1
+
+from tessera.ir import graph as g
+from tessera.ir.attrs import ival
+from tessera.passes.base import TesseraPass, register
+from tessera.passes.graph.fuse_matmul_epilogue import _operand_views
+from tessera.passes.graph.outline import outline, single_use
+from tessera.passes.tile.kernels.common import scalar_constant
+
+
+def _only_user(v):
+    return next(iter(v.uses)).operation if single_use(v) else None
+
+
+def _match(pv: g.MatmulOp):
+    """pv = softmax(...) @ v  ->  (q, k, v, scale, mask, ops to erase) or None."""
+    p = pv.lhs.owner
+    if not isinstance(p, g.SoftmaxOp) or not single_use(pv.lhs) or pv.result.type.rank != 4:
+        return None
+    if ival(p.axis) % 4 != 3 or not isinstance(pv.result.type.element_type, Float32Type):
+        return None
+    x = p.input
+    chain = [p]
+    mask = None
+    if isinstance(x.owner, g.AddOp) and single_use(x):
+        add = x.owner
+        for a, m in ((add.lhs, add.rhs), (add.rhs, add.lhs)):
+            if isinstance(a.owner, (g.MatmulOp, g.MulOp, g.DivOp)) and not isinstance(m.owner, g.ConstantOp):
+                mask, x = m, a
+                chain.append(add)
+                break
+        else:
+            return None
+    scale = 1.0
+    if isinstance(x.owner, (g.MulOp, g.DivOp)) and single_use(x):
+        sop = x.owner
+        for a, c in ((sop.lhs, sop.rhs), (sop.rhs, sop.lhs) if isinstance(sop, g.MulOp) else ()):
+            cv = scalar_constant(c.owner) if not hasattr(c, "block") else None
+            if cv is not None and isinstance(a.owner, g.MatmulOp):
+                scale = cv if isinstance(sop, g.MulOp) else 1.0 / cv
+                x = a
+                chain.append(sop)
+                break
+        else:
+            return None
+    qk = x.owner
+    if not isinstance(qk, g.MatmulOp) or not single_use(x):
+        return None
+    kt = qk.rhs.owner
+    if not isinstance(kt, g.TransposeOp) or kt.permutation != [0, 1, 3, 2] or not single_use(qk.rhs):
+        return None
+    chain += [qk, kt]
+    return qk.lhs, kt.input, pv.rhs, scale, mask, chain
+
+
+def rewrite_composed(block) -> bool:
+    changed = False
+    for op in list(block.ops):
+        if not (isinstance(op, g.MatmulOp) and op.parent is block):
+            continue
+        m = _match(op)
+        if m is None:
+            continue
+        q, k, v, scale, mask, chain = m
+        try:
+            g.infer_attention(q.type, k.type, v.type, mask.type if mask is not None else None)
+        except Exception:  # noqa: BLE001 - shapes the op does not take: leave the composed form
+            continue
+        att = g.AttentionOp(operands=[[q], [k], [v], [mask] if mask is not None else []],
+                            result_types=[op.result.type],
+                            attributes={"scale": FloatAttr(scale, f64), "causal": BoolAttr(False, i1),
+                                        "masked_rows": StringAttr("nan")})
+        att.location = chain[0].location
+        block.insert_op_before(att, op)
+        op.result.replace_all_uses_with(att.result)
+        for dead in [op] + chain:
+            dead.detach()
+            dead.erase()
+        changed = True
+    return changed
+
+
+@register
+@dataclass(frozen=True)
+class FuseAttention(TesseraPass):
+    """Rewrite softmax((q @ k^T) * scale [+ mask]) @ v into tessera.attention; group every attention."""
+
+    name = "fuse-attention"
+    kind = "graph-transform"
+    consumes = ("tessera.matmul", "tessera.softmax", "tessera.transpose", "tessera.mul", "tessera.div",
+                "tessera.add")
+    produces = ("tessera.attention", "tessera.fusion", "tessera.yield")
+
+    def apply(self, ctx: Context, module: ModuleOp) -> None:
+        for f in module.walk():
+            if not (isinstance(f, func.FuncOp) and f.body.blocks):
+                continue
+            block = f.body.block
+            rewrite_composed(block)
+            for op in list(block.ops):
+                if isinstance(op, g.AttentionOp) and op.parent is block:
+                    group = [op]
+                    for v in (op.q, op.k, op.v):
+                        _operand_views(v, group)
+                    outline(group, "attention")

@@ -1,0 +1,163 @@
+"""Fused attention on the CPU lane against a float64 oracle."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import oracle as O
+import tessera as ts
+from tessera.errors import TesseraError
+from tessera.frontend.reference import attention64
+from tessera.passes.tile.kernels import attention as attention_kernel
+
+
+def qkv(rng, b, h, hk, sq, sk, d, dv=None, dtype=np.float32, scale=1.0):
+    dv = dv or d
+    return (
+        (rng.standard_normal((b, h, sq, d)) * scale).astype(dtype),
+        rng.standard_normal((b, hk, sk, d)).astype(dtype),
+        rng.standard_normal((b, hk, sk, dv)).astype(dtype),
+    )
+
+
+def ref(q, k, v, mask=None, causal=False, scale=None, rows="zero"):
+    d = q.shape[-1]
+    return attention64(O.f64(q), O.f64(k), O.f64(v), mask if mask is None or mask.dtype == bool else O.f64(mask),
+                       scale if scale is not None else 1 / np.sqrt(d), causal, rows)
+
+
+ATT = ts.jit(lambda q, k, v: ts.ops.attention(q, k, v))
+ATT_C = ts.jit(lambda q, k, v: ts.ops.attention(q, k, v, causal=True))
+
+
+@pytest.mark.parametrize("seq", [1, 7, 100, 1000, 1025])
+@pytest.mark.parametrize("causal", [False, True])
+def test_sequence_lengths(rng, seq, causal):
+    q, k, v = qkv(rng, 1, 2, 2, seq, seq, 64)
+    O.assert_close((ATT_C if causal else ATT)(q, k, v), ref(q, k, v, causal=causal), 1e-5)
+
+
+@pytest.mark.parametrize("d", [32, 64, 80, 128])
+@pytest.mark.parametrize("seq", [100, 1025])
+def test_head_dims(rng, d, seq):
+    q, k, v = qkv(rng, 1, 2, 2, seq, seq, d)
+    O.assert_close(ATT(q, k, v), ref(q, k, v), 1e-5)
+
+
+@pytest.mark.parametrize("sq, sk", [(7, 100), (100, 7), (1, 65), (65, 1)])
+def test_causal_alignment_when_lengths_differ(rng, sq, sk):
+    """Top-left alignment, as torch.nn.functional.scaled_dot_product_attention(is_causal=True)."""
+    q, k, v = qkv(rng, 1, 1, 1, sq, sk, 32)
+    y = ATT_C(q, k, v)
+    O.assert_close(y, ref(q, k, v, causal=True), 1e-5)
+    s = np.tril(np.ones((sq, sk), bool))
+    assert np.allclose(y[0, 0, 0], v[0, 0, 0], atol=1e-5)  # query 0 sees key 0 only
+    assert s.sum() > 0
+
+
+def test_large_logits_do_not_overflow(rng):
+    q, k, v = qkv(rng, 1, 2, 2, 100, 100, 64, scale=300.0)
+    y = ATT(q, k, v)
+    assert np.isfinite(y).all()
+    O.assert_close(y, ref(q, k, v), 1e-5)
+
+
+def test_grouped_query_heads(rng):
+    q, k, v = qkv(rng, 2, 8, 2, 37, 53, 32, dv=48)
+    O.assert_close(ATT(q, k, v), ref(q, k, v), 1e-5)
+    O.assert_close(ATT_C(q, k, v), ref(q, k, v, causal=True), 1e-5)
+
+
+def test_bool_mask_with_fully_masked_rows_gives_zeros(rng):
+    q, k, v = qkv(rng, 2, 2, 2, 20, 30, 32)
+    mask = rng.random((2, 1, 20, 30)) > 0.3
+    mask[:, :, 4] = False  # every key masked for query 4
+    f = ts.jit(lambda q, k, v, m: ts.ops.attention(q, k, v, mask=m))
+    y = f(q, k, v, mask)
+    assert np.all(y[:, :, 4] == 0)
+    O.assert_close(y, ref(q, k, v, mask), 1e-5)
+
+
+@pytest.mark.parametrize("mshape", [(30,), (20, 30), (2, 1, 20, 30), (1, 2, 1, 30)])
+def test_additive_float_masks_broadcast(rng, mshape):
+    q, k, v = qkv(rng, 2, 2, 2, 20, 30, 32)
+    mask = (rng.standard_normal(mshape) * 3).astype(np.float32)
+    f = ts.jit(lambda q, k, v, m: ts.ops.attention(q, k, v, mask=m, causal=True, scale=0.3))
+    O.assert_close(f(q, k, v, mask), ref(q, k, v, mask, causal=True, scale=0.3), 1e-5)
+
+
+def test_bf16_inputs_accumulate_in_f32(rng):
+    q, k, v = qkv(rng, 1, 2, 2, 100, 120, 64, dtype=ts.bfloat16)
+    y = ATT(q, k, v)
+    assert y.dtype == ts.bfloat16
+    O.assert_close(y, ref(q, k, v), 2e-2)
+
+
+def composed(q, k, v, m):
+    return ts.ops.softmax((q @ k.transpose(0, 1, 3, 2)) * 0.125 + m) @ v
+
+
+def test_composed_form_is_recognised_and_keeps_nan_rows(rng):
+    q, k, v = qkv(rng, 2, 3, 3, 9, 11, 16)
+    mask = np.zeros((9, 11), np.float32)
+    mask[2, :] = -np.inf
+    mask[3, 5:] = -np.inf
+    f = ts.jit(composed)
+    y = f(q, k, v, mask)
+    want = ref(q, k, v, mask, scale=0.125, rows="nan")
+    assert np.isnan(y[:, :, 2]).all() and np.array_equal(np.isnan(y), np.isnan(want))
+    fin = ~np.isnan(want)
+    np.testing.assert_allclose(y[fin], want[fin], rtol=1e-4, atol=1e-5)
+    rep = ts.explain(f, q, k, v, mask)
+    assert [k_["kind"] for k_ in rep.kernels] == ["attention"]
+    assert any(p["pass"] == "fuse-attention" and "tessera.softmax" in p["consumed"] for p in rep.passes)
+
+
+def test_composed_bf16_is_left_alone(rng):
+    q, k, v = qkv(rng, 1, 1, 1, 8, 8, 16, dtype=ts.bfloat16)
+    m = np.zeros((8, 8), ts.bfloat16)
+    assert "attention" not in [k_["kind"] for k_ in ts.explain(ts.jit(composed), q, k, v, m).kernels]
+
+
+@pytest.mark.parametrize("shapes, code", [
+    (((1, 2, 8, 16), (1, 2, 8, 32), (1, 2, 8, 16)), "ATTENTION_HEAD_DIM"),
+    (((1, 2, 8, 16), (1, 2, 8, 16), (1, 2, 9, 16)), "ATTENTION_SEQ"),
+    (((1, 3, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16)), "ATTENTION_HEADS"),
+    (((1, 2, 8), (1, 2, 8, 16), (1, 2, 8, 16)), "RANK_MISMATCH"),
+])
+def test_bad_shapes(rng, shapes, code):
+    arrs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    with pytest.raises(TesseraError) as e:
+        ATT(*arrs)
+    assert e.value.code == code
+
+
+def test_bad_mask(rng):
+    q, k, v = qkv(rng, 1, 2, 2, 8, 8, 16)
+    f = ts.jit(lambda q, k, v, m: ts.ops.attention(q, k, v, mask=m))
+    with pytest.raises(TesseraError) as e:
+        f(q, k, v, np.zeros((3, 8), np.float32))
+    assert e.value.code == "ATTENTION_MASK"
+
+
+def test_scratch_is_o_of_the_block_not_of_the_sequence(rng):
+    sizes = []
+    for seq in (64, 1025):
+        q, k, v = qkv(rng, 1, 1, 1, seq, seq, 64)
+        c = ATT.compile(q, k, v).compiled
+        prog = c.executable.program
+        assert len(prog.steps) == 1  # one kernel; no score matrix between kernels
+        sizes.append(prog.steps[0].workspace)
+    assert sizes[0] == sizes[1], "the per-thread workspace does not grow with the sequence"
+    assert sizes[0] < 2 * 1024 * 1024
+    assert sizes[0] < 1025 * 1025 * 4
+
+
+def test_dropping_the_rescale_fails_the_gate(rng, monkeypatch):
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    q, k, v = qkv(rng, 1, 2, 2, 200, 200, 32)
+    good = ts.jit(lambda q, k, v: ts.ops.attention(q, k, v))(q, k, v)
+    O.assert_close(good, ref(q, k, v), 1e-5)
+    monkeypatch.setattr(attention_kernel, "rescale_row", lambda *a, **k: None)
+    bad = ts.jit(lambda q, k, v: ts.ops.attention(q, k, v))(q, k, v)
+    assert not O.gate(bad, ref(q, k, v), 1e-5)
