@@ -144,6 +144,8 @@ def _torch_fns(torch, kind: str):
         "softmax": lambda x: torch.softmax(x, -1),
         "layer_norm": lambda x, g, b: F.layer_norm(x, (x.shape[-1],), g, b, 1e-5),
         "rms_norm": lambda x, g: F.rms_norm(x, (x.shape[-1],), g, 1e-6),
+        "attention": lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+        "attention_causal": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
     }
     return fns[kind]
 
@@ -156,6 +158,11 @@ def _jax_fn(jax, jnp, kind: str):
         "layer_norm": lambda x, g, b: (x - x.mean(-1, keepdims=True)) * jax.lax.rsqrt(
             x.var(-1, keepdims=True) + 1e-5) * g + b,
         "rms_norm": lambda x, g: x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + 1e-6) * g,
+        "attention": lambda q, k, v: jax.nn.dot_product_attention(q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3),
+                                                                  v.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3),
+        "attention_causal": lambda q, k, v: jax.nn.dot_product_attention(
+            q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
+            is_causal=True).transpose(0, 2, 1, 3),
     }
     return jax.jit(fns[kind])
 
@@ -176,7 +183,14 @@ def _numpy_fn(kind: str):
     def rms_norm(x, g):
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * g
 
-    return {"gemm": np.matmul, "gelu": gelu, "softmax": softmax, "layer_norm": layer_norm, "rms_norm": rms_norm}[kind]
+    def attention(q, k, v, causal=False):
+        s = q @ np.swapaxes(k, -1, -2) / np.float32(math.sqrt(q.shape[-1]))
+        if causal:
+            s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+        return softmax(s) @ v
+
+    return {"gemm": np.matmul, "gelu": gelu, "softmax": softmax, "layer_norm": layer_norm, "rms_norm": rms_norm,
+            "attention": attention, "attention_causal": lambda q, k, v: attention(q, k, v, True)}[kind]
 
 
 def _tessera_fn(kind: str, threads: int | None):
@@ -187,6 +201,8 @@ def _tessera_fn(kind: str, threads: int | None):
         "softmax": lambda x: ts.ops.softmax(x),
         "layer_norm": lambda x, g, b: ts.ops.layer_norm(x, g, b),
         "rms_norm": lambda x, g: ts.ops.rms_norm(x, g),
+        "attention": lambda q, k, v: ts.ops.attention(q, k, v),
+        "attention_causal": lambda q, k, v: ts.ops.attention(q, k, v, causal=True),
     }
     return ts.jit(fns[kind], schedule={"threads": threads} if threads else None)
 
@@ -288,6 +304,13 @@ def main(args) -> int:
     for kind, ins in (("softmax", [big]), ("layer_norm", [big, g, bb]), ("rms_norm", [big, g])):
         rows.append(run_workload(f"{kind} 8192x4096", kind, ins, traffic, "GB/s", None, peers,
                                  fresh_alloc_column=True))
+    for seq in ((1024,) if quick else (1024, 4096)):
+        q, k, v = (rng.standard_normal((1, 16, seq, 64)).astype(np.float32) for _ in range(3))
+        flops = 4 * 16 * seq * seq * 64
+        for kind in ("attention", "attention_causal"):
+            rows.append(run_workload(f"{kind.replace('_', ' ')} 16x{seq}x64", kind, [q, k, v],
+                                     flops / (2 if kind.endswith("causal") else 1), "GFLOP/s", None, peers,
+                                     use_compile=seq == 1024))
     host_info = {"cpu": platform.processor() or platform.machine(), "usable_cpus": host.usable_cpus(),
                  "fma_peak_1t": one["fma_peak_1t"], "fma_peak_all": fma_peak(host.usable_cpus()),
                  "vdpbf16ps_peak_all": fma_peak(host.usable_cpus(), bf16=True), **bandwidth()}

@@ -2,7 +2,8 @@
 
 The composed form is rewritten into ``tessera.attention`` (with ``masked_rows = "nan"``: a
 row whose every score is -inf gives NaN in the composed form, and so it does in the fused
-kernel) only where the result is the same computation: rank-4 float32 operands, a key
+kernel) only where the result is the same computation: rank-4 (or rank-3, seen as one batch)
+float32 operands, a key
 transpose of the last two dims, a scalar constant scale (``* c`` or ``/ c``), an additive
 float mask, a softmax over the last axis, and single-use intermediates.  bf16 composed forms
 are left alone: they round the scores to bf16 between ops, which the fused kernel does not.
@@ -19,7 +20,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import BoolAttr, Float32Type, FloatAttr, ModuleOp, StringAttr, f64, i1
 
 from tessera.ir import graph as g
-from tessera.ir.attrs import ival
+from tessera.ir.attrs import int_array, ival
 from tessera.passes.base import TesseraPass, register
 from tessera.passes.graph.fuse_matmul_epilogue import _operand_views
 from tessera.passes.graph.outline import outline, single_use
@@ -33,9 +34,10 @@ def _only_user(v):
 def _match(pv: g.MatmulOp):
     """pv = softmax(...) @ v  ->  (q, k, v, scale, mask, ops to erase) or None."""
     p = pv.lhs.owner
-    if not isinstance(p, g.SoftmaxOp) or not single_use(pv.lhs) or pv.result.type.rank != 4:
+    rank = pv.result.type.rank
+    if not isinstance(p, g.SoftmaxOp) or not single_use(pv.lhs) or rank not in (3, 4):
         return None
-    if ival(p.axis) % 4 != 3 or not isinstance(pv.result.type.element_type, Float32Type):
+    if ival(p.axis) % rank != rank - 1 or not isinstance(pv.result.type.element_type, Float32Type):
         return None
     x = p.input
     chain = [p]
@@ -65,10 +67,22 @@ def _match(pv: g.MatmulOp):
     if not isinstance(qk, g.MatmulOp) or not single_use(x):
         return None
     kt = qk.rhs.owner
-    if not isinstance(kt, g.TransposeOp) or kt.permutation != [0, 1, 3, 2] or not single_use(qk.rhs):
+    if not isinstance(kt, g.TransposeOp) or not single_use(qk.rhs) or kt.input.type.rank != rank:
+        return None
+    # k^T = transpose(x, perm) for any perm ending in a swap of the last two axes of k:
+    # k = transpose(x, perm with its last two entries exchanged)
+    perm = kt.permutation
+    kperm = perm[:-2] + [perm[-1], perm[-2]]
+    if any(t.type.rank != rank for t in (qk.lhs, pv.rhs)) or (mask is not None and mask.type.rank > rank):
         return None
     chain += [qk, kt]
-    return qk.lhs, kt.input, pv.rhs, scale, mask, chain
+    return qk.lhs, (kt.input, kperm), pv.rhs, scale, mask, chain
+
+
+def _unsqueeze(v, new_ops: list):
+    r = g.ReshapeOp.create(operands=[v], result_types=[g.TensorType.of((1, *v.type.dims), v.type.element_type)])
+    new_ops.append(r)
+    return r.result
 
 
 def rewrite_composed(block) -> bool:
@@ -79,18 +93,36 @@ def rewrite_composed(block) -> bool:
         m = _match(op)
         if m is None:
             continue
-        q, k, v, scale, mask, chain = m
+        q, (kx, kperm), v, scale, mask, chain = m
+        new_ops = []
+        if kperm == list(range(len(kperm))):
+            k = kx
+        else:
+            kop = g.TransposeOp.create(operands=[kx], attributes={"perm": int_array(kperm)},
+                                       result_types=[g.infer_transpose(kx.type, kperm)])
+            new_ops.append(kop)
+            k = kop.result
+        if q.type.rank == 3:  # [heads, seq, dim]: seen as one batch of [1, heads, seq, dim]
+            q, k, v = (_unsqueeze(x, new_ops) for x in (q, k, v))
+            if mask is not None and mask.type.rank == 3:
+                mask = _unsqueeze(mask, new_ops)
         try:
-            g.infer_attention(q.type, k.type, v.type, mask.type if mask is not None else None)
+            rt = g.infer_attention(q.type, k.type, v.type, mask.type if mask is not None else None)
         except Exception:  # noqa: BLE001 - shapes the op does not take: leave the composed form
             continue
-        att = g.AttentionOp(operands=[[q], [k], [v], [mask] if mask is not None else []],
-                            result_types=[op.result.type],
+        att = g.AttentionOp(operands=[[q], [k], [v], [mask] if mask is not None else []], result_types=[rt],
                             attributes={"scale": FloatAttr(scale, f64), "causal": BoolAttr(False, i1),
                                         "masked_rows": StringAttr("nan")})
-        att.location = chain[0].location
-        block.insert_op_before(att, op)
-        op.result.replace_all_uses_with(att.result)
+        new_ops.append(att)
+        result = att.result
+        if rt != op.result.type:
+            back = g.ReshapeOp.create(operands=[att.result], result_types=[op.result.type])
+            new_ops.append(back)
+            result = back.result
+        for o in new_ops:
+            o.location = chain[0].location
+            block.insert_op_before(o, op)
+        op.result.replace_all_uses_with(result)
         for dead in [op] + chain:
             dead.detach()
             dead.erase()
@@ -106,8 +138,8 @@ class FuseAttention(TesseraPass):
     name = "fuse-attention"
     kind = "graph-transform"
     consumes = ("tessera.matmul", "tessera.softmax", "tessera.transpose", "tessera.mul", "tessera.div",
-                "tessera.add")
-    produces = ("tessera.attention", "tessera.fusion", "tessera.yield")
+                "tessera.add", "tessera.constant")
+    produces = ("tessera.attention", "tessera.reshape", "tessera.fusion", "tessera.yield")
 
     def apply(self, ctx: Context, module: ModuleOp) -> None:
         for f in module.walk():
