@@ -63,10 +63,13 @@ class ObjectCode:
 
 
 def emit(llvm_ir: str, cpu: str, features: str, *, want_asm: bool = False, opt: int = 3) -> ObjectCode:
-    """Parse, verify, optimise and emit object code (in this process)."""
+    """Parse, verify, optimise and emit object code (in this process).  A module for
+    another target than the host (its ``target triple``) initialises every LLVM target."""
     init()
     try:
         mod = llvm.parse_assembly(llvm_ir)
+        if mod.triple and mod.triple != llvm.get_process_triple():
+            init(all_targets=True)
         mod.verify()
     except RuntimeError as e:
         raise CodegenError(f"LLVM rejected the generated IR: {str(e).strip().splitlines()[-1]}") from None
@@ -93,8 +96,11 @@ def emit_guarded(llvm_ir: str, cpu: str, features: str, *, want_asm: bool = Fals
                 "ir_, cpu, feat, asm, opt = pickle.load(open(sys.argv[1],'rb'))\n"
                 "r = emit(ir_, cpu, feat, want_asm=asm, opt=opt)\n"
                 "pickle.dump(r, open(sys.argv[2],'wb'))\n")
-        p = subprocess.run([sys.executable, "-c", code, src, out], capture_output=True, text=True,
-                           timeout=timeout)
+        try:
+            p = subprocess.run([sys.executable, "-c", code, src, out], capture_output=True, text=True,
+                               timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise CodegenError(f"code generation for {cpu} timed out after {timeout} s") from None
         if p.returncode != 0:
             tail = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
             if p.returncode < 0 or p.returncode == 134:

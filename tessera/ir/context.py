@@ -13,12 +13,13 @@ from xdsl.dialects.scf import Scf
 from tessera.ir.graph import Graph
 from tessera.ir.schedule import Schedule
 from tessera.ir.target.apple import APPLE
+from tessera.ir.target.gpu import GPU
 from tessera.ir.target.nvidia import NVIDIA
 from tessera.ir.target.rocm import ROCM
 from tessera.ir.target.x86 import X86
 from tessera.ir.tile import Tile
 
-TESSERA_DIALECTS = (Graph, Schedule, Tile, X86, NVIDIA, ROCM, APPLE)
+TESSERA_DIALECTS = (Graph, Schedule, Tile, X86, GPU, NVIDIA, ROCM, APPLE)
 STRUCTURAL_DIALECTS = (Builtin, Func, Arith, Scf, LLVM)
 
 # Which layer each dialect belongs to (the lane map and the lane report count ops by this).
@@ -27,6 +28,7 @@ LAYER_OF_DIALECT = {
     "schedule": "schedule",
     "tile": "tile",
     "tessera_x86": "target",
+    "tessera_gpu": "target",
     "tessera_nvidia": "target",
     "tessera_rocm": "target",
     "tessera_apple": "target",

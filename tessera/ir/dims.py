@@ -76,3 +76,14 @@ def parse_dim(text: str) -> Dim:
     if text.lstrip("-").isdigit():
         return int(text)
     return canon(text)
+
+
+def ceil_extent(dim: Dim, block: int) -> str:
+    """A GPU grid extent: ``"D/b"`` means ceil(D / b) workgroups (at least 1 when D is 0)."""
+    return f"{canon(dim)}/{int(block)}"
+
+
+def evaluate_extent(text: str, bindings: Mapping[str, int]) -> int:
+    dim, _, block = text.partition("/")
+    n = evaluate(parse_dim(dim), bindings)
+    return max(1, -(-n // int(block))) if block else max(1, n)

@@ -302,7 +302,9 @@ class ViewOp(IRDLOperation):
 
     Element (i, j) of the view is ``buf[offset + i * rs + j * cs]``; it exists when
     ``i < rows`` and ``j < cols`` (the valid extent, clamped to the view's shape):
-    loads of missing elements give 0 and stores skip them."""
+    loads of missing elements give 0 and stores skip them.  ``align`` (optional, in
+    elements) promises that the offset and the row stride are multiples of it, so a
+    lowering may use wide loads; the GPU emulator checks the promise on every access."""
 
     name = "tile.view"
     source = operand_def(BufferType)
@@ -311,6 +313,7 @@ class ViewOp(IRDLOperation):
     col_stride = operand_def(IndexType)
     rows = operand_def(IndexType)
     cols = operand_def(IndexType)
+    align = opt_attr_def(IntegerAttr)  # elements: offset and row stride are multiples of it (generator's promise)
     result = result_def(ViewType)
     traits = traits_def(Pure())
     assembly_format = ("$source `[` $offset `]` `strides` `[` $row_stride `,` $col_stride `]` "
@@ -318,6 +321,8 @@ class ViewOp(IRDLOperation):
 
     def verify_(self) -> None:
         s, r = self.source.type, self.result.type
+        if self.align is not None and ival(self.align) <= 0:
+            raise TileVerifyError("tile.view align must be positive", op=self)
         if isinstance(s, BufferType) and isinstance(r, ViewType):
             if s.element_type != r.element_type or s.space != r.space:
                 raise TileMemorySpaceError(
@@ -328,12 +333,16 @@ class ViewOp(IRDLOperation):
 class AsyncCopyOp(IRDLOperation):
     """Copy a view into a staging buffer, packed as ``layout`` says.
 
-    Layouts: ``row_major`` (the view's rows, ``ld`` apart), ``a_panel`` (``panel``-row
+    Layouts: ``row_major`` (all R rows of the view, ``panel`` elements apart, elements
+    outside the valid extent written as 0), ``a_panel`` (``panel``-row
     slivers, each stored column by column: the CPU GEMM's packed A), ``b_panel``
     (``panel``-column slivers stored row by row: packed B), with ``kpack`` consecutive
     k elements interleaved (2 for bf16 dot-product instructions).  Edge slivers are
     zero-padded to the full panel.  The packed data starts at element ``dest_offset`` of the
-    destination.  Returns a token that ``tile.wait`` consumes."""
+    destination.  Returns a token that ``tile.wait`` consumes.
+
+    On a GPU a copy into a workgroup-shared space (``lds``/``smem``) is collective: every
+    thread of the workgroup executes it and moves its share of the elements."""
 
     name = "tile.async_copy"
     source = operand_def(ViewType)
@@ -361,8 +370,13 @@ class AsyncCopyOp(IRDLOperation):
 
 @irdl_op_definition
 class WaitOp(IRDLOperation):
+    """Wait until the copies behind ``tokens`` have landed (for this thread).  ``outstanding``
+    (default 0) says how many copies issued after them may still be in flight, so a
+    multi-stage pipeline waits only for the oldest stage (``cp.async.wait_group N``)."""
+
     name = "tile.wait"
     tokens = var_operand_def(TokenType)
+    outstanding = opt_attr_def(IntegerAttr)
     assembly_format = "$tokens attr-dict"
 
 
@@ -628,6 +642,33 @@ class ReduceOp(IRDLOperation):
                                     op=self)
 
 
+# --------------------------------------------------------------------------- GPU work distribution
+@irdl_op_definition
+class ProgramIdOp(IRDLOperation):
+    """GPU: the index of this workgroup (thread block) along grid ``axis`` (0, 1, 2)."""
+
+    name = "tile.program_id"
+    axis = attr_def(IntegerAttr)
+    result = result_def(IndexType)
+    traits = traits_def(Pure())
+    assembly_format = "attr-dict `:` type($result)"
+
+    def verify_(self) -> None:
+        if ival(self.axis) not in (0, 1, 2):
+            raise TileVerifyError("tile.program_id axis must be 0, 1 or 2", op=self)
+
+
+@irdl_op_definition
+class WaveIdOp(IRDLOperation):
+    """GPU: which wave (NVIDIA: warp) of the workgroup executes this code.  Tile IR on a GPU
+    is written per wave: fragments live in one wave's registers."""
+
+    name = "tile.wave_id"
+    result = result_def(IndexType)
+    traits = traits_def(Pure())
+    assembly_format = "attr-dict `:` type($result)"
+
+
 # --------------------------------------------------------------------------- host level
 @irdl_op_definition
 class LaunchOp(IRDLOperation):
@@ -635,7 +676,8 @@ class LaunchOp(IRDLOperation):
 
     ``dims`` lists the symbolic sizes passed to the kernel (evaluated by the runtime
     from the bound symbols); ``workspace`` is the per-thread scratch in bytes and ``team``
-    the scratch shared by the launch's threads."""
+    the scratch shared by the launch's threads (GPU: shared memory per workgroup);
+    ``grid`` and ``block`` give a GPU launch's workgroups and threads per workgroup."""
 
     name = "tile.launch"
     callee = attr_def(FlatSymbolRefAttr)
@@ -646,12 +688,14 @@ class LaunchOp(IRDLOperation):
     team = opt_attr_def(IntegerAttr)
     limits = opt_attr_def(ArrayAttr)  # "expr<=n" bounds the runtime checks before the call
     parallel = opt_attr_def(StringAttr)
+    grid = opt_attr_def(ArrayAttr)     # GPU: workgroups along x, y, z (symbolic size expressions)
+    block = opt_attr_def(IntegerAttr)  # GPU: threads per workgroup
     assembly_format = "$callee `(` $args `)` attr-dict `:` functional-type($args, results)"
 
 
 Tile = Dialect(
     "tile",
     [AllocOp, ViewOp, AsyncCopyOp, WaitOp, BarrierOp, FragmentZeroOp, FragmentPackOp, MmaOp, FragmentUnpackOp, LoadOp,
-     StoreOp, ConstantOp, SplatIndexOp, ElementwiseOp, MaskOp, ReduceOp, LaunchOp],
+     StoreOp, ConstantOp, SplatIndexOp, ElementwiseOp, MaskOp, ReduceOp, ProgramIdOp, WaveIdOp, LaunchOp],
     [BufferType, ViewType, TileType, FragmentType, TokenType],
 )

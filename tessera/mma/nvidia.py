@@ -17,7 +17,8 @@ SM80_UP = frozenset({"sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_120"})
 SM89_UP = frozenset({"sm_89", "sm_90", "sm_90a", "sm_120"})
 SM90_UP = frozenset({"sm_90", "sm_90a", "sm_120"})
 REGISTER_BUDGET = 255  # 32-bit registers per thread
-LOWERING = None        # no lower-tile-to-nvidia yet
+LOWERING = "lower-tile-to-nvidia"
+LOWERED = {((16, 8, 16), "f16"), ((16, 8, 8), "f16"), ((16, 8, 16), "bf16"), ((16, 8, 8), "bf16")}
 
 PTX_TYPE = {"f16": "f16", "bf16": "bf16", "f32": "f32", "f64": "f64", "s8": "s8", "i32": "s32",
             "f8e4m3fn": "e4m3", "f8e5m2": "e5m2"}
@@ -37,7 +38,8 @@ def _mma(shape, a, acc, archs, intrinsic, args, ret, *, math_mode=None, min_ptx=
     rid = f"nvidia.mma_sync.m{m}n{n}k{k}.{ptx_a}" + (f".{ptx_b}" if ptx_b != ptx_a else "")
     return MmaRecord(rid, "nvidia", "mma_sync", shape, a, b, acc, mnemonic, intrinsic, archs=frozenset(archs),
                      math_mode=math_mode, lanes=32, min_ptx=min_ptx,
-                     min_ptx_by_arch=(("sm_120", (8, 7)),), semantics=semantics, lowered_by=LOWERING,
+                     min_ptx_by_arch=(("sm_120", (8, 7)),), semantics=semantics,
+                     lowered_by=LOWERING if ((m, n, k), a) in LOWERED and not math_mode else None,
                      a_layout="row_major", b_layout="col_major", llvm_ret=ret, llvm_args=args,
                      asm_regex=mnemonic.replace(".", r"\."))
 
@@ -77,7 +79,7 @@ def _wgmma(n: int, dtype: str) -> MmaRecord:
     mnemonic = f"wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ptx}.{ptx}"
     return MmaRecord(f"nvidia.wgmma.m64n{n}k{k}.{ptx}", "nvidia", "wgmma", (64, n, k), dtype, dtype, "f32", mnemonic,
                      f"asm: {mnemonic} {{d...}}, descA, descB, p, 1, 1{', 0, 0' if k == 16 else ''};",
-                     archs=frozenset({"sm_90a"}), lanes=128, min_ptx=(8, 0), lowered_by=LOWERING,
+                     archs=frozenset({"sm_90a"}), lanes=128, min_ptx=(8, 0), lowered_by=None,
                      a_layout="smem_desc", b_layout="smem_desc",
                      semantics="asynchronous warpgroup MMA; A and B from shared-memory descriptors; LLVM has no "
                                "intrinsic, so inline asm checked by ptxas -arch=sm_90a",

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 
+from tessera import toolchain
 from tessera.mma import nvidia, rocm
 from tessera.mma import x86 as X
 from tessera.mma.records import MmaRecord
@@ -111,15 +111,7 @@ def compile_cases(items: list[dict], timeout: float = 600) -> dict[str, dict]:
 
 
 def ptxas_path() -> str | None:
-    found = shutil.which("ptxas")
-    if found:
-        return found
-    try:
-        import nvidia.cuda_nvcc as pkg  # type: ignore  # the nvidia-cuda-nvcc wheel
-        cand = os.path.join(os.path.dirname(pkg.__file__), "bin", "ptxas")
-        return cand if os.path.exists(cand) else None
-    except ImportError:
-        return None
+    return toolchain.find_ptxas()
 
 
 def ptxas(ptx: str, arch: str) -> tuple[bool, str]:

@@ -17,7 +17,14 @@ GFX12 = ("gfx1200", "gfx1201")
 ARCHS = GFX9 + GFX11 + GFX12
 WAVES = {**{a: (64,) for a in GFX9}, **{a: (32, 64) for a in GFX11 + GFX12}}
 REGISTER_BUDGET = 512  # VGPRs (ArchVGPR + AccVGPR on CDNA; 256 x 2 banks) per lane, upper bound
-LOWERING = None        # no lower-tile-to-rocm yet
+LOWERING = "lower-tile-to-rocm"
+# the (family, shape, in dtype, wave) the lowering implements; every other record is "no lowering yet"
+LOWERED = {("mfma", (32, 32, 8), "f16", 64), ("mfma", (32, 32, 8), "bf16", 64), ("mfma", (16, 16, 16), "f16", 64),
+           ("mfma", (16, 16, 16), "bf16", 64), ("wmma", (16, 16, 16), "f16", 32), ("wmma", (16, 16, 16), "bf16", 32)}
+
+
+def _lowering(family, shape, dtype, lanes):
+    return LOWERING if (family, tuple(shape), dtype, lanes) in LOWERED else None
 
 V = "<{} x {}>".format
 
@@ -30,14 +37,15 @@ def _mfma(shape, a, acc, archs, intrinsic, args, ret, mnemonic_by_arch, *, math_
         mn = mnemonic_by_arch[group]
         out.append(MmaRecord(f"rocm.mfma.{m}x{n}x{k}.{a}.{group}", "rocm", "mfma", shape, a, a, acc, mn, intrinsic,
                              archs=frozenset(arch_set), math_mode=math_mode, lanes=64, blocks=blocks,
-                             semantics=semantics, lowered_by=LOWERING, llvm_ret=ret, llvm_args=args,
-                             llvm_imms=(0, 0, 0), asm_regex=mn))
+                             semantics=semantics, lowered_by=_lowering("mfma", shape, a, 64), llvm_ret=ret,
+                             llvm_args=args, llvm_imms=(0, 0, 0), asm_regex=mn))
     return out
 
 
 def _wmma(a, gen: str, wave: int, args, ret, intrinsic, mnemonic, archs, semantics="") -> MmaRecord:
     return MmaRecord(f"rocm.wmma.16x16x16.{a}.{gen}.w{wave}", "rocm", "wmma", (16, 16, 16), a, a, "f32", mnemonic,
-                     intrinsic, archs=frozenset(archs), lanes=wave, semantics=semantics, lowered_by=LOWERING,
+                     intrinsic, archs=frozenset(archs), lanes=wave, semantics=semantics,
+                     lowered_by=_lowering("wmma", (16, 16, 16), a, wave),
                      llvm_ret=ret, llvm_args=args, llvm_features="+wavefrontsize64" if wave == 64 else "",
                      asm_regex=mnemonic)
 

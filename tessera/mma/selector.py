@@ -138,8 +138,19 @@ class MmaSelection:
 
 
 def select_mma(isa: MmaIsa, dtype: str, *, out_dtype: str | None = None, math_mode: str | None = None,
-               prefer_shape: tuple[int, int, int] | None = None, wave: int | None = None) -> MmaSelection:
+               prefer_shape: tuple[int, int, int] | None = None, wave: int | None = None,
+               family: str | None = None) -> MmaSelection:
     ranked = rank_shapes_by_footprint(isa, dtype, out_dtype)
+    if family is not None:
+        fams = sorted({r.family for r in isa.records})
+        if family not in fams:
+            raise MmaSelectorError(f"{isa.target}:{isa.arch} has no {family} instructions; its matrix instruction "
+                                   f"families: {', '.join(fams) or 'none'}")
+        hit = [r for r in ranked if r.family == family]
+        if not hit:
+            raise MmaSelectorError(f"{isa.target}:{isa.arch}: no {family} instruction takes {dtype}; "
+                                   f"{dtype} runs on: {', '.join(sorted({r.family for r in ranked}))}")
+        ranked = hit
     if isa.target == "rocm":
         # the wave size comes from the arch (RDNA: wave32, CDNA: wave64), never a default
         if wave is None:

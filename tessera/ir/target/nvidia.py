@@ -1,4 +1,4 @@
-"""Target IR for NVIDIA: the ``tessera_nvidia`` dialect.
+"""Target IR for NVIDIA: the ``tessera_nvidia`` dialect (with ``tessera_gpu`` per-thread ops).
 
 ``tessera_nvidia.mma_sync`` is one warp-wide ``mma.sync.aligned`` instruction: each
 of the 32 lanes passes its registers of A, B and C and receives its registers of D.
@@ -9,12 +9,24 @@ from __future__ import annotations
 
 import re
 
-from xdsl.dialects.builtin import StringAttr
+from xdsl.dialects.builtin import IndexType, IntegerAttr, StringAttr, UnitAttr, VectorType
 from xdsl.ir import Dialect
-from xdsl.irdl import AttrSizedOperandSegments, IRDLOperation, attr_def, irdl_op_definition, traits_def, var_operand_def, var_result_def
+from xdsl.irdl import (
+    AttrSizedOperandSegments,
+    IRDLOperation,
+    attr_def,
+    irdl_op_definition,
+    operand_def,
+    opt_attr_def,
+    traits_def,
+    var_operand_def,
+    var_result_def,
+)
 from xdsl.traits import Pure
 
 from tessera.errors import TargetVerifyError
+from tessera.ir.attrs import ival
+from tessera.ir.tile import BufferType
 
 _SHAPE = re.compile(r"m(\d+)n(\d+)k(\d+)\Z")
 
@@ -41,4 +53,71 @@ class MmaSyncOp(IRDLOperation):
             raise TargetVerifyError("mma_sync D registers must match C registers", op=self)
 
 
-NVIDIA = Dialect("tessera_nvidia", [MmaSyncOp], [])
+@irdl_op_definition
+class CpAsyncOp(IRDLOperation):
+    """``cp.async.cg.shared.global`` of ``bytes`` (16) bytes from ``src[src_index]`` to
+    ``dst[dst_index]``; only the first ``src_bytes`` are read, the rest are zero-filled."""
+
+    name = "tessera_nvidia.cp_async"
+    dst = operand_def(BufferType)
+    dst_index = operand_def(IndexType)
+    src = operand_def(BufferType)
+    src_index = operand_def(IndexType)
+    src_bytes = operand_def(IndexType)
+    bytes = attr_def(IntegerAttr)
+    assembly_format = ("$dst `[` $dst_index `]` `,` $src `[` $src_index `]` `,` $src_bytes attr-dict `:` "
+                       "type($dst) `,` type($src)")
+
+    def verify_(self) -> None:
+        d, s_ = self.dst.type, self.src.type
+        if ival(self.bytes) not in (4, 8, 16):
+            raise TargetVerifyError("cp_async copies 4, 8 or 16 bytes", op=self)
+        if isinstance(d, BufferType) and isinstance(s_, BufferType) and (
+                d.space.data != "smem" or s_.space.data != "global" or d.element_type != s_.element_type):
+            raise TargetVerifyError("cp_async copies global -> smem of one element type", op=self)
+
+
+@irdl_op_definition
+class CpAsyncCommitOp(IRDLOperation):
+    """``cp.async.commit_group``: the copies issued since the last commit form one group."""
+
+    name = "tessera_nvidia.cp_async_commit"
+    assembly_format = "attr-dict"
+
+
+@irdl_op_definition
+class CpAsyncWaitOp(IRDLOperation):
+    """``cp.async.wait_group pending``: wait until at most ``pending`` of this thread's
+    committed groups are still in flight."""
+
+    name = "tessera_nvidia.cp_async_wait"
+    pending = attr_def(IntegerAttr)
+    assembly_format = "attr-dict"
+
+
+@irdl_op_definition
+class LdmatrixOp(IRDLOperation):
+    """``ldmatrix.sync.aligned.m8n8.x{num}[.trans].shared.b16``: lane l supplies the address
+    of row l % 8 of matrix l / 8 (``buf[index]``, 16-byte aligned); each lane receives one
+    32-bit register (two 16-bit elements) per matrix."""
+
+    name = "tessera_nvidia.ldmatrix"
+    buf = operand_def(BufferType)
+    index = operand_def(IndexType)
+    trans = opt_attr_def(UnitAttr)
+    regs = var_result_def(VectorType)
+    assembly_format = "$buf `[` $index `]` attr-dict `:` type($buf) `->` type($regs)"
+
+    def verify_(self) -> None:
+        if len(self.regs) not in (1, 2, 4):
+            raise TargetVerifyError("ldmatrix loads 1, 2 or 4 matrices", op=self)
+        b = self.buf.type
+        for r in self.regs:
+            if r.type.get_shape() != (2,) or (isinstance(b, BufferType) and r.type.element_type != b.element_type):
+                raise TargetVerifyError("ldmatrix results are vector<2 x 16-bit element> of the buffer's type",
+                                        op=self)
+        if isinstance(b, BufferType) and b.space.data != "smem":
+            raise TargetVerifyError("ldmatrix reads shared memory (smem)", op=self)
+
+
+NVIDIA = Dialect("tessera_nvidia", [MmaSyncOp, CpAsyncOp, CpAsyncCommitOp, CpAsyncWaitOp, LdmatrixOp], [])

@@ -20,7 +20,7 @@ from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr, str_array
 from tessera.mma.selector import record_by_id, select_mma, get_isa, MmaSelection, accumulator_regs_per_lane
 from tessera.passes.base import TesseraPass, register
-from tessera.passes.tile.kernels import attention, elementwise, gemm, reduce, rowwise, transpose
+from tessera.passes.tile.kernels import attention, elementwise, gemm, gpu_gemm, reduce, rowwise, transpose
 
 
 def _selection(kop: s.KernelOp) -> MmaSelection:
@@ -33,9 +33,11 @@ def generate(kop: s.KernelOp):
     kind = kop.kind.data
     if kind == "gemm":
         sel = _selection(kop)
+        plan = gemm.analyse(kop)
+        if sel.record.target in ("rocm", "nvidia"):
+            return gpu_gemm.generate(kop, plan, sel)
         if sel.record.target != "x86":
             raise ScheduleIllegalError(f"no {sel.record.target} gemm generator in this pipeline")
-        plan = gemm.analyse(kop)
         return gemm.generate(kop, plan, gemm.config(kop, sel))
     mod = {"rowwise": rowwise, "elementwise": elementwise, "reduce": reduce, "transpose": transpose,
            "attention": attention}.get(kind)
@@ -54,7 +56,8 @@ class LowerScheduleToTile(TesseraPass):
     consumes = ("schedule.kernel", "tessera.*")
     produces = ("func.func", "tile.launch", "tile.alloc", "tile.view", "tile.async_copy", "tile.wait", "tile.barrier",
                 "tile.fragment_zero", "tile.fragment_pack", "tile.mma", "tile.fragment_unpack", "tile.load",
-                "tile.store", "tile.constant", "tile.splat_index", "tile.elementwise", "tile.mask", "tile.reduce")
+                "tile.store", "tile.constant", "tile.splat_index", "tile.elementwise", "tile.mask", "tile.reduce",
+                "tile.program_id", "tile.wave_id")
 
     def apply(self, ctx: Context, module: ModuleOp) -> None:
         for fn in list(module.body.block.ops):
@@ -67,12 +70,15 @@ class LowerScheduleToTile(TesseraPass):
                 # the vector width the kernel's tiles are laid out for (the target lowering maps them)
                 kfn.attributes["vector"] = kop.vector
                 limits = kfn.attributes.pop("limits", None)
+                gpu = {k.split(".", 1)[1]: kfn.attributes[k] for k in ("gpu.grid", "gpu.block")
+                       if k in kfn.attributes}
                 module.body.block.add_op(kfn)
                 launch = t.LaunchOp.create(
                     operands=list(kop.inputs), result_types=[r.type for r in kop.outputs] + list(extra),
                     attributes={"callee": FlatSymbolRefAttr(kop.sym_name.data), "dims": str_array(
                         [str(d) for d in dims]), "workspace": i64_attr(workspace),
-                        "parallel": StringAttr(kop.parallel.data), **({"limits": limits} if limits else {})})
+                        "parallel": StringAttr(kop.parallel.data), **({"limits": limits} if limits else {}),
+                        **gpu})
                 launch.location = kop.location
                 fn.body.block.insert_op_before(launch, kop)
                 for old, new in zip(kop.outputs, launch.outs):

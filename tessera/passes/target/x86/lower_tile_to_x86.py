@@ -586,7 +586,7 @@ class _Lowerer:
         elif layout == "a_panel":
             self._pack_a(b, src, dst, doff, panel, kp)
         else:
-            self._copy_rows(b, src, dst, doff)
+            self._copy_rows(b, src, dst, doff, panel)
 
     def _scalar_type(self, elem):
         return elem
@@ -762,17 +762,19 @@ class _Lowerer:
             return []
         b.for_(k_from, kcp, 1, zl)
 
-    def _copy_rows(self, b: Builder, src: ViewVal, dst, doff) -> None:
+    def _copy_rows(self, b: Builder, src: ViewVal, dst, doff, pitch: int) -> None:
+        """All R rows of the view, ``pitch`` elements apart; rows past the extent become zeros."""
         R, C = src.shape
 
         def row(br: Builder, i, _c):
+            valid = br.select(br.cmp("slt", i, src.rows), br.c(1), br.c(0))
             regs = self._load_tile(br, ViewVal(src.base, br.c(br.add(src.off, br.mul(i, src.rs))), src.rs, src.cs,
-                                               br.c(1), src.cols, (1, C), src.elem))
-            self._store_tile(br, regs, ViewVal(dst, br.c(br.add(doff, br.mul(i, C))), br.c(C), br.c(1), br.c(1), br.c(C), (1, C),
-                                                src.elem))
+                                               br.c(valid), src.cols, (1, C), src.elem))
+            self._store_tile(br, regs, ViewVal(dst, br.c(br.add(doff, br.mul(i, pitch))), br.c(pitch), br.c(1),
+                                               br.c(1), br.c(C), (1, C), self.pack_elem))
             return []
 
-        b.for_(0, src.rows, 1, row)
+        b.for_(0, R, 1, row)
 
 
 @register

@@ -11,6 +11,10 @@ Kernel ABI (Tile IR, every target): a kernel function takes
      carves per-thread staging buffers from it (``workspace`` bytes on the launch);
   5. ``team: !tile.buffer<i8, team>`` — scratch shared by the launch's threads (its
      first 128 bytes are the barrier's); ``tile.alloc`` in space ``team`` carves from it.
+
+A GPU kernel (``KernelSig(gpu=True)``) takes only 1 and 2: which workgroup and wave
+runs comes from ``tile.program_id`` / ``tile.wave_id``, and ``tile.alloc`` in ``lds`` /
+``smem`` is the workgroup's shared memory.
 """
 from __future__ import annotations
 
@@ -45,6 +49,7 @@ class KernelSig:
     _dim_index: dict[D.Dim, int] = field(default_factory=dict)
     workspace: int = 0
     allocs: list[tuple[int, int]] = field(default_factory=list)
+    gpu: bool = False
 
     def buffer(self, elem: Attribute) -> int:
         self.buffers.append(t.buffer(elem, "global"))
@@ -59,7 +64,8 @@ class KernelSig:
         return expr
 
     def build(self) -> "KernelFn":
-        arg_types = self.buffers + [INDEX] * len(self.dims) + [INDEX, INDEX, WS_TYPE, TEAM_TYPE]
+        tail = [] if self.gpu else [INDEX, INDEX, WS_TYPE, TEAM_TYPE]
+        arg_types = self.buffers + [INDEX] * len(self.dims) + tail
         block = Block(arg_types=arg_types)
         fn = func.FuncOp(self.name, (arg_types, []), Region(block))
         return KernelFn(self, fn, block)
@@ -76,6 +82,9 @@ class KernelFn:
         nb = len(self.sig.buffers)
         self.buffer_args = list(self.block.args[:nb])
         self.dim_args = {e: self.block.args[nb + i] for e, i in self.sig._dim_index.items()}
+        if self.sig.gpu:
+            self.tid = self.nthreads = self.ws = self.team = None
+            return
         self.tid = self.block.args[nb + len(self.sig.dims)]
         self.nthreads = self.block.args[nb + len(self.sig.dims) + 1]
         self.ws = self.block.args[-2]

@@ -212,7 +212,6 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
     b = kf.b
     buf = kf.buffer_args
     M, N, K = kf.size(plan.m), kf.size(plan.n), kf.size(plan.k)
-    nbatch = len(plan.batch)
 
     # workspace: A panel (MC x KC) and B panel (KC x NC), element type of the inputs
     esize = 2 if isinstance(in_elem, (BFloat16Type, Float16Type)) else 4
@@ -244,21 +243,8 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
         b_lo = b.div(lo, mt_safe)
         b_hi = b.ceil_div(hi, mt_safe)
 
-    def view(bb: Builder, src: SSAValue, elem, space, shape, off, rs, cs, rows, cols) -> SSAValue:
-        op = t.ViewOp.create(operands=[src, bb.c(off), bb.c(rs), bb.c(cs), bb.c(rows), bb.c(cols)],
-                             result_types=[t.view_type(shape[0], shape[1], elem, space)])
-        bb.op(op)
-        return op.result
-
     def batch_offset(bb: Builder, bidx: SSAValue, v: StridedView) -> SSAValue | int:
-        off: SSAValue | int = 0
-        rem: SSAValue | int = bidx
-        for i in reversed(range(nbatch)):
-            size = kf.size(plan.batch[i])
-            idx = bb.rem(rem, size) if i > 0 else rem
-            rem = bb.div(rem, size) if i > 0 else 0
-            off = bb.add(off, bb.mul(idx, kf.size(v.strides[i])))
-        return off
+        return batch_offset_of(bb, kf, plan, bidx, v)
 
     # k-blocks of equal size (at most KC, a multiple of the instruction's K): K = 1029 with
     # KC = 512 runs three blocks of 344 instead of 512 + 512 + 5 (a tail that is all overhead)
@@ -420,30 +406,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
         unpack = unpacked[0] if chains == 1 else elementwise(br, "add", unpacked)
 
         def finish(bf: Builder):
-            val = unpack
-            for st in plan.epilogue:
-                if st[0] == "un":
-                    val = elementwise(bf, st[1], [val])
-                elif st[0] == "self":
-                    val = elementwise(bf, st[1], [val, val])
-                else:
-                    _, fn, operand, chain_lhs = st
-                    if isinstance(operand, float):
-                        other = tile_const(bf, operand)
-                    else:
-                        ov = operand.view
-                        r = 1 if operand.row_bcast else MR
-                        c = 1 if operand.col_bcast else cols
-                        rs = 0 if operand.row_bcast else kf.size(ov.strides[-2])
-                        cs = 0 if operand.col_bcast else kf.size(ov.strides[-1])
-                        off = bf.add(epi_offs[id(ov)], bf.add(bf.mul(row, rs), bf.mul(col, cs)))
-                        elem = kop.inputs[operand.arg].type.element_type
-                        vw = view(bf, buf[operand.arg], elem, "global", (r, c), off, rs, cs,
-                                  1 if r == 1 else vr, 1 if c == 1 else vc)
-                        ld = t.LoadOp.create(operands=[vw], result_types=[t.tile_type(r, c, f32)])  # f32 in registers
-                        bf.op(ld)
-                        other = ld.result
-                    val = elementwise(bf, fn, [val, other] if chain_lhs else [other, val])
+            val = apply_epilogue(bf, kf, kop, plan, unpack, (MR, cols), row, col, vr, vc, epi_offs)
             out_view = view(bf, buf[out_buf], out_elem, "global", (MR, cols), c_off, N, 1, vr, vc)
             bf.op(t.StoreOp.create(operands=[val, out_view]))
 
@@ -455,6 +418,60 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
     b.for_(b_lo, b_hi, 1, body_batch)
     fn = kf.finish()
     return fn, sig.dims, workspace, extra_outputs
+
+
+def view(bb: Builder, src: SSAValue, elem, space, shape, off, rs, cs, rows, cols, align: int = 0) -> SSAValue:
+    """``tile.view`` of ``src`` (operands may be Python ints)."""
+    op = t.ViewOp.create(operands=[src, bb.c(off), bb.c(rs), bb.c(cs), bb.c(rows), bb.c(cols)],
+                         result_types=[t.view_type(shape[0], shape[1], elem, space)],
+                         attributes={"align": i64_attr(align)} if align > 1 else {})
+    bb.op(op)
+    return op.result
+
+
+def batch_offset_of(bb: Builder, kf: KernelFn, plan: GemmPlan, bidx: SSAValue, v: StridedView) -> SSAValue | int:
+    """Element offset of batch entry ``bidx`` (row-major over the batch dims) in view ``v``."""
+    off: SSAValue | int = 0
+    rem: SSAValue | int = bidx
+    nbatch = len(plan.batch)
+    for i in reversed(range(nbatch)):
+        size = kf.size(plan.batch[i])
+        idx = bb.rem(rem, size) if i > 0 else rem
+        rem = bb.div(rem, size) if i > 0 else 0
+        off = bb.add(off, bb.mul(idx, kf.size(v.strides[i])))
+    return off
+
+
+def apply_epilogue(bf: Builder, kf: KernelFn, kop: s.KernelOp, plan: GemmPlan, val: SSAValue,
+                   shape: tuple[int, int], row, col, vr, vc, epi_offs: dict) -> SSAValue:
+    """The fused epilogue on an R x C tile of results at (row, col) with ``vr`` x ``vc`` valid:
+    unary functions, and binary ones with a constant or a broadcast kernel input."""
+    R, C = shape
+    buf = kf.buffer_args
+    for st in plan.epilogue:
+        if st[0] == "un":
+            val = elementwise(bf, st[1], [val])
+        elif st[0] == "self":
+            val = elementwise(bf, st[1], [val, val])
+        else:
+            _, fn, operand, chain_lhs = st
+            if isinstance(operand, float):
+                other = tile_const(bf, operand)
+            else:
+                ov = operand.view
+                r = 1 if operand.row_bcast else R
+                c = 1 if operand.col_bcast else C
+                rs = 0 if operand.row_bcast else kf.size(ov.strides[-2])
+                cs = 0 if operand.col_bcast else kf.size(ov.strides[-1])
+                off = bf.add(epi_offs[id(ov)], bf.add(bf.mul(row, rs), bf.mul(col, cs)))
+                elem = kop.inputs[operand.arg].type.element_type
+                vw = view(bf, buf[operand.arg], elem, "global", (r, c), off, rs, cs,
+                          1 if r == 1 else vr, 1 if c == 1 else vc)
+                ld = t.LoadOp.create(operands=[vw], result_types=[t.tile_type(r, c, f32)])  # f32 in registers
+                bf.op(ld)
+                other = ld.result
+            val = elementwise(bf, fn, [val, other] if chain_lhs else [other, val])
+    return val
 
 
 def _round(n: int) -> int:

@@ -1,0 +1,1 @@
+"""Wave/warp emulation of GPU kernels; ``layouts`` is the one table of matrix-instruction lane layouts."""

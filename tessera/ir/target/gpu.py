@@ -1,0 +1,231 @@
+"""Target IR shared by the GPU lanes: the ``tessera_gpu`` dialect (per-thread SIMT ops).
+
+A GPU kernel at Target IR is the program of ONE thread (``tessera_gpu.thread_id`` says
+which) written with these ops plus ``arith``/``scf``/``func``; the wave- or warp-wide
+matrix instructions come from the target's own dialect (``tessera_rocm.wmma/mfma``,
+``tessera_nvidia.mma_sync/ldmatrix/cp_async``).  Both GPU lanes share this dialect and
+its translation (``tessera.codegen.gpu``) and the emulator (``tessera.emulate``); a
+target adds only its matrix and copy instructions.
+
+Pointers are ``!tile.buffer<elem, space>`` values (``global``; ``lds``/``smem`` for
+workgroup-shared memory) indexed in elements.
+
+  thread_id     this thread's index in its workgroup (1-D workgroups)
+  block_id      this workgroup's index along grid axis 0/1/2
+  shared        a buffer at byte ``offset`` of the workgroup's shared memory
+  load / store  one element, or N consecutive ones as ``vector<N x elem>``; ``align`` (bytes)
+                is what the address is promised to be a multiple of
+  barrier       workgroup barrier; shared and global memory written before it are
+                visible to the workgroup after it
+  pack          scalars -> ``vector<N x elem>``     extract   one element of a vector
+  convert       float <-> float (f32, f16, bf16), elementwise on vectors
+  math          ``fn`` on f32 scalars or vectors (the ``tile.elementwise`` functions)
+  launch        host program step: run kernel ``callee`` on a grid of workgroups
+"""
+from __future__ import annotations
+
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    BFloat16Type,
+    FlatSymbolRefAttr,
+    Float16Type,
+    Float32Type,
+    IndexType,
+    IntegerAttr,
+    StringAttr,
+    VectorType,
+)
+from xdsl.ir import Attribute, Dialect
+from xdsl.irdl import (
+    IRDLOperation,
+    attr_def,
+    irdl_op_definition,
+    operand_def,
+    result_def,
+    traits_def,
+    var_operand_def,
+    var_result_def,
+)
+from xdsl.traits import Pure
+
+from tessera.errors import TargetVerifyError
+from tessera.ir.attrs import ival
+from tessera.ir.tile import BINARY_FNS, UNARY_FNS, BufferType
+
+FLOATS = (Float32Type, Float16Type, BFloat16Type)
+SHARED_SPACES = ("lds", "smem")
+
+
+def element_of(t: Attribute) -> Attribute:
+    return t.element_type if isinstance(t, VectorType) else t
+
+
+def lanes_of(t: Attribute) -> int:
+    return t.get_shape()[0] if isinstance(t, VectorType) else 1
+
+
+def _bad(op, msg: str) -> TargetVerifyError:
+    return TargetVerifyError(f"{op.name}: {msg}", op=op)
+
+
+@irdl_op_definition
+class ThreadIdOp(IRDLOperation):
+    name = "tessera_gpu.thread_id"
+    result = result_def(IndexType)
+    traits = traits_def(Pure())
+    assembly_format = "attr-dict `:` type($result)"
+
+
+@irdl_op_definition
+class BlockIdOp(IRDLOperation):
+    name = "tessera_gpu.block_id"
+    axis = attr_def(IntegerAttr)
+    result = result_def(IndexType)
+    traits = traits_def(Pure())
+    assembly_format = "attr-dict `:` type($result)"
+
+    def verify_(self) -> None:
+        if ival(self.axis) not in (0, 1, 2):
+            raise _bad(self, "axis must be 0, 1 or 2")
+
+
+@irdl_op_definition
+class SharedOp(IRDLOperation):
+    name = "tessera_gpu.shared"
+    offset = attr_def(IntegerAttr)   # bytes from the start of the workgroup's shared memory
+    size = attr_def(IntegerAttr)     # elements
+    result = result_def(BufferType)
+    traits = traits_def(Pure())
+    assembly_format = "attr-dict `:` type($result)"
+
+    def verify_(self) -> None:
+        t = self.result.type
+        if isinstance(t, BufferType) and t.space.data not in SHARED_SPACES:
+            raise _bad(self, f"shared memory is space lds or smem, not {t.space.data}")
+        if ival(self.offset) < 0 or ival(self.size) <= 0:
+            raise _bad(self, "offset must be >= 0 and size > 0")
+
+
+def _check_access(op, buf: Attribute, value: Attribute, align: int) -> None:
+    if not isinstance(buf, BufferType):
+        raise _bad(op, f"base must be a !tile.buffer, got {buf}")
+    if element_of(value) != buf.element_type:
+        raise _bad(op, f"value element {element_of(value)} differs from the buffer's {buf.element_type}")
+    if align <= 0 or align & (align - 1):
+        raise _bad(op, f"align {align} must be a positive power of two")
+
+
+@irdl_op_definition
+class LoadOp(IRDLOperation):
+    name = "tessera_gpu.load"
+    base = operand_def(BufferType)
+    index = operand_def(IndexType)
+    align = attr_def(IntegerAttr)
+    result = result_def()
+    assembly_format = "$base `[` $index `]` attr-dict `:` type($base) `->` type($result)"
+
+    def verify_(self) -> None:
+        _check_access(self, self.base.type, self.result.type, ival(self.align))
+
+
+@irdl_op_definition
+class StoreOp(IRDLOperation):
+    name = "tessera_gpu.store"
+    value = operand_def()
+    base = operand_def(BufferType)
+    index = operand_def(IndexType)
+    align = attr_def(IntegerAttr)
+    assembly_format = "$value `,` $base `[` $index `]` attr-dict `:` type($value) `,` type($base)"
+
+    def verify_(self) -> None:
+        _check_access(self, self.base.type, self.value.type, ival(self.align))
+
+
+@irdl_op_definition
+class BarrierOp(IRDLOperation):
+    name = "tessera_gpu.barrier"
+    assembly_format = "attr-dict"
+
+
+@irdl_op_definition
+class PackOp(IRDLOperation):
+    name = "tessera_gpu.pack"
+    elements = var_operand_def()
+    result = result_def(VectorType)
+    traits = traits_def(Pure())
+    assembly_format = "$elements attr-dict `:` type($elements) `->` type($result)"
+
+    def verify_(self) -> None:
+        t = self.result.type
+        if len(self.elements) != lanes_of(t) or any(e.type != t.element_type for e in self.elements):
+            raise _bad(self, f"{len(self.elements)} operands do not build {t}")
+
+
+@irdl_op_definition
+class ExtractOp(IRDLOperation):
+    name = "tessera_gpu.extract"
+    vector = operand_def(VectorType)
+    position = attr_def(IntegerAttr)
+    result = result_def()
+    traits = traits_def(Pure())
+    assembly_format = "$vector `[` $position `]` attr-dict `:` type($vector) `->` type($result)"
+
+    def verify_(self) -> None:
+        t = self.vector.type
+        if not 0 <= ival(self.position) < lanes_of(t) or self.result.type != t.element_type:
+            raise _bad(self, f"cannot extract element {ival(self.position)} of {t} as {self.result.type}")
+
+
+@irdl_op_definition
+class ConvertOp(IRDLOperation):
+    name = "tessera_gpu.convert"
+    input = operand_def()
+    result = result_def()
+    traits = traits_def(Pure())
+    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+
+    def verify_(self) -> None:
+        a, r = self.input.type, self.result.type
+        if lanes_of(a) != lanes_of(r) or not all(isinstance(element_of(x), FLOATS) for x in (a, r)):
+            raise _bad(self, f"converts floats of one shape: {a} -> {r}")
+
+
+@irdl_op_definition
+class MathOp(IRDLOperation):
+    name = "tessera_gpu.math"
+    fn = attr_def(StringAttr)
+    inputs = var_operand_def()
+    result = result_def()
+    traits = traits_def(Pure())
+    assembly_format = "$fn $inputs attr-dict `:` functional-type($inputs, results)"
+
+    def verify_(self) -> None:
+        fn = self.fn.data
+        arity = 1 if fn in UNARY_FNS else 2 if fn in BINARY_FNS else None
+        if arity is None or len(self.inputs) != arity:
+            raise _bad(self, f"fn {fn!r} with {len(self.inputs)} operand(s); unary: {', '.join(UNARY_FNS)}; "
+                             f"binary: {', '.join(BINARY_FNS)}")
+        if any(v.type != self.result.type for v in self.inputs) or \
+                not isinstance(element_of(self.result.type), Float32Type):
+            raise _bad(self, "operands and result must be the same f32 scalar or vector type")
+
+
+@irdl_op_definition
+class LaunchOp(IRDLOperation):
+    """Host program step: kernel ``callee`` over ``grid`` workgroups (``"D/b"``: ceil(D / b))
+    of ``block`` threads with ``shared`` bytes of shared memory; ``dims`` are the size
+    arguments after the buffers (symbolic expressions the runtime evaluates)."""
+
+    name = "tessera_gpu.launch"
+    callee = attr_def(FlatSymbolRefAttr)
+    args = var_operand_def()
+    outs = var_result_def()
+    dims = attr_def(ArrayAttr)
+    grid = attr_def(ArrayAttr)
+    block = attr_def(IntegerAttr)
+    shared = attr_def(IntegerAttr)
+    assembly_format = "$callee `(` $args `)` attr-dict `:` functional-type($args, results)"
+
+
+GPU = Dialect("tessera_gpu", [ThreadIdOp, BlockIdOp, SharedOp, LoadOp, StoreOp, BarrierOp, PackOp, ExtractOp,
+                              ConvertOp, MathOp, LaunchOp], [])

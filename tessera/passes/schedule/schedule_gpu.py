@@ -1,0 +1,146 @@
+"""``schedule-gpu{target=rocm|nvidia arch=...}``: Graph IR fusion groups -> ``schedule.kernel`` (GPU).
+
+The GPU lanes implement GEMM kernels (``[batch] C = epilogue(A @ B [+ C0])``, f16/bf16
+inputs, f32 accumulation).  For each one the pass records:
+
+- mma: the selector's record for the input dtype on this arch (wave size from the arch;
+  ``mma-shape`` / ``mma-family`` pins go through the selector, which refuses what the
+  arch lacks) — and refuses a record that ``lower-tile-to-<target>`` does not implement;
+- tiles ``[1, BM, BN, BK]`` over loops ``b, m, n, k``: one workgroup (thread block) per
+  BM x BN block of C and batch entry (``parallel = "b*m*n"``: the grid), k in steps of BK;
+- register_tile ``[FM, FN]``: instructions per wave (warp) — each wave owns an
+  FM*m x FN*n sub-tile; the workgroup has (BM / (FM*m)) x (BN / (FN*n)) waves;
+- threads: lanes per workgroup; vector: lanes per wave; staging: how many k-blocks of A
+  and B are in flight in shared memory (1 = copy, wait, compute; 2+ = multi-buffered).
+
+Any other kernel kind has no GPU generator and is refused here with a coded error.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp, StringAttr
+
+from tessera.errors import MmaSelectorError, ScheduleIllegalError
+from tessera.ir import graph as g
+from tessera.ir import schedule as s
+from tessera.ir.attrs import i64_attr, int_array, str_array
+from tessera.mma.selector import get_isa, require_lowering, select_mma
+from tessera.passes.base import TesseraPass, option, register
+from tessera.passes.schedule.schedule_cpu import _dtype
+
+GPU_TARGETS = ("rocm", "nvidia")
+# shared memory a workgroup may allocate statically
+SHARED_LIMIT = {"rocm": 64 << 10, "nvidia": 48 << 10}
+# the register budget (32-bit registers per lane) the accumulators may take at most
+ACC_BUDGET = {"rocm": 128, "nvidia": 96}
+
+
+def default_tiles(target: str, shape: tuple[int, int, int]) -> dict:
+    """BM, BN, BK, register tile and staging for one instruction shape."""
+    m, n, _k = shape
+    if target == "nvidia":     # 128x128 blocks, 8 warps of 64x32 (4x4 m16n8 instructions)
+        return {"bm": 128, "bn": 128, "bk": 32, "fm": 64 // m, "fn": 32 // n, "staging": 2}
+    # AMD: 64x64 blocks of four waves, each 32x32 (2x2 16x16 or 1x1 32x32 instructions)
+    return {"bm": 64, "bn": 64, "bk": 32, "fm": 32 // m, "fn": 32 // n, "staging": 2}
+
+
+@register
+@dataclass(frozen=True)
+class ScheduleGpu(TesseraPass):
+    """Graph IR fusion groups -> schedule.kernel with workgroup/wave tiling and the selected MMA."""
+
+    name = "schedule-gpu"
+    kind = "layer-boundary"
+    consumes = ("tessera.fusion",)
+    produces = ("schedule.kernel",)
+    target: str = option(doc="rocm or nvidia; required")
+    arch: str = option(doc="the GPU arch (gfx1151, gfx942, sm_90, ...); required, never defaulted")
+    tile_m: int = option(0, doc="rows of C per workgroup (BM); 0: the default for the instruction")
+    tile_n: int = option(0, doc="columns of C per workgroup (BN)")
+    tile_k: int = option(0, doc="k per staged block (BK)")
+    register_tile: tuple[int, ...] = option((), doc="FM,FN instructions per wave")
+    staging: int = option(0, doc="k-blocks in flight in shared memory (0: the default)")
+    mma_shape: tuple[int, ...] = option((), doc="instruction shape M,N,K to prefer (selector-checked)")
+    mma_family: str = option("", doc="instruction family to require (wmma, mfma, mma_sync; selector-checked)")
+
+    def apply(self, ctx: Context, module: ModuleOp) -> None:
+        if self.target not in GPU_TARGETS:
+            raise ScheduleIllegalError(f"schedule-gpu target {self.target!r}; legal: {', '.join(GPU_TARGETS)}")
+        isa = get_isa(self.target, self.arch)
+        n = 0
+        for fn in module.walk():
+            if not (isinstance(fn, func.FuncOp) and fn.body.blocks):
+                continue
+            for op in list(fn.body.block.ops):
+                if isinstance(op, g.FusionOp):
+                    self._schedule(op, isa, f"k{n}_{op.kind.data}")
+                    n += 1
+
+    def _schedule(self, fop: g.FusionOp, isa, name: str) -> None:
+        kind = fop.kind.data
+        if kind != "gemm":
+            ops = ", ".join(o.name for o in fop.body.block.ops if o.name != "tessera.yield")
+            raise ScheduleIllegalError(
+                f"kernel {name} ({ops}): the {self.target} lane generates gemm kernels (matmul with a fused "
+                f"epilogue) only; a {kind} kernel has no {self.target} generator yet")
+        mm = next(o for o in fop.body.block.ops if isinstance(o, g.MatmulOp))
+        dtype = _dtype(mm.lhs.type.element_type)
+        lowering = f"lower-tile-to-{self.target}"
+        try:
+            sel = select_mma(isa, dtype, out_dtype="f32", family=self.mma_family or None,
+                             prefer_shape=tuple(self.mma_shape) if self.mma_shape else None)
+            require_lowering(sel, lowering)
+        except MmaSelectorError as e:
+            e.message = f"kernel {name} ({mm.name}, {dtype} inputs): {e.message}"
+            raise e.with_location(None)
+        rec = sel.record
+        im, in_, ik = rec.shape
+        d = default_tiles(self.target, rec.shape)
+        fm, fn_ = (self.register_tile if self.register_tile else (d["fm"], d["fn"]))
+        bm = self.tile_m or d["bm"]
+        bn = self.tile_n or d["bn"]
+        bk = self.tile_k or d["bk"]
+        staging = self.staging or d["staging"]
+        wave = rec.lanes or 32
+        bad = []
+        if bm % (fm * im):
+            bad.append(f"tile-m={bm} is not a multiple of FM*{im}={fm * im}")
+        if bn % (fn_ * in_):
+            bad.append(f"tile-n={bn} is not a multiple of FN*{in_}={fn_ * in_}")
+        if bk % max(ik, 8):
+            bad.append(f"tile-k={bk} is not a multiple of {max(ik, 8)} (the instruction's K, and 8-element rows)")
+        if not 1 <= staging <= 4:
+            bad.append(f"staging={staging} is not in 1..4")
+        if bad:
+            raise ScheduleIllegalError(f"kernel {name} ({rec.id}): " + "; ".join(bad))
+        waves = (bm // (fm * im)) * (bn // (fn_ * in_))
+        threads = waves * wave
+        if threads > 1024:
+            raise ScheduleIllegalError(f"kernel {name}: {waves} waves of {wave} lanes = {threads} threads per "
+                                       "workgroup; at most 1024")
+        acc_regs = fm * fn_ * (sel.regs_per_lane or 0)
+        if acc_regs > ACC_BUDGET[self.target]:
+            raise ScheduleIllegalError(f"kernel {name}: register tile {fm}x{fn_} of {rec.id} keeps {acc_regs:g} "
+                                       f"accumulator registers per lane; at most {ACC_BUDGET[self.target]}")
+        shared = staging * (bm * (bk + 8) + bk * (bn + 8)) * 2
+        if shared > SHARED_LIMIT[self.target]:
+            raise ScheduleIllegalError(f"kernel {name}: {staging} stages of {bm}x{bk} A and {bk}x{bn} B blocks take "
+                                       f"{shared} bytes of shared memory; {self.arch} allows "
+                                       f"{SHARED_LIMIT[self.target]} per workgroup")
+        attrs = {"sym_name": StringAttr(name), "kind": StringAttr(kind), "parallel": StringAttr("b*m*n"),
+                 "threads": i64_attr(threads), "staging": i64_attr(staging), "unroll": i64_attr(1),
+                 "mma": StringAttr(rec.id), "register_tile": int_array([fm, fn_]), "vector": i64_attr(wave),
+                 "loops": str_array(["b", "m", "n", "k"]), "tiles": int_array([1, bm, bn, bk]),
+                 "order": str_array(["b", "m", "n", "k"])}
+        region = fop.detach_region(fop.body)
+        kop = s.KernelOp.create(operands=list(fop.inputs), result_types=[r.type for r in fop.outputs],
+                                attributes=attrs, regions=[region])
+        kop.location = fop.location
+        fop.parent.insert_op_before(kop, fop)
+        for old, new in zip(fop.outputs, kop.outputs):
+            old.replace_all_uses_with(new)
+        fop.detach()
+        fop.erase()

@@ -1,0 +1,277 @@
+"""A thin CUDA driver-API launcher for cubins, over ``cuda-python``.
+
+``cuda-python`` is imported lazily (``cuda.bindings.driver``, or ``cuda.cuda`` from releases
+before 12.6): Tessera installs and its tests pass without it.  Every call's ``CUresult`` is
+checked; failures raise :class:`LaneUnavailableError` when this machine cannot run the lane
+(no driver, no device, no binary for this GPU) and :class:`CodegenError` otherwise, with the
+CUDA error name in the message.
+
+Kernel parameters are passed through ``kernelParams``: an array of pointers, one per
+parameter, each to a 64-bit value (a device pointer per buffer, then an int64 per scalar).
+The driver copies as many bytes as the kernel's parameter declares, so a ``.u32`` parameter
+receives the low half of its int64 (little-endian), which is its value when it fits.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from tessera.errors import ArgumentError, CodegenError, LaneUnavailableError
+
+# Errors that mean "this machine cannot run the lane", not "the kernel or launch is wrong".
+_UNAVAILABLE = {
+    "CUDA_ERROR_NO_DEVICE", "CUDA_ERROR_INSUFFICIENT_DRIVER", "CUDA_ERROR_NOT_INITIALIZED",
+    "CUDA_ERROR_DEINITIALIZED", "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH", "CUDA_ERROR_DEVICES_UNAVAILABLE",
+    "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE", "CUDA_ERROR_NO_BINARY_FOR_GPU",
+    "CUDA_ERROR_SYSTEM_NOT_READY", "CUDA_ERROR_STUB_LIBRARY", "CUDA_ERROR_OPERATING_SYSTEM",
+}
+_DEFAULT_DYNAMIC_SMEM = 48 * 1024   # above this a kernel must opt in to dynamic shared memory
+_I64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _driver() -> Any | None:
+    """The cuda-python driver module, or None when cuda-python is not installed."""
+    try:
+        from cuda.bindings import driver
+        return driver
+    except ImportError:
+        pass
+    try:
+        from cuda import cuda as driver  # cuda-python < 12.6
+        return driver
+    except ImportError:
+        return None
+
+
+def _name(err: Any) -> str:
+    return getattr(err, "name", None) or f"CUresult {int(err)}"
+
+
+def _check(result: Any, what: str) -> Any:
+    """Unpack cuda-python's ``(CUresult, *values)`` and raise on failure; returns the value(s)."""
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        name = _name(err)
+        cls = LaneUnavailableError if name in _UNAVAILABLE else CodegenError
+        raise cls(f"CUDA {what} failed: {name}")
+    return values[0] if len(values) == 1 else tuple(values) if values else None
+
+
+def device_available() -> tuple[bool, str]:
+    """``(True, device name)`` for CUDA device 0, else ``(False, reason)``; never raises."""
+    drv = _driver()
+    if drv is None:
+        return False, "cuda-python not installed"
+    try:
+        _check(drv.cuInit(0), "cuInit")
+        if _check(drv.cuDeviceGetCount(), "cuDeviceGetCount") < 1:
+            return False, "no CUDA device"
+        name = _check(drv.cuDeviceGetName(256, _check(drv.cuDeviceGet(0), "cuDeviceGet")), "cuDeviceGetName")
+        name = name if isinstance(name, str) else bytes(name).decode(errors="replace")
+        return True, name.split("\0", 1)[0].strip()
+    except LaneUnavailableError as e:
+        return False, "no CUDA device" if "CUDA_ERROR_NO_DEVICE" in e.message else e.message
+    except Exception as e:  # a missing libcuda raises from inside cuda-python
+        return False, f"CUDA driver unavailable: {type(e).__name__}: {e}"
+
+
+def device_arch(device: int = 0) -> str | None:
+    """``sm_XY`` of a CUDA device, or None when there is none (never raises)."""
+    drv = _driver()
+    if drv is None or not device_available()[0]:
+        return None
+    try:
+        dev = _check(drv.cuDeviceGet(device), "cuDeviceGet")
+        attr = drv.CUdevice_attribute
+        major = _check(drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "attr")
+        minor = _check(drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "attr")
+        return f"sm_{major}{minor}"
+    except Exception:
+        return None
+
+
+@dataclass
+class KernelParams:
+    """A ``void*[]`` for ``cuLaunchKernel``; ``values`` keeps the pointed-to ctypes alive."""
+    array: ctypes.Array
+    values: list[ctypes.c_uint64 | ctypes.c_int64]
+
+    @property
+    def address(self) -> int:
+        """What to pass as ``kernelParams`` (0 when the kernel takes no parameters)."""
+        return ctypes.addressof(self.array) if self.values else 0
+
+    @property
+    def sizes(self) -> list[int]:
+        return [ctypes.sizeof(v) for v in self.values]
+
+
+def pack_params(pointers: Sequence[int], scalars: Sequence[int]) -> KernelParams:
+    """One uint64 per device pointer, then one int64 per scalar, and the array of their addresses."""
+    for p in pointers:
+        if not 0 <= int(p) < (1 << 64):
+            raise ArgumentError(f"device pointer {p!r} is not a 64-bit address")
+    for s in scalars:
+        if not isinstance(s, (int, np.integer)) or not _I64[0] <= int(s) <= _I64[1]:
+            raise ArgumentError(f"kernel scalar {s!r} is not an int64")
+    values = [ctypes.c_uint64(int(p)) for p in pointers] + [ctypes.c_int64(int(s)) for s in scalars]
+    array = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
+    return KernelParams(array, values)
+
+
+def _dims(name: str, d: Sequence[int]) -> tuple[int, int, int]:
+    if len(d) != 3 or any(int(x) < 1 for x in d):
+        raise ArgumentError(f"{name} must be three positive ints, got {tuple(d)}")
+    return int(d[0]), int(d[1]), int(d[2])
+
+
+class CudaModule:
+    """A cubin loaded into device 0's primary context.  Use as a context manager or call
+    :meth:`close`; device memory is allocated and freed per call."""
+
+    def __init__(self, cubin: bytes, device: int = 0):
+        self._cu = _driver()
+        if self._cu is None:
+            raise LaneUnavailableError("the CUDA lane needs cuda-python (pip install cuda-python), "
+                                       "which is not installed")
+        cu = self._cu
+        self._module = self._ctx = self._dev = None
+        try:
+            _check(cu.cuInit(0), "cuInit")
+            self._dev = _check(cu.cuDeviceGet(device), "cuDeviceGet")
+            self._ctx = _check(cu.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
+            _check(cu.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+            self._module = _check(cu.cuModuleLoadData(bytes(cubin)), "cuModuleLoadData")
+        except (LaneUnavailableError, CodegenError):
+            self.close()
+            raise
+        except Exception as e:  # a missing libcuda raises from inside cuda-python
+            self.close()
+            raise LaneUnavailableError(f"CUDA driver unavailable: {type(e).__name__}: {e}") from e
+        self._functions: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        cu, module, ctx, self._module, self._ctx = self._cu, self._module, self._ctx, None, None
+        try:
+            if module is not None:
+                cu.cuModuleUnload(module)
+            if ctx is not None:
+                cu.cuDevicePrimaryCtxRelease(self._dev)
+        except Exception:
+            pass
+
+    def __enter__(self) -> "CudaModule":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_module", None) is not None:
+            self.close()
+
+    # ------------------------------------------------------------------ helpers
+    def _function(self, kernel: str, shared_bytes: int) -> Any:
+        cu = self._cu
+        if self._module is None:
+            raise CodegenError("CUDA module is closed")
+        _check(cu.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+        fn = self._functions.get(kernel)
+        if fn is None:
+            fn = self._functions[kernel] = _check(cu.cuModuleGetFunction(self._module, kernel.encode()),
+                                                  f"cuModuleGetFunction({kernel})")
+        if shared_bytes > _DEFAULT_DYNAMIC_SMEM:
+            attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            _check(cu.cuFuncSetAttribute(fn, attr, int(shared_bytes)), "cuFuncSetAttribute(max dynamic smem)")
+        return fn
+
+    @staticmethod
+    def _arrays(buffers: Sequence[np.ndarray], outputs: Sequence[int]) -> None:
+        for i, b in enumerate(buffers):
+            if not isinstance(b, np.ndarray) or not b.flags.c_contiguous:
+                raise ArgumentError(f"buffer {i} must be a C-contiguous numpy array")
+        for i in outputs:
+            if not 0 <= i < len(buffers):
+                raise ArgumentError(f"output index {i} is out of range for {len(buffers)} buffers")
+            if not buffers[i].flags.writeable:
+                raise ArgumentError(f"output buffer {i} is read-only")
+
+    def _upload(self, buffers: Sequence[np.ndarray], ptrs: list[Any]) -> None:
+        """Allocate and fill one device buffer per array, appending to ``ptrs`` as it goes
+        (so that the caller frees what was allocated if a later step fails)."""
+        cu = self._cu
+        for b in buffers:
+            ptrs.append(_check(cu.cuMemAlloc(max(b.nbytes, 1)), "cuMemAlloc"))
+            if b.nbytes:
+                _check(cu.cuMemcpyHtoD(ptrs[-1], b.ctypes.data, b.nbytes), "cuMemcpyHtoD")
+
+    def _free(self, ptrs: list[Any]) -> None:
+        for p in ptrs:
+            try:
+                self._cu.cuMemFree(p)
+            except Exception:
+                pass
+
+    def _launch(self, fn: Any, kernel: str, grid, block, shared_bytes: int, params: KernelParams) -> None:
+        _check(self._cu.cuLaunchKernel(fn, *grid, *block, int(shared_bytes), 0, params.address, 0),
+               f"cuLaunchKernel({kernel})")
+
+    # ------------------------------------------------------------------ API
+    def launch(self, kernel: str, grid: tuple[int, int, int], block: tuple[int, int, int], shared_bytes: int,
+               buffers: list[np.ndarray], scalars: list[int], outputs: list[int]) -> None:
+        """Copy every buffer to the device, run ``kernel`` once, synchronise, and copy the
+        buffers at indices ``outputs`` back into their arrays in place."""
+        grid, block = _dims("grid", grid), _dims("block", block)
+        self._arrays(buffers, outputs)
+        fn = self._function(kernel, shared_bytes)
+        cu, ptrs = self._cu, []
+        try:
+            self._upload(buffers, ptrs)
+            params = pack_params([int(p) for p in ptrs], scalars)
+            self._launch(fn, kernel, grid, block, shared_bytes, params)
+            _check(cu.cuCtxSynchronize(), f"kernel {kernel}")
+            for i in outputs:
+                if buffers[i].nbytes:
+                    _check(cu.cuMemcpyDtoH(buffers[i].ctypes.data, ptrs[i], buffers[i].nbytes), "cuMemcpyDtoH")
+        finally:
+            self._free(ptrs)
+
+    def time(self, kernel: str, grid: tuple[int, int, int], block: tuple[int, int, int], shared_bytes: int,
+             buffers: list[np.ndarray], scalars: list[int], repeats: int = 20, warmup: int = 3) -> list[float]:
+        """Milliseconds per launch, measured with CUDA events around each of ``repeats``
+        launches after ``warmup`` untimed ones; the buffers stay on the device throughout
+        and nothing is copied back."""
+        grid, block = _dims("grid", grid), _dims("block", block)
+        if repeats < 1 or warmup < 0:
+            raise ArgumentError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
+        self._arrays(buffers, [])
+        fn = self._function(kernel, shared_bytes)
+        cu, ptrs, events = self._cu, [], []
+        try:
+            self._upload(buffers, ptrs)
+            params = pack_params([int(p) for p in ptrs], scalars)
+            for _ in range(2):
+                events.append(_check(cu.cuEventCreate(0), "cuEventCreate"))
+            start, end = events
+            for _ in range(warmup):
+                self._launch(fn, kernel, grid, block, shared_bytes, params)
+            _check(cu.cuCtxSynchronize(), f"kernel {kernel} (warmup)")
+            times = []
+            for _ in range(repeats):
+                _check(cu.cuEventRecord(start, 0), "cuEventRecord")
+                self._launch(fn, kernel, grid, block, shared_bytes, params)
+                _check(cu.cuEventRecord(end, 0), "cuEventRecord")
+                _check(cu.cuEventSynchronize(end), f"kernel {kernel}")
+                times.append(float(_check(cu.cuEventElapsedTime(start, end), "cuEventElapsedTime")))
+            return times
+        finally:
+            for e in events:
+                try:
+                    cu.cuEventDestroy(e)
+                except Exception:
+                    pass
+            self._free(ptrs)
