@@ -315,6 +315,38 @@ class LaneUnavailableError(TesseraError):
     area = "runtime"
 
 
+class EmulatorError(TesseraError):
+    """The GPU emulator found the kernel doing something the hardware would not allow."""
+    code = "EMULATE"
+    area = "emulator"
+
+
+class EmulatorFaultError(EmulatorError):
+    """A lane read or wrote outside its buffer (a masking bug in the kernel)."""
+    code = "EMULATE_OUT_OF_BOUNDS"
+    area = "emulator"
+
+
+class EmulatorRaceError(EmulatorError):
+    """Two threads of a workgroup touched one shared-memory element with no barrier between
+    (or a thread read shared memory that a copy still in flight will write)."""
+    code = "EMULATE_RACE"
+    area = "emulator"
+
+
+class EmulatorAlignError(EmulatorError):
+    """An access is not aligned as its instruction promised."""
+    code = "EMULATE_MISALIGNED"
+    area = "emulator"
+
+
+class EmulatorDivergenceError(EmulatorError):
+    """A wave-wide instruction or a barrier ran with only part of its wave or workgroup active,
+    or lanes disagree where the instruction needs them to agree (replicated operands)."""
+    code = "EMULATE_DIVERGENT"
+    area = "emulator"
+
+
 class OutOfMemoryError(TesseraError):
     """A result or workspace is larger than the memory this process may use."""
     code = "OUT_OF_MEMORY"

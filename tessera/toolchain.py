@@ -58,15 +58,29 @@ def find_llvm_tool(name: str, min_major: int = 19) -> str | None:
     return None
 
 
+# CUDA 12 wheels install nvidia/cuda_nvcc/bin/...; CUDA 13 wheels nvidia/cu13/bin/...
+NVIDIA_WHEEL_MODULES = ("nvidia.cu13", "nvidia.cu12", "nvidia.cuda_nvcc", "nvidia.cuda_nvdisasm")
+
+
+def _nvidia_tool(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    for mod in NVIDIA_WHEEL_MODULES:
+        found = _wheel_bin(mod, name)
+        if found:
+            return found
+    return None
+
+
 @lru_cache(maxsize=None)
 def find_ptxas() -> str | None:
-    return shutil.which("ptxas") or _wheel_bin("nvidia.cuda_nvcc", "ptxas")
+    return _nvidia_tool("ptxas")
 
 
 @lru_cache(maxsize=None)
 def find_nvdisasm() -> str | None:
-    return shutil.which("nvdisasm") or _wheel_bin("nvidia.cuda_nvdisasm", "nvdisasm") or \
-        _wheel_bin("nvidia.cuda_nvcc", "nvdisasm")
+    return _nvidia_tool("nvdisasm")
 
 
 def require(tool: str, path: str | None, why: str) -> str:

@@ -188,4 +188,31 @@ SAMPLES: dict[str, str] = {
   func.return"""),
     "tessera_rocm.mfma": _fn("%a : vector<4xf16>, %c : vector<16xf32>", """  %d = tessera_rocm.mfma "32x32x8" %a, %a, %c {arch = "gfx942"} : vector<4xf16>, vector<4xf16>, vector<16xf32> -> vector<16xf32>
   func.return"""),
+    # ---- Target IR: the GPU SIMT dialect and NVIDIA copies / matrix loads
+    "tessera_gpu.thread_id": _fn("%g : !tile.buffer<f16, global>, %i : index", """  %t = tessera_gpu.thread_id : index
+  %bx = tessera_gpu.block_id {axis = 1 : i64} : index
+  %s = tessera_gpu.shared {offset = 16 : i64, size = 64 : i64} : !tile.buffer<f16, smem>
+  %v = tessera_gpu.load %g[%i] {align = 16 : i64} : !tile.buffer<f16, global> -> vector<8xf16>
+  %e = tessera_gpu.extract %v[3] : vector<8xf16> -> f16
+  %p = tessera_gpu.pack %e, %e : f16, f16 -> vector<2xf16>
+  tessera_gpu.store %v, %s[%t] {align = 16 : i64} : vector<8xf16>, !tile.buffer<f16, smem>
+  tessera_gpu.barrier
+  %w = tessera_gpu.convert %v : vector<8xf16> -> vector<8xf32>
+  %x = tessera_gpu.math "gelu_tanh" %w : (vector<8xf32>) -> vector<8xf32>
+  %y = tessera_gpu.math "add" %x, %w : (vector<8xf32>, vector<8xf32>) -> vector<8xf32>
+  tessera_nvidia.cp_async %s[%t], %g[%i], %i {bytes = 16 : i64} : !tile.buffer<f16, smem>, !tile.buffer<f16, global>
+  tessera_nvidia.cp_async_commit
+  tessera_nvidia.cp_async_wait {pending = 1 : i64}
+  %r:4 = tessera_nvidia.ldmatrix %s[%t] {trans} : !tile.buffer<f16, smem> -> vector<2xf16>, vector<2xf16>, vector<2xf16>, vector<2xf16>
+  func.return"""),
+    "tessera_gpu.block_id": None, "tessera_gpu.shared": None, "tessera_gpu.load": None, "tessera_gpu.store": None,
+    "tessera_gpu.barrier": None, "tessera_gpu.pack": None, "tessera_gpu.extract": None, "tessera_gpu.convert": None,
+    "tessera_gpu.math": None, "tessera_nvidia.cp_async": None, "tessera_nvidia.cp_async_commit": None,
+    "tessera_nvidia.cp_async_wait": None, "tessera_nvidia.ldmatrix": None,
+    "tessera_gpu.launch": _fn(f"%x : {Y}", f"""  %r = tessera_gpu.launch @k0(%x) {{dims = ["M", "N"], grid = ["N/64", "M/64", "1"], block = 128 : i64, shared = 1024 : i64}} : ({Y}) -> {Y}
+  func.return %r : {Y}""", Y),
+    "tile.program_id": _fn("", """  %p = tile.program_id {axis = 2 : i64} : index
+  %w = tile.wave_id : index
+  func.return"""),
+    "tile.wave_id": None,
 }

@@ -23,16 +23,30 @@ def runs():
     return lanes.run_map()
 
 
+# what each lane may refuse (with a coded error) — and nothing else
+GPU_REFUSED = {"attention.mlir", "elementwise_chain.mlir", "layernorm_residual.mlir", "mlp.mlir",
+               "reduce_transpose.mlir", "softmax.mlir"}   # non-gemm kernels, and f32 gemm (needs a math mode)
+REFUSED = {"tessera-cpu": {"f16_mlp_accumulate.mlir"}, "tessera-rocm": GPU_REFUSED, "tessera-nvidia": GPU_REFUSED}
+
+
 def test_every_production_pipeline_traverses_all_four_layers_on_every_program(runs):
     prod = [v.name for v in lanes.pipelines() if v.production]
     assert prod and len(runs) == len(prod) * len(EXAMPLES)
     for r in runs:
+        if r.program in REFUSED[r.pipeline]:
+            assert r.refused.split(":")[0] in ("SCHEDULE_ILLEGAL", "MMA_SELECTOR"), (r.pipeline, r.program)
+            continue
+        assert not r.refused, (r.pipeline, r.program, r.refused)
         assert r.layers == ["graph", "schedule", "tile", "target"], (r.pipeline, r.program, r.layers)
+    for name in prod:
+        assert sum(1 for r in runs if r.pipeline == name and not r.refused) >= 2
 
 
 def test_no_graph_schedule_or_tile_op_reaches_translation(runs):
     assert not lanes.run_flags(runs)["untranslatable"]
     for r in runs:
+        if r.refused:
+            continue
         assert not [o for o in r.passes[-1]["survivors"] if o.startswith(("tile.", "schedule.", "tessera."))]
 
 
@@ -90,7 +104,7 @@ def test_target_lowerings_need_an_explicit_arch():
                 assert p.arch
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [p for p in EXAMPLES if p.name not in REFUSED["tessera-cpu"]], ids=lambda p: p.name)
 def test_entering_at_tile_ir_gives_byte_identical_target_ir(path):
     arch = "avx512_bf16"
     full = parse_module(path.read_text())

@@ -62,7 +62,8 @@ class ObjectCode:
     optimised_ir: str
 
 
-def emit(llvm_ir: str, cpu: str, features: str, *, want_asm: bool = False, opt: int = 3) -> ObjectCode:
+def emit(llvm_ir: str, cpu: str, features: str, *, want_asm: bool = False, opt: int = 3,
+         want_object: bool = True) -> ObjectCode:
     """Parse, verify, optimise and emit object code (in this process).  A module for
     another target than the host (its ``target triple``) initialises every LLVM target."""
     init()
@@ -72,17 +73,22 @@ def emit(llvm_ir: str, cpu: str, features: str, *, want_asm: bool = False, opt: 
             init(all_targets=True)
         mod.verify()
     except RuntimeError as e:
-        raise CodegenError(f"LLVM rejected the generated IR: {str(e).strip().splitlines()[-1]}") from None
+        lines = str(e).strip().splitlines()
+        why = next((ln for ln in lines if "error:" in ln), lines[-1] if lines else "?")
+        raise CodegenError(f"LLVM rejected the generated IR: {why.strip()}") from None
     tm = target_machine(cpu, features, mod.triple or None, opt)
     mod.data_layout = str(tm.target_data)
     optimise(mod, tm, opt)
-    obj = tm.emit_object(mod)
-    asm = tm.emit_assembly(mod) if want_asm else None
-    return ObjectCode(obj, asm, str(mod))
+    text = str(mod)
+    # code generation rewrites the module (AMDGPU inserts control-flow intrinsics): the
+    # assembly is generated from its own copy of the optimised IR
+    asm = tm.emit_assembly(llvm.parse_assembly(text) if want_object else mod) if want_asm else None
+    obj = tm.emit_object(mod) if want_object else b""   # NVPTX has assembly (PTX) only
+    return ObjectCode(obj, asm, text)
 
 
 def emit_guarded(llvm_ir: str, cpu: str, features: str, *, want_asm: bool = False, opt: int = 3,
-                 timeout: float = 300) -> ObjectCode:
+                 timeout: float = 300, want_object: bool = True) -> ObjectCode:
     """As :func:`emit`, in a subprocess: an LLVM abort becomes ``LLVMAbortError``."""
     import pickle
     import tempfile
@@ -91,10 +97,10 @@ def emit_guarded(llvm_ir: str, cpu: str, features: str, *, want_asm: bool = Fals
         src = os.path.join(d, "in.pkl")
         out = os.path.join(d, "out.pkl")
         with open(src, "wb") as f:
-            pickle.dump((llvm_ir, cpu, features, want_asm, opt), f)
+            pickle.dump((llvm_ir, cpu, features, want_asm, opt, want_object), f)
         code = ("import pickle,sys\nfrom tessera.codegen.jit import emit\n"
-                "ir_, cpu, feat, asm, opt = pickle.load(open(sys.argv[1],'rb'))\n"
-                "r = emit(ir_, cpu, feat, want_asm=asm, opt=opt)\n"
+                "ir_, cpu, feat, asm, opt, obj = pickle.load(open(sys.argv[1],'rb'))\n"
+                "r = emit(ir_, cpu, feat, want_asm=asm, opt=opt, want_object=obj)\n"
                 "pickle.dump(r, open(sys.argv[2],'wb'))\n")
         try:
             p = subprocess.run([sys.executable, "-c", code, src, out], capture_output=True, text=True,

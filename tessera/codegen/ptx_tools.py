@@ -2,7 +2,7 @@
 
 :func:`assemble` runs ``ptxas -arch=<arch> -v`` and parses its verbose report (written to
 stderr) into one :class:`KernelResources` per entry function.  The report, as printed by
-ptxas 12.x/13.0, looks like::
+ptxas 13.0, looks like::
 
     ptxas info    : 0 bytes gmem
     ptxas info    : Compiling entry function 'k' for 'sm_80'
@@ -13,7 +13,7 @@ ptxas 12.x/13.0, looks like::
     ptxas info    : Function properties for helper          (a non-entry .func: ignored)
         0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 
-Every item of the ``Used`` line is optional: ``used N barriers`` is absent from older ptxas,
+Every item of the ``Used`` line is optional (older releases print fewer, e.g. no barriers),
 ``smem`` is printed only when non-zero, ``cumulative stack size`` only with a stack, and ptxas
 13 prints no ``cmem[0]`` (parameter bank) for sm_90 and newer.  A missing item reads as 0.
 """

@@ -78,7 +78,6 @@ __all__ = [
     "LdmatrixLayout",
     "instr_layout",
     "ldmatrix_layout",
-    "covered",
 ]
 
 
@@ -296,7 +295,7 @@ _TABLE: tuple[_Entry, ...] = (
 )
 
 
-def covered() -> str:
+def _covered() -> str:
     """One line per table entry: what ``instr_layout`` has a layout for."""
     lines = []
     for e in _TABLE:
@@ -322,7 +321,7 @@ def instr_layout(family: str, shape: tuple[int, int, int], *, arch: str, lanes: 
             return e.build()
     raise KeyError(
         f"no lane layout for family={family!r} shape={key_shape} arch={arch!r} "
-        f"lanes={lanes} dtype={dtype!r}; covered: {covered()}")
+        f"lanes={lanes} dtype={dtype!r}; covered: {_covered()}")
 
 
 @lru_cache(maxsize=None)

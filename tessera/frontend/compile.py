@@ -29,16 +29,20 @@ from tessera.runtime.cpu import CpuExecutable, HostProgram
 
 PIN_KEYS = {"tile_m": int, "tile_n": int, "tile_k": int, "register_tile": tuple, "mma_shape": tuple,
             "parallel": str, "threads": int, "unroll": int, "chunk": int}
-TARGETS = ("cpu",)
+GPU_PIN_KEYS = {"tile_m": int, "tile_n": int, "tile_k": int, "register_tile": tuple, "mma_shape": tuple,
+                "staging": int, "mma_family": str}
+TARGETS = ("cpu", "rocm", "nvidia")
 KNOWN_TARGETS = ("cpu", "rocm", "nvidia", "apple")
+GPU_TARGETS = ("rocm", "nvidia")
 
 
-def check_pins(pins: dict | None) -> dict:
+def check_pins(pins: dict | None, target: str = "cpu") -> dict:
     pins = dict(pins or {})
+    keys = GPU_PIN_KEYS if target in GPU_TARGETS else PIN_KEYS
     for k, v in pins.items():
-        if k not in PIN_KEYS:
-            raise ScheduleIllegalError(f"unknown schedule key {k!r}; legal: {', '.join(PIN_KEYS)}")
-        want = PIN_KEYS[k]
+        if k not in keys:
+            raise ScheduleIllegalError(f"unknown schedule key {k!r} for target {target!r}; legal: {', '.join(keys)}")
+        want = keys[k]
         if want is tuple:
             if not (isinstance(v, (tuple, list)) and all(isinstance(i, int) and i > 0 for i in v)):
                 raise ScheduleIllegalError(f"schedule {k}={v!r}: expected a tuple of positive ints")
@@ -46,28 +50,30 @@ def check_pins(pins: dict | None) -> dict:
         elif want is int:
             if not isinstance(v, int) or isinstance(v, bool) or v < 0 or (k in ("threads", "unroll") and v < 1):
                 raise ScheduleIllegalError(f"schedule {k}={v!r}: expected a positive int")
+        elif k == "mma_family":
+            if v not in ("wmma", "mfma", "mma_sync"):
+                raise ScheduleIllegalError(f"schedule mma_family={v!r}; GPU families: wmma, mfma, mma_sync")
         elif not isinstance(v, str) or v not in ("m", "b*m", "r", "none"):
             raise ScheduleIllegalError(f"schedule parallel={v!r}; legal: 'm' (gemm rows, shared B), 'b*m' (gemm "
                                        "batch x rows), 'r' (rows of other kernels), 'none'")
     return pins
 
 
-def pipeline_spec(arch: str, pins: dict) -> str:
+def pipeline_spec(arch: str, pins: dict, target: str = "cpu") -> str:
     opts = [f"arch={arch}"]
     for k, v in sorted(pins.items()):
         spelled = k.replace("_", "-")
         opts.append(f"{spelled}={','.join(map(str, v)) if isinstance(v, tuple) else v}")
-    return "tessera-cpu{" + " ".join(opts) + "}"
+    return f"tessera-{target}{{" + " ".join(opts) + "}"
 
 
 def resolve_arch(target: str, arch: str | None):
     if target not in KNOWN_TARGETS:
         raise UnknownArchError(f"unknown target {target!r}; known: {', '.join(KNOWN_TARGETS)}")
-    if target != "cpu":
+    if target not in TARGETS:
         raise UnknownArchError(f"target {target!r} has no production pipeline in this build yet; "
                                f"available: {', '.join(TARGETS)}")
-    isa = get_isa("x86", arch)
-    return isa
+    return get_isa("x86" if target == "cpu" else target, arch)
 
 
 def _highest_layer(census: dict[str, int]) -> str:
@@ -124,6 +130,13 @@ class Compiled:
     arg_dims: list = field(default_factory=list)
     static: frozenset = frozenset()
     _asm: str | None = None
+    binary: bytes = b""          # GPU: the .hsaco / .cubin
+    ptx: str = ""                # NVIDIA: the PTX text
+    abis: list = field(default_factory=list)
+
+    @property
+    def lane(self) -> str:
+        return "cpu-x86" if self.target == "cpu" else f"{self.target}-{self.arch}"
 
     def asm(self) -> str:
         if self._asm is None:
@@ -138,8 +151,8 @@ def compile_graph(module: ModuleOp, *, name: str, target: str = "cpu", arch: str
                   pins: dict | None = None, use_disk: bool = True) -> Compiled:
     t0 = time.perf_counter()
     isa = resolve_arch(target, arch)
-    pins = check_pins(pins)
-    spec = pipeline_spec(isa.arch, pins)
+    pins = check_pins(pins, target)
+    spec = pipeline_spec(isa.arch, pins, target)
     passes = parse_pipeline(spec)  # options are checked before any IR is touched
     graph_text = print_ir(module)
     key = cache.make_key(graph_text, spec, isa.llvm_cpu or "", isa.llvm_features)
@@ -154,30 +167,34 @@ def compile_graph(module: ModuleOp, *, name: str, target: str = "cpu", arch: str
     status = "disk"
     if entry is None:
         status = "compiled"
-        entry = _build(module, passes, isa, spec, graph_text)
+        entry = (_build_gpu if target in GPU_TARGETS else _build)(module, passes, isa, spec, graph_text)
         if use_disk:
             cache.store(key, entry)
     t_load = time.perf_counter()
     program = entry["program"]
-    loaded = cj.LoadedObject(entry["obj"], entry["kernels"])
-    from tessera import host
-    exe = CpuExecutable(program, loaded.addresses, host.usable_cpus())
-    exe._loaded = loaded  # keep the engine alive
+    if target in GPU_TARGETS:
+        from tessera.runtime.gpu import GpuExecutable
+        exe = GpuExecutable(program, target, isa.arch, entry["binary"], entry["abis"], entry["layer_ir"]["target"])
+    else:
+        loaded = cj.LoadedObject(entry["obj"], entry["kernels"])
+        from tessera import host
+        exe = CpuExecutable(program, loaded.addresses, host.usable_cpus())
+        exe._loaded = loaded  # keep the engine alive
     meta = dict(entry["meta"])
     meta["compile_ms"] = dict(meta["compile_ms"])
     meta["compile_ms"]["load"] = round((time.perf_counter() - t_load) * 1e3, 2)
     if status == "disk":
         meta["compile_ms"] = {"disk_cache": round((time.perf_counter() - t0) * 1e3, 2)}
     c = Compiled(name, target, isa.arch, isa.llvm_cpu or "", isa.llvm_features, spec, key, entry["layer_ir"],
-                 entry["llvm_ir"], meta, exe, status, entry["kernels"])
+                 entry["llvm_ir"], meta, exe, status, entry["kernels"], binary=entry.get("binary", b""),
+                 ptx=entry.get("ptx", ""), abis=entry.get("abis", []), _asm=entry.get("asm"))
     if use_memory:
         _MEMORY[key] = c
     return c
 
 
-def _build(module: ModuleOp, passes, isa, spec: str, graph_text: str) -> dict:
-    t0 = time.perf_counter()
-    module = module.clone()
+def _run_passes(module: ModuleOp, passes, graph_text: str):
+    """Run the pipeline (instrumented); the IR of each layer and the kernels' schedule."""
     snapshots: dict[str, str] = {"graph": graph_text}
     kernels: list[dict] = []
 
@@ -188,6 +205,13 @@ def _build(module: ModuleOp, passes, isa, spec: str, graph_text: str) -> dict:
             kernels.extend(kernel_info(mod))
 
     run = run_pipeline(module, passes, after_pass=after)
+    return run, snapshots, kernels
+
+
+def _build(module: ModuleOp, passes, isa, spec: str, graph_text: str) -> dict:
+    t0 = time.perf_counter()
+    module = module.clone()
+    run, snapshots, kernels = _run_passes(module, passes, graph_text)
     t1 = time.perf_counter()
     llvm_ir, names = cg.translate(module, cj.host_triple())
     t2 = time.perf_counter()
@@ -203,6 +227,31 @@ def _build(module: ModuleOp, passes, isa, spec: str, graph_text: str) -> dict:
     }
     return {"obj": oc.obj, "llvm_ir": llvm_ir, "kernels": names, "layer_ir": snapshots, "meta": meta,
             "program": HostProgram.from_module(module)}
+
+
+def _build_gpu(module: ModuleOp, passes, isa, spec: str, graph_text: str) -> dict:
+    """GPU lanes: the same passes, then the target's translation, code object and ABI records."""
+    from tessera.frontend import gpu_build
+    t0 = time.perf_counter()
+    module = module.clone()
+    run, snapshots, kernels = _run_passes(module, passes, graph_text)
+    t1 = time.perf_counter()
+    out = gpu_build.build(module, isa.target, isa.arch)
+    t2 = time.perf_counter()
+    for k in kernels:      # resources the toolchain reports, per kernel
+        k.update(out["resources"].get(k["kernel"], {}))
+    meta = {
+        "passes": [r.to_dict() for r in run.records],
+        "layers": layers_traversed(run.initial_census, run.records),
+        "kernels": kernels,
+        "compile_ms": {"passes": round((t1 - t0) * 1e3, 2), **{k: round(v, 2) for k, v in out["ms"].items()},
+                       "total_codegen": round((t2 - t1) * 1e3, 2)},
+        "pipeline": spec,
+        "mma_records": out["records"],
+    }
+    return {"llvm_ir": out["llvm_ir"], "kernels": [a["symbol"] for a in out["abis"]], "layer_ir": snapshots,
+            "meta": meta, "program": HostProgram.from_module(module), "binary": out["binary"],
+            "asm": out["asm"], "ptx": out.get("ptx", ""), "abis": out["abis"]}
 
 
 def feature_list(isa) -> list[str]:

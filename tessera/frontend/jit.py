@@ -48,11 +48,13 @@ class Variant:
 class JitFunction:
     def __init__(self, fn, *, target: str = "cpu", arch: str | None = None, strict: bool = True,
                  schedule: dict | None = None):
+        if target in ("rocm", "nvidia") and arch is None:
+            resolve_arch(target, None)   # GPU lanes have no default chip: this raises, naming the known ones
         self.fn = fn
         self.target = target
         self.arch = arch
         self.strict = strict
-        self.schedule = check_pins(schedule)
+        self.schedule = check_pins(schedule, target)
         self.name = getattr(fn, "__name__", "fn")
         self._variants: dict[tuple, list[Variant]] = {}
         self._lock = threading.Lock()
@@ -139,13 +141,13 @@ class JitFunction:
             LOG.record(LaneDecision(self.name, "reference", v.reason, requested_fallback=True))
             outs = reference.evaluate(v.graph, arrays)
         else:
+            outs = v.compiled.executable.run(arrays, env)   # raises if the lane cannot run here
             LOG.record(LaneDecision(self.name, self.lane, "compiled"))
-            outs = v.compiled.executable.run(arrays, env)
         return tuple(outs) if v.graph.tuple_output else outs[0]
 
     @property
     def lane(self) -> str:
-        return "cpu-x86" if self.target == "cpu" else f"{self.target}"
+        return "cpu-x86" if self.target == "cpu" else f"{self.target}-{self.arch}"
 
     def compile(self, *args) -> "Artifact":
         v, _, _ = self._variant(args)
@@ -181,7 +183,26 @@ class Artifact:
         return self.compiled.asm()
 
     def binary(self) -> bytes:
-        return self.compiled.meta.get("obj", b"") or b""
+        """GPU: the code object (.hsaco) or cubin bytes; CPU: the object code."""
+        return self.compiled.binary or self.compiled.meta.get("obj", b"") or b""
+
+    def ptx(self) -> str:
+        if self.compiled.target != "nvidia":
+            raise ArgumentError(f"ptx() is for the NVIDIA lane; this artifact is for {self.compiled.target}")
+        return self.compiled.ptx
+
+    def abi(self) -> list[dict]:
+        """GPU: each kernel's launch contract (symbol, argument offsets, block, grid, shared memory)."""
+        return [dict(a) for a in self.compiled.abis]
+
+    def emulate(self, *args):
+        """Run the GPU kernels in the wave/warp emulator (numpy); returns what the call would."""
+        c = self.compiled
+        if c.target not in ("rocm", "nvidia"):
+            raise ArgumentError("emulate() runs GPU artifacts; this one is for the CPU")
+        v, arrays, env = self.fn._variant(args)
+        outs = c.executable.emulate(arrays, env)
+        return tuple(outs) if v.graph.tuple_output else outs[0]
 
     def report(self) -> LaneReport:
         v = self.variant
@@ -192,7 +213,7 @@ class Artifact:
         isa = resolve_arch(c.target, c.arch)
         m = c.meta
         static = [f"argument {i} axis {ax} = {n}" for (i, ax), n in sorted(v.static.items())]
-        return LaneReport(self.fn.name, self.fn.lane, c.target, c.arch, c.cpu, feature_list(isa), m["layers"],
+        return LaneReport(self.fn.name, c.lane, c.target, c.arch, c.cpu, feature_list(isa), m["layers"],
                           m["passes"], m["kernels"], m["compile_ms"], c.cache_status, m["pipeline"], list(v.copies),
                           static)
 

@@ -17,7 +17,9 @@ from tessera.passes.graph import (  # noqa: F401  (importing registers the passe
     fuse_rowwise,
     outline_kernels,
 )
-from tessera.passes.schedule import schedule_cpu  # noqa: F401
+from tessera.passes.schedule import schedule_cpu, schedule_gpu  # noqa: F401
+from tessera.passes.target.nvidia import lower_tile_to_nvidia  # noqa: F401
+from tessera.passes.target.rocm import lower_tile_to_rocm  # noqa: F401
 from tessera.passes.target.x86 import lower_tile_to_x86  # noqa: F401
 from tessera.passes.tile import lower_schedule_to_tile  # noqa: F401
 
@@ -86,3 +88,47 @@ _named(NamedPipeline(
      _opt("input", str, False, "graph", "the layer the input is at: graph, schedule, tile or target")],
     _cpu, target="x86", example_arch="avx512_bf16",
     translation=("tessera_x86", "arith", "scf", "func", "builtin")))
+
+
+GPU_PINS = ("tile-m", "tile-n", "tile-k", "register-tile", "staging", "mma-shape", "mma-family")
+
+
+def _gpu(target: str):
+    def expand(o: dict) -> str:
+        entry = o.get("input") or "graph"
+        if entry not in ENTRY_LAYERS:
+            from tessera.errors import PipelineOptionType
+            raise PipelineOptionType(f"pass 'tessera-{target}': option 'input' is one of {', '.join(ENTRY_LAYERS)}, "
+                                     f"not {entry!r}")
+        pins = " ".join(f"{k}={_fmt(o[k.replace('-', '_')])}" for k in GPU_PINS
+                        if o.get(k.replace("-", "_")) not in (None, 0, "", ()))
+        sched = f"schedule-gpu{{target={target} arch={o['arch']}{' ' + pins if pins else ''}}}"
+        stages = [GRAPH_PASSES + "," + sched, f"lower-schedule-to-tile{{target={target}}}",
+                  f"lower-tile-to-{target}{{arch={o['arch']}}}"]
+        return ",".join(stages[ENTRY_LAYERS.index(entry):])
+    return expand
+
+
+def _gpu_options(target: str, example: str) -> list[OptionInfo]:
+    return [_opt("arch", str, True, None, f"the {target} arch, e.g. {example}; required (no default chip)"),
+            _opt("tile-m", int, False, 0, "rows of C per workgroup"), _opt("tile-n", int, False, 0,
+                                                                             "columns of C per workgroup"),
+            _opt("tile-k", int, False, 0, "k per staged block"),
+            _opt("register-tile", tuple[int, ...], False, (), "FM,FN instructions per wave"),
+            _opt("staging", int, False, 0, "k-blocks in flight in shared memory"),
+            _opt("mma-shape", tuple[int, ...], False, (), "instruction shape M,N,K to prefer"),
+            _opt("mma-family", str, False, "", "instruction family to require"),
+            _opt("input", str, False, "graph", "the layer the input is at: graph, schedule, tile or target")]
+
+
+GPU_TRANSLATION = ("tessera_gpu", "arith", "scf", "func", "builtin")
+
+_named(NamedPipeline(
+    "tessera-rocm", "the ROCm lane: Graph -> Schedule -> Tile -> tessera_gpu/tessera_rocm Target IR (WMMA / MFMA)",
+    _gpu_options("rocm", "gfx1151"), _gpu("rocm"), target="rocm", example_arch="gfx1151",
+    translation=GPU_TRANSLATION + ("tessera_rocm",)))
+
+_named(NamedPipeline(
+    "tessera-nvidia", "the NVIDIA lane: Graph -> Schedule -> Tile -> tessera_gpu/tessera_nvidia Target IR (mma.sync)",
+    _gpu_options("nvidia", "sm_90"), _gpu("nvidia"), target="nvidia", example_arch="sm_90",
+    translation=GPU_TRANSLATION + ("tessera_nvidia",)))

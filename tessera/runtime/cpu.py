@@ -35,6 +35,7 @@ from tessera.errors import ArgumentError, LaneUnavailableError, OutOfMemoryError
 from tessera.ir import dims as D
 from tessera.ir import graph as g
 from tessera.ir.attrs import ival, strs
+from tessera.ir.target import gpu as G
 from tessera.ir.target import x86 as x
 
 NP_DTYPE = {Float32Type: np.dtype(np.float32), BFloat16Type: np.dtype(ml_dtypes.bfloat16),
@@ -84,6 +85,8 @@ class Step:
     threads: int
     parallel: str
     limits: tuple = ()
+    grid: tuple = ()             # GPU: workgroups along x, y, z ("D/b" = ceil(D / b))
+    block: int = 0               # GPU: threads per workgroup
 
 
 @dataclass
@@ -96,7 +99,7 @@ class HostProgram:
     @staticmethod
     def from_module(module: ModuleOp) -> "HostProgram":
         main = next(op for op in module.body.block.ops if isinstance(op, func.FuncOp) and "workspace" not in
-                    op.attributes)
+                    op.attributes and "gpu.kernel" not in op.attributes)
         ids: dict = {}
         for a in main.body.block.args:
             ids[a] = len(ids)
@@ -110,6 +113,12 @@ class HostProgram:
                                   [TensorSpec.of(r.type) for r in op.outs], strs(op.dims), ival(op.workspace),
                                   ival(op.team), ival(op.threads), op.parallel.data if op.parallel else "none",
                                   tuple(strs(op.limits)) if op.limits else ()))
+            elif isinstance(op, G.LaunchOp):
+                for r in op.outs:
+                    ids[r] = len(ids)
+                steps.append(Step(op.callee.root_reference.data, [ids[v] for v in op.args], [ids[r] for r in op.outs],
+                                  [TensorSpec.of(r.type) for r in op.outs], strs(op.dims), 0, ival(op.shared), 1,
+                                  "grid", (), tuple(strs(op.grid)), ival(op.block)))
             elif isinstance(op, func.ReturnOp):
                 results = [ids[v] for v in op.operands]
             else:

@@ -118,11 +118,13 @@ class RunRecord:
     pipeline: str
     layers: list[str]
     passes: list[dict]
+    refused: str = ""       # the coded error when the lane refuses the program (e.g. no GPU generator for a kind)
 
 
 def run_map(corpus: Path | None = None, named=None) -> list[RunRecord]:
     from tessera.ir.text import parse_module
     from tessera.passes.pipeline import run_pipeline
+    from tessera.errors import MmaSelectorError, ScheduleIllegalError
     from tessera.frontend.compile import layers_traversed
     corpus = corpus or ROOT / "examples"
     out = []
@@ -131,14 +133,20 @@ def run_map(corpus: Path | None = None, named=None) -> list[RunRecord]:
             continue
         for path in sorted(corpus.glob("*.mlir")):
             module = parse_module(path.read_text(), str(path.name))
-            run = run_pipeline(module, v.passes)
-            out.append(RunRecord(path.name, v.name, layers_traversed(run.initial_census, run.records),
+            records: list = []
+            refused = ""
+            try:   # the records of the passes that ran are kept when a later one refuses
+                run_pipeline(module, v.passes, after_pass=lambda p, m, rec, t: records.append(rec))
+            except (ScheduleIllegalError, MmaSelectorError) as e:   # a lane's documented refusal, not a crash
+                refused = f"{e.code}: {e.message.split(':')[0]}"
+            initial = records[0].census_before if records else {}
+            out.append(RunRecord(path.name, v.name, [] if refused else layers_traversed(initial, records),
                                  [{"pass": p.name, "kind": p.kind, "changed": r.changed, "consumed": r.consumed,
                                    "produced": r.produced, "ops_in": r.ops_in, "ops_out": r.ops_out,
                                    "declared_consumes": list(p.consumes), "declared_produces": list(p.produces),
                                    "survivors": sorted({n for n in r.census_after
                                                         if not n.startswith(STRUCTURAL)})}
-                                  for p, r in zip(v.passes, run.records)]))
+                                  for p, r in zip(v.passes, records)], refused))
     return out
 
 
@@ -147,7 +155,7 @@ def run_flags(runs: list[RunRecord]) -> dict[str, list]:
     flags: dict[str, list] = {"noop_on_corpus": [], "undeclared": [], "missing_layers": [], "untranslatable": []}
     by_pass: dict[tuple[str, str], list[bool]] = {}
     for r in runs:
-        if r.layers != list(LAYERS):
+        if r.layers != list(LAYERS) and not r.refused:
             flags["missing_layers"].append((r.pipeline, r.program, r.layers))
         for p in r.passes:
             by_pass.setdefault((r.pipeline, p["pass"]), []).append(p["changed"])
@@ -157,7 +165,7 @@ def run_flags(runs: list[RunRecord]) -> dict[str, list]:
             for o in p["consumed"]:
                 if not o.startswith(STRUCTURAL) and not _match(o, p["declared_consumes"]):
                     flags["undeclared"].append((r.pipeline, p["pass"], "consumes", o))
-        last = r.passes[-1]["survivors"] if r.passes else []
+        last = r.passes[-1]["survivors"] if r.passes and not r.refused else []
         bad = [o for o in last if layer_of(o) in ("graph", "schedule", "tile")]
         if bad:
             flags["untranslatable"].append((r.pipeline, r.program, bad))
@@ -185,6 +193,9 @@ def gate_violations(sm: StaticMap, runs: list[RunRecord] | None = None) -> list[
             out.append(f"{pl} on {prog}: traversed {list(layers)}, not all four layers")
         for pl, prog, ops in flags["untranslatable"]:
             out.append(f"{pl} on {prog}: {list(ops)} reach translation")
+        for v in sm.pipelines:
+            if v.production and not any(r.pipeline == v.name and not r.refused for r in runs):
+                out.append(f"{v.name}: no program of the corpus compiles through it")
     return out
 
 
@@ -231,6 +242,9 @@ def render_md(sm: StaticMap, runs: list[RunRecord] | None) -> str:
         lines += ["## Run view", "", "| program | pipeline | layers traversed | passes changed / total |",
                   "|---|---|---|---|"]
         for r in runs:
+            if r.refused:
+                lines.append(f"| `{r.program}` | `{r.pipeline}` | refused: {r.refused} | - |")
+                continue
             lines.append(f"| `{r.program}` | `{r.pipeline}` | {' -> '.join(r.layers)} | "
                          f"{sum(p['changed'] for p in r.passes)} / {len(r.passes)} |")
         lines += ["", "Per pass (first program of the corpus shown in full in `tessera lanes --run`): ops in -> out, "
@@ -269,6 +283,9 @@ def render_text(sm: StaticMap, runs: list[RunRecord] | None) -> str:
                f"{', '.join(f'{a}.{b}' for a, b in sm.unread_options) or 'none'}")
     if runs is not None:
         for r in runs:
+            if r.refused:
+                out.append(f"run {r.pipeline} on {r.program}: refused ({r.refused})")
+                continue
             out.append(f"run {r.pipeline} on {r.program}: layers {' -> '.join(r.layers)}")
             for p in r.passes:
                 out.append(f"    {p['pass']:24} {'changed' if p['changed'] else 'unchanged':9} "

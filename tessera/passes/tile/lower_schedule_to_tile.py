@@ -19,7 +19,7 @@ from tessera.ir import schedule as s
 from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr, str_array
 from tessera.mma.selector import record_by_id, select_mma, get_isa, MmaSelection, accumulator_regs_per_lane
-from tessera.passes.base import TesseraPass, register
+from tessera.passes.base import TesseraPass, option, register
 from tessera.passes.tile.kernels import attention, elementwise, gemm, gpu_gemm, reduce, rowwise, transpose
 
 
@@ -29,15 +29,27 @@ def _selection(kop: s.KernelOp) -> MmaSelection:
                         accumulator_regs_per_lane(rec))
 
 
-def generate(kop: s.KernelOp):
+GPU = ("rocm", "nvidia")
+CPU_ONLY = ("tile.mask", "tile.reduce", "tile.splat_index")
+GPU_ONLY = ("tile.program_id", "tile.wave_id")
+ALL_PRODUCED = ("func.func", "tile.launch", "tile.alloc", "tile.view", "tile.async_copy", "tile.wait", "tile.barrier",
+                "tile.fragment_zero", "tile.fragment_pack", "tile.mma", "tile.fragment_unpack", "tile.load",
+                "tile.store", "tile.constant", "tile.splat_index", "tile.elementwise", "tile.mask", "tile.reduce",
+                "tile.program_id", "tile.wave_id")
+
+
+def generate(kop: s.KernelOp, target: str = "x86"):
     kind = kop.kind.data
+    if target in GPU and kind != "gemm":
+        raise ScheduleIllegalError(f"kernel {kop.sym_name.data}: no {target} generator for {kind} kernels")
     if kind == "gemm":
         sel = _selection(kop)
+        if sel.record.target != target:
+            raise ScheduleIllegalError(f"kernel {kop.sym_name.data} was scheduled for {sel.record.target} "
+                                       f"({sel.record.id}); this pass generates {target} Tile IR")
         plan = gemm.analyse(kop)
-        if sel.record.target in ("rocm", "nvidia"):
+        if target in GPU:
             return gpu_gemm.generate(kop, plan, sel)
-        if sel.record.target != "x86":
-            raise ScheduleIllegalError(f"no {sel.record.target} gemm generator in this pipeline")
         return gemm.generate(kop, plan, gemm.config(kop, sel))
     mod = {"rowwise": rowwise, "elementwise": elementwise, "reduce": reduce, "transpose": transpose,
            "attention": attention}.get(kind)
@@ -54,19 +66,24 @@ class LowerScheduleToTile(TesseraPass):
     name = "lower-schedule-to-tile"
     kind = "layer-boundary"
     consumes = ("schedule.kernel", "tessera.*")
-    produces = ("func.func", "tile.launch", "tile.alloc", "tile.view", "tile.async_copy", "tile.wait", "tile.barrier",
-                "tile.fragment_zero", "tile.fragment_pack", "tile.mma", "tile.fragment_unpack", "tile.load",
-                "tile.store", "tile.constant", "tile.splat_index", "tile.elementwise", "tile.mask", "tile.reduce",
-                "tile.program_id", "tile.wave_id")
+    target: str = option("x86", doc="whose generators run: x86 (CPU), rocm or nvidia (GPU: gemm)")
+
+    @property
+    def produces(self) -> tuple[str, ...]:   # type: ignore[override]
+        """The Tile IR ops this target's generators emit (the lane map checks each has a consumer)."""
+        skip = GPU_ONLY if self.target == "x86" else CPU_ONLY
+        return tuple(o for o in ALL_PRODUCED if o not in skip)
 
     def apply(self, ctx: Context, module: ModuleOp) -> None:
+        if self.target not in ("x86",) + GPU:
+            raise ScheduleIllegalError(f"lower-schedule-to-tile target {self.target!r}; legal: x86, rocm, nvidia")
         for fn in list(module.body.block.ops):
             if not (isinstance(fn, func.FuncOp) and fn.body.blocks):
                 continue
             for kop in list(fn.body.block.ops):
                 if not isinstance(kop, s.KernelOp):
                     continue
-                kfn, dims, workspace, extra = generate(kop)
+                kfn, dims, workspace, extra = generate(kop, self.target)
                 # the vector width the kernel's tiles are laid out for (the target lowering maps them)
                 kfn.attributes["vector"] = kop.vector
                 limits = kfn.attributes.pop("limits", None)

@@ -1,0 +1,156 @@
+"""NVIDIA Target IR (``tessera_gpu`` + ``tessera_nvidia``) -> LLVM IR -> PTX -> cubin.
+
+Kernels use the ``ptx_kernel`` calling convention; ``tessera_nvidia.mma_sync`` becomes
+the ``llvm.nvvm.mma.*`` intrinsic of the selector's record (bf16 registers go as
+i32), ``ldmatrix`` / ``cp_async`` / ``cp_async_commit`` / ``cp_async_wait`` their NVVM
+intrinsics.  Every ``mma_sync`` is checked against the selector's table for the arch
+before LLVM sees it (bf16 on sm_75 is a ``MmaSelectorError`` here).  The PTX version is
+the highest any used record needs on the arch (``+ptxNN``); PTX comes from LLVM's
+NVPTX backend (in a subprocess), the cubin and the per-kernel registers / shared
+memory / spills from ``ptxas -arch=<sm> -v``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llvmlite import ir
+from xdsl.dialects.builtin import BFloat16Type, ModuleOp
+
+from tessera.codegen import ptx_tools
+from tessera.codegen.amdgpu import _parse_llvm_type
+from tessera.codegen.gpu import GpuFn, check_translatable, kernel_abi, kernels_of
+from tessera.codegen.jit import emit_guarded
+from tessera.codegen.llvm_common import I32, ModuleCodegen
+from tessera.errors import CodegenError, MmaSelectorError
+from tessera.ir.attrs import ival
+from tessera.ir.target import nvidia as NV
+from tessera.mma import nvidia as NVR
+from tessera.mma.records import MmaRecord
+from tessera.mma.selector import get_isa
+
+TRIPLE = "nvptx64-nvidia-cuda"
+
+
+def record_for(op: NV.MmaSyncOp, arch: str) -> MmaRecord:
+    isa = get_isa("nvidia", arch)
+    shape = tuple(int(x) for x in op.shape.data[1:].replace("n", " ").replace("k", " ").split())
+    cands = [r for r in isa.records if r.family == "mma_sync" and r.shape == shape and r.a_dtype == op.atype.data
+             and not r.math_mode]
+    if not cands:
+        legal = sorted({f"m{r.m}n{r.n}k{r.k} {r.a_dtype}" for r in isa.records if r.family == "mma_sync"})
+        raise MmaSelectorError(f"nvidia:{arch} has no mma.sync {op.shape.data} on {op.atype.data}; legal there: "
+                               + ", ".join(legal))
+    return cands[0]
+
+
+class NvptxFn(GpuFn):
+    target_name = "NVPTX"
+
+    def setup(self, fn) -> None:
+        super().setup(fn)
+        self.f.calling_convention = "ptx_kernel"
+
+    def target_thread_id(self):
+        return self.b.call(self.gen.intrinsic("llvm.nvvm.read.ptx.sreg.tid.x", I32, []), [])
+
+    def target_block_id(self, axis: int):
+        return self.b.call(self.gen.intrinsic(f"llvm.nvvm.read.ptx.sreg.ctaid.{'xyz'[axis]}", I32, []), [])
+
+    def target_barrier(self) -> None:
+        self.b.call(self.gen.intrinsic("llvm.nvvm.barrier0", ir.VoidType(), []), [])
+
+    def op_tessera_nvidia_mma_sync(self, op: NV.MmaSyncOp):
+        rec = record_for(op, self.gen.arch)
+        self.gen.used.add(rec.id)
+        types = [_parse_llvm_type(a) for a in rec.llvm_args]
+        vals = [self.v(x) for x in (*op.a, *op.b, *op.c)]
+        if len(vals) != len(types):
+            raise CodegenError(f"{op.name} {op.shape.data}: {len(vals)} registers, the intrinsic takes {len(types)}")
+        args = [v if v.type == ty else self.b.bitcast(v, ty) for v, ty in zip(vals, types)]
+        ret = ir.LiteralStructType([ir.FloatType()] * len(op.d))
+        res = self.b.call(self.gen.intrinsic(rec.intrinsic, ret, types), args)
+        self.set(op, *[self.b.extract_value(res, i) for i in range(len(op.d))])
+
+    def op_tessera_nvidia_ldmatrix(self, op: NV.LdmatrixOp):
+        num = len(op.regs)
+        name = f"llvm.nvvm.ldmatrix.sync.aligned.m8n8.x{num}{'.trans' if op.trans is not None else ''}.b16"
+        ret = ir.LiteralStructType([I32] * num) if num > 1 else I32
+        elem = _parse_llvm_type("<2 x half>") if not isinstance(op.buf.type.element_type, BFloat16Type) else None
+        ptr = self._ptr(op.buf, op.index, ir.IntType(16))
+        res = self.b.call(self.gen.intrinsic(name, ret, [ptr.type]), [ptr])
+        outs = [self.b.extract_value(res, i) for i in range(num)] if num > 1 else [res]
+        vt = elem if elem is not None else ir.VectorType(_bf16(), 2)
+        self.set(op, *[self.b.bitcast(o, vt) for o in outs])
+
+    def op_tessera_nvidia_cp_async(self, op: NV.CpAsyncOp):
+        nbytes = ival(op.bytes)
+        dst = self._ptr(op.dst, op.dst_index, _elem(op.dst.type))
+        src = self._ptr(op.src, op.src_index, _elem(op.src.type))
+        kind = "cg" if nbytes == 16 else "ca"
+        fn = self.gen.intrinsic(f"llvm.nvvm.cp.async.{kind}.shared.global.{nbytes}.s", ir.VoidType(),
+                                [dst.type, src.type, I32])
+        self.b.call(fn, [dst, src, self.b.trunc(self.v(op.src_bytes), I32)])
+
+    def op_tessera_nvidia_cp_async_commit(self, op):
+        self.b.call(self.gen.intrinsic("llvm.nvvm.cp.async.commit.group", ir.VoidType(), []), [])
+
+    def op_tessera_nvidia_cp_async_wait(self, op):
+        self.b.call(self.gen.intrinsic("llvm.nvvm.cp.async.wait.group", ir.VoidType(), [I32]),
+                    [ir.Constant(I32, ival(op.pending))])
+
+
+def _bf16():
+    from tessera.codegen.llvm_common import BF16
+    return BF16
+
+
+def _elem(buf_type) -> ir.Type:
+    from tessera.codegen.llvm_common import llvm_type
+    return llvm_type(buf_type.element_type)
+
+
+class NvptxCodegen(ModuleCodegen):
+    def __init__(self, arch: str):
+        super().__init__(TRIPLE, avx512=False)
+        self.arch = arch
+        self.used: set[str] = set()
+
+
+def ptx_version_for(arch: str, record_ids) -> tuple[int, int]:
+    from tessera.mma.selector import record_by_id
+    v = NVR.ARCH_MIN_PTX[arch]
+    for rid in record_ids:
+        v = max(v, NVR.ptx_version(arch, record_by_id(rid)))
+    return max(v, (7, 0)) if arch != "sm_75" else v
+
+
+def translate(module: ModuleOp, arch: str) -> tuple[str, list[dict], list[str]]:
+    check_translatable(module, "tessera_nvidia", "lower-tile-to-nvidia")
+    gen = NvptxCodegen(arch)
+    abis = []
+    for fn in kernels_of(module):
+        NvptxFn(gen, fn)
+        abis.append(kernel_abi(module, fn))
+    if not abis:
+        raise CodegenError("the module holds no GPU kernel")
+    return gen.text(), abis, sorted(gen.used)
+
+
+@dataclass
+class PtxBuild:
+    arch: str
+    ptx: str
+    ptx_version: str
+    cubin: ptx_tools.Cubin
+
+
+def build(llvm_ir: str, arch: str, records: list[str] | None = None) -> PtxBuild:
+    import re
+    used = records if records is not None else []
+    major, minor = ptx_version_for(arch, used)
+    cpu = get_isa("nvidia", arch).llvm_cpu or arch
+    oc = emit_guarded(llvm_ir, cpu, f"+ptx{major}{minor}", want_asm=True, want_object=False)
+    ptx = oc.asm or ""
+    if arch == "sm_90a":   # LLVM's sm_90a target spells the PTX target as sm_90a already; keep it
+        ptx = re.sub(r"\.target sm_90\b", ".target sm_90a", ptx)
+    return PtxBuild(arch, ptx, f"{major}.{minor}", ptx_tools.assemble(ptx, arch))

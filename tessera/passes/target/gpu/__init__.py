@@ -1,0 +1,1 @@
+"""Tile IR -> Target IR for gpu."""

@@ -1,0 +1,669 @@
+"""The machinery the GPU tile -> target lowerings share: Tile IR (written per wave) ->
+the program of one thread (``tessera_gpu`` ops + the target's matrix instructions).
+
+The compiler owns the lane mapping.  A target supplies a :class:`LaneMap` per
+instruction: for each operand, which matrix element (row, col) every item of a
+lane's registers holds, as per-lane base expressions plus static offsets
+(:class:`Item`), how the items group into registers, and how to emit the
+instruction.  With it this module lowers:
+
+- ``tile.fragment_pack`` -> per-lane loads of exactly the elements the lane holds
+  (runs of consecutive columns become one vector load; edge views are masked);
+- ``tile.mma`` -> the target instruction on the registers, the accumulator threaded;
+- ``tile.fragment_unpack`` / ``tile.elementwise`` / ``tile.store`` -> per-lane math
+  on the accumulator's items and masked stores at their coordinates; ``tile.load``
+  operands (bias rows) are loaded at the coordinates of the tile they combine with;
+- ``tile.async_copy`` into shared memory -> the workgroup's threads each moving a
+  share (16-byte vectors when strides and alignment allow, else elements);
+- ``tile.program_id`` / ``tile.wave_id`` / ``tile.barrier`` / ``tile.alloc``.
+
+Ops with no GPU meaning (``tile.reduce``, ``tile.mask``...) are refused by name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import gcd
+
+from xdsl.dialects import arith, func, scf
+from xdsl.dialects.builtin import (
+    BFloat16Type,
+    Float16Type,
+    Float32Type,
+    FloatAttr,
+    ModuleOp,
+    StringAttr,
+    VectorType,
+    f32,
+)
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+
+from tessera.errors import CodegenError, PassFailedError
+from tessera.ir import tile as t
+from tessera.ir.attrs import i64_attr, ival
+from tessera.ir.builder import INDEX, Builder
+from tessera.ir.target import gpu as G
+
+Idx = SSAValue | int
+
+
+# --------------------------------------------------------------------------- lane maps
+@dataclass(frozen=True)
+class Item:
+    """One register item of a lane: element (rbase + rdelta, cbase + cdelta); ``calign``
+    says cbase is a multiple of it (so a run starting there may be loaded as a vector)."""
+
+    rbase: Idx
+    rdelta: int
+    cbase: Idx
+    cdelta: int
+    calign: int = 1
+
+
+@dataclass
+class OperandMap:
+    items: list[Item]
+    parts: list[int]            # items per register value, in order (sum = len(items))
+
+    def part_slices(self) -> list[tuple[int, int]]:
+        out, i = [], 0
+        for n in self.parts:
+            out.append((i, i + n))
+            i += n
+        return out
+
+
+class LaneMap:
+    """One instruction's lane mapping.  Subclasses set ``lanes`` and build the maps from
+    the lane index (an ``index`` value) at kernel entry; ``emit_mma`` issues the op."""
+
+    lanes: int = 32
+    a: OperandMap
+    b: OperandMap
+    c: OperandMap
+
+    def build(self, b: Builder, lane: SSAValue) -> None:
+        raise NotImplementedError
+
+    def emit_mma(self, b: Builder, ft: t.FragmentType, a: list[SSAValue], bb: list[SSAValue],
+                 c: list[SSAValue]) -> list[SSAValue]:
+        raise NotImplementedError
+
+
+def lane_split(b: Builder, lane: SSAValue, width: int) -> tuple[SSAValue | int, SSAValue | int]:
+    """(lane % width, lane // width)."""
+    return b.rem(lane, width), b.div(lane, width)
+
+
+# --------------------------------------------------------------------------- values
+@dataclass
+class View:
+    base: SSAValue
+    off: SSAValue
+    rs: SSAValue
+    cs: SSAValue
+    rows: SSAValue
+    cols: SSAValue
+    shape: tuple[int, int]
+    elem: Attribute
+    align: int          # elements: off and rs are multiples of it
+    full: bool          # the valid extent is statically the whole view
+
+
+@dataclass
+class Dist:
+    """A tile (or acc fragment) spread over a wave: each lane holds ``omap``'s items."""
+
+    parts: list[SSAValue]
+    omap: OperandMap
+    shape: tuple[int, int]
+
+
+@dataclass
+class Frag:
+    parts: list[SSAValue]
+    omap: OperandMap
+
+
+@dataclass
+class Deferred:
+    """A ``tile.load``: loaded at the coordinates of the tile it meets."""
+
+    view: View
+    pad: float
+
+
+@dataclass
+class Splat:
+    value: float
+
+
+def const_int(v: SSAValue) -> int | None:
+    op = v.owner
+    if isinstance(op, arith.ConstantOp) and not isinstance(op.value, FloatAttr):
+        return ival(op.value)
+    return None
+
+
+def elem_bytes(elem: Attribute) -> int:
+    return 2 if isinstance(elem, (Float16Type, BFloat16Type)) else 4
+
+
+def vec(elem: Attribute, n: int) -> Attribute:
+    return VectorType(elem, [n])
+
+
+def part_type(elem: Attribute, n: int) -> Attribute:
+    return elem if n == 1 else vec(elem, n)
+
+
+def _pow2_floor(n: int) -> int:
+    p = 1
+    while p * 2 <= n:
+        p *= 2
+    return p
+
+
+# --------------------------------------------------------------------------- the lowerer
+@dataclass
+class SimtLowerer:
+    maps: dict                       # FragmentType (m, n, k, family, elem) key -> LaneMap
+    wave: int
+    block: int                       # threads per workgroup
+    space: str                       # lds | smem
+    vmap: dict = field(default_factory=dict)
+    shared_bytes: int = 0
+
+    # ------------------------------------------------------------------ entry
+    def lower_kernel(self, fn: func.FuncOp, make_map) -> func.FuncOp:
+        src = fn.body.block
+        block = Block(arg_types=[a.type for a in src.args])
+        for a, n in zip(src.args, block.args):
+            self.vmap[a] = n
+        b = Builder(block)
+        tid = b.op(G.ThreadIdOp.create(result_types=[INDEX])).results[0]
+        self.tid = tid
+        self.lane = b.rem(tid, self.wave)
+        self.wave_id = b.div(tid, self.wave)
+        for op in fn.walk():
+            for r in op.results:
+                if isinstance(r.type, t.FragmentType):
+                    key = self.key(r.type)
+                    if key not in self.maps:
+                        lm = make_map(r.type)
+                        lm.build(b, b.c(self.lane))
+                        self.maps[key] = lm
+        self.lower_block(src, b)
+        new = func.FuncOp(fn.sym_name.data, ([a.type for a in src.args], []), Region(block))
+        for k in ("gpu.block", "gpu.waves", "vector"):
+            if k in fn.attributes:
+                new.attributes[k] = fn.attributes[k]
+        new.attributes["gpu.shared"] = i64_attr(self.shared_bytes)
+        new.attributes["gpu.kernel"] = StringAttr(self.space)
+        return new
+
+    @staticmethod
+    def key(ft: t.FragmentType) -> tuple:
+        return ft.mnk + (ft.family.data,)
+
+    def lmap(self, ft: t.FragmentType) -> LaneMap:
+        try:
+            return self.maps[self.key(ft)]
+        except KeyError:
+            raise CodegenError(f"no lane map for {ft}") from None
+
+    # ------------------------------------------------------------------ values
+    def scalar(self, v: SSAValue) -> SSAValue:
+        r = self.vmap[v]
+        if not isinstance(r, SSAValue):
+            raise CodegenError(f"expected a scalar for {v}")
+        return r
+
+    def flat(self, v: SSAValue) -> list[SSAValue]:
+        r = self.vmap[v]
+        if isinstance(r, (Dist, Frag)):
+            return list(r.parts)
+        if r is None:
+            return []
+        if isinstance(r, SSAValue):
+            return [r]
+        raise CodegenError(f"{type(r).__name__} values cannot cross a loop or branch on the GPU")
+
+    def types_of(self, v: SSAValue) -> list[Attribute]:
+        r = self.vmap.get(v)
+        return [p.type for p in self.flat(v)] if r is not None else []
+
+    def rebuild(self, template, vals: list[SSAValue]):
+        if isinstance(template, Dist):
+            return Dist(vals, template.omap, template.shape)
+        if isinstance(template, Frag):
+            return Frag(vals, template.omap)
+        if template is None:
+            return None
+        return vals[0]
+
+    # ------------------------------------------------------------------ blocks
+    def lower_block(self, src: Block, b: Builder) -> None:
+        for op in src.ops:
+            self.lower_op(op, b)
+
+    def lower_op(self, op: Operation, b: Builder) -> None:
+        h = getattr(self, "op_" + op.name.replace(".", "_"), None)
+        if h is not None:
+            h(op, b)
+            return
+        if op.dialect_name() == "arith":
+            new = op.clone(value_mapper={k: v for k, v in self.vmap.items() if isinstance(v, SSAValue)})
+            b.op(new)
+            for o, n in zip(op.results, new.results):
+                self.vmap[o] = n
+            return
+        raise CodegenError(f"the GPU lowering has no rule for {op.name}")
+
+    def _carried(self, values: list[SSAValue]) -> list:
+        return [self.vmap[v] if not isinstance(v.type, t.TokenType) else None for v in values]
+
+    def op_scf_for(self, op: scf.ForOp, b: Builder) -> None:
+        templates = self._carried(list(op.iter_args))
+        init = [v for a in op.iter_args for v in self.flat(a)]
+        src = op.body.block
+        block = Block(arg_types=[INDEX] + [v.type for v in init])
+        self.vmap[src.args[0]] = block.args[0]
+        i = 1
+        for a, tpl in zip(src.args[1:], templates):
+            n = len(tpl.parts) if isinstance(tpl, (Dist, Frag)) else 0 if tpl is None else 1
+            self.vmap[a] = self.rebuild(tpl, list(block.args[i:i + n]))
+            i += n
+        self.lower_block(src, b.child(block))
+        new = scf.ForOp(self.scalar(op.lb), self.scalar(op.ub), self.scalar(op.step), init, Region(block))
+        b.op(new)
+        i = 0
+        for r, tpl in zip(op.results, templates):
+            n = len(tpl.parts) if isinstance(tpl, (Dist, Frag)) else 0 if tpl is None else 1
+            self.vmap[r] = self.rebuild(tpl, list(new.results[i:i + n]))
+            i += n
+
+    def op_scf_yield(self, op: scf.YieldOp, b: Builder) -> None:
+        b.op(scf.YieldOp(*[v for a in op.operands for v in self.flat(a)]))
+
+    def op_scf_if(self, op: scf.IfOp, b: Builder) -> None:
+        if op.results:
+            raise CodegenError("scf.if with results is not produced by the GPU generators")
+        regions = []
+        for region in (op.true_region, op.false_region):
+            if not region.blocks:
+                regions.append(None)
+                continue
+            block = Block()
+            self.lower_block(region.block, b.child(block))
+            regions.append(Region(block))
+        b.op(scf.IfOp(self.scalar(op.cond), [], regions[0], regions[1]))
+
+    def op_func_return(self, op, b: Builder) -> None:
+        b.op(func.ReturnOp())
+
+    # ------------------------------------------------------------------ work distribution
+    def op_tile_program_id(self, op: t.ProgramIdOp, b: Builder) -> None:
+        self.vmap[op.result] = b.op(G.BlockIdOp.create(attributes={"axis": op.axis},
+                                                        result_types=[INDEX])).results[0]
+
+    def op_tile_wave_id(self, op, b: Builder) -> None:
+        self.vmap[op.result] = b.c(self.wave_id)
+
+    def op_tile_barrier(self, op, b: Builder) -> None:
+        b.op(G.BarrierOp.create())
+
+    def op_tile_wait(self, op: t.WaitOp, b: Builder) -> None:
+        pass  # plain loads and stores: the copy is complete when the thread reaches this point
+
+    def op_tile_alloc(self, op: t.AllocOp, b: Builder) -> None:
+        ty: t.BufferType = op.result.type
+        if ty.space.data != self.space:
+            raise CodegenError(f"tile.alloc in {ty.space.data!r}: this GPU's shared memory is {self.space!r}")
+        off = (self.shared_bytes + 15) // 16 * 16
+        size = ival(op.size)
+        new = G.SharedOp.create(attributes={"offset": i64_attr(off), "size": i64_attr(size)},
+                                result_types=[ty])
+        b.op(new)
+        self.shared_bytes = off + size * elem_bytes(ty.element_type)
+        self.vmap[op.result] = new.result
+
+    def op_tile_view(self, op: t.ViewOp, b: Builder) -> None:
+        ty = op.result.type
+        R, C = ty.dims
+        rk, ck = const_int(self.scalar(op.rows)), const_int(self.scalar(op.cols))
+        full = rk is not None and ck is not None and rk >= R and ck >= C
+        rows = b.max(b.min(self.scalar(op.rows), R), 0)
+        cols = b.max(b.min(self.scalar(op.cols), C), 0)
+        self.vmap[op.result] = View(self.scalar(op.source), self.scalar(op.offset), self.scalar(op.row_stride),
+                                    self.scalar(op.col_stride), b.c(rows), b.c(cols), (R, C), ty.element_type,
+                                    ival(op.align) if op.align is not None else 1, full)
+
+    # ------------------------------------------------------------------ element access
+    def load(self, b: Builder, base: SSAValue, index: Idx, ty: Attribute, align: int) -> SSAValue:
+        return b.op(G.LoadOp.create(operands=[base, b.c(index)], attributes={"align": i64_attr(align)},
+                                    result_types=[ty])).results[0]
+
+    def store(self, b: Builder, value: SSAValue, base: SSAValue, index: Idx, align: int) -> None:
+        b.op(G.StoreOp.create(operands=[value, base, b.c(index)], attributes={"align": i64_attr(align)}))
+
+    def fconst(self, b: Builder, value: float, elem: Attribute = f32) -> SSAValue:
+        return b.op(arith.ConstantOp(FloatAttr(value, elem), elem)).results[0]
+
+    def convert(self, b: Builder, v: SSAValue, to: Attribute) -> SSAValue:
+        if G.element_of(v.type) == to:
+            return v
+        ty = vec(to, G.lanes_of(v.type)) if isinstance(v.type, VectorType) else to
+        return b.op(G.ConvertOp.create(operands=[v], result_types=[ty])).results[0]
+
+    def pack(self, b: Builder, scalars: list[SSAValue]) -> SSAValue:
+        if len(scalars) == 1:
+            return scalars[0]
+        return b.op(G.PackOp.create(operands=scalars, result_types=[vec(scalars[0].type, len(scalars))])).results[0]
+
+    def extract(self, b: Builder, v: SSAValue, i: int) -> SSAValue:
+        if not isinstance(v.type, VectorType):
+            return v
+        return b.op(G.ExtractOp.create(operands=[v], attributes={"position": i64_attr(i)},
+                                       result_types=[v.type.element_type])).results[0]
+
+    def items_of(self, d: Dist | Frag, b: Builder) -> list[SSAValue]:
+        out = []
+        for (lo, hi), p in zip(d.omap.part_slices(), d.parts):
+            out += [self.extract(b, p, i) for i in range(hi - lo)]
+        return out
+
+    def coords(self, b: Builder, it: Item) -> tuple[Idx, Idx]:
+        return b.add(it.rbase, it.rdelta), b.add(it.cbase, it.cdelta)
+
+    def address(self, b: Builder, vv: View, r: Idx, c: Idx) -> Idx:
+        return b.add(vv.off, b.add(b.mul(r, vv.rs), b.mul(c, vv.cs)))
+
+    def valid(self, b: Builder, vv: View, r: Idx | None, c: Idx | None) -> SSAValue | None:
+        conds = []
+        if r is not None:
+            conds.append(b.cmp("slt", r, vv.rows))
+        if c is not None:
+            conds.append(b.cmp("slt", c, vv.cols))
+        if not conds:
+            return None
+        out = conds[0]
+        for x in conds[1:]:
+            out = b.op(arith.AndIOp(out, x)).results[0]
+        return out
+
+    def masked_load(self, b: Builder, vv: View, r: Idx, c: Idx, to: Attribute, pad: float,
+                    check_rows: bool = True, check_cols: bool = True) -> SSAValue:
+        """Element (r, c) of the view converted to ``to``; ``pad`` outside the valid extent."""
+        ok = None if vv.full else self.valid(b, vv, r if check_rows else None, c if check_cols else None)
+        if ok is None:
+            return self.convert(b, self.load(b, vv.base, self.address(b, vv, r, c), vv.elem, elem_bytes(vv.elem)), to)
+        # the load sits under the branch: lanes outside the extent never form their address
+        raw = b.if_(ok, lambda bt: [self.load(bt, vv.base, self.address(bt, vv, r, c), vv.elem, elem_bytes(vv.elem))],
+                    lambda be: [self.fconst(be, pad, vv.elem)], [vv.elem])[0]
+        return self.convert(b, raw, to)
+
+    def gather(self, b: Builder, vv: View, omap: OperandMap, to: Attribute, pad: float = 0.0) -> list[SSAValue]:
+        """The items of ``omap`` read from the view, one value per register part."""
+        parts = []
+        cs1 = const_int(vv.cs) == 1
+        esize = elem_bytes(vv.elem)
+        for lo, hi in omap.part_slices():
+            items = omap.items[lo:hi]
+            scalars: list[SSAValue] = []
+            i = 0
+            while i < len(items):
+                it = items[i]
+                j = i + 1
+                if vv.full and cs1:   # a run of consecutive columns in one row: one vector load
+                    while (j < len(items) and items[j].rbase is it.rbase and items[j].rdelta == it.rdelta
+                           and items[j].cbase is it.cbase and items[j].cdelta == items[j - 1].cdelta + 1):
+                        j += 1
+                n = j - i
+                r, c = self.coords(b, it)
+                if n > 1:
+                    el_align = gcd(gcd(vv.align, it.calign), it.cdelta) if it.cdelta else gcd(vv.align, it.calign)
+                    align = min(_pow2_floor(el_align * esize) if el_align else esize, _pow2_floor(n * esize))
+                    v = self.load(b, vv.base, self.address(b, vv, r, c), vec(vv.elem, n), max(align, esize))
+                    v = self.convert(b, v, to)
+                    if n == hi - lo and i == 0:
+                        parts.append(v)
+                        scalars = []
+                        i = j
+                        continue
+                    scalars += [self.extract(b, v, q) for q in range(n)]
+                else:
+                    scalars.append(self.masked_load(b, vv, r, c, to, pad))
+                i = j
+            if scalars:
+                parts.append(self.pack(b, scalars))
+        return parts
+
+    # ------------------------------------------------------------------ fragments
+    def op_tile_fragment_zero(self, op: t.FragmentZeroOp, b: Builder) -> None:
+        lm = self.lmap(op.result.type)
+        zero = self.fconst(b, 0.0)
+        parts = [self.pack(b, [zero] * n) for n in lm.c.parts]
+        self.vmap[op.result] = Dist(parts, lm.c, op.result.type.data_shape)
+
+    def op_tile_fragment_pack(self, op: t.FragmentPackOp, b: Builder) -> None:
+        ft: t.FragmentType = op.result.type
+        lm = self.lmap(ft)
+        vv: View = self.vmap[op.source]
+        role = ft.role.data
+        if role == "acc":
+            self.vmap[op.result] = Dist(self.gather(b, vv, lm.c, f32), lm.c, ft.data_shape)
+            return
+        omap = lm.a if role == "a" else lm.b
+        self.vmap[op.result] = Frag(self.pack_operand(b, vv, omap, ft), omap)
+
+    def pack_operand(self, b: Builder, vv: View, omap: OperandMap, ft: t.FragmentType) -> list[SSAValue]:
+        """A/B registers from a view (a target may use a matrix-load instruction instead)."""
+        parts = self.gather(b, vv, omap, ft.elem)
+        return [p if isinstance(p.type, VectorType) else self.pack(b, [p]) for p in parts]
+
+    def op_tile_mma(self, op: t.MmaOp, b: Builder) -> None:
+        fa, fb, fc = self.vmap[op.a], self.vmap[op.b], self.vmap[op.c]
+        lm = self.lmap(op.c.type)
+        parts = lm.emit_mma(b, op.c.type, fa.parts, fb.parts, fc.parts)
+        self.vmap[op.result] = Dist(parts, fc.omap, fc.shape)
+
+    def op_tile_fragment_unpack(self, op, b: Builder) -> None:
+        d: Dist = self.vmap[op.source]
+        self.vmap[op.result] = Dist(d.parts, d.omap, op.result.type.dims)
+
+    # ------------------------------------------------------------------ tiles
+    def op_tile_load(self, op: t.LoadOp, b: Builder) -> None:
+        self.vmap[op.result] = Deferred(self.vmap[op.source], op.pad.value.data if op.pad is not None else 0.0)
+
+    def op_tile_constant(self, op: t.ConstantOp, b: Builder) -> None:
+        self.vmap[op.result] = Splat(op.value.value.data)
+
+    def materialise(self, b: Builder, v, like: Dist) -> list[SSAValue]:
+        """A broadcast operand in ``like``'s distribution (one value per register part)."""
+        if isinstance(v, Dist):
+            if v.omap is not like.omap:
+                raise CodegenError("tiles of two different lane distributions meet in one elementwise op")
+            return v.parts
+        if isinstance(v, Splat):
+            c = self.fconst(b, v.value)
+            return [self.pack(b, [c] * n) for n in like.omap.parts]
+        if isinstance(v, Deferred):
+            vv = v.view
+            R, C = vv.shape
+            cache: dict = {}
+            parts = []
+            for lo, hi in like.omap.part_slices():
+                scalars = []
+                for it in like.omap.items[lo:hi]:
+                    key = ((id(it.rbase), it.rdelta) if R > 1 else None, (id(it.cbase), it.cdelta) if C > 1 else None)
+                    if key not in cache:
+                        r, c = self.coords(b, it)
+                        cache[key] = self.masked_load(b, vv, r if R > 1 else 0, c if C > 1 else 0, f32, v.pad,
+                                                      check_rows=R > 1, check_cols=C > 1)
+                    scalars.append(cache[key])
+                parts.append(self.pack(b, scalars))
+            return parts
+        raise CodegenError(f"cannot use {type(v).__name__} as a tile operand on the GPU")
+
+    def op_tile_elementwise(self, op: t.ElementwiseOp, b: Builder) -> None:
+        vals = [self.vmap[v] for v in op.inputs]
+        like = next((v for v in vals if isinstance(v, Dist)), None)
+        if like is None:
+            raise CodegenError(f"tile.elementwise {op.fn.data} needs one operand distributed over the wave")
+        operands = [self.materialise(b, v, like) for v in vals]
+        parts = []
+        for i in range(len(like.parts)):
+            args = [o[i] for o in operands]
+            parts.append(b.op(G.MathOp.create(operands=args, attributes={"fn": op.fn},
+                                              result_types=[args[0].type])).results[0])
+        self.vmap[op.result] = Dist(parts, like.omap, op.result.type.dims)
+
+    def op_tile_store(self, op: t.StoreOp, b: Builder) -> None:
+        d = self.vmap[op.value]
+        vv: View = self.vmap[op.dest]
+        if not isinstance(d, Dist):
+            raise CodegenError("tile.store on the GPU stores a tile distributed over the wave")
+        vals = self.items_of(d, b)
+        esize = elem_bytes(vv.elem)
+        for it, v in zip(d.omap.items, vals):
+            r, c = self.coords(b, it)
+            val = self.convert(b, v, vv.elem)
+            ok = None if vv.full else self.valid(b, vv, r, c)
+            if ok is None:
+                self.store(b, val, vv.base, self.address(b, vv, r, c), esize)
+            else:
+                b.if_(ok, lambda bt, r=r, c=c, val=val: self.store(bt, val, vv.base, self.address(bt, vv, r, c),
+                                                                   esize) or [])
+
+    # ------------------------------------------------------------------ staging copies
+    def op_tile_async_copy(self, op: t.AsyncCopyOp, b: Builder) -> None:
+        if op.layout.data != "row_major":
+            raise CodegenError(f"GPU copies are row_major; {op.layout.data} is a CPU packing layout")
+        src: View = self.vmap[op.source]
+        dst = self.scalar(op.dest)
+        doff = self.scalar(op.dest_offset)
+        pitch = ival(op.panel)
+        self.copy_rows(b, src, dst, doff, pitch)
+        self.vmap[op.token] = None
+
+    def copy_plan(self, src: View) -> tuple[int, int, int]:
+        """(elements per vector, vectors per row, passes of the workgroup over the block)."""
+        R, C = src.shape
+        v = 16 // elem_bytes(src.elem)
+        if C % v:
+            v = 1
+        chunks = R * C // v
+        return v, C // v, -(-chunks // self.block)
+
+    def copy_fast_condition(self, b: Builder, src: View, doff, pitch: int, v: int) -> SSAValue | None:
+        """True (for the whole workgroup) when 16-byte vectors may be used."""
+        if v == 1 or pitch % v:
+            return None
+        conds = [b.cmp("eq", src.cs, 1), b.cmp("eq", b.rem(src.rs, v), 0), b.cmp("eq", b.rem(src.off, v), 0),
+                 b.cmp("eq", b.rem(doff, v), 0)]
+        out = conds[0]
+        for x in conds[1:]:
+            out = b.op(arith.AndIOp(out, x)).results[0]
+        return out
+
+    def copy_rows(self, b: Builder, src: View, dst: SSAValue, doff, pitch: int) -> None:
+        R, C = src.shape
+        v, per_row, passes = self.copy_plan(src)
+        fast = self.copy_fast_condition(b, src, doff, pitch, v)
+
+        def vector_path(bb: Builder):
+            for q in range(passes):
+                ch = bb.add(self.tid, q * self.block)
+
+                def one(b2: Builder, ch=ch):
+                    r, c0 = b2.div(ch, per_row), b2.mul(b2.rem(ch, per_row), v)
+                    self.copy_vector(b2, src, dst, doff, pitch, r, c0, v)
+                    return []
+                if (q + 1) * self.block <= R * per_row:
+                    one(bb)
+                else:
+                    bb.if_(bb.cmp("slt", ch, R * per_row), one)
+            return []
+
+        def element_path(bb: Builder):
+            n = R * C
+            for q in range(-(-n // self.block)):
+                e = bb.add(self.tid, q * self.block)
+
+                def one(b2: Builder, e=e):
+                    r, c = b2.div(e, C), b2.rem(e, C)
+                    val = self.masked_load(b2, src, r, c, src.elem, 0.0)
+                    self.store(b2, val, dst, b2.add(doff, b2.add(b2.mul(r, pitch), c)), elem_bytes(src.elem))
+                    return []
+                if (q + 1) * self.block <= n:
+                    one(bb)
+                else:
+                    bb.if_(bb.cmp("slt", e, n), one)
+            return []
+
+        if fast is None:
+            element_path(b)
+        else:
+            b.if_(fast, vector_path, element_path)
+
+    def copy_vector(self, b: Builder, src: View, dst, doff, pitch: int, r, c0, v: int) -> None:
+        """One v-element piece of row r at column c0: a 16-byte load and store when it lies
+        inside the valid extent, else element by element with zeros outside."""
+        full = b.op(arith.AndIOp(b.cmp("slt", r, src.rows), b.cmp("sle", b.add(c0, v), src.cols))).results[0]
+        daddr = b.add(doff, b.add(b.mul(r, pitch), c0))
+        vt = vec(src.elem, v)
+
+        def whole(bt: Builder):
+            val = self.load(bt, src.base, bt.add(src.off, bt.add(bt.mul(r, src.rs), c0)), vt, 16)
+            self.store(bt, val, dst, daddr, 16)
+            return []
+
+        def edge(be: Builder):
+            vals = [self.masked_load(be, src, r, be.add(c0, i), src.elem, 0.0) for i in range(v)]
+            self.store(be, self.pack(be, vals), dst, daddr, 16)
+            return []
+        b.if_(full, whole, edge)
+
+    # ------------------------------------------------------------------ refusals
+    def _refuse(self, op, b) -> None:
+        raise CodegenError(f"{op.name} has no GPU lowering (the GPU lanes generate gemm kernels)")
+
+    op_tile_reduce = op_tile_mask = op_tile_splat_index = _refuse
+
+
+def lower_module(module: ModuleOp, pass_name: str, make_lowerer, make_map) -> None:
+    """Lower every GPU kernel function and turn ``tile.launch`` into ``tessera_gpu.launch``."""
+    kernels: dict[str, func.FuncOp] = {}
+    hosts: list[func.FuncOp] = []
+    for op in list(module.body.block.ops):
+        if not isinstance(op, func.FuncOp):
+            continue
+        if "gpu.block" in op.attributes:
+            low = make_lowerer(op)
+            try:
+                new = low.lower_kernel(op, make_map)
+            except CodegenError as e:
+                raise PassFailedError(f"{pass_name}: kernel @{op.sym_name.data}: {e.message}") from None
+            module.body.block.insert_op_before(new, op)
+            op.detach()
+            op.erase()
+            kernels[new.sym_name.data] = new
+        elif any(isinstance(o, t.LaunchOp) for o in op.walk()):
+            hosts.append(op)
+    for fn in hosts:
+        for op in list(fn.walk()):
+            if not isinstance(op, t.LaunchOp):
+                continue
+            name = op.callee.root_reference.data
+            k = kernels.get(name)
+            if k is None or op.grid is None or op.block is None:
+                raise PassFailedError(f"{pass_name}: launch of @{name} is not a GPU kernel launch (no grid/block)")
+            new = G.LaunchOp.create(operands=list(op.args), result_types=[r.type for r in op.outs], attributes={
+                "callee": op.callee, "dims": op.dims, "grid": op.grid, "block": op.block,
+                "shared": k.attributes["gpu.shared"]})
+            new.location = op.location
+            op.parent.insert_op_before(new, op)
+            for o, n in zip(op.outs, new.outs):
+                o.replace_all_uses_with(n)
+            op.detach()
+            op.erase()

@@ -1,0 +1,198 @@
+"""``lower-tile-to-nvidia{arch=...}``: Tile IR -> ``tessera_gpu`` + ``tessera_nvidia`` Target IR.
+
+``arch`` is mandatory; the selector's ISA for it decides which fragments are legal
+(bf16 on sm_75 is refused here).  Lane mappings of ``mma.sync`` per the PTX ISA
+fragment layouts ("Matrix Fragments for mma.m16n8k16 / m16n8k8"), with
+``g = lane / 4`` (the group) and ``t = lane % 4`` (the thread in the group):
+
+  m16n8k16  A a0..a7: row g + 8*((i/2)%2), col 2t + i%2 + 8*(i/4)  (4 registers of 2)
+            B b0..b3: k 2t + i%2 + 8*(i/2), col g                 (2 registers of 2)
+            C c0..c3: row g + 8*(i/2), col 2t + i%2               (4 f32 registers)
+  m16n8k8   A a0..a3: row g + 8*(i/2), col 2t + i%2;  B b0,b1: k 2t + i, col g;  C as above
+
+From shared memory the A and B registers are loaded with ``ldmatrix`` (x4 / x2 for A,
+``.trans`` x2 / x1 for a row-major B) when the view is 16-byte aligned row by row;
+otherwise element by element.  Staging copies use ``cp.async`` (sm_80+): 16 bytes
+per thread per step, zero-filling what lies past the view's valid extent, one commit
+group per ``tile.async_copy``, and ``tile.wait {outstanding = n}`` becomes
+``cp.async.wait_group n`` — only the oldest stage of the pipeline is waited for.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects import arith
+from xdsl.dialects.builtin import ModuleOp, StringAttr, UnitAttr, f32
+from xdsl.ir import SSAValue
+
+from tessera.errors import MmaSelectorError, PassFailedError, UnknownArchError
+from tessera.ir import tile as t
+from tessera.ir.attrs import i64_attr, ival
+from tessera.ir.builder import Builder
+from tessera.ir.target import nvidia as NV
+from tessera.mma.selector import get_isa
+from tessera.passes.base import TesseraPass, option, register
+from tessera.passes.target.gpu.simt import (
+    Item,
+    LaneMap,
+    OperandMap,
+    SimtLowerer,
+    View,
+    const_int,
+    elem_bytes,
+    lower_module,
+    vec,
+)
+
+NAME = "lower-tile-to-nvidia"
+CP_ASYNC_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_120")
+
+
+class MmaSyncMap(LaneMap):
+    lanes = 32
+
+    def __init__(self, rec, ptx_type: str):
+        self.rec = rec
+        self.ptx_type = ptx_type
+        self.k = rec.shape[2]
+
+    def build(self, b: Builder, lane: SSAValue) -> None:
+        g, tig = b.div(lane, 4), b.rem(lane, 4)
+        t2 = b.mul(tig, 2)
+        if self.k == 16:
+            self.a = OperandMap([Item(g, 8 * ((i // 2) % 2), t2, i % 2 + 8 * (i // 4), 2) for i in range(8)],
+                                [2, 2, 2, 2])
+            self.b = OperandMap([Item(t2, i % 2 + 8 * (i // 2), g, 0) for i in range(4)], [2, 2])
+        else:
+            self.a = OperandMap([Item(g, 8 * (i // 2), t2, i % 2, 2) for i in range(4)], [2, 2])
+            self.b = OperandMap([Item(t2, i, g, 0) for i in range(2)], [2])
+        self.c = OperandMap([Item(g, 8 * (i // 2), t2, i % 2, 2) for i in range(4)], [1, 1, 1, 1])
+
+    def emit_mma(self, b: Builder, ft: t.FragmentType, a, bb, c):
+        m, n, k = ft.mnk
+        op = NV.MmaSyncOp.create(operands=[*a, *bb, *c], result_types=[x.type for x in c],
+                                 attributes={"shape": StringAttr(f"m{m}n{n}k{k}"), "atype": StringAttr(self.ptx_type),
+                                             "ctype": StringAttr("f32")},
+                                 properties={"operandSegmentSizes": _segments(len(a), len(bb), len(c))})
+        b.op(op)
+        return list(op.results)
+
+
+def _segments(*sizes):
+    from xdsl.dialects.builtin import DenseArrayBase, i32
+    return DenseArrayBase.from_list(i32, list(sizes))
+
+
+def lane_map_for(arch: str, ft: t.FragmentType) -> LaneMap:
+    isa = get_isa("nvidia", arch)
+    if ft.family.data != "mma_sync":
+        raise MmaSelectorError(f"nvidia:{arch}: {NAME} lowers mma_sync fragments, not {ft.family.data}")
+    shape = ft.mnk
+    dtype = str(ft.elem) if ft.role.data != "acc" else None
+    cands = [r for r in isa.records if r.family == "mma_sync" and r.shape == shape and
+             (dtype is None or r.a_dtype == dtype) and r.lowered_by == NAME]
+    if not cands:
+        legal = sorted({f"m{r.m}n{r.n}k{r.k} {r.a_dtype}" for r in isa.records if r.lowered_by == NAME})
+        raise MmaSelectorError(f"nvidia:{arch} has no lowered mma.sync {'x'.join(map(str, shape))}"
+                               f"{' for ' + dtype if dtype else ''}; legal there: {', '.join(legal) or 'none'}")
+    rec = cands[0]
+    return MmaSyncMap(rec, rec.a_dtype)
+
+
+@dataclass
+class NvidiaLowerer(SimtLowerer):
+    arch: str = ""
+
+    @property
+    def cp_async(self) -> bool:
+        return self.arch in CP_ASYNC_ARCHS
+
+    # ------------------------------------------------------------------ ldmatrix
+    def pack_operand(self, b: Builder, vv: View, omap: OperandMap, ft: t.FragmentType) -> list[SSAValue]:
+        role = ft.role.data
+        m, n, k = ft.mnk
+        usable = (vv.base.type.space.data == "smem" and vv.full and const_int(vv.cs) == 1 and vv.align % 8 == 0
+                  and elem_bytes(vv.elem) == 2)
+        if not usable:
+            return super().pack_operand(b, vv, omap, ft)
+        lane = b.c(self.lane)
+        r8 = b.rem(lane, 8)
+        if role == "a":       # 16 x k row-major: matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15)
+            num = 4 if k == 16 else 2
+            row = b.add(r8, b.mul(b.rem(b.div(lane, 8), 2), 8))
+            col = b.mul(b.div(lane, 16), 8) if k == 16 else 0
+            trans = False
+        else:                 # k x 8 row-major B: matrices k 0-7 | 8-15, transposed on load
+            num = 2 if k == 16 else 1
+            row = b.add(r8, b.mul(b.rem(b.div(lane, 8), 2), 8)) if k == 16 else r8
+            col = 0
+            trans = True
+        idx = b.add(vv.off, b.add(b.mul(row, vv.rs), col))
+        op = NV.LdmatrixOp.create(operands=[vv.base, b.c(idx)], result_types=[vec(vv.elem, 2)] * num,
+                                  attributes={"trans": UnitAttr()} if trans else {})
+        b.op(op)
+        return list(op.results)
+
+    # ------------------------------------------------------------------ cp.async
+    def op_tile_async_copy(self, op: t.AsyncCopyOp, b: Builder) -> None:
+        super().op_tile_async_copy(op, b)
+        if self.cp_async:
+            b.op(NV.CpAsyncCommitOp.create())   # one group per copy: tile.wait counts copies
+
+    def op_tile_wait(self, op: t.WaitOp, b: Builder) -> None:
+        if self.cp_async:
+            pending = ival(op.outstanding) if op.outstanding is not None else 0
+            b.op(NV.CpAsyncWaitOp.create(attributes={"pending": i64_attr(pending)}))
+
+    def copy_vector(self, b: Builder, src: View, dst, doff, pitch: int, r, c0, v: int) -> None:
+        if not self.cp_async:
+            return super().copy_vector(b, src, dst, doff, pitch, r, c0, v)
+        esize = elem_bytes(src.elem)
+        in_row = b.cmp("slt", r, src.rows)
+        avail = b.mul(b.max(b.min(b.sub(src.cols, c0), v), 0), esize)
+        nbytes = b.select(in_row, b.c(avail), b.c(0))
+        has = b.cmp("sgt", nbytes, 0)
+        sidx = b.select(has, b.c(b.add(src.off, b.add(b.mul(r, src.rs), c0))), b.c(0))
+        daddr = b.add(doff, b.add(b.mul(r, pitch), c0))
+        b.op(NV.CpAsyncOp.create(operands=[dst, b.c(daddr), src.base, sidx, nbytes],
+                                 attributes={"bytes": i64_attr(v * esize)}))
+
+
+@register
+@dataclass(frozen=True)
+class LowerTileToNvidia(TesseraPass):
+    """Tile IR -> tessera_gpu/tessera_nvidia Target IR (mma.sync lane mapping, ldmatrix, cp.async)."""
+
+    name = NAME
+    kind = "target-lowering"
+    consumes = ("tile.alloc", "tile.view", "tile.async_copy", "tile.wait", "tile.barrier", "tile.fragment_zero",
+                "tile.fragment_pack", "tile.mma", "tile.fragment_unpack", "tile.load", "tile.store",
+                "tile.constant", "tile.elementwise", "tile.program_id", "tile.wave_id", "tile.launch")
+    produces = ("tessera_gpu.thread_id", "tessera_gpu.block_id", "tessera_gpu.shared", "tessera_gpu.load",
+                "tessera_gpu.store", "tessera_gpu.barrier", "tessera_gpu.pack", "tessera_gpu.extract",
+                "tessera_gpu.convert", "tessera_gpu.math", "tessera_gpu.launch", "tessera_nvidia.mma_sync",
+                "tessera_nvidia.ldmatrix", "tessera_nvidia.cp_async", "tessera_nvidia.cp_async_commit",
+                "tessera_nvidia.cp_async_wait")
+    arch: str = option(doc="NVIDIA arch (sm_75, sm_80, sm_86, sm_89, sm_90, sm_120); required")
+
+    def apply(self, ctx: Context, module: ModuleOp) -> None:
+        try:
+            get_isa("nvidia", self.arch)
+        except UnknownArchError as e:
+            raise PassFailedError(f"{NAME}: {e.message}") from None
+
+        def make_lowerer(fn):
+            wave = ival(fn.attributes["vector"]) if "vector" in fn.attributes else 32
+            if wave != 32:
+                raise PassFailedError(f"{NAME}: kernel @{fn.sym_name.data} is laid out for {wave}-lane waves; "
+                                      "NVIDIA warps have 32")
+            return NvidiaLowerer({}, 32, ival(fn.attributes["gpu.block"]), "smem", arch=self.arch)
+
+        try:
+            lower_module(module, NAME, make_lowerer, lambda ft: lane_map_for(self.arch, ft))
+        except MmaSelectorError as e:
+            raise MmaSelectorError(f"{NAME}{{arch={self.arch}}}: {e.message}") from None
+
+
+__all__ = ["LowerTileToNvidia", "lane_map_for", "arith", "f32"]
