@@ -27,6 +27,7 @@ class GpuFn(FnCodegen):
     """Translation of one GPU kernel; targets override the ``target_*`` hooks."""
 
     target_name = "GPU"
+    index_bits = 32      # addresses are computed in 32 bits; the runtime refuses buffers of 2^31 elements
 
     def setup(self, fn: func.FuncOp) -> None:
         self.kernel = fn
@@ -56,10 +57,12 @@ class GpuFn(FnCodegen):
 
     # ------------------------------------------------------------------ work distribution
     def op_tessera_gpu_thread_id(self, op):
-        self.set(op, self.b.zext(self.target_thread_id(), I64))
+        self.set(op, self.b.zext(self.target_thread_id(), ir.IntType(self.index_bits)) if self.index_bits > 32
+                 else self.target_thread_id())
 
     def op_tessera_gpu_block_id(self, op):
-        self.set(op, self.b.zext(self.target_block_id(ival(op.axis)), I64))
+        bid = self.target_block_id(ival(op.axis))
+        self.set(op, self.b.zext(bid, ir.IntType(self.index_bits)) if self.index_bits > 32 else bid)
 
     def op_tessera_gpu_barrier(self, op):
         self.target_barrier()
@@ -86,7 +89,7 @@ class GpuFn(FnCodegen):
         return self.b.gep(self.v(base), [self.v(index)], source_etype=elem_ty, inbounds=True)
 
     def op_tessera_gpu_load(self, op: G.LoadOp):
-        ty = llvm_type(op.result.type)
+        ty = self.lt(op.result.type)
         elem = ty.element if isinstance(ty, ir.VectorType) else ty
         self.set(op, self.b.load(self._ptr(op.base, op.index, elem), typ=ty, align=ival(op.align)))
 
@@ -113,7 +116,7 @@ class GpuFn(FnCodegen):
         self.set(op, self.b.fpext(a, to) if wide else self.b.fptrunc(a, to))
 
     def op_arith_constant(self, op):
-        ty = llvm_type(op.result.type)
+        ty = self.lt(op.result.type)
         val = op.value.value.data
         self.set(op, ir.Constant(ty, float(val) if not isinstance(op.result.type, IndexType) and
                                  not hasattr(ty, "width") else val))

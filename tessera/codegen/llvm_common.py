@@ -82,6 +82,7 @@ class FnCodegen:
     arithmetic (arith) here; a target's subclass adds its own ops as ``op_<dialect>_<op>``."""
 
     target_name = "LLVM"
+    index_bits = 64        # width of ``index`` inside the function (parameters are always 64-bit)
 
     def __init__(self, gen: "ModuleCodegen", fn: func.FuncOp):
         self.gen = gen
@@ -90,10 +91,15 @@ class FnCodegen:
         self.f.attributes.add("nounwind")
         self.setup(fn)
         self.vals: dict[SSAValue, ir.Value] = {}
-        for a, la in zip(fn.body.block.args, self.f.args):
-            self.vals[a] = la
         self.b = ir.IRBuilder(self.f.append_basic_block("entry"))
+        for a, la in zip(fn.body.block.args, self.f.args):
+            self.vals[a] = la if not isinstance(a.type, IndexType) or self.index_bits == 64 else \
+                self.b.trunc(la, self.lt(a.type))
         self.block(fn.body.block)
+
+    def lt(self, t: Attribute) -> ir.Type:
+        """The LLVM type of a value inside this function (``index`` is ``index_bits`` wide)."""
+        return ir.IntType(self.index_bits) if isinstance(t, IndexType) else llvm_type(t)
 
     def setup(self, fn: func.FuncOp) -> None:
         """Attributes and calling convention of the LLVM function (targets override)."""
@@ -136,7 +142,7 @@ class FnCodegen:
         exit_ = self.f.append_basic_block("for.exit")
         b.branch(header)
         b.position_at_end(header)
-        iv = b.phi(I64)
+        iv = b.phi(lb.type)
         iv.add_incoming(lb, pre)
         phis = []
         for a, init in zip(op.body.block.args[1:], inits):
@@ -186,7 +192,7 @@ class FnCodegen:
 
     # ------------------------------------------------------------------ arith (index / i1)
     def op_arith_constant(self, op: arith.ConstantOp):
-        ty = llvm_type(op.result.type)
+        ty = self.lt(op.result.type)
         val = op.value.value.data
         self.set(op, ir.Constant(ty, val))
 
@@ -237,17 +243,17 @@ class FnCodegen:
 
     def op_arith_index_cast(self, op):
         a = self.v(op.input)
-        ty = llvm_type(op.result.type)
+        ty = self.lt(op.result.type)
         self.set(op, a if a.type == ty else self.b.sext(a, ty) if ty.width > a.type.width else self.b.trunc(a, ty))
 
     def op_arith_sitofp(self, op):
-        self.set(op, self.b.sitofp(self.v(op.input), llvm_type(op.result.type)))
+        self.set(op, self.b.sitofp(self.v(op.input), self.lt(op.result.type)))
 
     def op_arith_extf(self, op):
-        self.set(op, self.b.fpext(self.v(op.input), llvm_type(op.result.type)))
+        self.set(op, self.b.fpext(self.v(op.input), self.lt(op.result.type)))
 
     def op_arith_truncf(self, op):
-        self.set(op, self.b.fptrunc(self.v(op.input), llvm_type(op.result.type)))
+        self.set(op, self.b.fptrunc(self.v(op.input), self.lt(op.result.type)))
 
     def op_arith_select(self, op):
         self.set(op, self.b.select(self.v(op.cond), self.v(op.lhs), self.v(op.rhs)))

@@ -14,9 +14,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tessera.errors import LaneUnavailableError
+from tessera.errors import LaneUnavailableError, ShapeMismatchError
 from tessera.ir import dims as D
 from tessera.runtime.cpu import HostProgram, _eval, bind_symbols
+
+
+INDEX_LIMIT = 1 << 31    # GPU kernels compute addresses in 32 bits (codegen.gpu.GpuFn.index_bits)
 
 
 @dataclass
@@ -47,6 +50,10 @@ class GpuExecutable:
                 outs.append(np.zeros(shape, t.np_dtype))
             for o, a in zip(s.outs, outs):
                 vals[o] = a
+            for a in [vals[i] for i in s.args] + outs:
+                if a.size >= INDEX_LIMIT:
+                    raise ShapeMismatchError(f"kernel {s.kernel}: a {a.shape} array has {a.size} elements; the GPU "
+                                             f"kernels index with 32 bits (at most {INDEX_LIMIT - 1} per array)")
             grid = tuple(D.evaluate_extent(e, env) for e in s.grid)
             if all(a.size for a in outs):
                 launch(s, grid, [vals[i] for i in s.args] + outs, sizes, len(s.args))

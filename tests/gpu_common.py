@@ -1,0 +1,60 @@
+"""Shared pieces of the GPU-lane tests: programs, inputs, and the float64 / rounding models."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+import tessera as ts
+
+DTYPES = {"f16": np.float16, "bf16": ml_dtypes.bfloat16}
+# (M, N, K): edge tiles in every dimension; K = 37 and N = 29 make rows unaligned (the
+# element-by-element copy path), K = 48 / N = 72 aligned ones (16-byte vector / cp.async path)
+SHAPES = [(70, 72, 48), (33, 29, 37), (130, 17, 16)]
+
+
+def gemm_acc(a, b, c0):
+    """C = A @ B + C0 with f32 accumulation (the real incoming accumulator)."""
+    return ts.ops.matmul(a, b, out_dtype=np.float32) + c0
+
+
+def gemm_epilogue(a, b, bias):
+    """gelu(A @ B + bias) in the inputs' dtype (bias row broadcast)."""
+    return ts.ops.gelu(a @ b + bias)
+
+
+def batched(a, b, c0):
+    """[batch] C = A @ B + C0, B shared by the batch."""
+    return ts.ops.silu(ts.ops.matmul(a, b, out_dtype=np.float32) + c0)
+
+
+def inputs(rng, dtype: str, m: int, n: int, k: int, batch: tuple = ()):
+    dt = DTYPES[dtype]
+    a = rng.standard_normal((*batch, m, k)).astype(dt)
+    b = rng.standard_normal((k, n)).astype(dt)
+    c0 = (rng.standard_normal((*batch, m, n)) * 4).astype(np.float32)
+    return a, b, c0
+
+
+def oracle_acc(a, b, c0) -> np.ndarray:
+    return a.astype(np.float64) @ b.astype(np.float64) + c0.astype(np.float64)
+
+
+def rounding_model(a, b, c0, k_step: int) -> np.ndarray:
+    """The kernel's arithmetic exactly: the accumulator starts as C0 (f32) and each
+    instruction adds one k_step-wide slice of A @ B, rounded to f32 once per instruction.
+    f16/bf16 products and their sums over one slice are exact in float64, so the order
+    inside a slice does not matter and the model is bit-exact."""
+    acc = c0.astype(np.float32)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    for k0 in range(0, a.shape[-1], k_step):
+        acc = (acc.astype(np.float64) + a64[..., k0:k0 + k_step] @ b64[k0:k0 + k_step]).astype(np.float32)
+    return acc
+
+
+def gelu64(x):
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def rel_err(got, want) -> float:
+    got = np.asarray(got, dtype=np.float64)
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
