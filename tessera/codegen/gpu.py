@@ -176,12 +176,20 @@ def kernel_abi(module: ModuleOp, fn: func.FuncOp) -> dict:
     """The launch contract of one kernel: parameters with byte offsets, block, shared, grid."""
     launch = next((op for op in module.walk() if isinstance(op, G.LaunchOp)
                    and op.callee.root_reference.data == fn.sym_name.data), None)
+    from xdsl.ir import BlockArgument
     params, off = [], 0
     dims = strs(launch.dims) if launch is not None else []
     nbuf = sum(1 for ty in fn.function_type.inputs.data if isinstance(ty, t.BufferType))
+    nin = len(launch.args) if launch is not None else nbuf
     for i, ty in enumerate(fn.function_type.inputs.data):
         if isinstance(ty, t.BufferType):
-            params.append({"index": i, "kind": "buffer", "dtype": str(ty.element_type),
+            if i < nin:
+                src = launch.args[i] if launch is not None else None
+                role = (f"input: argument {src.index}" if isinstance(src, BlockArgument)
+                        else "input: an earlier kernel's result")
+            else:
+                role = f"output {i - nin}"
+            params.append({"index": i, "kind": "buffer", "dtype": str(ty.element_type), "role": role,
                            "space": ty.space.data, "offset": off, "size": 8})
         else:
             params.append({"index": i, "kind": "size", "expr": dims[i - nbuf] if i - nbuf < len(dims) else "?",

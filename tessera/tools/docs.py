@@ -66,7 +66,13 @@ def _numerics_md() -> str:
     return numerics_md()
 
 
+def _abi_md() -> str:
+    from tessera.tools.abi_doc import abi_md
+    return abi_md()
+
+
 GENERATORS: dict[str, tuple[str, Callable[[], str]]] = {
+    "abi": ("docs/abi.md", _abi_md),
     "errors": ("docs/errors.md", errors_md),
     "numerics": ("docs/numerics.md", _numerics_md),
     "mma": ("docs/mma.md", mma_md),
