@@ -274,3 +274,16 @@ def test_tessera_opt_runs_the_rocm_pipeline():
     with contextlib.redirect_stderr(err):
         rc = main([str(src), "--pass-pipeline", "tessera-rocm"])   # arch is required
     assert rc != 0 and "PIPELINE_MISSING_OPTION" in err.getvalue()
+
+
+def test_hip_launcher_without_hip_python_and_its_argument_block():
+    import struct
+    from tessera.runtime import hip
+    ok, why = hip.device_available()
+    if ok:
+        pytest.skip("a ROCm device is present")
+    assert "hip" in why.lower() or "rocm" in why.lower()
+    with pytest.raises(LaneUnavailableError, match="hip-python"):
+        hip.HipModule(b"\x7fELF")
+    blob = hip.pack_args([0x1000, 0x2000], [70, -1])
+    assert len(blob) == 32 and struct.unpack("<QQqq", blob) == (0x1000, 0x2000, 70, -1)

@@ -51,8 +51,8 @@ def check_pins(pins: dict | None, target: str = "cpu") -> dict:
             if not isinstance(v, int) or isinstance(v, bool) or v < 0 or (k in ("threads", "unroll") and v < 1):
                 raise ScheduleIllegalError(f"schedule {k}={v!r}: expected a positive int")
         elif k == "mma_family":
-            if v not in ("wmma", "mfma", "mma_sync"):
-                raise ScheduleIllegalError(f"schedule mma_family={v!r}; GPU families: wmma, mfma, mma_sync")
+            if v not in ("wmma", "mfma", "mma_sync", "wgmma"):
+                raise ScheduleIllegalError(f"schedule mma_family={v!r}; GPU families: wmma, mfma, mma_sync, wgmma")
         elif not isinstance(v, str) or v not in ("m", "b*m", "r", "none"):
             raise ScheduleIllegalError(f"schedule parallel={v!r}; legal: 'm' (gemm rows, shared B), 'b*m' (gemm "
                                        "batch x rows), 'r' (rows of other kernels), 'none'")

@@ -61,4 +61,8 @@ class LaneReport:
                 lines.append(f"    {k['kernel']:<18} {k['kind']:<11} tiles [{tiles}] parallel {k['parallel']} "
                              f"threads {k['threads']}; {sel}")
                 lines.append(f"      fused: {', '.join(k['ops'])}")
+                res = {key: k[key] for key in ("lds_bytes", "vgprs", "sgprs", "agprs", "wavefront_size", "registers",
+                                                "smem_bytes", "spill_stores", "spill_loads") if k.get(key) is not None}
+                if res:
+                    lines.append("      resources: " + ", ".join(f"{a} {b}" for a, b in res.items()))
         return "\n".join(lines)

@@ -139,7 +139,10 @@ class MmaSelection:
 
 def select_mma(isa: MmaIsa, dtype: str, *, out_dtype: str | None = None, math_mode: str | None = None,
                prefer_shape: tuple[int, int, int] | None = None, wave: int | None = None,
-               family: str | None = None) -> MmaSelection:
+               family: str | None = None, lowering: str | None = None) -> MmaSelection:
+    """The cheapest legal record for ``dtype``; every illegal request raises ``MmaSelectorError``
+    saying what is legal.  With ``lowering``, only records that pass implements are chosen (a
+    cheaper one it lacks, e.g. wgmma on sm_90a, is skipped); none left is ``MMA_NO_LOWERING``."""
     ranked = rank_shapes_by_footprint(isa, dtype, out_dtype)
     if family is not None:
         fams = sorted({r.family for r in isa.records})
@@ -183,6 +186,15 @@ def select_mma(isa: MmaIsa, dtype: str, *, out_dtype: str | None = None, math_mo
                                    f"{' -> ' + out_dtype if out_dtype else ''}; legal for {dtype}: "
                                    f"{', '.join('x'.join(map(str, s)) for s in legal)}")
         ranked = hit
+    if lowering is not None:
+        done = [r for r in ranked if r.lowered_by == lowering]
+        if not done:
+            best = ranked[0]
+            raise MmaNoLoweringError(f"{best.id} ({best.mnemonic}) has no lowering in {lowering} yet"
+                                     + (f" (it is lowered by {best.lowered_by})" if best.lowered_by else "")
+                                     + f"; {lowering} implements none of the {isa.target}:{isa.arch} records for "
+                                       f"{dtype}")
+        ranked = done
     r = ranked[0]
     pack = max(1, int(4 // DTYPE_BYTES[r.a_dtype])) if DTYPE_BYTES[r.a_dtype] >= 1 else 8
     return MmaSelection(r, r.shape, r.a_layout, r.b_layout, pack, r.acc_dtype, accumulator_regs_per_lane(r))

@@ -78,9 +78,22 @@ class GpuExecutable:
                     module.close()
             raise LaneUnavailableError(f"the {self.lane} lane needs an NVIDIA GPU: {why}; compile() still builds "
                                        "the cubin, and .emulate() runs it in the warp emulator")
-        raise LaneUnavailableError(f"the {self.lane} lane needs an AMD GPU with ROCm and hip-python, which this "
-                                   "machine lacks; compile() still builds the code object, and .emulate() runs it "
-                                   "in the wave emulator")
+        from tessera.runtime import hip
+        ok, why = hip.device_available()
+        if not ok:
+            raise LaneUnavailableError(f"the {self.lane} lane needs an AMD GPU with ROCm: {why}; compile() still "
+                                       "builds the code object, and .emulate() runs it in the wave emulator")
+        if why and why != self.arch:
+            raise LaneUnavailableError(f"this code object is for {self.arch}; the ROCm device is {why}")
+        module = hip.HipModule(self.binary)
+
+        def launch_hip(s, grid, bufs, sizes, nin):
+            module.launch(s.kernel, grid, (s.block, 1, 1), 0, [np.ascontiguousarray(b) for b in bufs], sizes,
+                          list(range(nin, len(bufs))))
+        try:
+            return self._steps(arrays, env, launch_hip)
+        finally:
+            module.close()
 
     def emulate(self, arrays: list[np.ndarray], env: dict | None = None) -> list[np.ndarray]:
         from tessera.emulate.simt import Emulator

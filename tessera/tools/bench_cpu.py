@@ -315,6 +315,7 @@ def main(args) -> int:
                  "fma_peak_1t": one["fma_peak_1t"], "fma_peak_all": fma_peak(host.usable_cpus()),
                  "vdpbf16ps_peak_all": fma_peak(host.usable_cpus(), bf16=True), **bandwidth()}
     host_info["compile"] = compile_times()
+    host_info["gpu"] = gpu_status()
     text = render(rows, host_info, quick)
     print(text)
     if getattr(args, "write", False):
@@ -391,7 +392,52 @@ def render(rows: list[dict], h: dict, quick: bool) -> str:
               "call (an 8-element elementwise kernel)."]
     if quick:
         lines += ["", "(--quick run: fewer repeats, no 4096^3.)"]
+    g = h.get("gpu")
+    if g:
+        lines += ["", "# GPU lanes", "",
+                  f"This host: {g['device']}.  GPU kernels are compiled and their numerics proven here by the wave/warp "
+                  "emulator (`tests/test_rocm.py`, `tests/test_nvidia.py`); their speed can only be measured on a GPU.",
+                  "",
+                  "- NVIDIA: `python benchmarks/gpu/build_nvidia_bundle.py --arch sm_90` here, then "
+                  "`python benchmarks/gpu/nvidia_check.py` on the GPU machine (numpy, torch, cuda-python) checks "
+                  "every cubin against float64 and the emulator and times GEMM 4096^3 f16/bf16 against "
+                  "`torch.matmul` (cuBLAS).  " + g["nvidia_figures"],
+                  "- ROCm: no AMD GPU has been available; the code objects are checked structurally (ELF flags, "
+                  "kernel descriptor, metadata note, disassembly) and numerically by the emulator only.",
+                  "",
+                  f"Compile time (cold, one GEMM kernel, includes the LLVM subprocess and the assembler/linker): "
+                  f"rocm gfx1151 {g['compile_s']['rocm']:.2f} s, nvidia sm_90 {g['compile_s']['nvidia']:.2f} s; "
+                  f"emulating it on a 256x256x256 problem: {g['emulate_s']:.2f} s."]
     return "\n".join(lines) + "\n"
+
+
+NVIDIA_FIGURES = ("No GPU was lent to the session that wrote this page, so there are no GPU figures yet; the "
+                  "script is ready (aim: >= 50 % of cuBLAS with mma.sync on an H200).")
+
+
+def gpu_status() -> dict:
+    """What this host can say about the GPU lanes: the device, compile and emulation times."""
+    import time
+    from tessera.runtime import cuda
+    import tessera as ts
+    ok, why = cuda.device_available()
+    a = np.random.default_rng(1).standard_normal((256, 256)).astype(np.float16)
+    times = {}
+    emu = 0.0
+    os.environ["TESSERA_NO_CACHE"] = "1"
+    try:
+        for target, arch in (("rocm", "gfx1151"), ("nvidia", "sm_90")):
+            t0 = time.perf_counter()
+            art = ts.compile(lambda x, y: x @ y, a, a, target=target, arch=arch)
+            times[target] = time.perf_counter() - t0
+            if target == "nvidia":
+                t0 = time.perf_counter()
+                art.emulate(a, a)
+                emu = time.perf_counter() - t0
+    finally:
+        os.environ.pop("TESSERA_NO_CACHE", None)
+    return {"device": f"NVIDIA {why}" if ok else f"no GPU ({why})", "compile_s": times, "emulate_s": emu,
+            "nvidia_figures": NVIDIA_FIGURES}
 
 
 if __name__ == "__main__":

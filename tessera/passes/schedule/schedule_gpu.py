@@ -91,7 +91,7 @@ class ScheduleGpu(TesseraPass):
         lowering = f"lower-tile-to-{self.target}"
         try:
             sel = select_mma(isa, dtype, out_dtype="f32", family=self.mma_family or None,
-                             prefer_shape=tuple(self.mma_shape) if self.mma_shape else None)
+                             prefer_shape=tuple(self.mma_shape) if self.mma_shape else None, lowering=lowering)
             require_lowering(sel, lowering)
         except MmaSelectorError as e:
             e.message = f"kernel {name} ({mm.name}, {dtype} inputs): {e.message}"
