@@ -58,3 +58,16 @@ def gelu64(x):
 def rel_err(got, want) -> float:
     got = np.asarray(got, dtype=np.float64)
     return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+def drop_c0(monkeypatch) -> None:
+    """Plant the seeds' bug: the accumulator fragment becomes a synthesized zero instead of C0."""
+    from tessera.passes.target.gpu import simt
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    orig = simt.SimtLowerer.op_tile_fragment_pack
+
+    def zero_acc(self, op, b):
+        if op.result.type.role.data == "acc":
+            return simt.SimtLowerer.op_tile_fragment_zero(self, op, b)
+        return orig(self, op, b)
+    monkeypatch.setattr(simt.SimtLowerer, "op_tile_fragment_pack", zero_acc)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tessera as ts
-from gpu_common import SHAPES, batched, gemm_acc, gemm_epilogue, gelu64, inputs, oracle_acc, rel_err, rounding_model
+from gpu_common import SHAPES, batched, drop_c0, gemm_acc, gemm_epilogue, gelu64, inputs, oracle_acc, rel_err, rounding_model
 from tessera.codegen import ptx_tools
 from tessera.errors import EmulatorRaceError, LaneUnavailableError, MmaSelectorError, UnknownArchError
 from tessera.mma.selector import get_isa, select_mma
@@ -136,12 +136,7 @@ def test_teeth_a_wrong_ldmatrix_address_fails(rng, monkeypatch):
 
 
 def test_teeth_dropping_c0_fails(rng, monkeypatch):
-    from tessera.passes.target.gpu import simt
-    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
-    orig = simt.SimtLowerer.op_tile_fragment_pack
-    monkeypatch.setattr(simt.SimtLowerer, "op_tile_fragment_pack", lambda self, op, b: (
-        simt.SimtLowerer.op_tile_fragment_zero(self, op, b) if op.result.type.role.data == "acc"
-        else orig(self, op, b)))
+    drop_c0(monkeypatch)
     a, b, c0 = inputs(rng, "bf16", 33, 29, 37)
     got = _compile(gemm_acc, (a, b, c0), "sm_80").emulate(a, b, c0)
     assert rel_err(got, oracle_acc(a, b, c0)) > 0.05

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tessera as ts
-from gpu_common import SHAPES, batched, gemm_acc, gemm_epilogue, gelu64, inputs, oracle_acc, rel_err, rounding_model
+from gpu_common import SHAPES, batched, drop_c0, gemm_acc, gemm_epilogue, gelu64, inputs, oracle_acc, rel_err, rounding_model
 from tessera.codegen import hsaco
 from tessera.errors import (
     EmulatorRaceError,
@@ -145,15 +145,7 @@ def test_teeth_a_lane_swap_in_the_lowering_fails(rng, monkeypatch):
 
 
 def test_teeth_dropping_c0_fails(rng, monkeypatch):
-    from tessera.passes.target.gpu import simt
-    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
-    orig = simt.SimtLowerer.op_tile_fragment_pack
-
-    def zero_acc(self, op, b):
-        if op.result.type.role.data == "acc":     # a synthesized zero instead of the real accumulator
-            return simt.SimtLowerer.op_tile_fragment_zero(self, op, b)
-        return orig(self, op, b)
-    monkeypatch.setattr(simt.SimtLowerer, "op_tile_fragment_pack", zero_acc)
+    drop_c0(monkeypatch)
     a, b, c0 = inputs(rng, "f16", 33, 29, 37)
     got = _compile(gemm_acc, (a, b, c0), "gfx942").emulate(a, b, c0)
     assert rel_err(got, oracle_acc(a, b, c0)) > 0.05

@@ -17,8 +17,8 @@ from llvmlite import ir
 from xdsl.dialects.builtin import ModuleOp
 
 from tessera.codegen import hsaco
-from tessera.codegen.gpu import GpuFn, check_translatable, kernel_abi, kernels_of
-from tessera.codegen.llvm_common import I32, ModuleCodegen
+from tessera.codegen.gpu import GpuFn, translate_kernels
+from tessera.codegen.llvm_common import I32
 from tessera.errors import CodegenError, MmaSelectorError
 from tessera.ir.attrs import ival
 from tessera.ir.target import rocm as R
@@ -101,24 +101,9 @@ class AmdgpuFn(GpuFn):
     op_tessera_rocm_wmma = op_tessera_rocm_mfma = _matrix
 
 
-class AmdgpuCodegen(ModuleCodegen):
-    def __init__(self, arch: str):
-        super().__init__(TRIPLE, avx512=False)
-        self.arch = arch
-        self.used: set[str] = set()
-
-
 def translate(module: ModuleOp, arch: str) -> tuple[str, list[dict], list[str]]:
     """LLVM IR text of every kernel, their ABI records and the MMA records they use."""
-    check_translatable(module, "tessera_rocm", "lower-tile-to-rocm")
-    gen = AmdgpuCodegen(arch)
-    abis = []
-    for fn in kernels_of(module):
-        AmdgpuFn(gen, fn)
-        abis.append(kernel_abi(module, fn))
-    if not abis:
-        raise CodegenError("the module holds no GPU kernel")
-    return gen.text(), abis, sorted(gen.used)
+    return translate_kernels(module, TRIPLE, arch, AmdgpuFn, "tessera_rocm", "lower-tile-to-rocm")
 
 
 @dataclass

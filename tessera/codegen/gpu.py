@@ -202,6 +202,29 @@ def kernel_abi(module: ModuleOp, fn: func.FuncOp) -> dict:
             "waves": [ival(a) for a in fn.attributes["gpu.waves"].data] if "gpu.waves" in fn.attributes else []}
 
 
+class GpuModuleCodegen(ModuleCodegen):
+    """One GPU module for one arch; ``used`` collects the MMA records its kernels issue."""
+
+    def __init__(self, triple: str, arch: str):
+        super().__init__(triple, avx512=False)
+        self.arch = arch
+        self.used: set[str] = set()
+
+
+def translate_kernels(module: ModuleOp, triple: str, arch: str, fn_cls, dialect: str,
+                      lowering: str) -> tuple[str, list[dict], list[str]]:
+    """LLVM IR text of every kernel of ``module``, their ABI records and the MMA records used."""
+    check_translatable(module, dialect, lowering)
+    gen = GpuModuleCodegen(triple, arch)
+    abis = []
+    for fn in kernels_of(module):
+        fn_cls(gen, fn)
+        abis.append(kernel_abi(module, fn))
+    if not abis:
+        raise CodegenError("the module holds no GPU kernel")
+    return gen.text(), abis, sorted(gen.used)
+
+
 def kernels_of(module: ModuleOp) -> list[func.FuncOp]:
     return [op for op in module.body.block.ops if isinstance(op, func.FuncOp) and "gpu.kernel" in op.attributes]
 

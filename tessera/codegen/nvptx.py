@@ -18,9 +18,9 @@ from xdsl.dialects.builtin import BFloat16Type, ModuleOp
 
 from tessera.codegen import ptx_tools
 from tessera.codegen.amdgpu import _parse_llvm_type
-from tessera.codegen.gpu import GpuFn, check_translatable, kernel_abi, kernels_of
+from tessera.codegen.gpu import GpuFn, translate_kernels
 from tessera.codegen.jit import emit_guarded
-from tessera.codegen.llvm_common import I32, ModuleCodegen
+from tessera.codegen.llvm_common import I32
 from tessera.errors import CodegenError, MmaSelectorError
 from tessera.ir.attrs import ival
 from tessera.ir.target import nvidia as NV
@@ -109,13 +109,6 @@ def _elem(buf_type) -> ir.Type:
     return llvm_type(buf_type.element_type)
 
 
-class NvptxCodegen(ModuleCodegen):
-    def __init__(self, arch: str):
-        super().__init__(TRIPLE, avx512=False)
-        self.arch = arch
-        self.used: set[str] = set()
-
-
 def ptx_version_for(arch: str, record_ids) -> tuple[int, int]:
     from tessera.mma.selector import record_by_id
     v = NVR.ARCH_MIN_PTX[arch]
@@ -125,15 +118,8 @@ def ptx_version_for(arch: str, record_ids) -> tuple[int, int]:
 
 
 def translate(module: ModuleOp, arch: str) -> tuple[str, list[dict], list[str]]:
-    check_translatable(module, "tessera_nvidia", "lower-tile-to-nvidia")
-    gen = NvptxCodegen(arch)
-    abis = []
-    for fn in kernels_of(module):
-        NvptxFn(gen, fn)
-        abis.append(kernel_abi(module, fn))
-    if not abis:
-        raise CodegenError("the module holds no GPU kernel")
-    return gen.text(), abis, sorted(gen.used)
+    """LLVM IR text of every kernel, their ABI records and the MMA records they use."""
+    return translate_kernels(module, TRIPLE, arch, NvptxFn, "tessera_nvidia", "lower-tile-to-nvidia")
 
 
 @dataclass

@@ -42,6 +42,7 @@ from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr, ival
 from tessera.ir.builder import INDEX, Builder
 from tessera.ir.target import gpu as G
+from tessera.passes.target.lowering import OpLowerer
 
 Idx = SSAValue | int
 
@@ -165,13 +166,14 @@ def _pow2_floor(n: int) -> int:
 
 # --------------------------------------------------------------------------- the lowerer
 @dataclass
-class SimtLowerer:
+class SimtLowerer(OpLowerer):
     maps: dict                       # FragmentType (m, n, k, family, elem) key -> LaneMap
     wave: int
     block: int                       # threads per workgroup
     space: str                       # lds | smem
     vmap: dict = field(default_factory=dict)
     shared_bytes: int = 0
+    lowering_name = "the GPU lowering"
 
     # ------------------------------------------------------------------ entry
     def lower_kernel(self, fn: func.FuncOp, make_map) -> func.FuncOp:
@@ -242,23 +244,6 @@ class SimtLowerer:
         return vals[0]
 
     # ------------------------------------------------------------------ blocks
-    def lower_block(self, src: Block, b: Builder) -> None:
-        for op in src.ops:
-            self.lower_op(op, b)
-
-    def lower_op(self, op: Operation, b: Builder) -> None:
-        h = getattr(self, "op_" + op.name.replace(".", "_"), None)
-        if h is not None:
-            h(op, b)
-            return
-        if op.dialect_name() == "arith":
-            new = op.clone(value_mapper={k: v for k, v in self.vmap.items() if isinstance(v, SSAValue)})
-            b.op(new)
-            for o, n in zip(op.results, new.results):
-                self.vmap[o] = n
-            return
-        raise CodegenError(f"the GPU lowering has no rule for {op.name}")
-
     def _carried(self, values: list[SSAValue]) -> list:
         return [self.vmap[v] if not isinstance(v.type, t.TokenType) else None for v in values]
 
@@ -629,6 +614,30 @@ class SimtLowerer:
         raise CodegenError(f"{op.name} has no GPU lowering (the GPU lanes generate gemm kernels)")
 
     op_tile_reduce = op_tile_mask = op_tile_splat_index = _refuse
+
+
+# what every GPU tile -> target lowering consumes and produces (a target adds its own ops)
+GPU_CONSUMES = ("tile.alloc", "tile.view", "tile.async_copy", "tile.wait", "tile.barrier", "tile.fragment_zero",
+                "tile.fragment_pack", "tile.mma", "tile.fragment_unpack", "tile.load", "tile.store", "tile.constant",
+                "tile.elementwise", "tile.program_id", "tile.wave_id", "tile.launch")
+GPU_PRODUCES = ("tessera_gpu.thread_id", "tessera_gpu.block_id", "tessera_gpu.shared", "tessera_gpu.load",
+                "tessera_gpu.store", "tessera_gpu.barrier", "tessera_gpu.pack", "tessera_gpu.extract",
+                "tessera_gpu.convert", "tessera_gpu.math", "tessera_gpu.launch")
+
+
+def lower_for_arch(module: ModuleOp, pass_name: str, target: str, arch: str, make_lowerer, make_map) -> None:
+    """A GPU lowering pass's body: refuse an unknown arch, lower every kernel, and name the
+    pass and arch in any selector refusal."""
+    from tessera.errors import MmaSelectorError, UnknownArchError
+    from tessera.mma.selector import get_isa
+    try:
+        get_isa(target, arch)
+    except UnknownArchError as e:
+        raise PassFailedError(f"{pass_name}: {e.message}") from None
+    try:
+        lower_module(module, pass_name, make_lowerer, make_map)
+    except MmaSelectorError as e:
+        raise type(e)(f"{pass_name}{{arch={arch}}}: {e.message}") from None
 
 
 def lower_module(module: ModuleOp, pass_name: str, make_lowerer, make_map) -> None:

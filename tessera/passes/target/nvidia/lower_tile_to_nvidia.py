@@ -22,11 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects import arith
-from xdsl.dialects.builtin import ModuleOp, StringAttr, UnitAttr, f32
+from xdsl.dialects.builtin import ModuleOp, StringAttr, UnitAttr
 from xdsl.ir import SSAValue
 
-from tessera.errors import MmaSelectorError, PassFailedError, UnknownArchError
+from tessera.errors import MmaSelectorError, PassFailedError
 from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr, ival
 from tessera.ir.builder import Builder
@@ -34,6 +33,8 @@ from tessera.ir.target import nvidia as NV
 from tessera.mma.selector import get_isa
 from tessera.passes.base import TesseraPass, option, register
 from tessera.passes.target.gpu.simt import (
+    GPU_CONSUMES,
+    GPU_PRODUCES,
     Item,
     LaneMap,
     OperandMap,
@@ -41,7 +42,7 @@ from tessera.passes.target.gpu.simt import (
     View,
     const_int,
     elem_bytes,
-    lower_module,
+    lower_for_arch,
     vec,
 )
 
@@ -166,22 +167,12 @@ class LowerTileToNvidia(TesseraPass):
 
     name = NAME
     kind = "target-lowering"
-    consumes = ("tile.alloc", "tile.view", "tile.async_copy", "tile.wait", "tile.barrier", "tile.fragment_zero",
-                "tile.fragment_pack", "tile.mma", "tile.fragment_unpack", "tile.load", "tile.store",
-                "tile.constant", "tile.elementwise", "tile.program_id", "tile.wave_id", "tile.launch")
-    produces = ("tessera_gpu.thread_id", "tessera_gpu.block_id", "tessera_gpu.shared", "tessera_gpu.load",
-                "tessera_gpu.store", "tessera_gpu.barrier", "tessera_gpu.pack", "tessera_gpu.extract",
-                "tessera_gpu.convert", "tessera_gpu.math", "tessera_gpu.launch", "tessera_nvidia.mma_sync",
-                "tessera_nvidia.ldmatrix", "tessera_nvidia.cp_async", "tessera_nvidia.cp_async_commit",
-                "tessera_nvidia.cp_async_wait")
+    consumes = GPU_CONSUMES
+    produces = GPU_PRODUCES + ("tessera_nvidia.mma_sync", "tessera_nvidia.ldmatrix", "tessera_nvidia.cp_async",
+                                "tessera_nvidia.cp_async_commit", "tessera_nvidia.cp_async_wait")
     arch: str = option(doc="NVIDIA arch (sm_75, sm_80, sm_86, sm_89, sm_90, sm_120); required")
 
     def apply(self, ctx: Context, module: ModuleOp) -> None:
-        try:
-            get_isa("nvidia", self.arch)
-        except UnknownArchError as e:
-            raise PassFailedError(f"{NAME}: {e.message}") from None
-
         def make_lowerer(fn):
             wave = ival(fn.attributes["vector"]) if "vector" in fn.attributes else 32
             if wave != 32:
@@ -189,10 +180,7 @@ class LowerTileToNvidia(TesseraPass):
                                       "NVIDIA warps have 32")
             return NvidiaLowerer({}, 32, ival(fn.attributes["gpu.block"]), "smem", arch=self.arch)
 
-        try:
-            lower_module(module, NAME, make_lowerer, lambda ft: lane_map_for(self.arch, ft))
-        except MmaSelectorError as e:
-            raise MmaSelectorError(f"{NAME}{{arch={self.arch}}}: {e.message}") from None
+        lower_for_arch(module, NAME, "nvidia", self.arch, make_lowerer, lambda ft: lane_map_for(self.arch, ft))
 
 
-__all__ = ["LowerTileToNvidia", "lane_map_for", "arith", "f32"]
+__all__ = ["LowerTileToNvidia", "lane_map_for"]

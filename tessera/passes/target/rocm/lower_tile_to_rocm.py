@@ -27,17 +27,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp, StringAttr, f32
+from xdsl.dialects.builtin import ModuleOp, StringAttr
 from xdsl.ir import SSAValue
 
-from tessera.errors import CodegenError, MmaSelectorError, PassFailedError, UnknownArchError
+from tessera.errors import MmaSelectorError, PassFailedError
 from tessera.ir import tile as t
 from tessera.ir.attrs import ival
 from tessera.ir.builder import Builder
 from tessera.ir.target import rocm as R
 from tessera.mma.selector import get_isa
 from tessera.passes.base import TesseraPass, option, register
-from tessera.passes.target.gpu.simt import Item, LaneMap, OperandMap, SimtLowerer, lane_split, lower_module, vec
+from tessera.passes.target.gpu.simt import (
+    GPU_CONSUMES,
+    GPU_PRODUCES,
+    Item,
+    LaneMap,
+    OperandMap,
+    SimtLowerer,
+    lane_split,
+    lower_for_arch,
+
+)
 
 NAME = "lower-tile-to-rocm"
 
@@ -138,43 +148,20 @@ class LowerTileToRocm(TesseraPass):
 
     name = NAME
     kind = "target-lowering"
-    consumes = ("tile.alloc", "tile.view", "tile.async_copy", "tile.wait", "tile.barrier", "tile.fragment_zero",
-                "tile.fragment_pack", "tile.mma", "tile.fragment_unpack", "tile.load", "tile.store",
-                "tile.constant", "tile.elementwise", "tile.program_id", "tile.wave_id", "tile.launch")
-    produces = ("tessera_gpu.thread_id", "tessera_gpu.block_id", "tessera_gpu.shared", "tessera_gpu.load",
-                "tessera_gpu.store", "tessera_gpu.barrier", "tessera_gpu.pack", "tessera_gpu.extract",
-                "tessera_gpu.convert", "tessera_gpu.math", "tessera_gpu.launch", "tessera_rocm.wmma",
-                "tessera_rocm.mfma")
+    consumes = GPU_CONSUMES
+    produces = GPU_PRODUCES + ("tessera_rocm.wmma", "tessera_rocm.mfma")
     arch: str = option(doc="AMD GPU arch (gfx90a, gfx942, gfx950, gfx1100, gfx1151, gfx1201, ...); required")
 
     def apply(self, ctx: Context, module: ModuleOp) -> None:
-        try:
-            get_isa("rocm", self.arch)
-        except UnknownArchError as e:
-            raise PassFailedError(f"{NAME}: {e.message}") from None
-
         def make_lowerer(fn):
             wave = ival(fn.attributes["vector"]) if "vector" in fn.attributes else None
-            if wave is None:
-                raise PassFailedError(f"{NAME}: kernel @{fn.sym_name.data} does not say its wave size")
-            if wave not in get_isa("rocm", self.arch).wave_sizes:
+            waves = get_isa("rocm", self.arch).wave_sizes
+            if wave not in waves:
                 raise PassFailedError(f"{NAME}: kernel @{fn.sym_name.data} is laid out for wave{wave}; {self.arch} "
-                                      f"runs wave{'/'.join(map(str, get_isa('rocm', self.arch).wave_sizes))}")
+                                      f"runs wave{'/'.join(map(str, waves))}")
             return SimtLowerer({}, wave, ival(fn.attributes["gpu.block"]), "lds")
 
-        def make_map(ft):
-            lm = lane_map_for(self.arch, ft)
-            return lm
-
-        try:
-            lower_module(module, NAME, make_lowerer, make_map)
-        except MmaSelectorError as e:
-            raise MmaSelectorError(f"{NAME}{{arch={self.arch}}}: {e.message}") from None
+        lower_for_arch(module, NAME, "rocm", self.arch, make_lowerer, lambda ft: lane_map_for(self.arch, ft))
 
 
-def operand_types(lm: LaneMap, elem) -> tuple:
-    """Vector types of the A, B and C registers of one instruction (used by tests)."""
-    return vec(elem, sum(lm.a.parts)), vec(elem, sum(lm.b.parts)), vec(f32, sum(lm.c.parts))
-
-
-__all__ = ["LowerTileToRocm", "lane_map_for", "CodegenError"]
+__all__ = ["LowerTileToRocm", "lane_map_for"]

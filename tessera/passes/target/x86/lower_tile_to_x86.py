@@ -43,6 +43,7 @@ from tessera.ir.builder import INDEX, Builder
 from tessera.ir.target import x86 as x
 from tessera.mma.selector import get_isa
 from tessera.passes.base import TesseraPass, option, register
+from tessera.passes.target.lowering import OpLowerer
 
 PTR = x.PTR
 
@@ -87,13 +88,14 @@ def _elem_bytes(elem: Attribute) -> int:
 
 
 @dataclass
-class _Lowerer:
+class _Lowerer(OpLowerer):
     w: int
     features: frozenset[str]
     ws_offset: int = 0
     team_offset: int = 128  # the barrier's words come first
     used_nt: bool = False
     vmap: dict = field(default_factory=dict)
+    lowering_name = "lower-tile-to-x86"
 
     @property
     def vf32(self) -> VectorType:
@@ -148,23 +150,6 @@ class _Lowerer:
         return [r]
 
     # ------------------------------------------------------------------ blocks
-    def lower_block(self, src: Block, b: Builder) -> None:
-        for op in src.ops:
-            self.lower_op(op, b)
-
-    def lower_op(self, op: Operation, b: Builder) -> None:
-        handler = getattr(self, "op_" + op.name.replace(".", "_"), None)
-        if handler is not None:
-            handler(op, b)
-            return
-        if op.dialect_name() == "arith":
-            new = op.clone(value_mapper={k: v for k, v in self.vmap.items() if isinstance(v, SSAValue)})
-            b.op(new)
-            for o, n in zip(op.results, new.results):
-                self.vmap[o] = n
-            return
-        raise CodegenError(f"lower-tile-to-x86 cannot lower {op.name}")
-
     def op_scf_for(self, op: scf.ForOp, b: Builder) -> None:
         init = [v for a in op.iter_args for v in self.flat_value(a)]
         src = op.body.block

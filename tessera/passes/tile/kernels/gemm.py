@@ -201,13 +201,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
     out_buf = sig.buffer(out_elem)
     part_buf = sig.buffer(f32) if partial_needed else out_buf
     extra_outputs = [g.TensorType.of((*plan.batch, plan.m, plan.n), f32)] if partial_needed else []
-    for d in (*plan.batch, plan.m, plan.n, plan.k):
-        sig.dim(d)
-    views = [plan.a, plan.b] + ([plan.c0.view] if plan.c0 else []) + [
-        st[2].view for st in plan.epilogue if st[0] == "bin" and isinstance(st[2], Operand)]
-    for v in views:
-        for st in v.strides:
-            sig.dim(st)
+    views = register_sizes(sig, plan)
     kf = sig.build()
     b = kf.b
     buf = kf.buffer_args
@@ -418,6 +412,19 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
     b.for_(b_lo, b_hi, 1, body_batch)
     fn = kf.finish()
     return fn, sig.dims, workspace, extra_outputs
+
+
+def register_sizes(sig: KernelSig, plan: GemmPlan) -> list[StridedView]:
+    """Register the GEMM's sizes and every operand view's strides as kernel size arguments;
+    returns the views (A, B, C0 if any, then the epilogue operands)."""
+    for d in (*plan.batch, plan.m, plan.n, plan.k):
+        sig.dim(d)
+    views = [plan.a, plan.b] + ([plan.c0.view] if plan.c0 else []) + [
+        st[2].view for st in plan.epilogue if st[0] == "bin" and isinstance(st[2], Operand)]
+    for v in views:
+        for st in v.strides:
+            sig.dim(st)
+    return views
 
 
 def view(bb: Builder, src: SSAValue, elem, space, shape, off, rs, cs, rows, cols, align: int = 0) -> SSAValue:

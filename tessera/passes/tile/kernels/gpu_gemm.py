@@ -32,7 +32,7 @@ from tessera.ir.attrs import i64_attr, int_array, str_array
 from tessera.ir.builder import Builder
 from tessera.mma.selector import MmaSelection
 from tessera.passes.tile.kernels.common import KernelSig, illegal
-from tessera.passes.tile.kernels.gemm import GemmPlan, Operand, apply_epilogue, batch_offset_of, view
+from tessera.passes.tile.kernels.gemm import GemmPlan, apply_epilogue, batch_offset_of, register_sizes, view
 
 PAD = 8  # elements of padding per shared-memory row (16 bytes: rows start in different banks)
 
@@ -62,13 +62,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
     for v in kop.inputs:
         sig.buffer(v.type.element_type)
     out_buf = sig.buffer(out_elem)
-    for d in (*plan.batch, plan.m, plan.n, plan.k):
-        sig.dim(d)
-    views = [plan.a, plan.b] + ([plan.c0.view] if plan.c0 else []) + [
-        st[2].view for st in plan.epilogue if st[0] == "bin" and isinstance(st[2], Operand)]
-    for v in views:
-        for st in v.strides:
-            sig.dim(st)
+    views = register_sizes(sig, plan)
     kf = sig.build()
     b = kf.b
     buf = kf.buffer_args
