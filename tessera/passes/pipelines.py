@@ -60,18 +60,23 @@ def _fmt(v) -> str:
 ENTRY_LAYERS = ("graph", "schedule", "tile", "target")
 
 
-def _cpu(o: dict) -> str:
+def _stages(o: dict, pipeline: str, schedule: str, pins: tuple[str, ...], tile: str, target: str) -> str:
+    """Graph passes + ``schedule{pins}``, then ``tile`` and ``target``, from the layer ``input`` names."""
     entry = o.get("input") or "graph"
     if entry not in ENTRY_LAYERS:
         from tessera.errors import PipelineOptionType
-        raise PipelineOptionType(f"pass 'tessera-cpu': option 'input' is one of {', '.join(ENTRY_LAYERS)}, "
+        raise PipelineOptionType(f"pass '{pipeline}': option 'input' is one of {', '.join(ENTRY_LAYERS)}, "
                                  f"not {entry!r}")
-    pins = " ".join(f"{k}={_fmt(o[k.replace('-', '_')])}" for k in SCHEDULE_PINS
-                    if o.get(k.replace("-", "_")) not in (None, 0, "", ()))
-    sched = f"schedule-cpu{{arch={o['arch']}{' ' + pins if pins else ''}}}"
-    threads = o.get("threads") or 0
-    stages = [GRAPH_PASSES + "," + sched, "lower-schedule-to-tile", f"lower-tile-to-x86{{arch={o['arch']} threads={threads}}}"]
+    given = " ".join(f"{k}={_fmt(o[k.replace('-', '_')])}" for k in pins
+                     if o.get(k.replace("-", "_")) not in (None, 0, "", ()))
+    sched = schedule[:-1] + (" " + given if given else "") + "}"
+    stages = [GRAPH_PASSES + "," + sched, tile, target]
     return ",".join(stages[ENTRY_LAYERS.index(entry):])
+
+
+def _cpu(o: dict) -> str:
+    return _stages(o, "tessera-cpu", f"schedule-cpu{{arch={o['arch']}}}", SCHEDULE_PINS, "lower-schedule-to-tile",
+                   f"lower-tile-to-x86{{arch={o['arch']} threads={o.get('threads') or 0}}}")
 
 
 _named(NamedPipeline(
@@ -95,17 +100,8 @@ GPU_PINS = ("tile-m", "tile-n", "tile-k", "register-tile", "staging", "mma-shape
 
 def _gpu(target: str):
     def expand(o: dict) -> str:
-        entry = o.get("input") or "graph"
-        if entry not in ENTRY_LAYERS:
-            from tessera.errors import PipelineOptionType
-            raise PipelineOptionType(f"pass 'tessera-{target}': option 'input' is one of {', '.join(ENTRY_LAYERS)}, "
-                                     f"not {entry!r}")
-        pins = " ".join(f"{k}={_fmt(o[k.replace('-', '_')])}" for k in GPU_PINS
-                        if o.get(k.replace("-", "_")) not in (None, 0, "", ()))
-        sched = f"schedule-gpu{{target={target} arch={o['arch']}{' ' + pins if pins else ''}}}"
-        stages = [GRAPH_PASSES + "," + sched, f"lower-schedule-to-tile{{target={target}}}",
-                  f"lower-tile-to-{target}{{arch={o['arch']}}}"]
-        return ",".join(stages[ENTRY_LAYERS.index(entry):])
+        return _stages(o, f"tessera-{target}", f"schedule-gpu{{target={target} arch={o['arch']}}}", GPU_PINS,
+                       f"lower-schedule-to-tile{{target={target}}}", f"lower-tile-to-{target}{{arch={o['arch']}}}")
     return expand
 
 
