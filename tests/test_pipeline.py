@@ -95,3 +95,16 @@ def test_named_pipeline_expands_to_real_passes():
     names = [p.name for p in parse_pipeline("tessera-cpu{arch=znver4}")]
     assert names == ["canonicalize", "fuse-attention", "fuse-matmul-epilogue", "fuse-rowwise", "fuse-elementwise", "outline-kernels",
                      "schedule-cpu", "lower-schedule-to-tile", "lower-tile-to-x86"]
+
+
+def test_string_options_that_are_not_bare_words_are_quoted_through_the_api(rng):
+    """Regression: a pinned parallel='b*m' used to reach the pipeline parser unquoted."""
+    import numpy as np
+    import tessera as ts
+    a = rng.standard_normal((3, 40, 30)).astype(np.float32)
+    b = rng.standard_normal((30, 20)).astype(np.float32)
+    f = ts.jit(lambda x, y: x @ y, schedule={"parallel": "b*m"})
+    got = f(a, b)
+    assert np.abs(got - a.astype(np.float64) @ b).max() < 1e-4
+    assert ts.explain(f, a, b).kernels[0]["parallel"] == "b*m"
+    assert 'parallel="b*m"' in ts.explain(f, a, b).pipeline

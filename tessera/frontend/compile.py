@@ -23,6 +23,7 @@ from tessera.ir.context import LAYERS, layer_of
 from tessera.ir.text import parse_module, print_ir
 from tessera.mma import x86 as X
 from tessera.mma.selector import get_isa, record_by_id
+from tessera.passes.base import fmt_option
 from tessera.passes.pipeline import parse_pipeline, run_pipeline
 from tessera.runtime import cache
 from tessera.runtime.cpu import CpuExecutable, HostProgram
@@ -63,7 +64,7 @@ def pipeline_spec(arch: str, pins: dict, target: str = "cpu") -> str:
     opts = [f"arch={arch}"]
     for k, v in sorted(pins.items()):
         spelled = k.replace("_", "-")
-        opts.append(f"{spelled}={','.join(map(str, v)) if isinstance(v, tuple) else v}")
+        opts.append(f"{spelled}={fmt_option(v)}")
     return f"tessera-{target}{{" + " ".join(opts) + "}"
 
 

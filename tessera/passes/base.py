@@ -9,6 +9,7 @@ with no default, so a pipeline without it fails to parse.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import ClassVar, get_type_hints
 
@@ -50,11 +51,18 @@ class TesseraPass(ModulePass):
 
 
 def _fmt(v: object) -> str:
+    """An option value as pipeline text; strings that are not bare words are quoted (``"b*m"``)."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, tuple):
         return ",".join(_fmt(x) for x in v)
-    return str(v)
+    text = str(v)
+    if isinstance(v, str) and not re.fullmatch(r"[A-Za-z0-9_.\-]*", text):
+        return '"' + text.replace('"', '\\"') + '"'
+    return text
+
+
+fmt_option = _fmt
 
 
 @dataclass(frozen=True)

@@ -53,8 +53,7 @@ SCHEDULE_PINS = ("threads", "tile-m", "tile-n", "tile-k", "register-tile", "mma-
                  "chunk")
 
 
-def _fmt(v) -> str:
-    return ",".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+from tessera.passes.base import fmt_option as _fmt  # noqa: E402
 
 
 ENTRY_LAYERS = ("graph", "schedule", "tile", "target")

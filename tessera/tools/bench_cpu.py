@@ -27,9 +27,14 @@ from pathlib import Path
 import numpy as np
 
 REPS = 7
+# Peers' thread pools keep spinning after a call returns (OpenMP's GOMP_SPINCOUNT, OpenBLAS's
+# workers): whoever is timed next would share the cores with them.  Every measurement starts
+# after this pause, so no library is timed in another's spin-down.
+QUIESCE_S = 0.3
 
 
 def _median(fn, *args, reps: int = REPS) -> float:
+    time.sleep(QUIESCE_S)
     fn(*args)
     fn(*args)
     times = []
@@ -370,7 +375,8 @@ def render(rows: list[dict], h: dict, quick: bool) -> str:
              f"{h['vdpbf16ps_peak_all']:.0f} GFLOP/s on all; copy bandwidth {h['tessera_copy']:.1f} GB/s "
              f"(Tessera, all CPUs, streaming stores), {h['numpy_copyto_1t']:.1f} GB/s (numpy copyto, 1 thread).",
              "",
-             "Method: fresh random inputs per workload; 2 warm-up calls, median of "
+             "Method: fresh random inputs per workload; a 0.3 s pause before each library's measurement "
+             "(peers' thread pools spin after a call), 2 warm-up calls, median of "
              f"{REPS} runs; ratio = best peer time / Tessera time.  Tessera results come from its reusing "
              "huge-page output pool; the `tessera (fresh outputs)` column re-runs memory-bound rows with fresh "
              "`numpy.empty` outputs, like the peers.  Bandwidth counts bytes read plus bytes written.",

@@ -1,9 +1,11 @@
 """Calibrate the register-tile cost model: measure GEMM GFLOP/s per MR x NR on this CPU.
 
 ``tessera bench tiles [--write]`` compiles a single-threaded GEMM for each candidate
-register tile of the selected record, times it (median of repeats after warm-up, random
-data), and prints the table; ``--write`` stores it in ``tessera/mma/calibration.json``
-under the CPU name, where ``register_tile`` prefers measured figures to the model.
+register tile of the selected record and times it on a set of shapes — square and odd ones,
+since edge tiles are part of a tile's cost — in interleaved rounds (so that drift of the
+machine does not favour one tile), median per shape, geometric mean over shapes; it prints
+the table and ``--write`` stores it in ``tessera/mma/calibration.json`` under the CPU name,
+where ``register_tile`` prefers measured figures to the model.
 """
 from __future__ import annotations
 
@@ -13,30 +15,38 @@ import time
 import numpy as np
 
 
-def measure(dtype: str = "f32", n: int = 2048, tiles=None, reps: int = 5) -> dict[str, float]:
+SHAPES = ((2048, 2048, 2048), (1000, 1000, 1000), (777, 513, 1029))
+
+
+def measure(dtype: str = "f32", shapes=SHAPES, tiles=None, rounds: int = 5) -> dict[str, float]:
     import tessera as ts
     from tessera.mma.selector import get_isa, ranked_register_tiles, select_mma
     isa = get_isa("x86", None)
     sel = select_mma(isa, dtype, out_dtype="f32")
-    if tiles is None:
+    if tiles is None:   # every tile the model does not rule out (register spills), one to four vectors wide
         ranked = ranked_register_tiles(isa, sel)
-        tiles = sorted({(t.mr, t.nr) for t in ranked[:12]} | {(6, 2), (4, 2), (8, 2), (6, 3), (12, 2), (4, 3)})
-        tiles = [t for t in tiles if t[0] * t[1] + t[1] + 1 <= isa.register_budget]
+        tiles = sorted((t.mr, t.nr) for t in ranked if t.mr * t.nr >= 8 and t.mr * t.nr + t.nr + 1 <= 25)
     rng = np.random.default_rng()
     npdt = np.float32 if dtype == "f32" else ts.bfloat16
-    a = rng.standard_normal((n, n)).astype(npdt)
-    b = rng.standard_normal((n, n)).astype(npdt)
-    out = {}
+    data = [(rng.standard_normal((m, k)).astype(npdt), rng.standard_normal((k, n)).astype(npdt), 2 * m * n * k)
+            for m, n, k in shapes]
+    fns = {}
     for mr, nr in tiles:
-        f = ts.jit(lambda x, w: ts.ops.matmul(x, w, out_dtype=np.float32) if dtype != "f32" else x @ w,
-                   schedule={"register_tile": (mr, nr), "threads": 1})
-        f(a, b)
-        ts_ = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            f(a, b)
-            ts_.append(time.perf_counter() - t0)
-        out[f"{mr}x{nr}"] = round(2 * n ** 3 / float(np.median(ts_)) / 1e9, 1)
+        fns[(mr, nr)] = ts.jit(lambda x, w: ts.ops.matmul(x, w, out_dtype=np.float32) if dtype != "f32" else x @ w,
+                               schedule={"register_tile": (mr, nr), "threads": 1})
+        for a, b, _ in data:
+            fns[(mr, nr)](a, b)
+    times: dict = {(t, i): [] for t in tiles for i in range(len(data))}
+    for _ in range(rounds):
+        for t in tiles:
+            for i, (a, b, _) in enumerate(data):
+                t0 = time.perf_counter()
+                fns[t](a, b)
+                times[(t, i)].append(time.perf_counter() - t0)
+    out = {}
+    for t in tiles:
+        rates = [flops / float(np.median(times[(t, i)])) / 1e9 for i, (_, _, flops) in enumerate(data)]
+        out[f"{t[0]}x{t[1]}"] = round(float(np.exp(np.mean(np.log(rates)))), 1)
     return {"record": sel.record.id, "arch": isa.arch, "gflops": out}
 
 
