@@ -5,7 +5,8 @@ The host program is ``@main``'s list of ``tessera_x86.launch`` ops.  For a call,
 the runtime binds the symbolic sizes from the input arrays, checks them, then for
 every launch: evaluates its size list, allocates its outputs (after checking the
 memory this process may use), and calls the kernel from up to ``threads`` threads
-(``tid`` = 0..n-1) through ctypes, which releases the GIL.  Each thread has its own
+(``tid`` = 0..n-1: the caller and ``runtime.workers``' spinning pool) through ctypes, which
+releases the GIL.  Each thread has its own
 workspace of the launch's size.  There is no other path: if a kernel cannot run,
 the call fails.
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 import ctypes
 import math
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -30,7 +30,7 @@ from xdsl.dialects.builtin import (
 )
 
 from tessera import host
-from tessera.runtime import memory
+from tessera.runtime import memory, workers
 from tessera.errors import ArgumentError, LaneUnavailableError, OutOfMemoryError, ShapeMismatchError
 from tessera.ir import dims as D
 from tessera.ir import graph as g
@@ -125,18 +125,6 @@ class HostProgram:
                 raise ArgumentError(f"host program holds {op.name}; only launches are executable")
         return HostProgram([TensorSpec.of(a.type) for a in main.body.block.args], steps, results,
                            list(range(len(main.body.block.args))))
-
-
-_pool_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-
-
-def pool() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=max(1, host.usable_cpus() - 1), thread_name_prefix="tessera")
-        return _pool
 
 
 def bind_symbols(types: list[TensorSpec], arrays: list[np.ndarray]) -> dict[str, int]:
@@ -281,9 +269,7 @@ class CpuExecutable:
             if nthreads == 1:
                 fn(*ptrs, *sizes, 0, 1, self._workspace(0, s.workspace), team)
             else:
-                futs = [pool().submit(fn, *ptrs, *sizes, t, nthreads, self._workspace(t, s.workspace), team)
-                        for t in range(1, nthreads)]
-                fn(*ptrs, *sizes, 0, nthreads, self._workspace(0, s.workspace), team)
-                for f in futs:
-                    f.result()
+                wss = [self._workspace(t, s.workspace) for t in range(nthreads)]
+                workers.pool(nthreads - 1).run(
+                    lambda tid: fn(*ptrs, *sizes, tid, nthreads, wss[tid], team), nthreads)
         return [vals[i] for i in prog.results]

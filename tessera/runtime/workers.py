@@ -1,0 +1,154 @@
+"""The CPU lane's worker threads: woken in microseconds, not in a scheduler's time.
+
+A kernel launch on N threads runs thread 0 on the caller and threads 1..N-1 on workers.
+Waking a sleeping thread (a futex, then the kernel scheduler, then on a VM a halted vCPU)
+measured 100-500 us here — more than a 400^3 GEMM's whole share.  So, as BLAS libraries do,
+a worker that finished a job keeps watching for the next one for a short while
+(``SPIN_SECONDS``) in native code — a loop of ``pause`` and atomic loads, compiled by LLVM
+at first use, called through ctypes so the GIL is released — and only then blocks on a
+condition variable.  The caller publishes a job by bumping a generation counter and waits
+for the workers' done counter the same way.  Every element is computed by the same
+instructions whatever the thread count, so which thread runs what never changes a result.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+
+import numpy as np
+
+SPIN_SECONDS = 0.002          # how long an idle worker keeps polling before it sleeps
+_GEN, _DONE = 0, 8            # int64 slots (64 bytes apart: separate cache lines)
+
+_IR = r"""
+declare void @llvm.x86.sse2.pause()
+define i64 @tsr_spin_changed(ptr %p, i64 %old, i64 %limit) nounwind {
+entry:
+  br label %loop
+loop:
+  %i = phi i64 [0, %entry], [%n, %body]
+  %v = load atomic i64, ptr %p acquire, align 8
+  %same = icmp eq i64 %v, %old
+  %more = icmp slt i64 %i, %limit
+  %go = and i1 %same, %more
+  br i1 %go, label %body, label %exit
+body:
+  call void @llvm.x86.sse2.pause()
+  %n = add i64 %i, 1
+  br label %loop
+exit:
+  ret i64 %v
+}
+define i64 @tsr_spin_reached(ptr %p, i64 %target, i64 %limit) nounwind {
+entry:
+  br label %loop
+loop:
+  %i = phi i64 [0, %entry], [%n, %body]
+  %v = load atomic i64, ptr %p acquire, align 8
+  %low = icmp slt i64 %v, %target
+  %more = icmp slt i64 %i, %limit
+  %go = and i1 %low, %more
+  br i1 %go, label %body, label %exit
+body:
+  call void @llvm.x86.sse2.pause()
+  %n = add i64 %i, 1
+  br label %loop
+exit:
+  ret i64 %v
+}
+define i64 @tsr_add(ptr %p, i64 %d) nounwind {
+  %old = atomicrmw add ptr %p, i64 %d acq_rel
+  ret i64 %old
+}
+"""
+
+
+class _Native:
+    """The three helpers, compiled once for the host."""
+
+    def __init__(self):
+        from tessera.codegen import jit
+        from tessera.mma import x86 as X
+        name, cpu, feats = X.resolve(None)
+        oc = jit.emit(f'target triple = "{jit.host_triple()}"\n' + _IR, cpu, X.llvm_feature_string(feats))
+        self.loaded = jit.LoadedObject(oc.obj, ["tsr_spin_changed", "tsr_spin_reached", "tsr_add"])
+        a = self.loaded.addresses
+        sig = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+        self.spin_changed = sig(a["tsr_spin_changed"])
+        self.spin_reached = sig(a["tsr_spin_reached"])
+        self.add = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)(a["tsr_add"])
+
+
+def _pauses_per_second(native: _Native) -> int:
+    probe = np.zeros(1, np.int64)
+    n = 20000
+    t0 = time.perf_counter()
+    native.spin_changed(probe.ctypes.data, 0, n)
+    return max(1000, int(n / max(time.perf_counter() - t0, 1e-6)))
+
+
+class WorkerPool:
+    def __init__(self, workers: int):
+        self.native = _Native()
+        self.spins = int(SPIN_SECONDS * _pauses_per_second(self.native))
+        self.ctl = np.zeros(16, np.int64)          # generation at [0], done count at [8]
+        self.addr = self.ctl.ctypes.data
+        self.cond = threading.Condition()
+        self.lock = threading.Lock()                # one launch at a time
+        self.job = None
+        self.threads = []
+        for tid in range(1, workers + 1):
+            t = threading.Thread(target=self._worker, args=(tid,), name=f"tessera-{tid}", daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    @property
+    def size(self) -> int:
+        return len(self.threads)
+
+    def _worker(self, tid: int) -> None:
+        gen_addr, done_addr = self.addr + 8 * _GEN, self.addr + 8 * _DONE
+        seen = 0
+        while True:
+            gen = self.native.spin_changed(gen_addr, seen, self.spins)   # GIL released while polling
+            if gen == seen:
+                with self.cond:
+                    while int(self.ctl[_GEN]) == seen:
+                        self.cond.wait()
+                    gen = int(self.ctl[_GEN])
+            seen = gen
+            fn, nthreads = self.job
+            try:
+                if tid < nthreads:
+                    fn(tid)
+            finally:
+                self.native.add(done_addr, 1)
+
+    def run(self, fn, nthreads: int) -> None:
+        """``fn(tid)`` for tid = 0..nthreads-1: 0 on the caller, the rest on the workers."""
+        nthreads = min(nthreads, self.size + 1)
+        with self.lock:
+            target = int(self.ctl[_DONE]) + self.size
+            self.job = (fn, nthreads)
+            with self.cond:
+                self.native.add(self.addr + 8 * _GEN, 1)
+                self.cond.notify_all()
+            try:
+                fn(0)
+            finally:
+                done_addr = self.addr + 8 * _DONE
+                while self.native.spin_reached(done_addr, target, self.spins) < target:
+                    time.sleep(0)   # workers that had gone to sleep are on their way
+
+
+_pool: WorkerPool | None = None
+_pool_lock = threading.Lock()
+
+
+def pool(workers: int) -> WorkerPool:
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool.size < workers:
+            _pool = WorkerPool(workers)
+        return _pool
