@@ -99,7 +99,7 @@ def test_other_pipeline_depths(staging, rng):
 
 # --------------------------------------------------------------------------- teeth
 def test_teeth_a_lane_swap_in_the_lowering_fails(rng, monkeypatch):
-    from tessera.passes.target.gpu.simt import Item, OperandMap
+    from tessera.passes.target.gpu.simt import OperandMap
     from tessera.passes.target.nvidia import lower_tile_to_nvidia as NVL
     monkeypatch.setenv("TESSERA_NO_CACHE", "1")
     orig = NVL.MmaSyncMap.build
@@ -124,7 +124,6 @@ def test_teeth_a_wrong_ldmatrix_address_fails(rng, monkeypatch):
 
     def transposed_b(self, b_, vv, omap, ft):
         if ft.role.data == "b":
-            from xdsl.dialects.builtin import UnitAttr   # noqa: F401
             regs = orig(self, b_, vv, omap, ft)
             regs[0].owner.attributes.pop("trans", None)   # forget .trans: B comes in the A layout
             return regs

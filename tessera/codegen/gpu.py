@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 from xdsl.dialects import func
-from xdsl.dialects.builtin import Float32Type, IndexType, ModuleOp, VectorType
+from xdsl.dialects.builtin import Float32Type, IndexType, ModuleOp
 
 from tessera.codegen.llvm_common import F32, I32, I64, FnCodegen, ModuleCodegen, llvm_type
 from tessera.errors import CodegenError, UnloweredOpsError
@@ -227,10 +227,6 @@ def translate_kernels(module: ModuleOp, triple: str, arch: str, fn_cls, dialect:
 
 def kernels_of(module: ModuleOp) -> list[func.FuncOp]:
     return [op for op in module.body.block.ops if isinstance(op, func.FuncOp) and "gpu.kernel" in op.attributes]
-
-
-def vector_count(ty) -> int:
-    return ty.get_shape()[0] if isinstance(ty, VectorType) else 1
 
 
 __all__ = ["GpuFn", "ModuleCodegen", "check_translatable", "kernel_abi", "kernels_of"]

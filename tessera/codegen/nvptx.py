@@ -20,7 +20,7 @@ from tessera.codegen import ptx_tools
 from tessera.codegen.amdgpu import _parse_llvm_type
 from tessera.codegen.gpu import GpuFn, translate_kernels
 from tessera.codegen.jit import emit_guarded
-from tessera.codegen.llvm_common import I32
+from tessera.codegen.llvm_common import BF16, I32, llvm_type
 from tessera.errors import CodegenError, MmaSelectorError
 from tessera.ir.attrs import ival
 from tessera.ir.target import nvidia as NV
@@ -79,7 +79,7 @@ class NvptxFn(GpuFn):
         ptr = self._ptr(op.buf, op.index, ir.IntType(16))
         res = self.b.call(self.gen.intrinsic(name, ret, [ptr.type]), [ptr])
         outs = [self.b.extract_value(res, i) for i in range(num)] if num > 1 else [res]
-        vt = elem if elem is not None else ir.VectorType(_bf16(), 2)
+        vt = elem if elem is not None else ir.VectorType(BF16, 2)
         self.set(op, *[self.b.bitcast(o, vt) for o in outs])
 
     def op_tessera_nvidia_cp_async(self, op: NV.CpAsyncOp):
@@ -99,13 +99,7 @@ class NvptxFn(GpuFn):
                     [ir.Constant(I32, ival(op.pending))])
 
 
-def _bf16():
-    from tessera.codegen.llvm_common import BF16
-    return BF16
-
-
 def _elem(buf_type) -> ir.Type:
-    from tessera.codegen.llvm_common import llvm_type
     return llvm_type(buf_type.element_type)
 
 

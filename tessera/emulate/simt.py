@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import ml_dtypes
 import numpy as np
-from xdsl.dialects import arith, func, scf
+from xdsl.dialects import func, scf
 from xdsl.dialects.builtin import (
     BFloat16Type,
     Float16Type,
@@ -35,7 +35,6 @@ from xdsl.dialects.builtin import (
     IndexType,
     IntegerType,
     ModuleOp,
-    VectorType,
 )
 from xdsl.ir import Attribute, Block, Operation, SSAValue
 
@@ -47,11 +46,9 @@ from tessera.errors import (
     EmulatorFaultError,
     EmulatorRaceError,
 )
-from tessera.ir import tile as t
 from tessera.ir.attrs import ival
 from tessera.ir.target import gpu as G
 from tessera.ir.target import nvidia as NV
-from tessera.ir.target import rocm as R
 
 BUFFER_ALIGN = 256          # device allocations are at least this aligned
 
@@ -588,8 +585,4 @@ MATH = {
 }
 
 
-def tile_types() -> tuple:   # for tools that list what the emulator understands
-    return (t.BufferType,)
-
-
-__all__ = ["Emulator", "MATH", "VectorType"]
+__all__ = ["Emulator", "MATH"]

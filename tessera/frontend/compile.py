@@ -20,7 +20,7 @@ from tessera.errors import ScheduleIllegalError, TesseraError, UnknownArchError
 from tessera.ir import schedule as s
 from tessera.ir.attrs import ints, strs
 from tessera.ir.context import LAYERS, layer_of
-from tessera.ir.text import parse_module, print_ir
+from tessera.ir.text import print_ir
 from tessera.mma import x86 as X
 from tessera.mma.selector import get_isa, record_by_id
 from tessera.passes.base import fmt_option

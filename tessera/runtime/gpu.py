@@ -9,7 +9,6 @@ kernels' Target IR: every lane of every wave of every workgroup, in numpy.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -105,7 +104,3 @@ class GpuExecutable:
         def launch(s, grid, bufs, sizes, nin):
             emu.launch(s.kernel, grid, bufs, sizes)
         return self._steps([np.ascontiguousarray(a) for a in arrays], env, launch)
-
-
-def grid_size(grid: tuple[int, ...]) -> int:
-    return math.prod(grid)

@@ -377,7 +377,9 @@ def render(rows: list[dict], h: dict, quick: bool) -> str:
              "",
              "Method: fresh random inputs per workload; a 0.3 s pause before each library's measurement "
              "(peers' thread pools spin after a call), 2 warm-up calls, median of "
-             f"{REPS} runs; ratio = best peer time / Tessera time.  Tessera results come from its reusing "
+             f"{REPS} runs; ratio = best peer time / Tessera time.  This host is a 2-vCPU VM: the same row varies "
+             "by up to about +-10 % between runs (memory-bound rows and attention more), so ratios near 1.0 are "
+             "ties.  Tessera results come from its reusing "
              "huge-page output pool; the `tessera (fresh outputs)` column re-runs memory-bound rows with fresh "
              "`numpy.empty` outputs, like the peers.  Bandwidth counts bytes read plus bytes written.",
              "", "| workload | threads | " + " | ".join(cols) + " | best peer | ratio | Tessera rate |",

@@ -18,7 +18,7 @@ from tessera.errors import ScheduleIllegalError
 from tessera.ir import schedule as s
 from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr, str_array
-from tessera.mma.selector import record_by_id, select_mma, get_isa, MmaSelection, accumulator_regs_per_lane
+from tessera.mma.selector import record_by_id, MmaSelection, accumulator_regs_per_lane
 from tessera.passes.base import TesseraPass, option, register
 from tessera.passes.tile.kernels import attention, elementwise, gemm, gpu_gemm, reduce, rowwise, transpose
 

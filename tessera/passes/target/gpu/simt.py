@@ -28,14 +28,13 @@ from xdsl.dialects import arith, func, scf
 from xdsl.dialects.builtin import (
     BFloat16Type,
     Float16Type,
-    Float32Type,
     FloatAttr,
     ModuleOp,
     StringAttr,
     VectorType,
     f32,
 )
-from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+from xdsl.ir import Attribute, Block, Region, SSAValue
 
 from tessera.errors import CodegenError, PassFailedError
 from tessera.ir import tile as t

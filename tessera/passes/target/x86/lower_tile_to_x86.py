@@ -15,7 +15,6 @@ any lowering runs.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from xdsl.context import Context
@@ -25,7 +24,6 @@ from xdsl.dialects.builtin import (
     Float16Type,
     Float32Type,
     FloatAttr,
-    IndexType,
     IntegerType,
     ModuleOp,
     StringAttr,
@@ -34,7 +32,7 @@ from xdsl.dialects.builtin import (
     f32,
     i1 as I1,
 )
-from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+from xdsl.ir import Attribute, Block, Region, SSAValue
 
 from tessera.errors import CodegenError, MmaSelectorError, PassFailedError, UnknownArchError
 from tessera.ir import tile as t

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from xdsl.dialects.builtin import FloatAttr, IntegerType, StringAttr, f32
 
-from tessera.errors import ScheduleIllegalError
 from tessera.ir import dims as D
 from tessera.ir import graph as g
 from tessera.ir import schedule as s
