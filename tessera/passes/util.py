@@ -1,7 +1,13 @@
 """Small IR-editing helpers shared by passes."""
 from __future__ import annotations
 
+from xdsl.dialects import func
 from xdsl.ir import Block, Operation, SSAValue
+
+
+def function_blocks(module: Operation) -> list[Block]:
+    """The body block of every function with a body (taken up front: passes edit them)."""
+    return [f.body.block for f in module.walk() if isinstance(f, func.FuncOp) and f.body.blocks]
 
 
 def replace_op(op: Operation, values: list[SSAValue]) -> None:
@@ -10,6 +16,13 @@ def replace_op(op: Operation, values: list[SSAValue]) -> None:
         r.replace_all_uses_with(v)
     op.detach()
     op.erase()
+
+
+def swap_op(old: Operation, new: Operation) -> None:
+    """Put ``new`` where ``old`` is (same location): its first results replace ``old``'s."""
+    new.location = old.location
+    insert_before(old, new)
+    replace_op(old, list(new.results[:len(old.results)]))
 
 
 def insert_before(anchor: Operation, *ops: Operation) -> None:

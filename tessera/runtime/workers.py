@@ -21,17 +21,16 @@ import numpy as np
 SPIN_SECONDS = 0.002          # how long an idle worker keeps polling before it sleeps
 _GEN, _DONE = 0, 8            # int64 slots (64 bytes apart: separate cache lines)
 
-_IR = r"""
-declare void @llvm.x86.sse2.pause()
-define i64 @tsr_spin_changed(ptr %p, i64 %old, i64 %limit) nounwind {
+_SPIN = r"""
+define i64 @{name}(ptr %p, i64 %ref, i64 %limit) nounwind {{
 entry:
   br label %loop
 loop:
   %i = phi i64 [0, %entry], [%n, %body]
   %v = load atomic i64, ptr %p acquire, align 8
-  %same = icmp eq i64 %v, %old
+  %wait = icmp {keep_waiting} i64 %v, %ref
   %more = icmp slt i64 %i, %limit
-  %go = and i1 %same, %more
+  %go = and i1 %wait, %more
   br i1 %go, label %body, label %exit
 body:
   call void @llvm.x86.sse2.pause()
@@ -39,29 +38,16 @@ body:
   br label %loop
 exit:
   ret i64 %v
-}
-define i64 @tsr_spin_reached(ptr %p, i64 %target, i64 %limit) nounwind {
-entry:
-  br label %loop
-loop:
-  %i = phi i64 [0, %entry], [%n, %body]
-  %v = load atomic i64, ptr %p acquire, align 8
-  %low = icmp slt i64 %v, %target
-  %more = icmp slt i64 %i, %limit
-  %go = and i1 %low, %more
-  br i1 %go, label %body, label %exit
-body:
-  call void @llvm.x86.sse2.pause()
-  %n = add i64 %i, 1
-  br label %loop
-exit:
-  ret i64 %v
-}
+}}
+"""
+# spin while *p == ref (a new generation) / while *p < ref (workers still running), at most limit pauses
+_IR = ("declare void @llvm.x86.sse2.pause()\n" + _SPIN.format(name="tsr_spin_changed", keep_waiting="eq")
+       + _SPIN.format(name="tsr_spin_reached", keep_waiting="slt") + r"""
 define i64 @tsr_add(ptr %p, i64 %d) nounwind {
   %old = atomicrmw add ptr %p, i64 %d acq_rel
   ret i64 %old
 }
-"""
+""")
 
 
 class _Native:

@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.traits import Pure
 
@@ -21,7 +20,7 @@ from xdsl.dialects.builtin import BoolAttr, i1
 
 from tessera.ir.attrs import i64_attr, int_array, ints, ival
 from tessera.passes.base import TesseraPass, register
-from tessera.passes.util import erase_dead, insert_before, replace_op
+from tessera.passes.util import erase_dead, function_blocks, insert_before, replace_op
 
 
 def _simplify_once(op) -> bool:
@@ -122,10 +121,7 @@ class Canonicalize(TesseraPass):
                 "tessera.reduce_mean")
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        for f in op.walk():
-            if not isinstance(f, func.FuncOp) or not f.body.blocks:
-                continue
-            block = f.body.block
+        for block in function_blocks(op):
             changed = True
             while changed:
                 changed = False

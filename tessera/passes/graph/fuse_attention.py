@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects import func
 from xdsl.dialects.builtin import BoolAttr, Float32Type, FloatAttr, ModuleOp, StringAttr, f64, i1
 
 from tessera.ir import graph as g
@@ -25,6 +24,7 @@ from tessera.passes.base import TesseraPass, register
 from tessera.passes.graph.fuse_matmul_epilogue import _operand_views
 from tessera.passes.graph.outline import outline, single_use
 from tessera.passes.tile.kernels.common import scalar_constant
+from tessera.passes.util import function_blocks
 
 
 def _only_user(v):
@@ -142,10 +142,7 @@ class FuseAttention(TesseraPass):
     produces = ("tessera.attention", "tessera.reshape", "tessera.fusion", "tessera.yield")
 
     def apply(self, ctx: Context, module: ModuleOp) -> None:
-        for f in module.walk():
-            if not (isinstance(f, func.FuncOp) and f.body.blocks):
-                continue
-            block = f.body.block
+        for block in function_blocks(module):
             rewrite_composed(block)
             for op in list(block.ops):
                 if isinstance(op, g.AttentionOp) and op.parent is block:

@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 
 from tessera.ir import graph as g
 from tessera.passes.base import TesseraPass, register
 from tessera.passes.graph.outline import is_elementwise, outline, single_use
+from tessera.passes.util import function_blocks
 
 
 def _grow(op, shape, group: list, block) -> None:
@@ -37,10 +37,7 @@ class FuseElementwise(TesseraPass):
     produces = ("tessera.fusion", "tessera.yield")
 
     def apply(self, ctx: Context, module: ModuleOp) -> None:
-        for f in module.walk():
-            if not (isinstance(f, func.FuncOp) and f.body.blocks):
-                continue
-            block = f.body.block
+        for block in function_blocks(module):
             for op in reversed(list(block.ops)):
                 if op.parent is block and is_elementwise(op):
                     group = [op]

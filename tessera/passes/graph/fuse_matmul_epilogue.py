@@ -11,13 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 
 from tessera.ir import graph as g
 from tessera.ir.strided import StridedView
 from tessera.passes.base import TesseraPass, register
 from tessera.passes.graph.outline import outline, single_use
+from tessera.passes.util import function_blocks
 
 
 def _operand_views(v, group: list) -> None:
@@ -85,6 +85,5 @@ class FuseMatmulEpilogue(TesseraPass):
     produces = ("tessera.fusion", "tessera.yield")
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        for f in op.walk():
-            if isinstance(f, func.FuncOp) and f.body.blocks:
-                fuse_matmuls(f.body.block)
+        for block in function_blocks(op):
+            fuse_matmuls(block)

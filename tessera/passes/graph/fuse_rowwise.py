@@ -11,13 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 
 from tessera.ir import graph as g
 from tessera.ir.attrs import ival
 from tessera.passes.base import TesseraPass, register
 from tessera.passes.graph.outline import outline, single_use
+from tessera.passes.util import function_blocks
 
 
 def _is_last_axis(op) -> bool:
@@ -73,10 +73,7 @@ class FuseRowwise(TesseraPass):
     produces = ("tessera.fusion", "tessera.yield")
 
     def apply(self, ctx: Context, module: ModuleOp) -> None:
-        for f in module.walk():
-            if not (isinstance(f, func.FuncOp) and f.body.blocks):
-                continue
-            block = f.body.block
+        for block in function_blocks(module):
             for op in list(block.ops):
                 if isinstance(op, g.ROWWISE) and op.parent is block and _is_last_axis(op):
                     group = [op]

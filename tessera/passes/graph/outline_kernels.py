@@ -6,13 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 
 from tessera.errors import PassFailedError
 from tessera.ir import graph as g
 from tessera.passes.base import TesseraPass, register
 from tessera.passes.graph.outline import outline
+from tessera.passes.util import function_blocks
 
 KIND_OF = {g.TransposeOp: "transpose", g.ReshapeOp: "elementwise", g.ConstantOp: "elementwise",
            g.MatmulOp: "gemm", g.AttentionOp: "attention"}
@@ -42,10 +42,7 @@ class OutlineKernels(TesseraPass):
     produces = ("tessera.fusion", "tessera.yield")
 
     def apply(self, ctx: Context, module: ModuleOp) -> None:
-        for f in module.walk():
-            if not (isinstance(f, func.FuncOp) and f.body.blocks):
-                continue
-            block = f.body.block
+        for block in function_blocks(module):
             for op in reversed(list(block.ops)):  # consumers first: they copy constants in
                 if op.dialect_name() == "tessera" and not isinstance(op, (g.FusionOp, g.YieldOp)):
                     if isinstance(op, g.ConstantOp) and not op.result.uses:

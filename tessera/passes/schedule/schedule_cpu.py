@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects import func
 from xdsl.dialects.builtin import BFloat16Type, Float16Type, Float32Type, ModuleOp, StringAttr
 
 from tessera import host
@@ -29,6 +28,7 @@ from tessera.ir import schedule as s
 from tessera.ir.attrs import i64_attr, int_array, str_array
 from tessera.mma.selector import get_isa, register_tile, require_lowering, select_mma
 from tessera.passes.base import TesseraPass, option, register
+from tessera.passes.util import function_blocks, swap_op
 
 DTYPE = {Float32Type: "f32", BFloat16Type: "bf16", Float16Type: "f16"}
 PARALLEL_LEGAL = {"gemm": ("m", "b*m", "none"), "rowwise": ("r", "none"), "elementwise": ("r", "none"),
@@ -76,10 +76,8 @@ class ScheduleCpu(TesseraPass):
         if threads < 1:
             raise ScheduleIllegalError("threads must be >= 1")
         n = 0
-        for fn in module.walk():
-            if not (isinstance(fn, func.FuncOp) and fn.body.blocks):
-                continue
-            for op in list(fn.body.block.ops):
+        for block in function_blocks(module):
+            for op in list(block.ops):
                 if isinstance(op, g.FusionOp):
                     self._schedule(op, isa, w, threads, f"k{n}_{op.kind.data}")
                     n += 1
@@ -108,12 +106,7 @@ class ScheduleCpu(TesseraPass):
         region = fop.detach_region(fop.body)
         kop = s.KernelOp.create(operands=list(fop.inputs), result_types=[r.type for r in fop.outputs],
                                 attributes=attrs, regions=[region])
-        kop.location = fop.location
-        fop.parent.insert_op_before(kop, fop)
-        for old, new in zip(fop.outputs, kop.outputs):
-            old.replace_all_uses_with(new)
-        fop.detach()
-        fop.erase()
+        swap_op(fop, kop)
 
     def _attention(self, isa, w: int, name: str) -> dict:
         """Flash attention on f32 register tiles: query blocks of 64 rows, key blocks of 64 columns."""

@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, StringAttr
 
 from tessera.errors import MmaSelectorError, ScheduleIllegalError
@@ -30,6 +29,7 @@ from tessera.ir.attrs import i64_attr, int_array, str_array
 from tessera.mma.selector import get_isa, require_lowering, select_mma
 from tessera.passes.base import TesseraPass, option, register
 from tessera.passes.schedule.schedule_cpu import _dtype
+from tessera.passes.util import function_blocks, swap_op
 
 GPU_TARGETS = ("rocm", "nvidia")
 # shared memory a workgroup may allocate statically
@@ -71,10 +71,8 @@ class ScheduleGpu(TesseraPass):
             raise ScheduleIllegalError(f"schedule-gpu target {self.target!r}; legal: {', '.join(GPU_TARGETS)}")
         isa = get_isa(self.target, self.arch)
         n = 0
-        for fn in module.walk():
-            if not (isinstance(fn, func.FuncOp) and fn.body.blocks):
-                continue
-            for op in list(fn.body.block.ops):
+        for block in function_blocks(module):
+            for op in list(block.ops):
                 if isinstance(op, g.FusionOp):
                     self._schedule(op, isa, f"k{n}_{op.kind.data}")
                     n += 1
@@ -138,9 +136,4 @@ class ScheduleGpu(TesseraPass):
         region = fop.detach_region(fop.body)
         kop = s.KernelOp.create(operands=list(fop.inputs), result_types=[r.type for r in fop.outputs],
                                 attributes=attrs, regions=[region])
-        kop.location = fop.location
-        fop.parent.insert_op_before(kop, fop)
-        for old, new in zip(fop.outputs, kop.outputs):
-            old.replace_all_uses_with(new)
-        fop.detach()
-        fop.erase()
+        swap_op(fop, kop)

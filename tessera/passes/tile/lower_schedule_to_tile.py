@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects import func
 from xdsl.dialects.builtin import FlatSymbolRefAttr, ModuleOp, StringAttr
 
 from tessera.errors import ScheduleIllegalError
@@ -20,6 +19,7 @@ from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr, str_array
 from tessera.mma.selector import record_by_id, MmaSelection, accumulator_regs_per_lane
 from tessera.passes.base import TesseraPass, option, register
+from tessera.passes.util import function_blocks, swap_op
 from tessera.passes.tile.kernels import attention, elementwise, gemm, gpu_gemm, reduce, rowwise, transpose
 
 
@@ -77,10 +77,8 @@ class LowerScheduleToTile(TesseraPass):
     def apply(self, ctx: Context, module: ModuleOp) -> None:
         if self.target not in ("x86",) + GPU:
             raise ScheduleIllegalError(f"lower-schedule-to-tile target {self.target!r}; legal: x86, rocm, nvidia")
-        for fn in list(module.body.block.ops):
-            if not (isinstance(fn, func.FuncOp) and fn.body.blocks):
-                continue
-            for kop in list(fn.body.block.ops):
+        for block in function_blocks(module):
+            for kop in list(block.ops):
                 if not isinstance(kop, s.KernelOp):
                     continue
                 kfn, dims, workspace, extra = generate(kop, self.target)
@@ -96,9 +94,4 @@ class LowerScheduleToTile(TesseraPass):
                         [str(d) for d in dims]), "workspace": i64_attr(workspace),
                         "parallel": StringAttr(kop.parallel.data), **({"limits": limits} if limits else {}),
                         **gpu})
-                launch.location = kop.location
-                fn.body.block.insert_op_before(launch, kop)
-                for old, new in zip(kop.outputs, launch.outs):
-                    old.replace_all_uses_with(new)
-                kop.detach()
-                kop.erase()
+                swap_op(kop, launch)   # the launch's extra results (partial sums) have no users yet

@@ -42,6 +42,7 @@ from tessera.ir.attrs import i64_attr, ival
 from tessera.ir.builder import INDEX, Builder
 from tessera.ir.target import gpu as G
 from tessera.passes.target.lowering import OpLowerer
+from tessera.passes.util import swap_op
 
 Idx = SSAValue | int
 
@@ -669,9 +670,4 @@ def lower_module(module: ModuleOp, pass_name: str, make_lowerer, make_map) -> No
             new = G.LaunchOp.create(operands=list(op.args), result_types=[r.type for r in op.outs], attributes={
                 "callee": op.callee, "dims": op.dims, "grid": op.grid, "block": op.block,
                 "shared": k.attributes["gpu.shared"]})
-            new.location = op.location
-            op.parent.insert_op_before(new, op)
-            for o, n in zip(op.outs, new.outs):
-                o.replace_all_uses_with(n)
-            op.detach()
-            op.erase()
+            swap_op(op, new)

@@ -42,6 +42,7 @@ from tessera.ir.target import x86 as x
 from tessera.mma.selector import get_isa
 from tessera.passes.base import TesseraPass, option, register
 from tessera.passes.target.lowering import OpLowerer
+from tessera.passes.util import swap_op
 
 PTR = x.PTR
 
@@ -154,19 +155,19 @@ class _Lowerer(OpLowerer):
         types = [ty for a in src.args[1:] for ty in self.flatten_types(a.type)]
         block = Block(arg_types=[INDEX] + types)
         self.vmap[src.args[0]] = block.args[0]
-        i = 1
-        for a in src.args[1:]:
-            n = len(self.flatten_types(a.type))
-            self.vmap[a] = self.pack_value(a.type, list(block.args[i:i + n]))
-            i += n
+        self.bind_flat(list(src.args[1:]), list(block.args[1:]))
         inner = b.child(block)
         self.lower_block(src, inner)
         new = scf.ForOp(self.scalar(op.lb), self.scalar(op.ub), self.scalar(op.step), init, Region(block))
         b.op(new)
+        self.bind_flat(list(op.results), list(new.results))
+
+    def bind_flat(self, values: list[SSAValue], flat: list[SSAValue]) -> None:
+        """Map each Tile IR value to its registers, taken in order from ``flat``."""
         i = 0
-        for r in op.results:
-            n = len(self.flatten_types(r.type))
-            self.vmap[r] = self.pack_value(r.type, list(new.results[i:i + n]))
+        for v in values:
+            n = len(self.flatten_types(v.type))
+            self.vmap[v] = self.pack_value(v.type, flat[i:i + n])
             i += n
 
     def op_scf_yield(self, op: scf.YieldOp, b: Builder) -> None:
@@ -184,11 +185,7 @@ class _Lowerer(OpLowerer):
             regions.append(Region(block))
         new = scf.IfOp(self.scalar(op.cond), types, regions[0], regions[1])
         b.op(new)
-        i = 0
-        for r in op.results:
-            n = len(self.flatten_types(r.type))
-            self.vmap[r] = self.pack_value(r.type, list(new.results[i:i + n]))
-            i += n
+        self.bind_flat(list(op.results), list(new.results))
 
     def op_func_return(self, op, b: Builder) -> None:
         if self.used_nt:
@@ -839,9 +836,4 @@ def _lower_host(fn: func.FuncOp, threads: int, kernels: dict[str, func.FuncOp]) 
                             "team": k.attributes["team"], "threads": i64_attr(threads),
                             **({"parallel": op.parallel} if op.parallel else {}),
                             **({"limits": op.limits} if op.limits else {})})
-            new.location = op.location
-            op.parent.insert_op_before(new, op)
-            for o, n in zip(op.outs, new.outs):
-                o.replace_all_uses_with(n)
-            op.detach()
-            op.erase()
+            swap_op(op, new)
