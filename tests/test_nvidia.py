@@ -55,6 +55,30 @@ def test_sass_has_hmma(rng):
     assert "HMMA" in ptx_tools.sass(art.binary(), "sm_90")
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_120"])
+def test_the_emitted_instruction_is_the_selected_records_for_each_dtype(arch, rng):
+    """f16 and bf16 are different instructions of one shape: the PTX must hold the record's.
+    (A real H200 caught bf16 kernels running the f16 mma.sync while the emulator, which reads
+    the registers' types, agreed with float64.)"""
+    for dtype in ("f16", "bf16"):
+        a, b, c0 = inputs(rng, dtype, 70, 72, 48)
+        art = _compile(gemm_acc, (a, b, c0), arch)
+        mnemonic = art.report().kernels[0]["mma"]["mnemonic"]
+        assert f".f32.{dtype}.{dtype}.f32" in mnemonic
+        assert set(re.findall(r"mma\.sync\.aligned\.\S+", art.ptx())) == {mnemonic}
+        assert f'atype = "{dtype}"' in art.ir("target")
+
+
+def test_teeth_target_ir_whose_mma_type_disagrees_with_its_registers_is_refused(rng):
+    from tessera.errors import TargetVerifyError
+    from tessera.ir.text import parse_module, verify
+    a, b, c0 = inputs(rng, "bf16", 33, 29, 37)
+    text = _compile(gemm_acc, (a, b, c0), "sm_90").ir("target")
+    verify(parse_module(text))
+    with pytest.raises(TargetVerifyError, match="atype 'f16' does not match its A/B registers"):
+        verify(parse_module(text.replace('atype = "bf16"', 'atype = "f16"')))
+
+
 def test_lane_report(rng):
     a, b, c0 = inputs(rng, "bf16", 64, 64, 32)
     rep = _compile(gemm_acc, (a, b, c0), "sm_90").report()

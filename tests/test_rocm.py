@@ -58,6 +58,18 @@ def test_code_object_for_every_arch(arch, rng):
         assert re.search(mnemonic, hsaco.disassemble(blob, arch))
 
 
+@pytest.mark.parametrize("arch", ["gfx1151", "gfx1201", "gfx942"])
+def test_the_emitted_instruction_is_the_selected_records_for_each_dtype(arch, rng):
+    """f16 and bf16 are different instructions of one shape: the code must hold the record's."""
+    for dtype in ("f16", "bf16"):
+        a, b, c0 = inputs(rng, dtype, 70, 72, 48)
+        art = _compile(gemm_acc, (a, b, c0), arch)
+        mnemonic = art.report().kernels[0]["mma"]["mnemonic"]
+        assert mnemonic.endswith(f"_{dtype}")
+        ops = set(re.findall(r"v_(?:wmma|mfma)_\w+", art.asm()))
+        assert ops == {mnemonic}, ops
+
+
 def test_lane_report_names_instruction_lds_and_vgprs(rng):
     a, b, c0 = inputs(rng, "f16", 64, 64, 32)
     rep = _compile(gemm_acc, (a, b, c0), "gfx1151").report()

@@ -51,6 +51,10 @@ class MmaSyncOp(IRDLOperation):
             raise TargetVerifyError(f"mma_sync shape {self.shape.data!r} is not mMnNkK", op=self)
         if len(self.c) != len(self.d) or [v.type for v in self.c] != [r.type for r in self.d]:
             raise TargetVerifyError("mma_sync D registers must match C registers", op=self)
+        elems = {str(getattr(v.type, "element_type", v.type)) for v in (*self.a, *self.b)}
+        if elems != {self.atype.data}:
+            raise TargetVerifyError(f"mma_sync atype {self.atype.data!r} does not match its A/B registers "
+                                    f"({', '.join(sorted(elems))})", op=self)
 
 
 @irdl_op_definition

@@ -205,7 +205,9 @@ class SimtLowerer(OpLowerer):
 
     @staticmethod
     def key(ft: t.FragmentType) -> tuple:
-        return ft.mnk + (ft.family.data,)
+        # A/B fragments of different dtypes are different instructions (f16 vs bf16 mma); the
+        # accumulator's layout depends on the shape alone
+        return ft.mnk + (ft.family.data, "acc" if ft.role.data == "acc" else str(ft.elem))
 
     def lmap(self, ft: t.FragmentType) -> LaneMap:
         try:
@@ -448,7 +450,7 @@ class SimtLowerer(OpLowerer):
 
     def op_tile_mma(self, op: t.MmaOp, b: Builder) -> None:
         fa, fb, fc = self.vmap[op.a], self.vmap[op.b], self.vmap[op.c]
-        lm = self.lmap(op.c.type)
+        lm = self.lmap(op.a.type)        # the operands' dtype picks the instruction (f16 and bf16 share a C layout)
         parts = lm.emit_mma(b, op.c.type, fa.parts, fb.parts, fc.parts)
         self.vmap[op.result] = Dist(parts, fc.omap, fc.shape)
 

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One call on an NVIDIA GPU machine, from the repository root:
+#   the device tests (tessera.jit(target="nvidia") launched on the GPU, checked against float64
+#   and the warp emulator; the CUDA launcher), then nvidia_check.py over the prebuilt bundle
+#   (numerics of every check cubin, GEMM timing against torch.matmul / cuBLAS).
+# Prepare here first:  ./dev python benchmarks/gpu/build_nvidia_bundle.py --arch sm_90
+# Where the machine lacks xDSL / llvmlite 0.50, carry them in .whl/ as wheels, or as an xz-packed
+# site-packages tree (*.tar.xz; llvmlite's wheel alone nearly fills a 64 MiB transfer).
+set -uo pipefail
+OUT=${OUT:-/tmp/tessera-gpu-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PATH="/usr/local/cuda/bin:$PATH"
+py=${PYTHON:-python3}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>&1 | tee "$OUT/gpu.txt"
+if [ -d .whl ]; then
+  $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3
+  for t in .whl/*.tar.xz; do [ -e "$t" ] && tar xJf "$t" -C /tmp/site; done   # a site-packages tree, xz-packed
+  export PYTHONPATH="/tmp/site:$PWD"
+fi
+$py -c "import tessera, llvmlite, xdsl, numpy; from tessera.toolchain import find_ptxas; \
+print('tessera imports; llvmlite', llvmlite.__version__, 'numpy', numpy.__version__, 'ptxas', find_ptxas())"
+timeout 300 $py -m pytest -q -rs tests/test_nvidia_device.py tests/test_cuda_runtime.py 2>&1 | tee "$OUT/pytest.log"
+timeout 200 $py benchmarks/gpu/nvidia_check.py --bundle benchmarks/gpu/bundle 2>&1 | tee "$OUT/check.log"

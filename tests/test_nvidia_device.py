@@ -1,0 +1,61 @@
+"""The NVIDIA lane on a real GPU: ``@tessera.jit(target="nvidia")`` compiled here, launched through
+``tessera.runtime.cuda`` on the device, checked against float64 and against the warp emulator.
+
+Skipped (saying why) on machines without a CUDA device; run on a GPU machine with
+``python -m pytest tests/test_nvidia_device.py`` (see benchmarks/gpu/device_run.sh).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tessera as ts
+from gpu_common import SHAPES, batched, gemm_acc, gemm_epilogue, gelu64, inputs, oracle_acc, rel_err
+from tessera.runtime import cuda
+from tessera.toolchain import find_ptxas
+
+ARCH = cuda.device_arch()
+pytestmark = [pytest.mark.skipif(not cuda.device_available()[0], reason="no CUDA device"),
+              pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")]
+
+
+def _ran(fn_name: str) -> str:
+    hits = [e.lane for e in ts.lane_log.entries if e.function == fn_name]
+    return hits[-1] if hits else ""
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("shape", SHAPES + [(520, 384, 272)])
+def test_gemm_with_accumulator_on_the_device(dtype, shape, rng):
+    a, b, c0 = inputs(rng, dtype, *shape)
+    f = ts.jit(gemm_acc, target="nvidia", arch=ARCH)
+    got = f(a, b, c0)
+    want = oracle_acc(a, b, c0)
+    assert got.dtype == np.float32 and got.shape == want.shape
+    assert rel_err(got, want) < 1e-5                       # f32 accumulation of exact f16/bf16 products
+    assert _ran(f.name) == f"nvidia-{ARCH}"
+    emulated = ts.compile(gemm_acc, a, b, c0, target="nvidia", arch=ARCH).emulate(a, b, c0)
+    # the emulator's lane layouts against the hardware's: a misread fragment is an O(1) error
+    assert rel_err(got, emulated.astype(np.float64)) < 1e-5
+
+
+def test_planted_layout_bug_is_caught_on_the_device(rng):
+    """Teeth: the same comparison fails for a result whose rows are permuted within an MMA tile."""
+    a, b, c0 = inputs(rng, "f16", 70, 72, 48)
+    got = ts.jit(gemm_acc, target="nvidia", arch=ARCH)(a, b, c0)
+    bad = got.copy()
+    bad[[0, 8]] = bad[[8, 0]]
+    assert rel_err(bad, oracle_acc(a, b, c0)) > 1e-2
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_fused_epilogue_and_batch_on_the_device(dtype, rng):
+    a, b, _ = inputs(rng, dtype, 130, 72, 48)
+    bias = rng.standard_normal(72).astype(a.dtype)
+    got = ts.jit(gemm_epilogue, target="nvidia", arch=ARCH)(a, b, bias)
+    want = gelu64(a.astype(np.float64) @ b.astype(np.float64) + bias.astype(np.float64))
+    assert rel_err(got, want) < 1e-2
+    a, b, c0 = inputs(rng, dtype, 33, 40, 24, batch=(3,))
+    got = ts.jit(batched, target="nvidia", arch=ARCH)(a, b, c0)
+    x = oracle_acc(a, b, c0)
+    assert rel_err(got, x / (1 + np.exp(-x))) < 1e-5
