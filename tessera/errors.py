@@ -130,6 +130,17 @@ class ScheduleIllegalError(TesseraError):
     area = "schedule"
 
 
+class SpecializeRequest(ScheduleIllegalError):
+    """A kernel generator needs some symbolic sizes fixed (the GPU attention kernel's head
+    dims size its registers).  ``tessera.jit`` / ``compile`` specialise the named dims and
+    compile again; from ``tessera-opt`` on IR with those dims symbolic it is the error."""
+    code = "SPECIALIZE"
+
+    def __init__(self, message: str, *, symbols=(), **kw):
+        super().__init__(message, **kw)
+        self.symbols = tuple(symbols)
+
+
 # --------------------------------------------------------------------------- Tile IR
 class TileVerifyError(IRVerifyError):
     """A Tile IR op is malformed."""

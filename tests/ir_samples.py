@@ -181,8 +181,9 @@ SAMPLES: dict[str, str] = {
     "tessera_x86.launch": _fn(f"%x : {Y}", f"""  %r = tessera_x86.launch @k0(%x) {{dims = ["M", "N"], workspace = 0 : i64, team = 0 : i64, threads = 2 : i64, parallel = "r"}} : ({Y}) -> {Y}
   func.return %r : {Y}""", Y),
     # ---- Target IR: NVIDIA, ROCm
-    "tessera_nvidia.mma_sync": _fn("%a0 : i32, %a1 : i32, %a2 : i32, %a3 : i32, %b0 : i32, %b1 : i32, %c0 : f32, "
-                                   "%c1 : f32, %c2 : f32, %c3 : f32", """  %d:4 = tessera_nvidia.mma_sync "m16n8k16" a(%a0, %a1, %a2, %a3 : i32, i32, i32, i32) b(%b0, %b1 : i32, i32) c(%c0, %c1, %c2, %c3 : f32, f32, f32, f32) {atype = "f16", ctype = "f32"} -> f32, f32, f32, f32
+    "tessera_nvidia.mma_sync": _fn("%a0 : vector<2xf16>, %a1 : vector<2xf16>, %a2 : vector<2xf16>, %a3 : vector<2xf16>, "
+                                   "%b0 : vector<2xf16>, %b1 : vector<2xf16>, %c0 : f32, "
+                                   "%c1 : f32, %c2 : f32, %c3 : f32", """  %d:4 = tessera_nvidia.mma_sync "m16n8k16" a(%a0, %a1, %a2, %a3 : vector<2xf16>, vector<2xf16>, vector<2xf16>, vector<2xf16>) b(%b0, %b1 : vector<2xf16>, vector<2xf16>) c(%c0, %c1, %c2, %c3 : f32, f32, f32, f32) {atype = "f16", ctype = "f32"} -> f32, f32, f32, f32
   func.return"""),
     "tessera_rocm.wmma": _fn("%a : vector<16xf16>, %c : vector<8xf32>", """  %d = tessera_rocm.wmma "16x16x16" %a, %a, %c {arch = "gfx1151"} : vector<16xf16>, vector<16xf16>, vector<8xf32> -> vector<8xf32>
   func.return"""),

@@ -59,3 +59,21 @@ def test_fused_epilogue_and_batch_on_the_device(dtype, rng):
     got = ts.jit(batched, target="nvidia", arch=ARCH)(a, b, c0)
     x = oracle_acc(a, b, c0)
     assert rel_err(got, x / (1 + np.exp(-x))) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_flash_attention_on_the_device(dtype, rng):
+    from test_gpu_attention import TOL, oracle, qkv, rel
+    q, k, v = qkv(rng, dtype, 2, 4, 2, 150, 129, 64)            # grouped heads, edge blocks
+    mask = rng.random((150, 129)) > 0.2
+    mask[5] = False                                             # a fully-masked row gives 0
+    for causal in (False, True):
+        def f(q, k, v, m):
+            return ts.ops.attention(q, k, v, mask=m, causal=causal)
+        jf = ts.jit(f, target="nvidia", arch=ARCH)
+        got = jf(q, k, v, mask)
+        assert _ran(jf.name) == f"nvidia-{ARCH}"
+        assert rel(got, oracle(q, k, v, causal=causal, mask=mask)) < TOL[dtype]
+        assert (got[:, :, 5] == 0).all()
+        emulated = ts.compile(f, q, k, v, mask, target="nvidia", arch=ARCH).emulate(q, k, v, mask)
+        assert rel(got, emulated.astype(np.float64)) < 1e-2

@@ -2,7 +2,8 @@
 # One call on an NVIDIA GPU machine, from the repository root:
 #   the device tests (tessera.jit(target="nvidia") launched on the GPU, checked against float64
 #   and the warp emulator; the CUDA launcher), then nvidia_check.py over the prebuilt bundle
-#   (numerics of every check cubin, GEMM timing against torch.matmul / cuBLAS).
+#   (numerics of every check cubin, GEMM timing against torch.matmul / cuBLAS), then
+#   attention_bench.py (flash attention against torch's SDPA).
 # Prepare here first:  ./dev python benchmarks/gpu/build_nvidia_bundle.py --arch sm_90
 # Where the machine lacks xDSL / llvmlite 0.50, carry them in .whl/ as wheels, or as an xz-packed
 # site-packages tree (*.tar.xz; llvmlite's wheel alone nearly fills a 64 MiB transfer).
@@ -20,3 +21,4 @@ $py -c "import tessera, llvmlite, xdsl, numpy; from tessera.toolchain import fin
 print('tessera imports; llvmlite', llvmlite.__version__, 'numpy', numpy.__version__, 'ptxas', find_ptxas())"
 timeout 300 $py -m pytest -q -rs tests/test_nvidia_device.py tests/test_cuda_runtime.py 2>&1 | tee "$OUT/pytest.log"
 timeout 200 $py benchmarks/gpu/nvidia_check.py --bundle benchmarks/gpu/bundle 2>&1 | tee "$OUT/check.log"
+timeout 200 $py benchmarks/gpu/attention_bench.py 2>&1 | tee "$OUT/attention.log"

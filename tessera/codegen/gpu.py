@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 from xdsl.dialects import func
-from xdsl.dialects.builtin import Float32Type, IndexType, ModuleOp
+from xdsl.dialects.builtin import Float32Type, IndexType, IntegerType, ModuleOp
 
 from tessera.codegen.llvm_common import F32, I32, I64, FnCodegen, ModuleCodegen, llvm_type
 from tessera.errors import CodegenError, UnloweredOpsError
@@ -112,6 +112,9 @@ class GpuFn(FnCodegen):
     def op_tessera_gpu_convert(self, op: G.ConvertOp):
         a = self.v(op.input)
         to = llvm_type(op.result.type)
+        if isinstance(G.element_of(op.input.type), IntegerType):     # a bool mask read as 0.0 / 1.0
+            self.set(op, self.b.uitofp(a, to))
+            return
         wide = isinstance(G.element_of(op.result.type), Float32Type)
         self.set(op, self.b.fpext(a, to) if wide else self.b.fptrunc(a, to))
 
@@ -151,6 +154,13 @@ class GpuFn(FnCodegen):
             r = b.fdiv(one, args[0])
         elif fn == "copy":
             r = args[0]
+        elif fn == "finite_or_zero":        # -inf (a fully masked row's maximum) -> 0
+            fabs = b.call(self._intr("fabs", ty), args)
+            r = b.select(b.fcmp_ordered("<", fabs, _splat(ty, float("inf"))), args[0], zero)
+        elif fn == "safe_div":              # a / b, or 0 where b == 0
+            r = b.select(b.fcmp_ordered("==", args[1], zero), zero, b.fdiv(*args))
+        elif fn == "mask_select":           # a where b != 0, else -inf
+            r = b.select(b.fcmp_unordered("!=", args[1], zero), args[0], _splat(ty, float("-inf")))
         elif fn in _MATH_LIB:
             vec_ty = ty if isinstance(ty, ir.VectorType) else ir.VectorType(F32, 1)
             x = args[0] if ty is vec_ty else b.insert_element(ir.Constant(vec_ty, ir.Undefined), args[0],
@@ -161,6 +171,10 @@ class GpuFn(FnCodegen):
         else:
             raise CodegenError(f"{self.target_name} codegen has no math function {fn!r}")
         self.set(op, r)
+
+
+def _splat(ty: ir.Type, value: float) -> ir.Constant:
+    return ir.Constant(ty, [value] * ty.count) if isinstance(ty, ir.VectorType) else ir.Constant(ty, value)
 
 
 def check_translatable(module: ModuleOp, target_dialect: str, lowering: str) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tessera import dtypes as dt
-from tessera.errors import ArgumentError, DtypeError, FrontendError, TesseraError
+from tessera.errors import ArgumentError, DtypeError, FrontendError, SpecializeRequest, TesseraError
 from tessera.frontend import graphgen, reference
 from tessera.frontend.compile import Compiled, check_pins, compile_graph, feature_list, resolve_arch
 from tessera.frontend.report import LaneReport
@@ -121,9 +121,20 @@ class JitFunction:
         # arrays index -> position among traced args
         pos = [i for i, t in enumerate(is_t) if t]
         try:
-            gir = graphgen.build(graph)
+            fixed: frozenset = frozenset()
+            while True:
+                gir = graphgen.build(graph, fixed)
+                try:
+                    c = compile_graph(gir.module, name=self.name, target=self.target, arch=self.arch,
+                                      pins=self.schedule)
+                    break
+                except SpecializeRequest as e:   # a generator needs these sizes fixed: specialise, again
+                    more = fixed | {(a.index, axis) for a in graph.args for axis in range(len(a.shape))
+                                    if f"d{a.index}_{axis}" in e.symbols}
+                    if more == fixed:
+                        raise
+                    fixed = frozenset(more)
             static = {(pos.index(a), axis): arrays[pos.index(a)].shape[axis] for a, axis in gir.static}
-            c = compile_graph(gir.module, name=self.name, target=self.target, arch=self.arch, pins=self.schedule)
             c.static = frozenset(static)
             return Variant(static, c, graph)
         except FrontendError:

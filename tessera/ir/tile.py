@@ -600,15 +600,18 @@ class ElementwiseOp(IRDLOperation):
 
 @irdl_op_definition
 class MaskOp(IRDLOperation):
-    """Keep elements in columns ``< cols``; the others become ``pad`` (neutral values for reductions)."""
+    """Keep elements in columns ``< cols`` (and, with ``diag``, in columns ``<= row + diag``: a
+    causal edge); the others become ``pad`` (neutral values for reductions)."""
 
     name = "tile.mask"
     input = operand_def(TileType)
     cols = operand_def(IndexType)
+    diag = opt_operand_def(IndexType)
     pad = attr_def(FloatAttr)
     result = result_def(TileType)
     traits = traits_def(Pure())
-    assembly_format = "$input `cols` $cols `pad` `(` $pad `)` attr-dict `:` type($input) `->` type($result)"
+    assembly_format = ("$input `cols` $cols (`diag` $diag^)? `pad` `(` $pad `)` attr-dict `:` type($input) `->` "
+                       "type($result)")
 
     def verify_(self) -> None:
         if self.input.type != self.result.type:

@@ -66,6 +66,11 @@ def _numerics_md() -> str:
     return numerics_md()
 
 
+def _gpu_md() -> str:
+    from tessera.tools.gpu_doc import gpu_md
+    return gpu_md()
+
+
 def _abi_md() -> str:
     from tessera.tools.abi_doc import abi_md
     return abi_md()
@@ -77,6 +82,7 @@ GENERATORS: dict[str, tuple[str, Callable[[], str]]] = {
     "numerics": ("docs/numerics.md", _numerics_md),
     "mma": ("docs/mma.md", mma_md),
     "lanes": ("docs/lanes.md", _lanes_md),
+    "gpu": ("docs/gpu.md", _gpu_md),
 }
 
 

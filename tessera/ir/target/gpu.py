@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from xdsl.dialects.builtin import (
     ArrayAttr,
+    IntegerType,
     BFloat16Type,
     FlatSymbolRefAttr,
     Float16Type,
@@ -186,8 +187,9 @@ class ConvertOp(IRDLOperation):
 
     def verify_(self) -> None:
         a, r = self.input.type, self.result.type
-        if lanes_of(a) != lanes_of(r) or not all(isinstance(element_of(x), FLOATS) for x in (a, r)):
-            raise _bad(self, f"converts floats of one shape: {a} -> {r}")
+        src_ok = isinstance(element_of(a), FLOATS) or element_of(a) == IntegerType(1)   # bool masks -> 0.0 / 1.0
+        if lanes_of(a) != lanes_of(r) or not src_ok or not isinstance(element_of(r), FLOATS):
+            raise _bad(self, f"converts floats (or bools to floats) of one shape: {a} -> {r}")
 
 
 @irdl_op_definition

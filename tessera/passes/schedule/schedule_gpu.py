@@ -13,7 +13,10 @@ inputs, f32 accumulation).  For each one the pass records:
 - threads: lanes per workgroup; vector: lanes per wave; staging: how many k-blocks of A
   and B are in flight in shared memory (1 = copy, wait, compute; 2+ = multi-buffered).
 
-Any other kernel kind has no GPU generator and is refused here with a coded error.
+Attention kernels (``tessera.attention``, also when fused from the composed form) get the
+flash tiling of ``kernels/gpu_attention.py``: tiles ``[1, 4*m, BKV]`` over loops ``bh, q, kv``
+(four waves of m query rows per workgroup; ``tile-n`` pins the key block).  Any other
+kernel kind has no GPU generator and is refused here with a coded error.
 """
 from __future__ import annotations
 
@@ -77,23 +80,69 @@ class ScheduleGpu(TesseraPass):
                     self._schedule(op, isa, f"k{n}_{op.kind.data}")
                     n += 1
 
-    def _schedule(self, fop: g.FusionOp, isa, name: str) -> None:
-        kind = fop.kind.data
-        if kind != "gemm":
-            ops = ", ".join(o.name for o in fop.body.block.ops if o.name != "tessera.yield")
-            raise ScheduleIllegalError(
-                f"kernel {name} ({ops}): the {self.target} lane generates gemm kernels (matmul with a fused "
-                f"epilogue) only; a {kind} kernel has no {self.target} generator yet")
-        mm = next(o for o in fop.body.block.ops if isinstance(o, g.MatmulOp))
-        dtype = _dtype(mm.lhs.type.element_type)
+    def _select(self, isa, name: str, what: str, dtype: str):
         lowering = f"lower-tile-to-{self.target}"
         try:
             sel = select_mma(isa, dtype, out_dtype="f32", family=self.mma_family or None,
                              prefer_shape=tuple(self.mma_shape) if self.mma_shape else None, lowering=lowering)
             require_lowering(sel, lowering)
         except MmaSelectorError as e:
-            e.message = f"kernel {name} ({mm.name}, {dtype} inputs): {e.message}"
+            e.message = f"kernel {name} ({what}, {dtype} inputs): {e.message}"
             raise e.with_location(None)
+        return sel
+
+    def _kernel(self, fop: g.FusionOp, name: str, attrs: dict) -> None:
+        region = fop.detach_region(fop.body)
+        kop = s.KernelOp.create(operands=list(fop.inputs), result_types=[r.type for r in fop.outputs],
+                                attributes={"sym_name": StringAttr(name), "kind": fop.kind, "unroll": i64_attr(1),
+                                            **attrs}, regions=[region])
+        swap_op(fop, kop)
+
+    def _attention(self, fop: g.FusionOp, isa, name: str) -> None:
+        """Flash attention: a workgroup of 4 waves per block of 4*m query rows, keys in blocks of 64
+        (32 when the head dims are large, to fit shared memory)."""
+        from tessera.passes.tile.kernels.gpu_attention import shared_bytes
+        att = next(o for o in fop.body.block.ops if isinstance(o, g.AttentionOp))
+        dtype = _dtype(att.q.type.element_type)
+        sel = self._select(isa, name, att.name, dtype)
+        rec = sel.record
+        im, in_, ik = rec.shape
+        wave = rec.lanes or 32
+        waves = 4
+        dh, dv = att.q.type.dims[3], att.v.type.dims[3]
+        dmax = max(d if isinstance(d, int) else 256 for d in (dh, dv))
+        bkv = self.tile_n or (64 if dmax <= 64 else 32)
+        bkv = max(bkv, in_, ik)
+        if self.tile_m and self.tile_m != waves * im:
+            raise ScheduleIllegalError(f"kernel {name}: GPU attention query blocks are {waves} waves x {im} rows "
+                                       f"= {waves * im}; tile-m={self.tile_m} is not that")
+        if bkv % max(in_, ik):
+            raise ScheduleIllegalError(f"kernel {name}: key block tile-n={bkv} is not a multiple of "
+                                       f"{max(in_, ik)} ({rec.id})")
+        pad = lambda d, q: -(-d // q) * q   # noqa: E731
+        shared = shared_bytes(im, waves, bkv, pad(dmax, ik), pad(dmax, in_))
+        if shared > SHARED_LIMIT[self.target]:
+            raise ScheduleIllegalError(f"kernel {name}: key blocks of {bkv} with head dim {dmax} take {shared} bytes "
+                                       f"of shared memory; {self.arch} allows {SHARED_LIMIT[self.target]} (pin a "
+                                       "smaller tile-n)")
+        self._kernel(fop, name, {
+            "parallel": StringAttr("bh*q"), "threads": i64_attr(waves * wave), "staging": i64_attr(1),
+            "mma": StringAttr(rec.id), "register_tile": int_array([1, 1]), "vector": i64_attr(wave),
+            "loops": str_array(["bh", "q", "kv"]), "tiles": int_array([1, waves * im, bkv]),
+            "order": str_array(["bh", "q", "kv"])})
+
+    def _schedule(self, fop: g.FusionOp, isa, name: str) -> None:
+        kind = fop.kind.data
+        if kind == "attention":
+            return self._attention(fop, isa, name)
+        if kind != "gemm":
+            ops = ", ".join(o.name for o in fop.body.block.ops if o.name != "tessera.yield")
+            raise ScheduleIllegalError(
+                f"kernel {name} ({ops}): the {self.target} lane generates gemm and attention kernels only; a "
+                f"{kind} kernel has no {self.target} generator yet")
+        mm = next(o for o in fop.body.block.ops if isinstance(o, g.MatmulOp))
+        dtype = _dtype(mm.lhs.type.element_type)
+        sel = self._select(isa, name, mm.name, dtype)
         rec = sel.record
         im, in_, ik = rec.shape
         d = default_tiles(self.target, rec.shape)
@@ -128,12 +177,8 @@ class ScheduleGpu(TesseraPass):
             raise ScheduleIllegalError(f"kernel {name}: {staging} stages of {bm}x{bk} A and {bk}x{bn} B blocks take "
                                        f"{shared} bytes of shared memory; {self.arch} allows "
                                        f"{SHARED_LIMIT[self.target]} per workgroup")
-        attrs = {"sym_name": StringAttr(name), "kind": StringAttr(kind), "parallel": StringAttr("b*m*n"),
-                 "threads": i64_attr(threads), "staging": i64_attr(staging), "unroll": i64_attr(1),
-                 "mma": StringAttr(rec.id), "register_tile": int_array([fm, fn_]), "vector": i64_attr(wave),
-                 "loops": str_array(["b", "m", "n", "k"]), "tiles": int_array([1, bm, bn, bk]),
-                 "order": str_array(["b", "m", "n", "k"])}
-        region = fop.detach_region(fop.body)
-        kop = s.KernelOp.create(operands=list(fop.inputs), result_types=[r.type for r in fop.outputs],
-                                attributes=attrs, regions=[region])
-        swap_op(fop, kop)
+        self._kernel(fop, name, {
+            "parallel": StringAttr("b*m*n"), "threads": i64_attr(threads), "staging": i64_attr(staging),
+            "mma": StringAttr(rec.id), "register_tile": int_array([fm, fn_]), "vector": i64_attr(wave),
+            "loops": str_array(["b", "m", "n", "k"]), "tiles": int_array([1, bm, bn, bk]),
+            "order": str_array(["b", "m", "n", "k"])})

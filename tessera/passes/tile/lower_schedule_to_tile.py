@@ -20,7 +20,8 @@ from tessera.ir.attrs import i64_attr, str_array
 from tessera.mma.selector import record_by_id, MmaSelection, accumulator_regs_per_lane
 from tessera.passes.base import TesseraPass, option, register
 from tessera.passes.util import function_blocks, swap_op
-from tessera.passes.tile.kernels import attention, elementwise, gemm, gpu_gemm, reduce, rowwise, transpose
+from tessera.passes.tile.kernels import (attention, elementwise, gemm, gpu_attention, gpu_gemm, reduce, rowwise,
+                                        transpose)
 
 
 def _selection(kop: s.KernelOp) -> MmaSelection:
@@ -30,7 +31,7 @@ def _selection(kop: s.KernelOp) -> MmaSelection:
 
 
 GPU = ("rocm", "nvidia")
-CPU_ONLY = ("tile.mask", "tile.reduce", "tile.splat_index")
+CPU_ONLY = ("tile.splat_index",)
 GPU_ONLY = ("tile.program_id", "tile.wave_id")
 ALL_PRODUCED = ("func.func", "tile.launch", "tile.alloc", "tile.view", "tile.async_copy", "tile.wait", "tile.barrier",
                 "tile.fragment_zero", "tile.fragment_pack", "tile.mma", "tile.fragment_unpack", "tile.load",
@@ -40,8 +41,14 @@ ALL_PRODUCED = ("func.func", "tile.launch", "tile.alloc", "tile.view", "tile.asy
 
 def generate(kop: s.KernelOp, target: str = "x86"):
     kind = kop.kind.data
-    if target in GPU and kind != "gemm":
+    if target in GPU and kind not in ("gemm", "attention"):
         raise ScheduleIllegalError(f"kernel {kop.sym_name.data}: no {target} generator for {kind} kernels")
+    if target in GPU and kind == "attention":
+        sel = _selection(kop)
+        if sel.record.target != target:
+            raise ScheduleIllegalError(f"kernel {kop.sym_name.data} was scheduled for {sel.record.target} "
+                                       f"({sel.record.id}); this pass generates {target} Tile IR")
+        return gpu_attention.generate(kop, sel)
     if kind == "gemm":
         sel = _selection(kop)
         if sel.record.target != target:
@@ -66,7 +73,7 @@ class LowerScheduleToTile(TesseraPass):
     name = "lower-schedule-to-tile"
     kind = "layer-boundary"
     consumes = ("schedule.kernel", "tessera.*")
-    target: str = option("x86", doc="whose generators run: x86 (CPU), rocm or nvidia (GPU: gemm)")
+    target: str = option("x86", doc="whose generators run: x86 (CPU), rocm or nvidia (GPU: gemm, attention)")
 
     @property
     def produces(self) -> tuple[str, ...]:   # type: ignore[override]

@@ -17,7 +17,11 @@ instruction.  With it this module lowers:
   share (16-byte vectors when strides and alignment allow, else elements);
 - ``tile.program_id`` / ``tile.wave_id`` / ``tile.barrier`` / ``tile.alloc``.
 
-Ops with no GPU meaning (``tile.reduce``, ``tile.mask``...) are refused by name.
+- ``tile.mask`` -> a select per item on its coordinates (column bound, causal diagonal);
+- ``tile.reduce`` of a wave's tile in shared memory -> one lane per row folding it, the
+  result a per-wave vector in shared memory read back as a column broadcast.
+
+``tile.splat_index`` is refused by name.
 """
 from __future__ import annotations
 
@@ -29,6 +33,8 @@ from xdsl.dialects.builtin import (
     BFloat16Type,
     Float16Type,
     FloatAttr,
+    IntegerAttr,
+    IntegerType,
     ModuleOp,
     StringAttr,
     VectorType,
@@ -146,6 +152,8 @@ def const_int(v: SSAValue) -> int | None:
 
 
 def elem_bytes(elem: Attribute) -> int:
+    if isinstance(elem, IntegerType) and elem.width.data == 1:
+        return 1                                   # bool masks: one byte per element
     return 2 if isinstance(elem, (Float16Type, BFloat16Type)) else 4
 
 
@@ -334,6 +342,8 @@ class SimtLowerer(OpLowerer):
         b.op(G.StoreOp.create(operands=[value, base, b.c(index)], attributes={"align": i64_attr(align)}))
 
     def fconst(self, b: Builder, value: float, elem: Attribute = f32) -> SSAValue:
+        if isinstance(elem, IntegerType):      # bool masks: the pad of an integer view
+            return b.op(arith.ConstantOp(IntegerAttr(int(value), elem), elem)).results[0]
         return b.op(arith.ConstantOp(FloatAttr(value, elem), elem)).results[0]
 
     def convert(self, b: Builder, v: SSAValue, to: Attribute) -> SSAValue:
@@ -611,17 +621,73 @@ class SimtLowerer(OpLowerer):
             return []
         b.if_(full, whole, edge)
 
-    # ------------------------------------------------------------------ refusals
-    def _refuse(self, op, b) -> None:
-        raise CodegenError(f"{op.name} has no GPU lowering (the GPU lanes generate gemm kernels)")
+    # ------------------------------------------------------------------ row statistics
+    def op_tile_mask(self, op: t.MaskOp, b: Builder) -> None:
+        """Per item: keep it when its column is < cols (and <= its row + diag), else ``pad``."""
+        d = self.vmap[op.input]
+        if not isinstance(d, Dist):
+            raise CodegenError("tile.mask on the GPU masks a tile distributed over the wave")
+        cols = self.scalar(op.cols)
+        diag = self.scalar(op.diag) if op.diag is not None else None
+        pad = self.fconst(b, op.pad.value.data)
+        vals = self.items_of(d, b)
+        kept = []
+        for it, v in zip(d.omap.items, vals):
+            r, c = self.coords(b, it)
+            ok = b.cmp("slt", c, cols)
+            if diag is not None:
+                ok = b.op(arith.AndIOp(ok, b.cmp("sle", c, b.add(r, diag)))).results[0]
+            kept.append(b.select(ok, v, pad))
+        parts, i = [], 0
+        for n in d.omap.parts:
+            parts.append(self.pack(b, kept[i:i + n]))
+            i += n
+        self.vmap[op.result] = Dist(parts, d.omap, d.shape)
 
-    op_tile_reduce = op_tile_mask = op_tile_splat_index = _refuse
+    def op_tile_reduce(self, op: t.ReduceOp, b: Builder) -> None:
+        """A row reduction of a wave's tile in shared memory (``tile.load`` of a view written
+        before a ``tile.barrier``): lane r < R folds row r serially and writes the result to a
+        per-wave R-vector in shared memory; after a barrier the result is that vector, read
+        at the rows of the tile it meets (a column broadcast)."""
+        src = self.vmap[op.input]
+        R, C = op.input.type.dims
+        if ival(op.axis) != 1 or not isinstance(src, Deferred) or src.view.base.type.space.data != self.space:
+            raise CodegenError("tile.reduce on the GPU folds rows (axis 1) of a tile loaded from shared memory")
+        if R > self.wave:
+            raise CodegenError(f"tile.reduce of {R} rows: a wave has {self.wave} lanes (one row each)")
+        vv, kind = src.view, op.kind.data
+        nwaves = self.block // self.wave
+        alloc = t.AllocOp.create(attributes={"size": i64_attr(R * nwaves)},
+                                 result_types=[t.BufferType(f32, StringAttr(self.space))])
+        self.op_tile_alloc(alloc, b)
+        scratch = self.vmap.pop(alloc.result)
+        base = b.mul(self.wave_id, R)
+        lane = b.c(self.lane)
+        init = float("-inf") if kind == "max" else 0.0
+
+        def fold(bt: Builder):
+            def step(bc: Builder, c, acc):
+                x = self.masked_load(bc, vv, lane, c, f32, src.pad)
+                fn = "max" if kind == "max" else "add"
+                return [bc.op(G.MathOp.create(operands=[acc[0], x], attributes={"fn": StringAttr(fn)},
+                                              result_types=[f32])).results[0]]
+            acc = bt.for_(0, C, 1, step, [self.fconst(bt, init)])[0]
+            self.store(bt, acc, scratch, bt.add(base, lane), 4)
+            return []
+        b.if_(b.cmp("slt", lane, R), fold)
+        b.op(G.BarrierOp.create())
+        one, zero = b.c(1), b.c(0)
+        self.vmap[op.result] = Deferred(View(scratch, b.c(base), one, b.c(zero), b.c(R), one, (R, 1), f32, 1, True),
+                                        0.0)
+
+    def op_tile_splat_index(self, op, b) -> None:
+        raise CodegenError(f"{op.name} has no GPU lowering (GPU kernels fold runtime sizes at generation)")
 
 
 # what every GPU tile -> target lowering consumes and produces (a target adds its own ops)
 GPU_CONSUMES = ("tile.alloc", "tile.view", "tile.async_copy", "tile.wait", "tile.barrier", "tile.fragment_zero",
                 "tile.fragment_pack", "tile.mma", "tile.fragment_unpack", "tile.load", "tile.store", "tile.constant",
-                "tile.elementwise", "tile.program_id", "tile.wave_id", "tile.launch")
+                "tile.elementwise", "tile.mask", "tile.reduce", "tile.program_id", "tile.wave_id", "tile.launch")
 GPU_PRODUCES = ("tessera_gpu.thread_id", "tessera_gpu.block_id", "tessera_gpu.shared", "tessera_gpu.load",
                 "tessera_gpu.store", "tessera_gpu.barrier", "tessera_gpu.pack", "tessera_gpu.extract",
                 "tessera_gpu.convert", "tessera_gpu.math", "tessera_gpu.launch")

@@ -508,6 +508,9 @@ class _Lowerer(OpLowerer):
         self.vmap[op.result] = Regs((1, 1), [[sp.result]])
 
     def op_tile_mask(self, op: t.MaskOp, b: Builder) -> None:
+        if op.diag is not None:
+            raise CodegenError("tile.mask with a diagonal (the GPU attention kernel's causal edge) has no x86 "
+                               "lowering: the CPU kernels mask rows one at a time")
         R, C = op.input.type.dims
         src = self._expand(self.get(op.input), R, C)
         cols = self.scalar(op.cols)

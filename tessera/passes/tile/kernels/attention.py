@@ -19,6 +19,8 @@ Everything accumulates in f32; bf16 inputs are converted while packing.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from xdsl.dialects.builtin import FloatAttr, IntegerType, StringAttr, f32
 
 from tessera.ir import dims as D
@@ -34,13 +36,48 @@ from tessera.passes.tile.kernels.rows import broadcast_to
 MAX_HEAD_DIM = 256
 
 
-def generate(kop: s.KernelOp):
+@dataclass
+class AttentionPlan:
+    """What both attention generators (CPU and GPU) read off the kernel's one ``tessera.attention``."""
+
+    op: g.AttentionOp
+    views: dict                      # q, k, v -> StridedView of a kernel input
+    mask_view: object                # StridedView broadcast to [B, H, SQ, SK], or None
+    bool_mask: bool
+    scale: float | None              # None: 1/sqrt(D)
+    causal: bool
+    zero_rows: bool                  # fully-masked rows give 0 (explicit op) rather than NaN (composed form)
+    dims: tuple                      # (B, H, SQ, D), (_, HKV, SK, _), DV
+
+
+def analyse(kop: s.KernelOp) -> AttentionPlan:
     name = kop.sym_name.data
     block = kop.body.block
     att = [o for o in block.ops if isinstance(o, g.AttentionOp)]
     if len(att) != 1 or list(block.last_op.operands) != [att[0].result]:
         raise illegal(name, "an attention kernel holds one tessera.attention")
     op = att[0]
+    qt, kt, vt = op.q.type, op.k.type, op.v.type
+    (B, H, SQ, DH), (_, HKV, SK, _), DV = qt.dims, kt.dims, vt.dims[3]
+    views = {n: trace_view(v, block) for n, v in (("q", op.q), ("k", op.k), ("v", op.v))}
+    if any(v is None for v in views.values()):
+        raise illegal(name, "q, k and v must be kernel inputs seen through reshape/transpose")
+    mask_view = None
+    if op.mask is not None:
+        mv = trace_view(op.mask, block)
+        if mv is None:
+            raise illegal(name, "the mask must be a kernel input")
+        mask_view = broadcast_to(mv, (B, H, SQ, SK))
+    return AttentionPlan(op, views, mask_view, op.mask is not None and isinstance(op.mask.type.element_type,
+                                                                                   IntegerType),
+                         op.scale.value.data if op.scale is not None else None, bool(op.causal.value.data),
+                         op.masked_rows.data == "zero", ((B, H, SQ, DH), (B, HKV, SK, DH), DV))
+
+
+def generate(kop: s.KernelOp):
+    name = kop.sym_name.data
+    plan = analyse(kop)
+    op = plan.op
     if kop.loop_order != ["bh", "q", "kv"]:
         raise illegal(name, f"attention runs loops in order [bh, q, kv], not {kop.loop_order}")
     if kop.parallel.data not in ("bh*q", "none"):
@@ -55,8 +92,8 @@ def generate(kop: s.KernelOp):
     U = kop.unroll.value.data
     if BQ % MR or BKV % NRW:
         raise illegal(name, f"query block {BQ} must be a multiple of MR={MR} and key block {BKV} of NR*W={NRW}")
-    qt, kt, vt = op.q.type, op.k.type, op.v.type
-    (B, H, SQ, DH), (_, HKV, SK, _), DV = qt.dims, kt.dims, vt.dims[3]
+    qt = op.q.type
+    (B, H, SQ, DH), (_, HKV, SK, _), DV = plan.dims
     for d in (DH, DV):
         if isinstance(d, int) and d > MAX_HEAD_DIM:
             raise illegal(name, f"head dims are at most {MAX_HEAD_DIM} (the scratch is sized for it), got {d}")
@@ -64,19 +101,8 @@ def generate(kop: s.KernelOp):
     limits = [f"{d}<={MAX_HEAD_DIM}" for d in (DH, DV) if not isinstance(d, int)]
     DHMAX = DH if isinstance(DH, int) else MAX_HEAD_DIM
     DVMAX = DV if isinstance(DV, int) else MAX_HEAD_DIM
-    views = {n: trace_view(v, block) for n, v in (("q", op.q), ("k", op.k), ("v", op.v))}
-    if any(v is None for v in views.values()):
-        raise illegal(name, "q, k and v must be kernel inputs seen through reshape/transpose")
-    mask_view = None
-    if op.mask is not None:
-        mv = trace_view(op.mask, block)
-        if mv is None:
-            raise illegal(name, "the mask must be a kernel input")
-        mask_view = broadcast_to(mv, (B, H, SQ, SK))
-    bool_mask = op.mask is not None and isinstance(op.mask.type.element_type, IntegerType)
-    scale = op.scale.value.data if op.scale is not None else None  # None: 1/sqrt(D) at run time
-    causal = bool(op.causal.value.data)
-    zero_rows = op.masked_rows.data == "zero"
+    views, mask_view, bool_mask = plan.views, plan.mask_view, plan.bool_mask
+    scale, causal, zero_rows = plan.scale, plan.causal, plan.zero_rows
     elem = qt.element_type
     out_elem = op.result.type.element_type
     Dp = DHMAX  # the k extent of S = Q K^T (panels need no padding along k)
@@ -324,4 +350,4 @@ def _const_row(b: Builder, n: int, value: float):
     return op.result
 
 
-__all__ = ["generate", "D"]
+__all__ = ["AttentionPlan", "analyse", "generate", "D"]
