@@ -33,7 +33,7 @@ def test_bundle_is_complete_and_its_numerics_hold(bundle):
     assert m["arch"] == "sm_90" and {c["kind"] for c in m["cases"]} == {"check", "bench"}
     for c in m["cases"]:
         assert (bundle / c["cubin"]).read_bytes()[:4] == b"\x7fELF"
-        assert c["block"] == [256, 1, 1] and len(c["grid"]) == 3 and c["spill_bytes"] == 0
+        assert c["block"] == [256, 1, 1] and len(c["grid"]) == 3 and c["spill_bytes"] <= 32   # see test_nvidia
     r = _check(bundle)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count(" ok") == sum(c["kind"] == "check" for c in m["cases"])

@@ -37,6 +37,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default=None, help="default: the device's")
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--key-blocks", type=int, nargs="*", default=[32, 128], help="key blocks (tile-n) also timed")
     args = ap.parse_args(argv)
     ok, why = cuda.device_available()
     if not ok:
@@ -46,21 +47,23 @@ def main(argv=None) -> int:
     print(f"device: {why} ({arch}); torch {torch.__version__}")
     print(f"{'case':28} {'tessera ms':>10} {'TFLOP/s':>8} {'torch ms':>9} {'TFLOP/s':>8} {'ratio':>6} {'rel err':>8}")
     failed = 0
-    for seq in (1024, 4096):
-        for causal in (False, True):
+    cases = [(seq, causal, None) for seq in (1024, 4096) for causal in (False, True)]
+    cases += [(4096, False, {"tile_n": kv}) for kv in args.key_blocks]
+    for seq, causal, pins in cases:
+        if True:
             b, h, d = 1, 16, 64
             gen = torch.Generator(device="cuda").manual_seed(seq + causal)
             q, k, v = (torch.randn((b, h, seq, d), device="cuda", dtype=torch.float16, generator=gen)
                        for _ in range(3))
             hq, hk, hv = (x.cpu().numpy() for x in (q, k, v))
             art = ts.compile(lambda q, k, v: ts.ops.attention(q, k, v, causal=causal), hq, hk, hv,
-                             target="nvidia", arch=arch)
+                             target="nvidia", arch=arch, schedule=pins)
             rec = launch_record(art, [hq, hk, hv])
             out = np.zeros(rec["outputs"][0]["shape"], np.dtype(rec["outputs"][0]["dtype"]))
             with cuda.CudaModule(art.binary()) as mod:
-                mod.launch(rec["kernel"], tuple(rec["grid"]), tuple(rec["block"]), 0, [hq, hk, hv, out],
+                mod.launch(rec["kernel"], tuple(rec["grid"]), tuple(rec["block"]), rec["shared"], [hq, hk, hv, out],
                            rec["sizes"], [3])
-                ms = statistics.median(mod.time(rec["kernel"], tuple(rec["grid"]), tuple(rec["block"]), 0,
+                ms = statistics.median(mod.time(rec["kernel"], tuple(rec["grid"]), tuple(rec["block"]), rec["shared"],
                                                 [hq, hk, hv, out], rec["sizes"], repeats=args.repeats, warmup=3))
             ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
                                                                    is_causal=causal).cpu().numpy()
@@ -79,7 +82,7 @@ def main(argv=None) -> int:
                 tms.append(s.elapsed_time(e))
             tt = statistics.median(tms)
             fl = flops(b, h, seq, seq, d, causal)
-            name = f"16x{seq}x{d} f16 {'causal' if causal else 'full'}"
+            name = f"16x{seq}x{d} f16 {'causal' if causal else 'full'}" + (f" kv{pins['tile_n']}" if pins else "")
             print(f"{name:28} {ms:10.3f} {fl / ms / 1e9:8.1f} {tt:9.3f} {fl / tt / 1e9:8.1f} {tt / ms:6.3f} "
                   f"{err:8.1e}")
     return 1 if failed else 0

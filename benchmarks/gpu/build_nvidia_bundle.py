@@ -27,6 +27,14 @@ from tessera.runtime.cpu import _eval, bind_symbols  # noqa: E402
 DT = {"f16": np.float16, "bf16": ml_dtypes.bfloat16}
 
 
+# schedule pins timed by --sweep (block tiles, k-block, staging depth, warp tiles)
+SWEEP = [{"staging": 3}, {"staging": 4}, {"tile_k": 64}, {"tile_k": 64, "staging": 3},
+         {"register_tile": (2, 4)}, {"register_tile": (4, 2)}, {"tile_m": 64, "register_tile": (2, 4)},
+         {"tile_n": 64, "register_tile": (4, 2)}, {"tile_m": 64, "tile_n": 64, "register_tile": (2, 2)},
+         {"register_tile": (2, 4), "staging": 3}, {"register_tile": (4, 2), "staging": 3},
+         {"register_tile": (2, 4), "staging": 4}, {"register_tile": (2, 4), "tile_k": 64, "staging": 3}]
+
+
 def gemm(a, b):
     return a @ b                                  # f16/bf16 out, f32 accumulation (what torch.matmul does)
 
@@ -45,7 +53,7 @@ def launch_record(art, arrays) -> dict:
     outs = [{"shape": [_eval(d, env) for d in t.dims], "dtype": t.np_dtype.name} for t in s.out_types]
     abi = art.abi()[0]
     return {"kernel": s.kernel, "grid": [D.evaluate_extent(e, env) for e in s.grid], "block": [s.block, 1, 1],
-            "shared": 0, "sizes": [_eval(d, env) for d in s.dims], "outputs": outs, "abi": abi,
+            "shared": abi["shared_bytes"], "sizes": [_eval(d, env) for d in s.dims], "outputs": outs, "abi": abi,
             "registers": art.report().kernels[0].get("registers"),
             "spill_bytes": art.report().kernels[0].get("spill_stores", 0)}
 
@@ -55,6 +63,7 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "gpu" / "bundle"))
     ap.add_argument("--size", type=int, default=4096, help="M = N = K of the timed GEMMs")
+    ap.add_argument("--sweep", action="store_true", help="also time f16 GEMMs under the schedule pins in SWEEP")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -85,6 +94,19 @@ def main(argv=None) -> int:
         name = f"bench_{dtype}_{s}"
         (out / f"{name}.cubin").write_bytes(art.binary())
         cases.append({"name": name, "kind": "bench", "cubin": f"{name}.cubin", "dtype": dtype, "m": s, "n": s, "k": s,
+                      "flops": 2 * s ** 3, **launch_record(art, [a, a])})
+    for pins in SWEEP if args.sweep else ():
+        s = args.size
+        a = np.zeros((s, s), DT["f16"])
+        try:
+            art = ts.compile(gemm, a, a, target="nvidia", arch=args.arch, schedule=pins)
+        except ts.TesseraError as e:
+            print(f"sweep {pins}: {e.code}")
+            continue
+        name = "bench_f16_" + "_".join(f"{k}{'x'.join(map(str, v)) if isinstance(v, tuple) else v}"
+                                       for k, v in pins.items())
+        (out / f"{name}.cubin").write_bytes(art.binary())
+        cases.append({"name": name, "kind": "bench", "cubin": f"{name}.cubin", "dtype": "f16", "m": s, "n": s, "k": s,
                       "flops": 2 * s ** 3, **launch_record(art, [a, a])})
     manifest = {"arch": args.arch, "built_with": "tessera.compile(target='nvidia')", "cases": cases}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))

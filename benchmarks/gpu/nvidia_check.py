@@ -93,8 +93,10 @@ def bench(bundle: Path, case: dict, cuda, repeats: int) -> dict:
         ha, hb = _f32_to_bf16_bits(ha), _f32_to_bf16_bits(hb)
     out = np.zeros((m, n), np.uint16 if case["dtype"] == "bf16" else np.float16)
     with cuda.CudaModule((bundle / case["cubin"]).read_bytes()) as mod:
-        mod.launch(case["kernel"], tuple(case["grid"]), tuple(case["block"]), 0, [ha, hb, out], case["sizes"], [2])
-        ms = mod.time(case["kernel"], tuple(case["grid"]), tuple(case["block"]), 0, [ha, hb, out], case["sizes"],
+        mod.launch(case["kernel"], tuple(case["grid"]), tuple(case["block"]), case["shared"], [ha, hb, out],
+                   case["sizes"], [2])
+        ms = mod.time(case["kernel"], tuple(case["grid"]), tuple(case["block"]), case["shared"], [ha, hb, out],
+                      case["sizes"],
                       repeats=repeats, warmup=5)
     ref = (a.float() @ b.float()).cpu().numpy()
     got = _bf16_to_f32(out) if case["dtype"] == "bf16" else out.astype(np.float32)

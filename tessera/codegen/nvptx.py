@@ -3,7 +3,7 @@
 Kernels use the ``ptx_kernel`` calling convention; ``tessera_nvidia.mma_sync`` becomes
 the ``llvm.nvvm.mma.*`` intrinsic of the selector's record (bf16 registers go as
 i32), ``ldmatrix`` / ``cp_async`` / ``cp_async_commit`` / ``cp_async_wait`` their NVVM
-intrinsics.  Every ``mma_sync`` is checked against the selector's table for the arch
+intrinsics; shared memory is the launch's dynamic shared memory.  Every ``mma_sync`` is checked against the selector's table for the arch
 before LLVM sees it (bf16 on sm_75 is a ``MmaSelectorError`` here).  The PTX version is
 the highest any used record needs on the arch (``+ptxNN``); PTX comes from LLVM's
 NVPTX backend (in a subprocess), the cubin and the per-kernel registers / shared
@@ -49,6 +49,17 @@ class NvptxFn(GpuFn):
     def setup(self, fn) -> None:
         super().setup(fn)
         self.f.calling_convention = "ptx_kernel"
+
+    def shared_base(self) -> ir.Value:
+        """Dynamic shared memory (``.extern .shared``): the launch passes the kernel's size, so a
+        workgroup may use more than the 48 KB a static array is limited to."""
+        if self._lds is None:
+            g = ir.GlobalVariable(self.gen.m, ir.ArrayType(ir.IntType(8), 0), f"{self.f.name}_dynsmem", addrspace=3)
+            g.linkage = "external"
+            g.align = 16
+            g.type = ir.PointerType(addrspace=3)
+            self._lds = g
+        return self._lds
 
     def target_thread_id(self):
         return self.b.call(self.gen.intrinsic("llvm.nvvm.read.ptx.sreg.tid.x", I32, []), [])
@@ -124,7 +135,17 @@ class PtxBuild:
     cubin: ptx_tools.Cubin
 
 
-def build(llvm_ir: str, arch: str, records: list[str] | None = None) -> PtxBuild:
+REGISTER_FILE = 65536      # 32-bit registers per multiprocessor (sm_75 .. sm_120)
+
+
+def register_cap(threads: int) -> int:
+    """Registers per thread at which one workgroup of ``threads`` still fits the register file
+    (allocated per warp in units of 256, i.e. 8 per thread); ptxas spills rather than exceed it,
+    instead of the launch failing with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES."""
+    return max(16, min(255, REGISTER_FILE // max(threads, 1) // 8 * 8))
+
+
+def build(llvm_ir: str, arch: str, records: list[str] | None = None, max_threads: int = 0) -> PtxBuild:
     import re
     used = records if records is not None else []
     major, minor = ptx_version_for(arch, used)
@@ -133,4 +154,5 @@ def build(llvm_ir: str, arch: str, records: list[str] | None = None) -> PtxBuild
     ptx = oc.asm or ""
     if arch == "sm_90a":   # LLVM's sm_90a target spells the PTX target as sm_90a already; keep it
         ptx = re.sub(r"\.target sm_90\b", ".target sm_90a", ptx)
-    return PtxBuild(arch, ptx, f"{major}.{minor}", ptx_tools.assemble(ptx, arch))
+    options = [f"-maxrregcount={register_cap(max_threads)}"] if max_threads else []
+    return PtxBuild(arch, ptx, f"{major}.{minor}", ptx_tools.assemble(ptx, arch, options=options))

@@ -58,14 +58,16 @@ def _nvidia(module: ModuleOp, arch: str) -> dict:
     t0 = time.perf_counter()
     llvm_ir, abis, records = nvptx.translate(module, arch)
     t1 = time.perf_counter()
-    out = nvptx.build(llvm_ir, arch, records)
+    out = nvptx.build(llvm_ir, arch, records, max_threads=max((a["block"][0] for a in abis), default=0))
     t2 = time.perf_counter()
     resources = {}
     for abi in abis:
         r = out.cubin.resources.get(abi["symbol"])
         if r is None:
             raise CodegenError(f"ptxas reported no kernel {abi['symbol']}")
-        resources[abi["symbol"]] = {"registers": r.registers, "smem_bytes": r.shared_bytes,
+        # shared memory is dynamic (sized by the launch): ptxas counts only static shared memory
+        resources[abi["symbol"]] = {"registers": r.registers, "smem_bytes": abi["shared_bytes"],
+                                    "static_smem_bytes": r.shared_bytes,
                                     "spill_stores": r.spill_stores, "spill_loads": r.spill_loads,
                                     "stack_bytes": r.stack_bytes}
         abi["ptx_version"] = out.ptx_version

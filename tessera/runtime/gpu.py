@@ -67,10 +67,11 @@ class GpuExecutable:
                 if dev is not None and dev.rstrip("a") != self.arch.rstrip("a"):
                     raise LaneUnavailableError(f"this code is for {self.arch}; the CUDA device is {dev}")
                 module = cuda.CudaModule(self.binary)
+                shared = {a["symbol"]: a["shared_bytes"] for a in self.abis}   # dynamic shared memory
 
                 def launch(s, grid, bufs, sizes, nin):
-                    module.launch(s.kernel, grid, (s.block, 1, 1), 0, [np.ascontiguousarray(b) for b in bufs],
-                                  sizes, list(range(nin, len(bufs))))
+                    module.launch(s.kernel, grid, (s.block, 1, 1), shared.get(s.kernel, 0),
+                                  [np.ascontiguousarray(b) for b in bufs], sizes, list(range(nin, len(bufs))))
                 try:
                     return self._steps(arrays, env, launch)
                 finally:

@@ -37,6 +37,8 @@ def gpu_md() -> str:
         out += ["No GPU run has been recorded yet.", ""]
     for run in runs:
         out += [f"## {run.name}", ""]
+        if (run / "notes.md").exists():
+            out += [(run / "notes.md").read_text().strip(), ""]
         for fname, title in SECTIONS:
             f = run / fname
             if not f.exists():

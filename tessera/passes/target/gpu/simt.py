@@ -57,13 +57,15 @@ Idx = SSAValue | int
 @dataclass(frozen=True)
 class Item:
     """One register item of a lane: element (rbase + rdelta, cbase + cdelta); ``calign``
-    says cbase is a multiple of it (so a run starting there may be loaded as a vector)."""
+    (``ralign``) says cbase (rbase) is a multiple of it, so a run of columns (of rows, in a
+    transposed view) starting there may be loaded as a vector."""
 
     rbase: Idx
     rdelta: int
     cbase: Idx
     cdelta: int
     calign: int = 1
+    ralign: int = 1
 
 
 @dataclass
@@ -112,7 +114,7 @@ class View:
     cols: SSAValue
     shape: tuple[int, int]
     elem: Attribute
-    align: int          # elements: off and rs are multiples of it
+    align: int          # elements: off and the outer stride (rs, or cs when rs == 1) are multiples of it
     full: bool          # the valid extent is statically the whole view
 
 
@@ -403,6 +405,7 @@ class SimtLowerer(OpLowerer):
         """The items of ``omap`` read from the view, one value per register part."""
         parts = []
         cs1 = const_int(vv.cs) == 1
+        rs1 = const_int(vv.rs) == 1     # a transposed view (K^T read from K's rows)
         esize = elem_bytes(vv.elem)
         for lo, hi in omap.part_slices():
             items = omap.items[lo:hi]
@@ -415,10 +418,15 @@ class SimtLowerer(OpLowerer):
                     while (j < len(items) and items[j].rbase is it.rbase and items[j].rdelta == it.rdelta
                            and items[j].cbase is it.cbase and items[j].cdelta == items[j - 1].cdelta + 1):
                         j += 1
+                elif vv.full and rs1:  # a run of consecutive rows in one column: also contiguous
+                    while (j < len(items) and items[j].cbase is it.cbase and items[j].cdelta == it.cdelta
+                           and items[j].rbase is it.rbase and items[j].rdelta == items[j - 1].rdelta + 1):
+                        j += 1
                 n = j - i
                 r, c = self.coords(b, it)
                 if n > 1:
-                    el_align = gcd(gcd(vv.align, it.calign), it.cdelta) if it.cdelta else gcd(vv.align, it.calign)
+                    base_align, delta = (it.calign, it.cdelta) if cs1 else (it.ralign, it.rdelta)
+                    el_align = gcd(gcd(vv.align, base_align), delta) if delta else gcd(vv.align, base_align)
                     align = min(_pow2_floor(el_align * esize) if el_align else esize, _pow2_floor(n * esize))
                     v = self.load(b, vv.base, self.address(b, vv, r, c), vec(vv.elem, n), max(align, esize))
                     v = self.convert(b, v, to)

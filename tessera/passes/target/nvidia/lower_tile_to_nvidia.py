@@ -64,10 +64,10 @@ class MmaSyncMap(LaneMap):
         if self.k == 16:
             self.a = OperandMap([Item(g, 8 * ((i // 2) % 2), t2, i % 2 + 8 * (i // 4), 2) for i in range(8)],
                                 [2, 2, 2, 2])
-            self.b = OperandMap([Item(t2, i % 2 + 8 * (i // 2), g, 0) for i in range(4)], [2, 2])
+            self.b = OperandMap([Item(t2, i % 2 + 8 * (i // 2), g, 0, 1, 2) for i in range(4)], [2, 2])
         else:
             self.a = OperandMap([Item(g, 8 * (i // 2), t2, i % 2, 2) for i in range(4)], [2, 2])
-            self.b = OperandMap([Item(t2, i, g, 0) for i in range(2)], [2])
+            self.b = OperandMap([Item(t2, i, g, 0, 1, 2) for i in range(2)], [2])
         self.c = OperandMap([Item(g, 8 * (i // 2), t2, i % 2, 2) for i in range(4)], [1, 1, 1, 1])
 
     def emit_mma(self, b: Builder, ft: t.FragmentType, a, bb, c):
@@ -113,12 +113,20 @@ class NvidiaLowerer(SimtLowerer):
     def pack_operand(self, b: Builder, vv: View, omap: OperandMap, ft: t.FragmentType) -> list[SSAValue]:
         role = ft.role.data
         m, n, k = ft.mnk
-        usable = (vv.base.type.space.data == "smem" and vv.full and const_int(vv.cs) == 1 and vv.align % 8 == 0
-                  and elem_bytes(vv.elem) == 2)
-        if not usable:
+        in_smem = vv.base.type.space.data == "smem" and vv.full and vv.align % 8 == 0 and elem_bytes(vv.elem) == 2
+        transposed = role == "b" and const_int(vv.rs) == 1 and (const_int(vv.cs) or 1) % 8 == 0
+        if not in_smem or not (const_int(vv.cs) == 1 or transposed):
             return super().pack_operand(b, vv, omap, ft)
         lane = b.c(self.lane)
         r8 = b.rem(lane, 8)
+        if transposed:        # B = K^T with K's rows in shared memory: B's columns are rows there, so
+            num = 2 if k == 16 else 1    # ldmatrix without .trans gives B's fragment (k 0-7 | 8-15)
+            n_row = r8
+            k_col = b.mul(b.rem(b.div(lane, 8), 2), 8) if k == 16 else 0
+            idx = b.add(vv.off, b.add(b.mul(n_row, vv.cs), k_col))
+            op = NV.LdmatrixOp.create(operands=[vv.base, b.c(idx)], result_types=[vec(vv.elem, 2)] * num)
+            b.op(op)
+            return list(op.results)
         if role == "a":       # 16 x k row-major: matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15)
             num = 4 if k == 16 else 2
             row = b.add(r8, b.mul(b.rem(b.div(lane, 8), 2), 8))

@@ -79,7 +79,7 @@ class Wmma11(_RocmMap):
     def build(self, b: Builder, lane: SSAValue) -> None:
         l16, half = lane_split(b, lane, 16)
         self.a = OperandMap([Item(l16, 0, 0, e, 16) for e in range(16)], [16])
-        self.b = OperandMap([Item(0, e, l16, 0) for e in range(16)], [16])
+        self.b = OperandMap([Item(0, e, l16, 0, 1, 16) for e in range(16)], [16])
         self.c = OperandMap([Item(half, 2 * v, l16, 0) for v in range(8)], [8])
 
 
@@ -90,7 +90,7 @@ class Wmma12(_RocmMap):
         l16, half = lane_split(b, lane, 16)
         k0 = b.mul(half, 8)
         self.a = OperandMap([Item(l16, 0, k0, e, 8) for e in range(8)], [8])
-        self.b = OperandMap([Item(k0, e, l16, 0) for e in range(8)], [8])
+        self.b = OperandMap([Item(k0, e, l16, 0, 1, 8) for e in range(8)], [8])
         self.c = OperandMap([Item(k0, v, l16, 0) for v in range(8)], [8])
 
 
@@ -101,7 +101,7 @@ class Mfma16(_RocmMap):
         l16, quad = lane_split(b, lane, 16)
         k0 = b.mul(quad, 4)
         self.a = OperandMap([Item(l16, 0, k0, e, 4) for e in range(4)], [4])
-        self.b = OperandMap([Item(k0, e, l16, 0) for e in range(4)], [4])
+        self.b = OperandMap([Item(k0, e, l16, 0, 1, 4) for e in range(4)], [4])
         self.c = OperandMap([Item(k0, v, l16, 0) for v in range(4)], [4])
 
 
@@ -112,7 +112,7 @@ class Mfma32(_RocmMap):
         l32, half = lane_split(b, lane, 32)
         k0 = b.mul(half, 4)
         self.a = OperandMap([Item(l32, 0, k0, e, 4) for e in range(4)], [4])
-        self.b = OperandMap([Item(k0, e, l32, 0) for e in range(4)], [4])
+        self.b = OperandMap([Item(k0, e, l32, 0, 1, 4) for e in range(4)], [4])
         self.c = OperandMap([Item(k0, 8 * (v // 4) + v % 4, l32, 0) for v in range(16)], [16])
 
 

@@ -165,7 +165,7 @@ def generate(kop: s.KernelOp, sel: MmaSelection):
         for jt in range(BKV // in_):
             acc = bb.op(t.FragmentZeroOp.create(result_types=[frag_c])).results[0]
             for kk in range(nkk):         # K^T as B: element (d, j) of K at s_k[j * PK + d]
-                kt = view(bb, s_k, elem, space, (ik, in_), jt * in_ * PK + kk * ik, 1, PK, ik, in_)
+                kt = view(bb, s_k, elem, space, (ik, in_), jt * in_ * PK + kk * ik, 1, PK, ik, in_, align=PAD)
                 acc = bb.op(t.MmaOp.create(operands=[qa[kk], frag(bb, kt, frag_b), acc],
                                            result_types=[frag_c])).results[0]
             x = bb.op(t.FragmentUnpackOp.create(operands=[acc], result_types=[ctile])).results[0]
