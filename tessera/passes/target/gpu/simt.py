@@ -673,13 +673,24 @@ class SimtLowerer(OpLowerer):
         lane = b.c(self.lane)
         init = float("-inf") if kind == "max" else 0.0
 
+        fn = StringAttr("max" if kind == "max" else "add")
+
+        def combine(bc: Builder, x, y):
+            return bc.op(G.MathOp.create(operands=[x, y], attributes={"fn": fn}, result_types=[x.type])).results[0]
+
         def fold(bt: Builder):
-            def step(bc: Builder, c, acc):
-                x = self.masked_load(bc, vv, lane, c, f32, src.pad)
-                fn = "max" if kind == "max" else "add"
-                return [bc.op(G.MathOp.create(operands=[acc[0], x], attributes={"fn": StringAttr(fn)},
-                                              result_types=[f32])).results[0]]
-            acc = bt.for_(0, C, 1, step, [self.fconst(bt, init)])[0]
+            if vv.full and const_int(vv.cs) == 1 and C % 4 == 0 and vv.align % 4 == 0:
+                # the row is contiguous and 16-byte aligned: 16-byte loads, four partial results
+                # folded once at the end (independent loads instead of a serial chain)
+                acc = self.pack(bt, [self.fconst(bt, init)] * 4)
+                for c0 in range(0, C, 4):
+                    acc = combine(bt, acc, self.load(bt, vv.base, self.address(bt, vv, lane, c0), vec(f32, 4), 16))
+                lanes = [self.extract(bt, acc, i) for i in range(4)]
+                acc = combine(bt, combine(bt, lanes[0], lanes[1]), combine(bt, lanes[2], lanes[3]))
+            else:
+                acc = bt.for_(0, C, 1, lambda bc, c, a: [combine(bc, a[0], self.masked_load(bc, vv, lane, c, f32,
+                                                                                             src.pad))],
+                              [self.fconst(bt, init)])[0]
             self.store(bt, acc, scratch, bt.add(base, lane), 4)
             return []
         b.if_(b.cmp("slt", lane, R), fold)

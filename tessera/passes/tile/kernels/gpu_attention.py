@@ -189,7 +189,7 @@ def generate(kop: s.KernelOp, sel: MmaSelection):
                                                      im, in_)]))
             xs.append(x)
         bb.op(t.BarrierOp.create())
-        s_tile = view(bb, s_s, f32, space, (im, BKV), s_off, BKV, 1, im, BKV)
+        s_tile = view(bb, s_s, f32, space, (im, BKV), s_off, BKV, 1, im, BKV, align=4)
 
         def row_reduce(kind: str, pad: float):
             ld = bb.op(t.LoadOp.create(operands=[s_tile], attributes={"pad": FloatAttr(pad, f32)} if pad else {},
