@@ -316,7 +316,7 @@ def main(args) -> int:
             rows.append(run_workload(f"{kind.replace('_', ' ')} 16x{seq}x64", kind, [q, k, v],
                                      flops / (2 if kind.endswith("causal") else 1), "GFLOP/s", None, peers,
                                      use_compile=seq == 1024))
-    host_info = {"cpu": platform.processor() or platform.machine(), "usable_cpus": host.usable_cpus(),
+    host_info = {"cpu": cpu_description(), "usable_cpus": host.usable_cpus(),
                  "fma_peak_1t": one["fma_peak_1t"], "fma_peak_all": fma_peak(host.usable_cpus()),
                  "vdpbf16ps_peak_all": fma_peak(host.usable_cpus(), bf16=True), **bandwidth()}
     host_info["compile"] = compile_times()
@@ -328,6 +328,23 @@ def main(args) -> int:
         (root / "docs" / "benchmarks.md").write_text(text)
         print("wrote docs/benchmarks.md")
     return 0
+
+
+def cpu_description() -> str:
+    """The model name, LLVM's name for it, and the matrix units a peer library may use (AMX)."""
+    import llvmlite.binding as llvm
+    model, flags = platform.processor() or platform.machine(), []
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model in ("", platform.machine(), platform.processor()):
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = line.split(":", 1)[1].split()
+                break
+    except OSError:
+        pass
+    amx = [f for f in ("amx_bf16", "amx_int8") if f in flags]
+    return f"{model} (LLVM: {llvm.get_host_cpu_name()}{'; ' + ', '.join(amx) if amx else ''})"
 
 
 def compile_times() -> dict:
