@@ -157,3 +157,10 @@ def elementwise(b: Builder, fn: str, operands: Sequence[SSAValue]) -> SSAValue:
 
 def illegal(kernel: str, what: str) -> ScheduleIllegalError:
     return ScheduleIllegalError(f"schedule.kernel @{kernel}: {what}")
+
+
+def gpu_ids(b: Builder) -> tuple[SSAValue, SSAValue, SSAValue, SSAValue]:
+    """A GPU kernel's ``tile.program_id`` on axes 0, 1, 2 and its ``tile.wave_id``."""
+    ids = [b.op(t.ProgramIdOp.create(result_types=[INDEX], attributes={"axis": i64_attr(a)})).results[0]
+           for a in range(3)]
+    return ids[0], ids[1], ids[2], b.op(t.WaveIdOp.create(result_types=[INDEX])).results[0]

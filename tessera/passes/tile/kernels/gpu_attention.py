@@ -34,10 +34,10 @@ from tessera.ir import dims as D
 from tessera.ir import schedule as s
 from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr, int_array, str_array
-from tessera.ir.builder import INDEX, Builder
+from tessera.ir.builder import Builder
 from tessera.mma.selector import MmaSelection
 from tessera.passes.tile.kernels.attention import MAX_HEAD_DIM, analyse
-from tessera.passes.tile.kernels.common import KernelSig, elementwise, illegal, tile_const
+from tessera.passes.tile.kernels.common import KernelSig, elementwise, gpu_ids, illegal, tile_const
 from tessera.passes.tile.kernels.gemm import view
 
 PAD = 8  # elements of padding per shared-memory row
@@ -93,15 +93,7 @@ def generate(kop: s.KernelOp, sel: MmaSelection):
     buf = kf.buffer_args
     nB, nH, nHKV, nSQ, nSK = (kf.size(d) for d in (B, H, HKV, SQ, SK))
 
-    def op1(bb: Builder, cls, result_type, **attrs) -> SSAValue:
-        o = cls.create(result_types=[result_type], attributes=attrs)
-        bb.op(o)
-        return o.results[0]
-
-    qb = op1(b, t.ProgramIdOp, INDEX, axis=i64_attr(0))
-    h = op1(b, t.ProgramIdOp, INDEX, axis=i64_attr(1))
-    bidx = op1(b, t.ProgramIdOp, INDEX, axis=i64_attr(2))
-    w = op1(b, t.WaveIdOp, INDEX)
+    qb, h, bidx, w = gpu_ids(b)
     kvh = b.div(h, b.max(b.div(nH, b.max(nHKV, 1)), 1))
     q0 = b.mul(qb, BQ)
     row0 = b.add(q0, b.mul(w, im))             # this wave's first query row
@@ -160,7 +152,6 @@ def generate(kop: s.KernelOp, sel: MmaSelection):
         toks = [copy(bb, buf[kv_.arg], ks, DP, s_k, PK, j0), copy(bb, buf[vv.arg], vs, DVP, s_v, PV, j0)]
         bb.op(t.WaitOp.create(operands=toks, attributes={"outstanding": i64_attr(0)}))
         bb.op(t.BarrierOp.create())
-        nk = bb.sub(nSK, j0)
         xs = []
         for jt in range(BKV // in_):
             acc = bb.op(t.FragmentZeroOp.create(result_types=[frag_c])).results[0]

@@ -31,7 +31,7 @@ from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr, int_array, str_array
 from tessera.ir.builder import Builder
 from tessera.mma.selector import MmaSelection
-from tessera.passes.tile.kernels.common import KernelSig, illegal
+from tessera.passes.tile.kernels.common import KernelSig, gpu_ids, illegal
 from tessera.passes.tile.kernels.gemm import GemmPlan, apply_epilogue, batch_offset_of, register_sizes, view
 
 PAD = 8  # elements of padding per shared-memory row (16 bytes: rows start in different banks)
@@ -70,16 +70,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
     sAm, sAk = kf.size(plan.a.strides[-2]), kf.size(plan.a.strides[-1])
     sBk, sBn = kf.size(plan.b.strides[-2]), kf.size(plan.b.strides[-1])
 
-    def op1(bb: Builder, cls, result_type, **attrs) -> SSAValue:
-        o = cls.create(result_types=[result_type], attributes=attrs)
-        bb.op(o)
-        return o.results[0]
-
-    from tessera.ir.builder import INDEX
-    bx = op1(b, t.ProgramIdOp, INDEX, axis=i64_attr(0))
-    by = op1(b, t.ProgramIdOp, INDEX, axis=i64_attr(1))
-    bz = op1(b, t.ProgramIdOp, INDEX, axis=i64_attr(2))
-    w = op1(b, t.WaveIdOp, INDEX)
+    bx, by, bz, w = gpu_ids(b)
     wm, wn = b.div(w, WN), b.rem(w, WN)
     m0, n0 = b.mul(by, BM), b.mul(bx, BN)
     lds_a = kf.alloc(b, S * BM * PA, in_elem, space)
