@@ -134,8 +134,7 @@ class GpuFn(FnCodegen):
         args = [self.v(a) for a in op.inputs]
         ty = args[0].type
         b = self.b
-        zero = ir.Constant(ty, 0.0) if not isinstance(ty, ir.VectorType) else ir.Constant(ty, [0.0] * ty.count)
-        one = ir.Constant(ty, 1.0) if not isinstance(ty, ir.VectorType) else ir.Constant(ty, [1.0] * ty.count)
+        zero, one = _splat(ty, 0.0), _splat(ty, 1.0)
         if fn in ("add", "sub", "mul", "div"):
             r = getattr(b, {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv"}[fn])(*args)
         elif fn in ("max", "min"):

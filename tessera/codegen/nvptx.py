@@ -3,8 +3,8 @@
 Kernels use the ``ptx_kernel`` calling convention; ``tessera_nvidia.mma_sync`` becomes
 the ``llvm.nvvm.mma.*`` intrinsic of the selector's record (bf16 registers go as
 i32), ``ldmatrix`` / ``cp_async`` / ``cp_async_commit`` / ``cp_async_wait`` their NVVM
-intrinsics; shared memory is the launch's dynamic shared memory.  Every ``mma_sync`` is checked against the selector's table for the arch
-before LLVM sees it (bf16 on sm_75 is a ``MmaSelectorError`` here).  The PTX version is
+intrinsics; shared memory is the launch's dynamic shared memory.  Every ``mma_sync`` is
+checked against the selector's table for the arch before LLVM sees it (bf16 on sm_75 is a ``MmaSelectorError`` here).  The PTX version is
 the highest any used record needs on the arch (``+ptxNN``); PTX comes from LLVM's
 NVPTX backend (in a subprocess), the cubin and the per-kernel registers / shared
 memory / spills from ``ptxas -arch=<sm> -v``.

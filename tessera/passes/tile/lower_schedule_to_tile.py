@@ -43,17 +43,13 @@ def generate(kop: s.KernelOp, target: str = "x86"):
     kind = kop.kind.data
     if target in GPU and kind not in ("gemm", "attention"):
         raise ScheduleIllegalError(f"kernel {kop.sym_name.data}: no {target} generator for {kind} kernels")
-    if target in GPU and kind == "attention":
+    if kind == "gemm" or target in GPU:     # kernels whose instruction record names their target
         sel = _selection(kop)
         if sel.record.target != target:
             raise ScheduleIllegalError(f"kernel {kop.sym_name.data} was scheduled for {sel.record.target} "
                                        f"({sel.record.id}); this pass generates {target} Tile IR")
-        return gpu_attention.generate(kop, sel)
-    if kind == "gemm":
-        sel = _selection(kop)
-        if sel.record.target != target:
-            raise ScheduleIllegalError(f"kernel {kop.sym_name.data} was scheduled for {sel.record.target} "
-                                       f"({sel.record.id}); this pass generates {target} Tile IR")
+        if kind == "attention":
+            return gpu_attention.generate(kop, sel)
         plan = gemm.analyse(kop)
         if target in GPU:
             return gpu_gemm.generate(kop, plan, sel)

@@ -91,7 +91,7 @@ def generate(kop: s.KernelOp, sel: MmaSelection):
     kf = sig.build()
     b = kf.b
     buf = kf.buffer_args
-    nB, nH, nHKV, nSQ, nSK = (kf.size(d) for d in (B, H, HKV, SQ, SK))
+    _, nH, nHKV, nSQ, nSK = (kf.size(d) for d in (B, H, HKV, SQ, SK))   # B only sizes the grid
 
     qb, h, bidx, w = gpu_ids(b)
     kvh = b.div(h, b.max(b.div(nH, b.max(nHKV, 1)), 1))
