@@ -3,12 +3,16 @@
 - usable CPUs: the process's affinity mask, capped by a cgroup v2/v1 CPU quota —
   not the machine's core count;
 - cache sizes from sysfs (per level, data/unified);
-- memory this process may still use: MemAvailable, capped by the cgroup limit.
+- memory this process may still use: MemAvailable, capped by the cgroup limit;
+- whether Linux grants this process the AMX tile-data state (asked for once).
 """
 from __future__ import annotations
 
+import ctypes
 import math
 import os
+import platform
+import sys
 from functools import lru_cache
 from pathlib import Path
 
@@ -84,3 +88,19 @@ def memory_available() -> int:
         if room < (1 << 60):
             avail = room if avail is None else min(avail, room)
     return avail if avail is not None else 1 << 62
+
+
+_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
+
+
+@lru_cache(maxsize=1)
+def amx_refusal() -> str | None:
+    """Ask Linux for the AMX tile-data state for this process (every thread of it), once.
+    None when granted; otherwise why not.  Without it the first AMX instruction is SIGILL."""
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        return f"AMX tile state is requested through Linux x86-64 arch_prctl; this is {sys.platform} {platform.machine()}"
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) != 0:
+        err = ctypes.get_errno()
+        return f"Linux refused the AMX tile-data state (arch_prctl ARCH_REQ_XCOMP_PERM: {os.strerror(err)})"
+    return None

@@ -171,7 +171,12 @@ SAMPLES: dict[str, str] = {
   %ls = tessera_x86.vlaneselect %l, %z count %n : vector<16xf32>
   %tr:2 = tessera_x86.vtranspose %l, %z : vector<16xf32>, vector<16xf32> -> vector<16xf32>, vector<16xf32>
   %w = tessera_x86.workspace %p[64] 
+  %t0 = tessera_x86.tzero : !tessera_x86.amx
+  %ta = tessera_x86.tload %p[%o] stride %n {elem_bytes = 2 : i64} : !tessera_x86.amx
+  %tc = tessera_x86.tdp "tdpbf16ps" %ta, %ta, %t0 : !tessera_x86.amx
+  tessera_x86.tstore %tc, %p[%o] stride %n {elem_bytes = 4 : i64} : !tessera_x86.amx
   func.return"""),
+    "tessera_x86.tzero": None, "tessera_x86.tload": None, "tessera_x86.tdp": None, "tessera_x86.tstore": None,
     "tessera_x86.vconstant": None, "tessera_x86.vsplat": None, "tessera_x86.vbroadcast": None,
     "tessera_x86.vload": None, "tessera_x86.vstore": None, "tessera_x86.load": None, "tessera_x86.store": None,
     "tessera_x86.vfma": None, "tessera_x86.vdpbf16ps": None, "tessera_x86.vbinary": None,

@@ -42,6 +42,20 @@ class _BFloat(ir.types._BaseFloatType):  # llvmlite.ir has no bfloat type
 
 _BFloat._create_instance()
 BF16 = _BFloat()
+
+
+class _X86Amx(ir.Type):  # nor an x86_amx (one AMX tile register) type
+    def _to_string(self) -> str:
+        return "x86_amx"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _X86Amx)
+
+    def __hash__(self) -> int:
+        return hash("x86_amx")
+
+
+X86_AMX = _X86Amx()
 F32, F16, F64 = ir.FloatType(), ir.HalfType(), ir.DoubleType()
 I64, I32, I16, I8, I1 = ir.IntType(64), ir.IntType(32), ir.IntType(16), ir.IntType(8), ir.IntType(1)
 PTR = ir.PointerType()
@@ -51,9 +65,12 @@ ADDRSPACE = {"global": 1, "lds": 3, "smem": 3}
 
 
 def llvm_type(t: Attribute) -> ir.Type:
+    from tessera.ir.target.x86 import AmxTileType
     from tessera.ir.tile import BufferType
     if isinstance(t, BufferType):
         return ir.PointerType(addrspace=ADDRSPACE.get(t.space.data, 0))
+    if isinstance(t, AmxTileType):
+        return X86_AMX
     if isinstance(t, IndexType):
         return I64
     if isinstance(t, IntegerType):

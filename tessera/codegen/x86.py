@@ -23,6 +23,7 @@ from tessera.codegen.llvm_common import (  # noqa: F401  (BF16, llvm_type: re-ex
     I32,
     I64,
     PTR,
+    X86_AMX,
     FnCodegen,
     ModuleCodegen,
     _bytes,
@@ -190,6 +191,30 @@ class _Fn(FnCodegen):
             raise CodegenError("vdpbf16ps is emitted for 512-bit vectors only")
         fn = self.gen.intrinsic("llvm.x86.avx512bf16.dpbf16ps.512", vt, [vt, at, at])
         self.set(op, self.b.call(fn, [self.v(op.acc), self.v(op.a), self.v(op.b)]))
+
+    # ------------------------------------------------------------------ AMX tiles (LLVM configures the tiles)
+    _TILE = (ir.Constant(I16, x.AMX_ROWS), ir.Constant(I16, x.AMX_ROW_BYTES))
+
+    def op_tessera_x86_tzero(self, op):
+        fn = self.gen.intrinsic("llvm.x86.tilezero.internal", X86_AMX, [I16, I16])
+        self.set(op, self.b.call(fn, list(self._TILE)))
+
+    def _tile_addr(self, op):
+        elem = ir.IntType(8 * ival(op.elem_bytes))
+        return self._addr(self.v(op.base), self.v(op.offset), elem)
+
+    def op_tessera_x86_tload(self, op):
+        fn = self.gen.intrinsic("llvm.x86.tileloadd64.internal", X86_AMX, [I16, I16, PTR, I64])
+        self.set(op, self.b.call(fn, [*self._TILE, self._tile_addr(op), self.v(op.stride)]))
+
+    def op_tessera_x86_tstore(self, op):
+        fn = self.gen.intrinsic("llvm.x86.tilestored64.internal", ir.VoidType(), [I16, I16, PTR, I64, X86_AMX])
+        self.b.call(fn, [*self._TILE, self._tile_addr(op), self.v(op.stride), self.v(op.value)])
+
+    def op_tessera_x86_tdp(self, op):
+        # M rows, N bytes of the accumulator row, K bytes of the A row: one full 16 x 64-byte tile each
+        fn = self.gen.intrinsic(f"llvm.x86.{op.instr.data}.internal", X86_AMX, [I16, I16, I16] + [X86_AMX] * 3)
+        self.set(op, self.b.call(fn, [*self._TILE, self._TILE[1], self.v(op.acc), self.v(op.a), self.v(op.b)]))
 
     def op_tessera_x86_vbinary(self, op):
         a, c = self.v(op.lhs), self.v(op.rhs)

@@ -179,7 +179,8 @@ def compile_graph(module: ModuleOp, *, name: str, target: str = "cpu", arch: str
     else:
         loaded = cj.LoadedObject(entry["obj"], entry["kernels"])
         from tessera import host
-        exe = CpuExecutable(program, loaded.addresses, host.usable_cpus())
+        amx = any(record_by_id(k["mma"]["record"]).family == "amx" for k in entry["meta"]["kernels"] if "mma" in k)
+        exe = CpuExecutable(program, loaded.addresses, host.usable_cpus(), amx=amx)
         exe._loaded = loaded  # keep the engine alive
     meta = dict(entry["meta"])
     meta["compile_ms"] = dict(meta["compile_ms"])

@@ -66,7 +66,7 @@ from tessera.errors import (
 
 FAMILIES = ("fma", "avx512_bf16", "avx512_vnni", "amx", "mma_sync", "wgmma", "wmma", "mfma", "simdgroup")
 ROLES = ("a", "b", "acc")
-LAYOUTS = ("row_major", "col_major", "panel", "lane")
+LAYOUTS = ("row_major", "col_major", "panel", "lane", "vnni")
 # Memory spaces: global (device/host memory), workspace (runtime-owned per-thread scratch),
 # l1/l2/l3 (per-thread CPU staging panels sized for that cache level), team (CPU staging
 # shared by the threads of one launch, like a GPU workgroup's), lds (AMD), smem (NVIDIA),
@@ -338,7 +338,8 @@ class AsyncCopyOp(IRDLOperation):
     slivers, each stored column by column: the CPU GEMM's packed A), ``b_panel``
     (``panel``-column slivers stored row by row: packed B), with ``kpack`` consecutive
     k elements interleaved (2 for bf16 dot-product instructions).  Edge slivers are
-    zero-padded to the full panel.  The packed data starts at element ``dest_offset`` of the
+    zero-padded to the full panel, and k to a multiple of ``kblock`` (default ``kpack``:
+    AMX packs B in pairs but steps k by 32).  The packed data starts at element ``dest_offset`` of the
     destination.  Returns a token that ``tile.wait`` consumes.
 
     On a GPU a copy into a workgroup-shared space (``lds``/``smem``) is collective: every
@@ -351,6 +352,7 @@ class AsyncCopyOp(IRDLOperation):
     layout = attr_def(StringAttr)
     panel = attr_def(IntegerAttr)
     kpack = attr_def(IntegerAttr)
+    kblock = opt_attr_def(IntegerAttr)
     token = result_def(TokenType)
     assembly_format = "$source `,` $dest `[` $dest_offset `]` attr-dict `:` type($source) `,` type($dest)"
 
@@ -366,6 +368,8 @@ class AsyncCopyOp(IRDLOperation):
                                   op=self)
         if ival(self.panel) <= 0 or ival(self.kpack) <= 0:
             raise TileVerifyError("tile.async_copy panel and kpack must be positive", op=self)
+        if self.kblock is not None and (ival(self.kblock) <= 0 or ival(self.kblock) % ival(self.kpack)):
+            raise TileVerifyError("tile.async_copy kblock must be a positive multiple of kpack", op=self)
 
 
 @irdl_op_definition

@@ -36,6 +36,8 @@ class MmaRecord:
     lowered_by: str | None = None    # the pass that lowers tile.mma of this family, or None
     blocks: int = 1                  # independent blocks computed at once (multi-block MFMA)
     vector_width: int | None = None  # CPU: lanes per vector register
+    cycles: float | None = None      # CPU: reciprocal throughput per core (cycles per instruction), for ranking
+    register_file: int | None = None  # CPU: registers of the instruction's own file (AMX: 8 tmm tile registers)
     a_layout: str = "row_major"
     b_layout: str = "col_major"
     note: str = ""

@@ -1,7 +1,8 @@
 """The cost-aware MMA selector, the same for every target.
 
 ``get_isa(target, arch)`` gathers the records legal on one (target, arch);
-``select_mma`` picks one for a dtype (cheapest accumulator footprint first, then
+``select_mma`` picks one for a dtype (on a CPU the highest throughput per core,
+from each record's ``cycles``; on a GPU the cheapest accumulator footprint first, then
 the most work per instruction) and refuses every illegal request with an error
 that says what is legal instead; ``register_tile`` chooses how many instructions
 a register tile unrolls (MR x NR), ranked by a cost model calibrated by
@@ -113,6 +114,20 @@ def rank_shapes_by_footprint(isa: MmaIsa, dtype: str, out_dtype: str | None = No
     return sorted(recs, key=key)
 
 
+def throughput(r: MmaRecord) -> float | None:
+    """Peak flops per cycle on one core (CPU records with a ``cycles`` figure), else None."""
+    return _flops(r) / r.cycles if r.cycles else None
+
+
+def rank_records(isa: MmaIsa, dtype: str, out_dtype: str | None = None) -> list[MmaRecord]:
+    """Best first: on a CPU by peak throughput per core (AMX's tile multiply beats a vector
+    dot product by 8x on the same core), on a GPU by accumulator footprint."""
+    ranked = rank_shapes_by_footprint(isa, dtype, out_dtype)
+    if isa.target == "x86":
+        ranked.sort(key=lambda r: -(throughput(r) or 0.0))
+    return ranked
+
+
 def cheapest_shape(isa: MmaIsa, dtype: str) -> tuple[int, int, int]:
     return rank_shapes_by_footprint(isa, dtype)[0].shape
 
@@ -143,7 +158,7 @@ def select_mma(isa: MmaIsa, dtype: str, *, out_dtype: str | None = None, math_mo
     """The cheapest legal record for ``dtype``; every illegal request raises ``MmaSelectorError``
     saying what is legal.  With ``lowering``, only records that pass implements are chosen (a
     cheaper one it lacks, e.g. wgmma on sm_90a, is skipped); none left is ``MMA_NO_LOWERING``."""
-    ranked = rank_shapes_by_footprint(isa, dtype, out_dtype)
+    ranked = rank_records(isa, dtype, out_dtype)
     if family is not None:
         fams = sorted({r.family for r in isa.records})
         if family not in fams:
@@ -244,6 +259,12 @@ def _model_score(sel: MmaSelection, mr: int, nr: int, ghz: float = 3.6) -> float
     random shape (a small linear penalty).  Measured figures (calibration.json) take
     precedence over this model."""
     r = sel.record
+    if r.register_file:
+        # AMX: each tile product occupies the TMUL for ``cycles``; each operand tile is a 1 KiB
+        # load (about 12 cycles from L1/L2).  Per k step a tile issues mr*nr products and mr+nr
+        # loads; the smaller term hides under the larger, and fewer loads per product win ties.
+        cycles = max(mr * nr * r.cycles, 12.0 * (mr + nr)) + 0.25 * (mr + nr)
+        return _flops(r) * mr * nr / cycles * ghz
     w = r.vector_width or 1
     halves = max(1, w * 32 // 256)
     fma_cycles = mr * nr * halves / 2
@@ -257,20 +278,25 @@ def _model_score(sel: MmaSelection, mr: int, nr: int, ghz: float = 3.6) -> float
     return gflops * spill * (1.0 - 0.004 * (mr - 1) - 0.01 * (nr - 1))
 
 
+def _tile_candidates(r: MmaRecord, budget: int) -> list[tuple[int, int, int]]:
+    """(MR, NR, registers) within the budget.  Vector records: MR*NR accumulators, NR B
+    vectors and one A broadcast; tile-register records (AMX): MR*NR accumulator tiles,
+    MR A tiles and NR B tiles, all in the instruction's own register file."""
+    if r.register_file:
+        return [(mr, nr, mr * nr + mr + nr) for mr in range(1, 5) for nr in range(1, 5)
+                if mr * nr + mr + nr <= r.register_file]
+    return [(mr, nr, mr * nr + nr + 1) for mr in range(1, 17) for nr in range(1, 5) if mr * nr + nr + 1 <= budget]
+
+
 def register_tile(isa: MmaIsa, sel: MmaSelection, budget: int | None = None,
                   prefer_tile: tuple[int, int] | None = None) -> RegisterTile:
     """Choose MR x NR instructions per register tile within the register budget."""
-    budget = isa.register_budget if budget is None else budget
     r = sel.record
-    if r.target != "x86" or r.vector_width is None:
-        raise MmaSelectorError(f"register_tile applies to vector-register records; {r.id} is a {r.family} "
+    budget = r.register_file or (isa.register_budget if budget is None else budget)
+    if r.target != "x86" or (r.vector_width is None and not r.register_file):
+        raise MmaSelectorError(f"register_tile applies to CPU register records; {r.id} is a {r.family} "
                                "instruction (its warp/wave tile comes from the GPU schedule)")
-    cands = []
-    for mr in range(1, 17):
-        for nr in range(1, 5):
-            regs = mr * nr + nr + 1
-            if regs <= budget:
-                cands.append((mr, nr, regs))
+    cands = _tile_candidates(r, budget)
     cal = _calibration().get(isa.arch, {}).get(r.id, {})
     scored = []
     for mr, nr, regs in cands:
@@ -284,10 +310,13 @@ def register_tile(isa: MmaIsa, sel: MmaSelection, budget: int | None = None,
             if (t.mr, t.nr) == tuple(prefer_tile):
                 return t
         legal = sorted({(t.mr, t.nr) for t in scored})
+        kind = "tile" if r.register_file else "vector"
+        need = (prefer_tile[0] * prefer_tile[1] + prefer_tile[0] + prefer_tile[1] if r.register_file
+                else prefer_tile[0] * prefer_tile[1] + prefer_tile[1] + 1)
         raise MmaSelectorError(
-            f"register tile {prefer_tile[0]}x{prefer_tile[1]} of {r.id} needs "
-            f"{prefer_tile[0] * prefer_tile[1] + prefer_tile[1] + 1} vector registers; {isa.arch} has {budget}. "
-            f"Legal MRxNR: {', '.join(f'{a}x{b}' for a, b in legal[:40])}...")
+            f"register tile {prefer_tile[0]}x{prefer_tile[1]} of {r.id} needs {need} {kind} registers; "
+            f"{isa.arch} has {budget}. Legal MRxNR: {', '.join(f'{a}x{b}' for a, b in legal[:40])}"
+            + ("..." if len(legal) > 40 else ""))
     # measured tiles outrank modelled ones only when measured; otherwise the model ranks
     calibrated = [t for t in scored if t.source == "calibrated"]
     pool = calibrated or scored
@@ -295,10 +324,6 @@ def register_tile(isa: MmaIsa, sel: MmaSelection, budget: int | None = None,
 
 
 def ranked_register_tiles(isa: MmaIsa, sel: MmaSelection, budget: int | None = None) -> list[RegisterTile]:
-    budget = isa.register_budget if budget is None else budget
-    out = []
-    for mr in range(1, 17):
-        for nr in range(1, 5):
-            if mr * nr + nr + 1 <= budget:
-                out.append(register_tile(isa, sel, budget, (mr, nr)))
+    budget = sel.record.register_file or (isa.register_budget if budget is None else budget)
+    out = [register_tile(isa, sel, budget, (mr, nr)) for mr, nr, _ in _tile_candidates(sel.record, budget)]
     return sorted(out, key=lambda t: -t.score)

@@ -7,7 +7,9 @@ plus a feature string — it never reaches LLVM as a CPU name (LLVM aborts the
 process at codegen on a CPU name it does not know).
 
 Sources: Intel SDM vol. 2 (VFMADD231PS, VDPBF16PS, VPDPBUSD, TDPBF16PS, TDPBSSD),
-LLVM ``IntrinsicsX86.td``.
+LLVM ``IntrinsicsX86.td``; ``cycles`` (reciprocal throughput on one core) from the Intel
+optimization reference manual (Sapphire Rapids: two 512-bit FMA ports, one TMUL that
+retires a 16x16x32 bf16 product every 16 cycles).  Ranking only uses their ratio.
 """
 from __future__ import annotations
 
@@ -21,30 +23,33 @@ RECORDS: tuple[MmaRecord, ...] = (
     MmaRecord("x86.avx2.fma.f32", "x86", "fma", (1, 8, 1), "f32", "f32", "f32", "vfmadd231ps ymm",
               "llvm.fma.v8f32", features=("avx2", "fma"), vector_width=8, lowered_by=LOWERING,
               a_layout="col_major", b_layout="row_major", llvm_ret="<8 x float>", llvm_args=("<8 x float>",) * 3,
-              asm_regex=r"vfmadd\d{3}ps\s+%ymm",
+              asm_regex=r"vfmadd\d{3}ps\s+%ymm", cycles=0.5,
               note="one broadcast A element x 8 B lanes; register tile of MR x NR of these"),
     MmaRecord("x86.avx512.fma.f32", "x86", "fma", (1, 16, 1), "f32", "f32", "f32", "vfmadd231ps zmm",
               "llvm.fma.v16f32", features=("avx512f",), vector_width=16, lowered_by=LOWERING,
               a_layout="col_major", b_layout="row_major", llvm_ret="<16 x float>", llvm_args=("<16 x float>",) * 3,
-              asm_regex=r"vfmadd\d{3}ps\s+%zmm"),
+              asm_regex=r"vfmadd\d{3}ps\s+%zmm", cycles=0.5),
     MmaRecord("x86.avx512_bf16.dpbf16ps", "x86", "avx512_bf16", (1, 16, 2), "bf16", "bf16", "f32",
               "vdpbf16ps zmm", "llvm.x86.avx512bf16.dpbf16ps.512", features=("avx512bf16", "avx512f"),
               vector_width=16, lowered_by=LOWERING, a_layout="col_major", b_layout="row_major",
               llvm_ret="<16 x float>", llvm_args=("<16 x float>", "<32 x bfloat>", "<32 x bfloat>"),
-              asm_regex=r"vdpbf16ps\s+%zmm",
+              asm_regex=r"vdpbf16ps\s+%zmm", cycles=0.5,
               semantics="pairwise bf16 dot product into f32; denormal inputs and outputs are flushed to zero "
                         "and rounding ignores MXCSR (round to nearest even)"),
     MmaRecord("x86.avx512_vnni.vpdpbusd", "x86", "avx512_vnni", (1, 16, 4), "u8", "s8", "i32",
               "vpdpbusd zmm", "llvm.x86.avx512.vpdpbusd.512", features=("avx512vnni", "avx512f"), vector_width=16,
-              llvm_ret="<16 x i32>", llvm_args=("<16 x i32>",) * 3, asm_regex=r"vpdpbusd\s+%zmm",
+              llvm_ret="<16 x i32>", llvm_args=("<16 x i32>",) * 3, asm_regex=r"vpdpbusd\s+%zmm", cycles=0.5,
               semantics="u8 x s8 products, four per i32 lane, summed into i32 without saturation"),
     MmaRecord("x86.amx.bf16", "x86", "amx", (16, 16, 32), "bf16", "bf16", "f32", "tdpbf16ps",
               "llvm.x86.tdpbf16ps", features=("amx-tile", "amx-bf16"), llvm_ret="void", llvm_imms=(0, 1, 2),
-              llvm_imm_type="i8", asm_regex=r"tdpbf16ps",
-              semantics="tile registers (tmm0-7), 16 rows x 64 bytes; not a vector-lane instruction"),
+              llvm_imm_type="i8", asm_regex=r"tdpbf16ps", cycles=16.0, register_file=8, lowered_by=LOWERING,
+              a_layout="row_major", b_layout="vnni",
+              semantics="tile registers (tmm0-7), 16 rows x 64 bytes; B in VNNI pairs (k, k+1 adjacent); "
+                        "pairwise bf16 products into f32, denormal inputs and outputs flushed to zero, round to "
+                        "nearest even; the process must be granted the tile state (arch_prctl) before use"),
     MmaRecord("x86.amx.int8", "x86", "amx", (16, 16, 64), "s8", "s8", "i32", "tdpbssd",
               "llvm.x86.tdpbssd", features=("amx-tile", "amx-int8"), llvm_ret="void", llvm_imms=(0, 1, 2),
-              llvm_imm_type="i8", asm_regex=r"tdpbssd",
+              llvm_imm_type="i8", asm_regex=r"tdpbssd", cycles=16.0, register_file=8, b_layout="vnni",
               semantics="s8 x s8 into i32 tile registers"),
 )
 

@@ -186,9 +186,10 @@ def _eval(d, env: dict[str, int]) -> int:
 
 
 class CpuExecutable:
-    def __init__(self, program: HostProgram, addresses: dict[str, int], max_threads: int):
+    def __init__(self, program: HostProgram, addresses: dict[str, int], max_threads: int, amx: bool = False):
         self.program = program
         self.max_threads = max_threads
+        self.amx = amx   # its kernels run AMX tile instructions: the process needs the tile state
         self.fns = {}
         for s in program.steps:
             nbuf = len(s.args) + len(s.outs)
@@ -233,6 +234,8 @@ class CpuExecutable:
 
     def _run(self, arrays: list[np.ndarray], env: dict[str, int] | None = None) -> list[np.ndarray]:
         prog = self.program
+        if self.amx and (why := host.amx_refusal()):   # never reach a tile instruction without the state
+            raise LaneUnavailableError(f"the compiled kernels use AMX and cannot run here: {why}")
         if env is None:
             env = bind_symbols(prog.inputs, arrays)
         vals: dict[int, np.ndarray] = dict(zip(prog.input_ids, arrays))

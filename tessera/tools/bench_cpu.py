@@ -113,6 +113,71 @@ done:
     return iters * n * flops * threads / dt / 1e9
 
 
+def amx_peak(threads: int) -> float:
+    """GFLOP/s of a loop of tdpbf16ps on four independent accumulator tiles per thread
+    (NaN where the host has no AMX or Linux refuses the tile state)."""
+    import ctypes
+
+    from tessera import host
+    from tessera.codegen import jit as cj
+    from tessera.mma.x86 import host_cpu, llvm_feature_string
+    cpu, feats = host_cpu()
+    if not {"amx-tile", "amx-bf16"} <= feats or host.amx_refusal():
+        return float("nan")
+    sh = "i16 16, i16 64"
+    phis = "\n  ".join(f"%a{i} = phi x86_amx [%z, %entry], [%b{i}, %loop]" for i in range(4))
+    body = "\n  ".join(f"%b{i} = call x86_amx @llvm.x86.tdpbf16ps.internal({sh}, i16 64, x86_amx %a{i}, "
+                       f"x86_amx %x, x86_amx %y)" for i in range(4))
+    stores = "\n  ".join(f"call void @llvm.x86.tilestored64.internal({sh}, ptr %out, i64 64, x86_amx %b{i})"
+                         for i in range(4))
+    ir = f"""
+declare x86_amx @llvm.x86.tileloadd64.internal(i16, i16, ptr, i64)
+declare x86_amx @llvm.x86.tilezero.internal(i16, i16)
+declare x86_amx @llvm.x86.tdpbf16ps.internal(i16, i16, i16, x86_amx, x86_amx, x86_amx)
+declare void @llvm.x86.tilestored64.internal(i16, i16, ptr, i64, x86_amx)
+define void @peak(i64 %iters, ptr %out, ptr %in) {{
+entry:
+  %z = call x86_amx @llvm.x86.tilezero.internal({sh})
+  %x = call x86_amx @llvm.x86.tileloadd64.internal({sh}, ptr %in, i64 64)
+  %y = call x86_amx @llvm.x86.tileloadd64.internal({sh}, ptr %in, i64 64)
+  br label %loop
+loop:
+  %i = phi i64 [0, %entry], [%i1, %loop]
+  {phis}
+  {body}
+  %i1 = add i64 %i, 1
+  %c = icmp slt i64 %i1, %iters
+  br i1 %c, label %loop, label %done
+done:
+  {stores}
+  ret void
+}}
+"""
+    oc = cj.emit(ir, cpu, llvm_feature_string(feats))
+    lo = cj.LoadedObject(oc.obj, ["peak"])
+    fn = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p)(lo.addresses["peak"])
+    out = np.zeros((threads, 256), np.float32)
+    inp = np.full(512, 0x3C00, np.uint16)   # bf16 0.0078125: no overflow over the loop
+    iters = 500_000
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(t):
+        fn(iters, out[t].ctypes.data, inp.ctypes.data)
+
+    with ThreadPoolExecutor(threads) as ex:
+        list(ex.map(run, range(threads)))
+        t0 = time.perf_counter()
+        list(ex.map(run, range(threads)))
+        dt = time.perf_counter() - t0
+    return iters * 4 * 2 * 16 * 16 * 32 * threads / dt / 1e9
+
+
+def bf16_instruction() -> str:
+    """The instruction the selector picks for a bf16 GEMM on this host."""
+    from tessera.mma.selector import get_isa, select_mma
+    return select_mma(get_isa("x86", None), "bf16", out_dtype="f32", lowering="lower-tile-to-x86").record.mnemonic.split()[0]
+
+
 def bandwidth() -> dict:
     """Bytes read + written per second for a large copy: numpy (1 thread) and Tessera (all CPUs)."""
     import tessera as ts
@@ -294,7 +359,7 @@ def main(args) -> int:
     from tessera import bfloat16
     a16 = rng.standard_normal((2048, 2048)).astype(bfloat16)
     b16 = rng.standard_normal((2048, 2048)).astype(bfloat16)
-    rows.append(run_workload("bf16 gemm 2048^3 (vdpbf16ps)", "gemm", [a16, b16], 2 * 2048 ** 3, "GFLOP/s", None, peers,
+    rows.append(run_workload(f"bf16 gemm 2048^3 ({bf16_instruction()})", "gemm", [a16, b16], 2 * 2048 ** 3, "GFLOP/s", None, peers,
                              use_compile=False))
     x = rng.standard_normal((2048, 1024)).astype(np.float32)
     w = rng.standard_normal((1024, 4096)).astype(np.float32)
@@ -318,7 +383,8 @@ def main(args) -> int:
                                      use_compile=seq == 1024))
     host_info = {"cpu": cpu_description(), "usable_cpus": host.usable_cpus(),
                  "fma_peak_1t": one["fma_peak_1t"], "fma_peak_all": fma_peak(host.usable_cpus()),
-                 "vdpbf16ps_peak_all": fma_peak(host.usable_cpus(), bf16=True), **bandwidth()}
+                 "vdpbf16ps_peak_all": fma_peak(host.usable_cpus(), bf16=True),
+                 "amx_peak_all": amx_peak(host.usable_cpus()), **bandwidth()}
     host_info["compile"] = compile_times()
     host_info["gpu"] = gpu_status()
     text = render(rows, host_info, quick)
@@ -389,7 +455,9 @@ def render(rows: list[dict], h: dict, quick: bool) -> str:
              "Command: `./dev tessera bench cpu --write` (peers: `./dev python -m pip install -e .[bench]`).",
              f"Host: {h['cpu']}, {h['usable_cpus']} usable CPUs.  Measured peaks: FMA "
              f"{h['fma_peak_1t']:.0f} GFLOP/s on one thread, {h['fma_peak_all']:.0f} on all; vdpbf16ps "
-             f"{h['vdpbf16ps_peak_all']:.0f} GFLOP/s on all; copy bandwidth {h['tessera_copy']:.1f} GB/s "
+             f"{h['vdpbf16ps_peak_all']:.0f} GFLOP/s on all; "
+             + (f"AMX tdpbf16ps {h['amx_peak_all']:.0f} GFLOP/s on all; " if h.get("amx_peak_all", 0) > 0 else "")
+             + f"copy bandwidth {h['tessera_copy']:.1f} GB/s "
              f"(Tessera, all CPUs, streaming stores), {h['numpy_copyto_1t']:.1f} GB/s (numpy copyto, 1 thread).",
              "",
              "Method: fresh random inputs per workload; a 0.3 s pause before each library's measurement "

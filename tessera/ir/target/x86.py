@@ -14,6 +14,12 @@ into LLVM IR:
   vcvt         vcvtneps2bf16 / vcvtph2ps ...     load/store scalar moves (packing)
   workspace    the calling thread's scratch slice
   launch       host program step (kernel symbol, threads over the parallel loop)
+
+AMX (tile registers, values of type ``!tessera_x86.amx``: one 16-row x 64-byte tile; LLVM
+allocates tmm0-7 and writes the tile configuration):
+
+  tzero        tilezero      tload   tileloadd (rows of 64 bytes, ``stride`` bytes apart)
+  tstore       tilestored    tdp     one tile product (``instr``: tdpbf16ps), acc + a x b
 """
 from __future__ import annotations
 
@@ -29,7 +35,8 @@ from xdsl.dialects.builtin import (
     VectorType,
 )
 from xdsl.dialects.llvm import LLVMPointerType
-from xdsl.ir import Dialect
+from xdsl.ir import Dialect, ParametrizedAttribute, TypeAttribute
+from xdsl.irdl import irdl_attr_definition
 from xdsl.irdl import (
     VarConstraint,
     base,
@@ -324,6 +331,68 @@ class VInterleaveOp(IRDLOperation):
         _check(self.result.type.get_shape()[0] == 2 * n, self, "result must be twice as wide")  # type: ignore[attr-defined]
 
 
+@irdl_attr_definition
+class AmxTileType(ParametrizedAttribute, TypeAttribute):
+    """One AMX tile register: 16 rows of 64 bytes (LLVM's ``x86_amx``)."""
+
+    name = "tessera_x86.amx"
+
+
+AMX_ROWS, AMX_ROW_BYTES = 16, 64
+AMX_INSTRS = ("tdpbf16ps",)   # tile products this dialect lowers (each an AMX record's mnemonic)
+
+
+@irdl_op_definition
+class TZeroOp(IRDLOperation):
+    name = "tessera_x86.tzero"
+    result = result_def(AmxTileType)
+    traits = traits_def(Pure())
+    assembly_format = "attr-dict `:` type($result)"
+
+
+@irdl_op_definition
+class TLoadOp(IRDLOperation):
+    """Load a tile: 16 rows of 64 bytes at base[offset] (``elem_bytes`` elements), ``stride`` bytes apart."""
+
+    name = "tessera_x86.tload"
+    base = operand_def(PTR)
+    offset = operand_def(IndexType)
+    stride = operand_def(IndexType)
+    elem_bytes = attr_def(IntegerAttr)
+    result = result_def(AmxTileType)
+    assembly_format = "$base `[` $offset `]` `stride` $stride attr-dict `:` type($result)"
+
+
+@irdl_op_definition
+class TStoreOp(IRDLOperation):
+    """Store a tile's 16 rows of 64 bytes at base[offset], ``stride`` bytes apart."""
+
+    name = "tessera_x86.tstore"
+    value = operand_def(AmxTileType)
+    base = operand_def(PTR)
+    offset = operand_def(IndexType)
+    stride = operand_def(IndexType)
+    elem_bytes = attr_def(IntegerAttr)
+    assembly_format = "$value `,` $base `[` $offset `]` `stride` $stride attr-dict `:` type($value)"
+
+
+@irdl_op_definition
+class TDpOp(IRDLOperation):
+    """``acc + a x b`` on tiles: a is 16 x 64 bytes of rows, b 16 rows of k groups (VNNI)."""
+
+    name = "tessera_x86.tdp"
+    instr = attr_def(StringAttr)
+    a = operand_def(AmxTileType)
+    b = operand_def(AmxTileType)
+    acc = operand_def(AmxTileType)
+    result = result_def(AmxTileType)
+    traits = traits_def(Pure())
+    assembly_format = "$instr $a `,` $b `,` $acc attr-dict `:` type($result)"
+
+    def verify_(self) -> None:
+        _check(self.instr.data in AMX_INSTRS, self, f"instr {self.instr.data!r}; legal: {', '.join(AMX_INSTRS)}")
+
+
 @irdl_op_definition
 class WorkspaceOp(IRDLOperation):
     """The calling thread's scratch at byte ``offset`` of its workspace slice."""
@@ -357,6 +426,7 @@ class LaunchOp(IRDLOperation):
 X86 = Dialect(
     "tessera_x86",
     [VZeroOp, VConstantOp, VSplatOp, VBroadcastOp, VLoadOp, VStoreOp, AlignedOp, SFenceOp, BarrierOp, LoadOp, StoreOp, VFmaOp, VDpbf16psOp,
-     VBinaryOp, VUnaryOp, VReduceOp, VCvtOp, VLaneSelectOp, VTransposeOp, VInterleaveOp, WorkspaceOp, LaunchOp],
-    [],
+     VBinaryOp, VUnaryOp, VReduceOp, VCvtOp, VLaneSelectOp, VTransposeOp, VInterleaveOp, TZeroOp, TLoadOp, TStoreOp,
+     TDpOp, WorkspaceOp, LaunchOp],
+    [AmxTileType],
 )

@@ -149,25 +149,27 @@ class ScheduleCpu(TesseraPass):
             e.message = f"kernel {name} ({mm.name}): {e.message}"
             raise e.with_location(None)
         rt = register_tile(isa, sel, prefer_tile=tuple(self.register_tile) if self.register_tile else None)
-        kp = sel.record.k
+        rec = sel.record
+        kp = rec.k
         esize = 2 if dtype in ("bf16", "f16") else 4
-        w = sel.record.vector_width or w
-        nrw = rt.nr * w
+        w = rec.vector_width or w        # tile-register records (AMX) keep the arch's vectors for epilogues
+        mrr, nrw = rt.mr * rec.m, rt.nr * rec.n   # rows and columns of one register tile
         caches = host.cache_sizes()
         # KC: the B micro-panel (KC x NR*W) is streamed from L2 for every row tile and its k-loop is
         # the inner loop; 64 KiB keeps it in L2 with room for A and makes k-loops long enough that
         # C's partial-sum traffic (one read and write per KC) stays small.  Measured: KC 512 beats
         # 128 by 15% for f32 6x2 at 2048^3 on Zen 4.
         kc = self.tile_k or _round_down(min(max((64 << 10) // (nrw * esize), 256), 1024), kp * 4)
-        mc = self.tile_m or _round_down(caches["L2"] // 2 // (kc * esize), rt.mr)
+        mc = self.tile_m or _round_down(caches["L2"] // 2 // (kc * esize), mrr)
         nc = self.tile_n or _round_down(min(caches["L3"] // 4 // (kc * esize), 4096), nrw)
-        for label, v, mult in (("tile-m", mc, rt.mr), ("tile-n", nc, nrw), ("tile-k", kc, kp)):
+        for label, v, mult in (("tile-m", mc, mrr), ("tile-n", nc, nrw), ("tile-k", kc, kp)):
             if v <= 0 or v % mult:
                 raise ScheduleIllegalError(f"kernel {name}: {label}={v} must be a positive multiple of {mult} "
-                                           f"(register tile {rt.mr}x{rt.nr} of {sel.record.id}, {w} lanes)")
+                                           f"(register tile {rt.mr}x{rt.nr} of {sel.record.id}, "
+                                           f"{mrr}x{nrw} elements)")
         if self.unroll < 1:
             raise ScheduleIllegalError(f"kernel {name}: unroll must be >= 1")
-        return {"vector": i64_attr(sel.record.vector_width or w),
+        return {"vector": i64_attr(w),
                 "loops": str_array(["b", "m", "n", "k"]), "tiles": int_array([1, mc, nc, kc]),
                 "order": str_array(["b", "n", "k", "m"]), "mma": StringAttr(sel.record.id),
                 "register_tile": int_array([rt.mr, rt.nr]), "unroll": i64_attr(self.unroll)}

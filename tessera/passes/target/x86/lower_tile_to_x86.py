@@ -12,6 +12,13 @@ an unmasked path for full tiles and a masked one for edges.  ``tile.async_copy``
 expands into packing loops; ``tile.alloc`` carves the thread's workspace.
 ``arch`` is mandatory: ``None`` in the API is resolved to the host CPU before
 any lowering runs.
+
+AMX fragments (family ``amx``) live in tile registers instead: an MR*16 x NR*16
+accumulator is MR x NR ``!tessera_x86.amx`` values (loop-carried like vectors), an A
+fragment MR tiles loaded from a row-major panel, a B fragment NR tiles loaded from a
+VNNI-paired panel; ``tile.mma`` is MR*NR ``tdp``.  Accumulators enter and leave tile
+registers through a scratch block in the thread's workspace, so the edges, the
+incoming C0 and the epilogue reuse the vector paths.
 """
 from __future__ import annotations
 
@@ -94,6 +101,7 @@ class _Lowerer(OpLowerer):
     team_offset: int = 128  # the barrier's words come first
     used_nt: bool = False
     vmap: dict = field(default_factory=dict)
+    amx_scratch: dict = field(default_factory=dict)
     lowering_name = "lower-tile-to-x86"
 
     @property
@@ -113,6 +121,8 @@ class _Lowerer(OpLowerer):
         return 1 if cols == 1 else -(-cols // self.w)
 
     def flatten_types(self, ty: Attribute) -> list[Attribute]:
+        if isinstance(ty, t.FragmentType) and ty.family.data == "amx":
+            return [x.AmxTileType()] * self._nregs(ty)
         if isinstance(ty, (t.TileType, t.FragmentType)):
             return [self.vf32] * self._nregs(ty)
         if isinstance(ty, t.BufferType):
@@ -127,11 +137,17 @@ class _Lowerer(OpLowerer):
             return r * self.nvec(c)
         role = ty.role.data
         m, n, k = ty.mnk
+        if role == "acc" and ty.family.data == "amx":
+            return (m // x.AMX_ROWS) * (n // x.AMX_ROWS)
         if role == "acc":
             return m * self.nvec(n)
         raise CodegenError(f"{role}-fragments cannot be loop-carried")
 
     def pack_value(self, ty: Attribute, vals: list[SSAValue]):
+        if isinstance(ty, t.FragmentType) and ty.family.data == "amx":
+            m, n = ty.data_shape
+            nt = n // x.AMX_ROWS
+            return Regs((m, n), [vals[i * nt:(i + 1) * nt] for i in range(m // x.AMX_ROWS)], "amx")
         if isinstance(ty, (t.TileType, t.FragmentType)):
             r, c = ty.dims if isinstance(ty, t.TileType) else ty.data_shape
             nv = self.nvec(c)
@@ -415,6 +431,11 @@ class _Lowerer(OpLowerer):
     # ------------------------------------------------------------------ fragments
     def op_tile_fragment_zero(self, op: t.FragmentZeroOp, b: Builder) -> None:
         m, n = op.result.type.data_shape
+        if op.result.type.family.data == "amx":
+            self.vmap[op.result] = Regs((m, n), [[b.op(x.TZeroOp.create(result_types=[x.AmxTileType()])).result
+                                                  for _ in range(n // x.AMX_ROWS)] for _ in range(m // x.AMX_ROWS)],
+                                        "amx")
+            return
         nv = self.nvec(n)
         rows = []
         for _ in range(m):
@@ -431,6 +452,9 @@ class _Lowerer(OpLowerer):
         vv: ViewVal = self.get(op.source)
         role = ft.role.data
         m, n, k = ft.mnk
+        if ft.family.data == "amx":
+            self._amx_pack(op, vv, b)
+            return
         if ft.family.data not in ("fma", "avx512_bf16"):
             raise MmaSelectorError(f"lower-tile-to-x86 has no lowering for fragment family {ft.family.data}")
         if role == "acc":
@@ -463,6 +487,14 @@ class _Lowerer(OpLowerer):
         fam = op.a.type.family.data
         if fam == "avx512_bf16" and "avx512bf16" not in self.features:
             raise MmaSelectorError("vdpbf16ps needs AVX512-BF16, which this arch lacks")
+        if fam == "amx":
+            if not {"amx-tile", "amx-bf16"} <= self.features:
+                raise MmaSelectorError("tdpbf16ps needs AMX-TILE and AMX-BF16, which this arch lacks")
+            rows = [[b.op(x.TDpOp.create(operands=[ai, bj, acc], attributes={"instr": StringAttr("tdpbf16ps")},
+                                         result_types=[x.AmxTileType()])).result
+                     for bj, acc in zip(bb.rows[0], crow)] for ai, crow in zip((r[0] for r in a.rows), c.rows)]
+            self.vmap[op.result] = Regs(c.shape, rows, "amx")
+            return
         rows = []
         for i, crow in enumerate(c.rows):
             row = []
@@ -477,7 +509,71 @@ class _Lowerer(OpLowerer):
         self.vmap[op.result] = Regs(c.shape, rows)
 
     def op_tile_fragment_unpack(self, op, b: Builder) -> None:
-        self.vmap[op.result] = self.get(op.source)
+        src: Regs = self.get(op.source)
+        if src.kind == "amx":  # tile registers -> scratch -> vector registers
+            m, n = src.shape
+            base, pitch = self._amx_scratch(b, m, n)
+            for i, row in enumerate(src.rows):
+                for j, tile in enumerate(row):
+                    b.op(x.TStoreOp.create(operands=[tile, base, b.c(i * x.AMX_ROWS * pitch + j * x.AMX_ROWS),
+                                                     b.c(pitch * 4)], attributes={"elem_bytes": i64_attr(4)}))
+            full = b.c(m)
+            self.vmap[op.result] = self._load_tile(b, ViewVal(base, b.c(0), b.c(pitch), b.c(1), full, b.c(n), (m, n),
+                                                              f32))
+            return
+        self.vmap[op.result] = src
+
+    # ------------------------------------------------------------------ AMX tiles
+    def _amx_scratch(self, b: Builder, m: int, n: int) -> tuple[SSAValue, int]:
+        """The thread's m x n f32 scratch block (one per size, reserved in the workspace)."""
+        key = (m, n)
+        if key not in self.amx_scratch:
+            self.amx_scratch[key] = self.ws_offset
+            self.ws_offset += (m * n * 4 + 63) // 64 * 64
+        ws = x.WorkspaceOp.create(operands=[self.ws], attributes={"offset": i64_attr(self.amx_scratch[key])},
+                                  result_types=[PTR])
+        b.op(ws)
+        return ws.result, n
+
+    def _amx_tile(self, b: Builder, base, off, stride_elems, esize: int) -> SSAValue:
+        ld = x.TLoadOp.create(operands=[base, b.c(off), b.c(b.mul(stride_elems, esize))],
+                              attributes={"elem_bytes": i64_attr(esize)}, result_types=[x.AmxTileType()])
+        b.op(ld)
+        return ld.result
+
+    def _amx_pack(self, op: t.FragmentPackOp, vv: ViewVal, b: Builder) -> None:
+        """A: MR tiles of 16 rows x 64 bytes from a row-major panel; B: NR tiles of 16 k groups
+        x 16 columns from a VNNI panel (the view's row stride is the pitch of a k group, its
+        column stride the group size); acc: the view's f32 values through the scratch block."""
+        ft: t.FragmentType = op.result.type
+        m, n, k = ft.mnk
+        role = ft.role.data
+        T = x.AMX_ROWS
+        if m % T or n % T:
+            raise CodegenError(f"AMX fragments are whole 16 x 16 tiles, not {m} x {n}")
+        if role == "acc":
+            regs = self._load_tile(b, vv)
+            base, pitch = self._amx_scratch(b, m, n)
+            self._store_tile(b, regs, ViewVal(base, b.c(0), b.c(pitch), b.c(1), b.c(m), b.c(n), (m, n), f32))
+            tiles = [[self._amx_tile(b, base, i * T * pitch + j * T, pitch, 4) for j in range(n // T)]
+                     for i in range(m // T)]
+            self.vmap[op.result] = Regs((m, n), tiles, "amx")
+            return
+        esize = _elem_bytes(vv.elem)
+        if k * esize != x.AMX_ROW_BYTES:
+            raise CodegenError(f"an AMX fragment's k ({k} x {esize} bytes) must fill a 64-byte tile row")
+        if role == "a":
+            if _const_int(vv.cs) != 1:
+                raise CodegenError("AMX A fragments need their k elements contiguous (column stride 1)")
+            tiles = [[self._amx_tile(b, vv.base, b.add(vv.off, b.mul(i * T, vv.rs)), vv.rs, esize)]
+                     for i in range(m // T)]
+            self.vmap[op.result] = Regs((m, k), tiles, "amx")
+            return
+        group = 4 // esize
+        if ft.layout.data != "vnni" or _const_int(vv.cs) != group:
+            raise CodegenError(f"AMX B fragments read a VNNI panel (layout vnni, column stride {group})")
+        tiles = [self._amx_tile(b, vv.base, b.add(vv.off, j * T * group), vv.rs, esize) for j in range(n // T)]
+        self.vmap[op.result] = Regs((k, n), [tiles], "amx")
 
     # ------------------------------------------------------------------ compute
     def op_tile_elementwise(self, op: t.ElementwiseOp, b: Builder) -> None:
@@ -564,8 +660,9 @@ class _Lowerer(OpLowerer):
         doff = self.scalar(op.dest_offset)
         self.pack_elem = op.dest.type.element_type  # packing converts (bf16 inputs into f32 staging)
         layout, panel, kp = op.layout.data, ival(op.panel), ival(op.kpack)
+        kblock = ival(op.kblock) if op.kblock is not None else kp
         if layout == "b_panel":
-            self._pack_b(b, src, dst, doff, panel, kp)
+            self._pack_b(b, src, dst, doff, panel, kp, kblock)
         elif layout == "a_panel":
             self._pack_a(b, src, dst, doff, panel, kp)
         else:
@@ -574,10 +671,11 @@ class _Lowerer(OpLowerer):
     def _scalar_type(self, elem):
         return elem
 
-    def _pack_b(self, b: Builder, src: ViewVal, dst, doff, nrw: int, kp: int) -> None:
-        """dst[p*nrw*kcp + g*nrw*kp + c*kp + q] = src[(g*kp+q)*rs + (p*nrw+c)*cs], zero-padded."""
+    def _pack_b(self, b: Builder, src: ViewVal, dst, doff, nrw: int, kp: int, kblock: int) -> None:
+        """dst[p*nrw*kcp + g*nrw*kp + c*kp + q] = src[(g*kp+q)*rs + (p*nrw+c)*cs], zero-padded
+        (k up to kcp, the next multiple of ``kblock``)."""
         rows, cols = src.rows, src.cols
-        kcp = b.mul(b.ceil_div(rows, kp), kp)
+        kcp = b.mul(b.ceil_div(rows, kblock), kblock)
         npanel = b.ceil_div(cols, nrw)
         cs1 = _const_int(src.cs) == 1
         elem = src.elem
@@ -625,7 +723,7 @@ class _Lowerer(OpLowerer):
                             bg.op(x.VStoreOp.create(operands=[il.result, dst, bg.c(bg.add(dbase, v * W * 2))]))
                     return []
 
-                bp.for_(0, bp.ceil_div(rows, kp), 1, group)
+                bp.for_(0, bp.div(kcp, kp), 1, group)   # groups past the rows load nothing: zeros
             else:
                 self._scalar_pack(bp, src, dst, pbase, col0, nrw, kp, kcp, transpose=False)
             return []
@@ -639,6 +737,10 @@ class _Lowerer(OpLowerer):
 
         W = self.w
         unit_elems = 2 if _is_half(src.elem) else 1  # k elements per 32-bit unit
+        if (_const_int(src.cs) == 1 and kp * _elem_bytes(src.elem) == 4 * W
+                and getattr(self, "pack_elem", src.elem) == src.elem):
+            self._pack_a_rows(b, src, dst, doff, mr, kp, kcp, npanel)
+            return
         vector_ok = _const_int(src.cs) == 1 and kp == unit_elems
         chunk = W * kp  # k elements per vector of W 32-bit units
         kfull = b.mul(b.div(src.cols, chunk), chunk) if vector_ok else 0
@@ -676,6 +778,35 @@ class _Lowerer(OpLowerer):
                 return []
 
             bp.if_(full, fast, slow)
+            return []
+
+        b.for_(0, npanel, 1, panel)
+
+    def _pack_a_rows(self, b: Builder, src: ViewVal, dst, doff, mr: int, kp: int, kcp, npanel) -> None:
+        """A panel whose k groups are one vector each (AMX: 32 bf16 = 64 bytes): every row's
+        group is one masked vector copy; rows and k past the view's extent become zeros."""
+        vt = self.vtype(src.elem, kp)
+
+        def panel(bp: Builder, p, _c):
+            pbase = bp.add(doff, bp.mul(p, bp.mul(mr, kcp)))
+            row0 = bp.mul(p, mr)
+            valid = bp.max(bp.min(bp.sub(src.rows, row0), mr), 0)
+
+            def group(bg: Builder, g, _c2):
+                k0 = bg.mul(g, kp)
+                kcount = bg.max(bg.min(bg.sub(src.cols, k0), kp), 0)
+                dbase = bg.add(pbase, bg.mul(g, mr * kp))
+                for r in range(mr):
+                    ok = bg.cmp("slt", r, valid)
+                    cnt = bg.select(ok, bg.c(kcount), bg.c(0))
+                    soff = bg.select(ok, bg.c(bg.add(src.off, bg.add(bg.mul(bg.add(row0, r), src.rs), k0))),
+                                     bg.c(src.off))
+                    ld = x.VLoadOp.create(operands=[src.base, bg.c(soff), bg.c(cnt)], result_types=[vt])
+                    bg.op(ld)
+                    bg.op(x.VStoreOp.create(operands=[ld.result, dst, bg.c(bg.add(dbase, r * kp))]))
+                return []
+
+            bp.for_(0, bp.div(kcp, kp), 1, group)
             return []
 
         b.for_(0, npanel, 1, panel)
@@ -774,7 +905,8 @@ class LowerTileToX86(TesseraPass):
                 "tessera_x86.vstore", "tessera_x86.load", "tessera_x86.store", "tessera_x86.vfma", "tessera_x86.vsplat",
                 "tessera_x86.vdpbf16ps", "tessera_x86.vbinary", "tessera_x86.vunary", "tessera_x86.vreduce",
                 "tessera_x86.vcvt", "tessera_x86.vinterleave", "tessera_x86.vtranspose", "tessera_x86.vlaneselect", "tessera_x86.aligned",
-                "tessera_x86.sfence", "tessera_x86.barrier",
+                "tessera_x86.sfence", "tessera_x86.barrier", "tessera_x86.tzero", "tessera_x86.tload",
+                "tessera_x86.tstore", "tessera_x86.tdp",
                 "tessera_x86.workspace", "tessera_x86.launch")
     arch: str = option(doc="x86 CPU name or ISA level (host resolved before lowering); required")
     threads: int = option(0, doc="most threads a launch may use (0: the CPUs this process may use)")

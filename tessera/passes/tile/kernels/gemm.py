@@ -171,15 +171,16 @@ def config(kop: s.KernelOp, sel: MmaSelection) -> GemmConfig:
         raise illegal(name, f"CPU gemm parallel loop: 'm' (rows; B panels shared by the threads), 'b*m' (batch x "
                             f"rows; private panels) or 'none', not {kop.parallel.data!r}")
     mr, nr = kop.reg_tile
-    w = sel.record.vector_width or 1
-    if kop.vector.value.data != w:
-        raise illegal(name, f"vector width {kop.vector.value.data} does not match {sel.record.id} ({w} lanes)")
+    rec = sel.record
+    w = rec.vector_width or kop.vector.value.data   # tile-register records (AMX): the arch's vectors
+    if rec.vector_width and kop.vector.value.data != w:
+        raise illegal(name, f"vector width {kop.vector.value.data} does not match {rec.id} ({w} lanes)")
     tiles = kop.tile_sizes
-    kp = sel.record.k
+    kp = rec.k
     mc, nc, kc = tiles["m"], tiles["n"], tiles["k"]
-    if mc % mr or nc % (nr * w) or kc % kp:
-        raise illegal(name, f"cache blocks must be multiples of the register tile: MC={mc} (MR={mr}), "
-                            f"NC={nc} (NR*W={nr * w}), KC={kc} (K of {sel.record.id}={kp})")
+    if mc % (mr * rec.m) or nc % (nr * rec.n) or kc % kp:
+        raise illegal(name, f"cache blocks must be multiples of the register tile: MC={mc} (MR*M={mr * rec.m}), "
+                            f"NC={nc} (NR*N={nr * rec.n}), KC={kc} (K of {rec.id}={kp})")
     return GemmConfig(sel, mr, nr, mc, nc, kc, kop.unroll.value.data, w,
                       "b*m" if kop.parallel.data == "none" else kop.parallel.data)
 
@@ -188,10 +189,17 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
     """Build the kernel; returns (func, dims, workspace bytes, extra output types)."""
     rec = cfg.sel.record
     kp = rec.k
-    MR, NR, W = cfg.mr, cfg.nr, cfg.w
-    NRW = NR * W
+    # a register tile is MR x NR instructions: MR*M rows by NR*N columns (M = 1 and N = the vector
+    # width for vector FMA / dot-product records; 16 x 16 tiles for AMX)
+    MR, NR, CN = cfg.mr * rec.m, cfg.nr, rec.n
+    NRW = NR * CN
+    tiles_amx = rec.register_file is not None
+    # B's k elements interleave in groups of kpack; AMX reads B in VNNI pairs (4 bytes per k group)
+    # while its k step (and the zero padding of each panel) is the instruction's K
+    in_elem = plan.in_elem
+    bkpack = 4 // (2 if isinstance(in_elem, (BFloat16Type, Float16Type)) else 4) if tiles_amx else kp
     MC, NC, KC, U = cfg.mc, cfg.nc, cfg.kc, cfg.unroll
-    in_elem, out_elem = plan.in_elem, plan.out_elem
+    out_elem = plan.out_elem
     acc_elem = f32
     partial_needed = not isinstance(out_elem, Float32Type)
 
@@ -281,8 +289,8 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
                 bsrc = view(bp, buf[plan.b.arg], in_elem, "global", (KC, NC),
                             bp.add(off_b, bp.add(bp.mul(pc, sBk), bp.mul(bp.add(jc, c0), sBn))), sBk, sBn, kc, ncols)
                 tok = t.AsyncCopyOp.create(operands=[bsrc, bpack, bp.c(dst0)], attributes={
-                    "layout": StringAttr("b_panel"), "panel": i64_attr(NRW), "kpack": i64_attr(kp)},
-                    result_types=[t.TokenType()])
+                    "layout": StringAttr("b_panel"), "panel": i64_attr(NRW), "kpack": i64_attr(bkpack),
+                    **({"kblock": i64_attr(kp)} if bkpack != kp else {})}, result_types=[t.TokenType()])
                 bp.op(tok)
                 bp.op(t.WaitOp.create(operands=[tok.token]))
                 if shared:
@@ -315,7 +323,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
                         if nrv == NR:
                             strip(bj2, nfull, NR)
                             return []
-                        bj2.if_(bj2.cmp("sle", rem, nrv * W), lambda b3: strip(b3, nfull, nrv),
+                        bj2.if_(bj2.cmp("sle", rem, nrv * CN), lambda b3: strip(b3, nfull, nrv),
                                 lambda b3: remainder(b3, nrv + 1))
                         return []
 
@@ -332,9 +340,9 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
 
     def micro_tile(br: Builder, ic, ir, jc, jr, mc, nc, kc, kcp, pc, first, last, off_c, epi_offs,
                    nrv: int) -> None:
-        cols = nrv * W
-        frag_a = t.fragment((MR, cols, kp), in_elem, acc_elem, "a", "col_major", rec.family)
-        frag_b = frag_a.with_role("b", "row_major")
+        cols = nrv * CN
+        frag_a = t.fragment((MR, cols, kp), in_elem, acc_elem, "a", rec.a_layout, rec.family)
+        frag_b = frag_a.with_role("b", rec.b_layout)
         frag_c = t.fragment((MR, cols, kp), acc_elem, acc_elem, "acc", "row_major", rec.family)
         row = br.add(ic, ir)
         col = br.add(jc, jr)
@@ -367,7 +375,11 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
 
         def step(bk: Builder, kk, acc: SSAValue) -> SSAValue:
             av = view(bk, apack, in_elem, "l2", (MR, kp), bk.add(a_base, bk.mul(kk, MR)), kp, 1, MR, kp)
-            bv = view(bk, bpack, in_elem, "team" if shared else "l3", (kp, cols), bk.add(b_base, bk.mul(kk, NRW)), 1, kp, kp, cols)
+            # B: k x cols; (k, c) at b_base + kk*NRW + (k // g)*g*NRW + c*g + k % g for k groups of g = bkpack
+            # (a row stride of 1 when one group spans the fragment's k, else the pitch of a k group)
+            brs = 1 if bkpack == kp else bkpack * NRW
+            bv = view(bk, bpack, in_elem, "team" if shared else "l3", (kp, cols), bk.add(b_base, bk.mul(kk, NRW)),
+                      brs, bkpack, kp, cols)
             fa = t.FragmentPackOp.create(operands=[av], result_types=[frag_a])
             fb = t.FragmentPackOp.create(operands=[bv], result_types=[frag_b])
             bk.op(fa)
@@ -380,7 +392,8 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
 
         # A narrow tile has too few accumulators to hide the FMA latency: it keeps two (even
         # and odd k steps) and adds them at the end.
-        chains = 2 if U > 1 and U % 2 == 0 and MR * nrv < 8 else 1
+        # (AMX accumulators are tile registers: the 2x2 tile already fills the tile file.)
+        chains = 2 if U > 1 and U % 2 == 0 and MR * nrv < 8 and not tiles_amx else 1
         accs0 = [acc0] + [br.op(t.FragmentZeroOp.create(result_types=[frag_c])).results[0]
                           for _ in range(chains - 1)]
 
