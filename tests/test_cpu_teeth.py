@@ -51,3 +51,23 @@ def test_wrong_softmax_normaliser_is_caught(rng, monkeypatch):
     orig = rowwise._reduce
     monkeypatch.setattr(rowwise, "_reduce", lambda b, kind, v: orig(b, "max", v))  # sum replaced by max
     assert not O.gate(ts.jit(ts.ops.softmax)(x), O.softmax(x), 1e-5)
+
+
+def test_a_lost_work_chunk_is_caught(rng, monkeypatch):
+    # rows of a shared-panel GEMM are handed out from the team's work counter: numbering
+    # that skips a chunk leaves rows of C unwritten, and the gate sees it
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    a, b = rng.standard_normal((300, 70)).astype(np.float32), rng.standard_normal((70, 90)).astype(np.float32)
+    f = lambda x, w: x @ w  # noqa: E731
+    art = ts.compile(f, a, b)
+    assert "tile.claim" in art.ir("tile") and "tessera_x86.claim" in art.ir("target")
+    O.assert_close(ts.jit(f)(a, b), O.f64(a) @ b, 1e-5)
+    orig = _Lowerer.op_tile_claim
+
+    def planted(self, op, bld):  # every claim one too far on
+        orig(self, op, bld)
+        self.vmap[op.result] = bld.add(self.vmap[op.result], 1)
+
+    monkeypatch.setattr(_Lowerer, "op_tile_claim", planted)
+    bad = ts.jit(f, schedule={"threads": 1})(a, b)
+    assert not O.gate(bad, O.f64(a) @ b, 1e-5)

@@ -162,6 +162,10 @@ class _Fn(FnCodegen):
         b.branch(wait_bb)
         b.position_at_end(done_bb)
 
+    def op_tessera_x86_claim(self, op):
+        ctr = self.b.gep(self.v(op.team), [ir.Constant(I64, x.WORK_COUNTER)], source_etype=I8)
+        self.set(op, self.b.atomic_rmw("add", ctr, ir.Constant(I64, 1), "monotonic"))
+
     def op_tessera_x86_sfence(self, op):
         self.b.call(self.gen.intrinsic("llvm.x86.sse.sfence", ir.VoidType(), []), [])
 

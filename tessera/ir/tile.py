@@ -393,6 +393,18 @@ class BarrierOp(IRDLOperation):
     assembly_format = "attr-dict"
 
 
+@irdl_op_definition
+class ClaimOp(IRDLOperation):
+    """``%i = tile.claim``: atomically take the next number from the launch's shared work
+    counter (zero when the launch starts; every thread of the launch draws from it).  Work
+    handed out this way goes to whichever thread is free, so a slower core does less of it;
+    which thread computes an item never changes how the item is computed."""
+
+    name = "tile.claim"
+    result = result_def(IndexType)
+    assembly_format = "attr-dict"
+
+
 # --------------------------------------------------------------------------- fragment ops
 def _fragment_uses_role(op: IRDLOperation, result: SSAValue, role: str) -> None:
     for use in result.uses:
@@ -702,7 +714,7 @@ class LaunchOp(IRDLOperation):
 
 Tile = Dialect(
     "tile",
-    [AllocOp, ViewOp, AsyncCopyOp, WaitOp, BarrierOp, FragmentZeroOp, FragmentPackOp, MmaOp, FragmentUnpackOp, LoadOp,
+    [AllocOp, ViewOp, AsyncCopyOp, WaitOp, BarrierOp, ClaimOp, FragmentZeroOp, FragmentPackOp, MmaOp, FragmentUnpackOp, LoadOp,
      StoreOp, ConstantOp, SplatIndexOp, ElementwiseOp, MaskOp, ReduceOp, ProgramIdOp, WaveIdOp, LaunchOp],
     [BufferType, ViewType, TileType, FragmentType, TokenType],
 )

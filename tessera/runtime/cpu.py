@@ -212,7 +212,7 @@ class CpuExecutable:
         if self._team.nbytes < size + 64:
             self._team = np.zeros(size + 64, np.uint8)
         addr = self._team.ctypes.data + (-self._team.ctypes.data % 64)
-        ctypes.memset(addr, 0, 128)  # barrier words
+        ctypes.memset(addr, 0, x.TEAM_HEADER)  # barrier words and the work counter
         return addr
 
     def threads_for(self, step: Step, env: dict[str, int], sizes: list[int]) -> int:

@@ -164,6 +164,20 @@ class BarrierOp(IRDLOperation):
     assembly_format = "$team `,` $nthreads attr-dict"
 
 
+TEAM_HEADER = 192   # bytes at the start of the team buffer: barrier count @0, generation @64, work counter @128
+WORK_COUNTER = 128
+
+
+@irdl_op_definition
+class ClaimOp(IRDLOperation):
+    """Atomically add 1 to the team's work counter (an i64 at byte 128); the old value."""
+
+    name = "tessera_x86.claim"
+    team = operand_def(PTR)
+    result = result_def(IndexType)
+    assembly_format = "$team attr-dict"
+
+
 @irdl_op_definition
 class SFenceOp(IRDLOperation):
     """Order this thread's streaming stores before anything that follows (sfence)."""
@@ -425,7 +439,7 @@ class LaunchOp(IRDLOperation):
 
 X86 = Dialect(
     "tessera_x86",
-    [VZeroOp, VConstantOp, VSplatOp, VBroadcastOp, VLoadOp, VStoreOp, AlignedOp, SFenceOp, BarrierOp, LoadOp, StoreOp, VFmaOp, VDpbf16psOp,
+    [VZeroOp, VConstantOp, VSplatOp, VBroadcastOp, VLoadOp, VStoreOp, AlignedOp, SFenceOp, BarrierOp, ClaimOp, LoadOp, StoreOp, VFmaOp, VDpbf16psOp,
      VBinaryOp, VUnaryOp, VReduceOp, VCvtOp, VLaneSelectOp, VTransposeOp, VInterleaveOp, TZeroOp, TLoadOp, TStoreOp,
      TDpOp, WorkspaceOp, LaunchOp],
     [AmxTileType],

@@ -98,7 +98,7 @@ class _Lowerer(OpLowerer):
     w: int
     features: frozenset[str]
     ws_offset: int = 0
-    team_offset: int = 128  # the barrier's words come first
+    team_offset: int = x.TEAM_HEADER  # the barrier's words and the work counter come first
     used_nt: bool = False
     vmap: dict = field(default_factory=dict)
     amx_scratch: dict = field(default_factory=dict)
@@ -225,6 +225,9 @@ class _Lowerer(OpLowerer):
 
     def op_tile_barrier(self, op, b: Builder) -> None:
         b.op(x.BarrierOp.create(operands=[self.team, self.nthreads]))
+
+    def op_tile_claim(self, op, b: Builder) -> None:
+        self.vmap[op.result] = b.op(x.ClaimOp.create(operands=[self.team], result_types=[INDEX])).result
 
     def op_tile_view(self, op: t.ViewOp, b: Builder) -> None:
         ty = op.result.type
@@ -898,14 +901,15 @@ class LowerTileToX86(TesseraPass):
 
     name = "lower-tile-to-x86"
     kind = "target-lowering"
-    consumes = ("tile.alloc", "tile.view", "tile.async_copy", "tile.wait", "tile.barrier", "tile.fragment_zero",
+    consumes = ("tile.alloc", "tile.view", "tile.async_copy", "tile.wait", "tile.barrier", "tile.claim",
+                "tile.fragment_zero",
                 "tile.fragment_pack", "tile.mma", "tile.fragment_unpack", "tile.load", "tile.store",
                 "tile.constant", "tile.splat_index", "tile.elementwise", "tile.mask", "tile.reduce", "tile.launch")
     produces = ("tessera_x86.vzero", "tessera_x86.vconstant", "tessera_x86.vbroadcast", "tessera_x86.vload",
                 "tessera_x86.vstore", "tessera_x86.load", "tessera_x86.store", "tessera_x86.vfma", "tessera_x86.vsplat",
                 "tessera_x86.vdpbf16ps", "tessera_x86.vbinary", "tessera_x86.vunary", "tessera_x86.vreduce",
                 "tessera_x86.vcvt", "tessera_x86.vinterleave", "tessera_x86.vtranspose", "tessera_x86.vlaneselect", "tessera_x86.aligned",
-                "tessera_x86.sfence", "tessera_x86.barrier", "tessera_x86.tzero", "tessera_x86.tload",
+                "tessera_x86.sfence", "tessera_x86.barrier", "tessera_x86.claim", "tessera_x86.tzero", "tessera_x86.tload",
                 "tessera_x86.tstore", "tessera_x86.tdp",
                 "tessera_x86.workspace", "tessera_x86.launch")
     arch: str = option(doc="x86 CPU name or ISA level (host resolved before lowering); required")

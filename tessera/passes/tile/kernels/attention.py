@@ -1,7 +1,8 @@
 """Flash attention as Tile IR: the N x N score matrix never exists.
 
-One work item is (batch, head, block of BQ query rows); threads take contiguous ranges of
-them.  Per item, in the thread's workspace (all O(block)):
+One work item is (batch, head, block of BQ query rows); each goes to whichever thread
+claims it next from the team's work counter (``tile.claim``: causal items differ in cost,
+and cores in speed).  Per item, in the thread's workspace (all O(block)):
 
   Q panel   BQ x D        packed once (tile.async_copy, a_panel)
   for each block of BKV keys (blocks above the causal diagonal are skipped, not masked):
@@ -30,7 +31,8 @@ from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr, str_array
 from tessera.ir.builder import Builder
 from tessera.mma.selector import record_by_id
-from tessera.passes.tile.kernels.common import ALIGN, KernelSig, elementwise, illegal, tile_const, trace_view
+from tessera.passes.tile.kernels.common import (ALIGN, KernelSig, elementwise, for_claimed, illegal, tile_const,
+                                                trace_view)
 from tessera.passes.tile.kernels.rows import broadcast_to
 
 MAX_HEAD_DIM = 256
@@ -138,9 +140,6 @@ def generate(kop: s.KernelOp):
 
     nqb = b.ceil_div(nSQ, BQ)
     total = b.mul(b.mul(nB, nH), nqb)
-    per = b.ceil_div(total, kf.nthreads)
-    lo = b.min(b.mul(kf.tid, per), total)
-    hi = b.min(b.add(lo, per), total)
     group = b.div(nH, b.max(nHKV, 1))
 
     def view(bb: Builder, src, el, space, shape, off, rs, cs, rows, cols):
@@ -326,7 +325,7 @@ def generate(kop: s.KernelOp):
         bi.for_(0, bq, 1, finish)
         return []
 
-    b.for_(lo, hi, 1, item)
+    for_claimed(b, kf, 0, total, lambda bw, w: item(bw, w, None))   # one phase: items go to free threads
     fn = kf.finish()
     fn.attributes["limits"] = str_array(limits)
     return fn, sig.dims, workspace, []

@@ -35,7 +35,6 @@ from tessera.ir.strided import StridedView, row_major_strides
 
 WS_TYPE = t.buffer(IntegerType(8), "workspace")
 TEAM_TYPE = t.buffer(IntegerType(8), "team")
-TEAM_RESERVED = 128  # bytes at the start of the team buffer used by tile.barrier
 ALIGN = 64
 
 
@@ -164,3 +163,26 @@ def gpu_ids(b: Builder) -> tuple[SSAValue, SSAValue, SSAValue, SSAValue]:
     ids = [b.op(t.ProgramIdOp.create(result_types=[INDEX], attributes={"axis": i64_attr(a)})).results[0]
            for a in range(3)]
     return ids[0], ids[1], ids[2], b.op(t.WaveIdOp.create(result_types=[INDEX])).results[0]
+
+
+def for_claimed(b: Builder, kf: KernelFn, base, count, body) -> None:
+    """Run ``body(builder, item)`` for items 0..count-1 of one phase, each on whichever thread
+    claims it from the team's work counter (``tile.claim``).  Every thread claims until it
+    draws a number past the phase, so each overshoots exactly once: a phase that starts at
+    ``base`` leaves the counter at ``base + count + nthreads`` (the next phase's base)."""
+    def attempt(ba: Builder, _i, carried):
+        def take(bt: Builder):
+            item = bt.sub(bt.op(t.ClaimOp.create(result_types=[INDEX])).result, base)
+            ok = bt.cmp("slt", item, count)
+            bt.if_(ok, lambda bw: body(bw, item))
+            return [bt.select(ok, bt.c(0), bt.c(1))]
+
+        return [ba.if_(ba.cmp("eq", carried[0], 0), take, lambda bs: [bs.c(1)], [INDEX])[0]]
+
+    b.for_(0, b.add(count, 1), 1, attempt, [b.c(0)])
+
+
+def claimed_phase_base(b: Builder, kf: KernelFn, phase, count):
+    """Where phase number ``phase`` (0, 1, ... in order, every thread walking every phase)
+    starts on the work counter when each phase hands out ``count`` items."""
+    return b.mul(phase, b.add(count, kf.nthreads))

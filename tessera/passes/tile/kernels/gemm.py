@@ -9,9 +9,18 @@ tile runs ``tile.mma`` over k on typed fragments (``tile.view`` ->
 incoming accumulator C0, or from the partial sums of earlier k-blocks — and
 the last k-block applies the fused epilogue and stores (masked at edges).
 
-Threads split the (batch x row-tile) space into contiguous ranges; each thread
-packs its own panels, so no barrier is needed and every element is computed by
-the same sequence of instructions whatever the thread count.
+Two ways to share the work among threads (the schedule's parallel loop):
+
+- ``m``: every thread walks every (batch, n-block, k-block) phase; the team packs the
+  B panel together into shared staging (barrier), then the phase's rows are handed
+  out in chunks of about a quarter of a thread's share from the team's work counter
+  (``tile.claim``), so a core that runs slower (a busy sibling, a VM neighbour) takes
+  fewer chunks instead of holding everyone at the next barrier;
+- ``b*m``: the (batch x row-tile) space is split into contiguous ranges; each thread
+  packs its own panels and needs no barrier.
+
+Either way every element is computed by the same sequence of instructions whatever
+the thread count, or whichever thread takes its chunk.
 """
 from __future__ import annotations
 
@@ -32,7 +41,9 @@ from tessera.passes.tile.kernels.common import (
     KernelFn,
     KernelSig,
     StridedView,
+    claimed_phase_base,
     elementwise,
+    for_claimed,
     illegal,
     scalar_constant,
     tile_const,
@@ -229,12 +240,15 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
         batch_total = b.mul(batch_total, kf.size(d))
     mtiles = b.ceil_div(M, MR)
     if shared:
-        # every thread walks every batch and k-block; rows are split; B panels are packed by all
-        # threads together into the team's staging and shared after a barrier
+        # every thread walks every batch and k-block; B panels are packed by all threads together
+        # into the team's staging and shared after a barrier; the rows of each (batch, n, k) phase
+        # are handed out in chunks from the team's work counter (a slower core takes fewer)
         b_lo, b_hi = 0, batch_total
-        per = b.ceil_div(mtiles, kf.nthreads)
-        lo = b.min(b.mul(kf.tid, per), mtiles)
-        hi = b.min(b.add(lo, per), mtiles)
+        # about four chunks per thread, whole row tiles, at most one A block
+        chunk = b.min(b.mul(b.ceil_div(b.ceil_div(M, b.mul(kf.nthreads, 4)), MR), MR), MC)
+        chunk = b.max(chunk, MR)
+        nchunks = b.ceil_div(M, chunk)
+        njc = b.ceil_div(N, NC)
     else:
         # contiguous ranges of (batch x row tiles) per thread, each packing its own panels
         total = b.mul(batch_total, mtiles)
@@ -253,11 +267,11 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
     nkb = b.max(b.ceil_div(K, KC), 1)
     kstep = b.max(b.mul(b.ceil_div(b.ceil_div(K, nkb), kp * U), kp * U), kp * U)
     kstep = b.min(kstep, KC)
+    nkloop = b.ceil_div(b.max(K, 1), kstep)   # iterations of the k-block loop below
 
     def body_batch(bb: Builder, bi: SSAValue, _c) -> None:
         if shared:
-            m_lo = bb.mul(lo, MR)
-            m_hi = bb.min(bb.mul(hi, MR), M)
+            m_lo, m_hi = 0, M
         else:
             m_lo = bb.mul(bb.max(bb.sub(lo, bb.mul(bi, mtiles)), 0), MR)
             m_hi = bb.min(bb.mul(bb.sub(hi, bb.mul(bi, mtiles)), MR), M)
@@ -298,8 +312,8 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
                 first = bp.cmp("eq", pc, 0)
                 last = bp.cmp("sge", bp.add(pc, kc), K)
 
-                def body_ic(bi2: Builder, ic: SSAValue, _c) -> None:
-                    mc = bi2.min(MC, bi2.sub(m_hi, ic))
+                def body_ic(bi2: Builder, ic: SSAValue, _c, rows: int = MC) -> None:
+                    mc = bi2.min(rows, bi2.sub(m_hi, ic))
                     asrc = view(bi2, buf[plan.a.arg], in_elem, "global", (MC, KC),
                                 bi2.add(off_a, bi2.add(bi2.mul(ic, sAm), bi2.mul(pc, sAk))), sAm, sAk, mc, kc)
                     tok2 = t.AsyncCopyOp.create(operands=[asrc, apack, bi2.c(0)], attributes={
@@ -329,7 +343,12 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
 
                     bi2.if_(bi2.cmp("sgt", rem, 0), lambda b3: remainder(b3, 1))
 
-                bp.for_(m_lo, m_hi, MC, body_ic)
+                if shared:
+                    phase = bp.add(bp.mul(bp.add(bp.mul(bi, njc), bp.div(jc, NC)), nkloop), bp.div(pc, kstep))
+                    for_claimed(bp, kf, claimed_phase_base(bp, kf, phase, nchunks), nchunks,
+                                lambda bw, item: body_ic(bw, bw.mul(item, chunk), None, chunk))
+                else:
+                    bp.for_(m_lo, m_hi, MC, body_ic)
                 if shared:
                     bp.op(t.BarrierOp.create())  # everyone is done with the panel before it is repacked
 
