@@ -124,11 +124,12 @@ SAMPLES: dict[str, str] = {
   %t2 = tile.async_copy %v, %s[%c0] {{layout = "b_panel", panel = 16 : i64, kpack = 2 : i64, kblock = 32 : i64}} : !tile.view<[6, 32], f32, global>, {PANEL}
   tile.wait %t2
   tile.barrier
-  %w = tile.claim"""),
+  %w = tile.claim
+  tile.prefetch %v : !tile.view<[6, 32], f32, global>"""),
     "tile.async_copy": None,  # covered by tile.alloc
     "tile.wait": None,
     "tile.barrier": None,
-    "tile.claim": None,
+    "tile.claim": None, "tile.prefetch": None,
     "tile.load": _tile(f"""  %v = tile.view %p[%c0] strides [%c32, %c1] bounds [%c1, %c32] : {BUF} -> !tile.view<[1, 32], f32, global>
   %t = tile.load %v : !tile.view<[1, 32], f32, global> -> !tile.tile<[1, 32], f32>
   %h0 = tile.constant (5.000000e-01 : f32) : !tile.tile<[1, 1], f32>
@@ -176,12 +177,13 @@ SAMPLES: dict[str, str] = {
   %tr:2 = tessera_x86.vtranspose %l, %z : vector<16xf32>, vector<16xf32> -> vector<16xf32>, vector<16xf32>
   %w = tessera_x86.workspace %p[64] 
   %wc = tessera_x86.claim %p
+  tessera_x86.prefetch %p[%o] {elem_bytes = 4 : i64}
   %t0 = tessera_x86.tzero : !tessera_x86.amx
   %ta = tessera_x86.tload %p[%o] stride %n {elem_bytes = 2 : i64} : !tessera_x86.amx
   %tc = tessera_x86.tdp "tdpbf16ps" %ta, %ta, %t0 : !tessera_x86.amx
   tessera_x86.tstore %tc, %p[%o] stride %n {elem_bytes = 4 : i64} : !tessera_x86.amx
   func.return"""),
-    "tessera_x86.claim": None, "tessera_x86.tzero": None, "tessera_x86.tload": None, "tessera_x86.tdp": None, "tessera_x86.tstore": None,
+    "tessera_x86.claim": None, "tessera_x86.prefetch": None, "tessera_x86.tzero": None, "tessera_x86.tload": None, "tessera_x86.tdp": None, "tessera_x86.tstore": None,
     "tessera_x86.vconstant": None, "tessera_x86.vsplat": None, "tessera_x86.vbroadcast": None,
     "tessera_x86.vload": None, "tessera_x86.vstore": None, "tessera_x86.load": None, "tessera_x86.store": None,
     "tessera_x86.vfma": None, "tessera_x86.vdpbf16ps": None, "tessera_x86.vbinary": None,

@@ -166,6 +166,11 @@ class _Fn(FnCodegen):
         ctr = self.b.gep(self.v(op.team), [ir.Constant(I64, x.WORK_COUNTER)], source_etype=I8)
         self.set(op, self.b.atomic_rmw("add", ctr, ir.Constant(I64, 1), "monotonic"))
 
+    def op_tessera_x86_prefetch(self, op):
+        fn = self.gen.intrinsic("llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32])
+        addr = self._addr(self.v(op.base), self.v(op.offset), ir.IntType(8 * ival(op.elem_bytes)))
+        self.b.call(fn, [addr, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+
     def op_tessera_x86_sfence(self, op):
         self.b.call(self.gen.intrinsic("llvm.x86.sse.sfence", ir.VoidType(), []), [])
 

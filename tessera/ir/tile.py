@@ -509,6 +509,17 @@ class FragmentUnpackOp(IRDLOperation):
 
 # --------------------------------------------------------------------------- tile values
 @irdl_op_definition
+class PrefetchOp(IRDLOperation):
+    """``tile.prefetch %view``: ask for the memory of the view's first row ahead of its use (a
+    hint: no value changes, and an address past the data is harmless).  Row kernels fetch
+    the next row while they compute on the cached current one, so memory never idles."""
+
+    name = "tile.prefetch"
+    source = operand_def(ViewType)
+    assembly_format = "$source attr-dict `:` type($source)"
+
+
+@irdl_op_definition
 class LoadOp(IRDLOperation):
     """Read a view into registers; elements outside the valid extent read as ``pad``
     (0 unless given: a max-reduction pads with -inf)."""
@@ -714,7 +725,7 @@ class LaunchOp(IRDLOperation):
 
 Tile = Dialect(
     "tile",
-    [AllocOp, ViewOp, AsyncCopyOp, WaitOp, BarrierOp, ClaimOp, FragmentZeroOp, FragmentPackOp, MmaOp, FragmentUnpackOp, LoadOp,
+    [AllocOp, ViewOp, AsyncCopyOp, WaitOp, BarrierOp, ClaimOp, PrefetchOp, FragmentZeroOp, FragmentPackOp, MmaOp, FragmentUnpackOp, LoadOp,
      StoreOp, ConstantOp, SplatIndexOp, ElementwiseOp, MaskOp, ReduceOp, ProgramIdOp, WaveIdOp, LaunchOp],
     [BufferType, ViewType, TileType, FragmentType, TokenType],
 )

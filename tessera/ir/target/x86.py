@@ -179,6 +179,18 @@ class ClaimOp(IRDLOperation):
 
 
 @irdl_op_definition
+class PrefetchOp(IRDLOperation):
+    """Fetch the cache line holding base[offset] (``elem_bytes`` elements) into all cache levels
+    (prefetcht0); never faults."""
+
+    name = "tessera_x86.prefetch"
+    base = operand_def(PTR)
+    offset = operand_def(IndexType)
+    elem_bytes = attr_def(IntegerAttr)
+    assembly_format = "$base `[` $offset `]` attr-dict"
+
+
+@irdl_op_definition
 class SFenceOp(IRDLOperation):
     """Order this thread's streaming stores before anything that follows (sfence)."""
 
@@ -439,7 +451,7 @@ class LaunchOp(IRDLOperation):
 
 X86 = Dialect(
     "tessera_x86",
-    [VZeroOp, VConstantOp, VSplatOp, VBroadcastOp, VLoadOp, VStoreOp, AlignedOp, SFenceOp, BarrierOp, ClaimOp, LoadOp, StoreOp, VFmaOp, VDpbf16psOp,
+    [VZeroOp, VConstantOp, VSplatOp, VBroadcastOp, VLoadOp, VStoreOp, AlignedOp, SFenceOp, BarrierOp, ClaimOp, PrefetchOp, LoadOp, StoreOp, VFmaOp, VDpbf16psOp,
      VBinaryOp, VUnaryOp, VReduceOp, VCvtOp, VLaneSelectOp, VTransposeOp, VInterleaveOp, TZeroOp, TLoadOp, TStoreOp,
      TDpOp, WorkspaceOp, LaunchOp],
     [AmxTileType],

@@ -418,6 +418,16 @@ class _Lowerer(OpLowerer):
             out.append([row[0 if len(row) == 1 else v] for v in range(nv)])
         return out
 
+    def op_tile_prefetch(self, op: t.PrefetchOp, b: Builder) -> None:
+        vv: ViewVal = self.get(op.source)
+        esize = _elem_bytes(vv.elem)
+        per_line = max(1, 64 // esize)
+        if _const_int(vv.cs) not in (0, 1):
+            raise CodegenError("tile.prefetch needs a view with unit column stride")
+        for j in range(-(-vv.shape[1] // per_line) if _const_int(vv.cs) == 1 else 1):
+            b.op(x.PrefetchOp.create(operands=[vv.base, b.c(b.add(vv.off, j * per_line))],
+                                     attributes={"elem_bytes": i64_attr(esize)}))
+
     def op_tile_load(self, op: t.LoadOp, b: Builder) -> None:
         pad = op.pad.value.data if op.pad is not None else 0.0
         self.vmap[op.result] = self._load_tile(b, self.get(op.source), pad)
@@ -901,7 +911,7 @@ class LowerTileToX86(TesseraPass):
 
     name = "lower-tile-to-x86"
     kind = "target-lowering"
-    consumes = ("tile.alloc", "tile.view", "tile.async_copy", "tile.wait", "tile.barrier", "tile.claim",
+    consumes = ("tile.alloc", "tile.view", "tile.async_copy", "tile.wait", "tile.barrier", "tile.claim", "tile.prefetch",
                 "tile.fragment_zero",
                 "tile.fragment_pack", "tile.mma", "tile.fragment_unpack", "tile.load", "tile.store",
                 "tile.constant", "tile.splat_index", "tile.elementwise", "tile.mask", "tile.reduce", "tile.launch")
@@ -909,7 +919,7 @@ class LowerTileToX86(TesseraPass):
                 "tessera_x86.vstore", "tessera_x86.load", "tessera_x86.store", "tessera_x86.vfma", "tessera_x86.vsplat",
                 "tessera_x86.vdpbf16ps", "tessera_x86.vbinary", "tessera_x86.vunary", "tessera_x86.vreduce",
                 "tessera_x86.vcvt", "tessera_x86.vinterleave", "tessera_x86.vtranspose", "tessera_x86.vlaneselect", "tessera_x86.aligned",
-                "tessera_x86.sfence", "tessera_x86.barrier", "tessera_x86.claim", "tessera_x86.tzero", "tessera_x86.tload",
+                "tessera_x86.sfence", "tessera_x86.barrier", "tessera_x86.claim", "tessera_x86.prefetch", "tessera_x86.tzero", "tessera_x86.tload",
                 "tessera_x86.tstore", "tessera_x86.tdp",
                 "tessera_x86.workspace", "tessera_x86.launch")
     arch: str = option(doc="x86 CPU name or ISA level (host resolved before lowering); required")

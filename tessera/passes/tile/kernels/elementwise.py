@@ -49,7 +49,6 @@ def generate(kop: s.KernelOp):
         nrows = 1
         for d in dims[:-1]:
             nrows = b.mul(nrows, kf.size(d))
-    lo, hi = R.thread_range(kf, b, nrows)
     stream = R.stream_flag(b, T if flat else b.mul(nrows, C))
 
     def row_body(br, r, _c):
@@ -74,7 +73,7 @@ def generate(kop: s.KernelOp):
         br.for_(0, row_len, chunk, col_body)
         return []
 
-    b.for_(lo, hi, 1, row_body)
+    R.for_rows(kf, b, nrows, row_body)
     return kf.finish(), sig.dims, 0, []
 
 

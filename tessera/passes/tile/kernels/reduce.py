@@ -78,7 +78,6 @@ def generate(kop: s.KernelOp):
         return acc
 
     if inner == 1:
-        lo, hi = R.thread_range(kf, b, O)
 
         def row(br, r, _c):
             base = br.mul(r, Rn)
@@ -95,10 +94,9 @@ def generate(kop: s.KernelOp):
             br.op(t.StoreOp.create(operands=[res, view_at(br, out_buf, r, 1, 1, out_elem)]))
             return []
 
-        b.for_(lo, hi, 1, row)
+        R.for_rows(kf, b, O, row)
     else:
         nchunks = b.ceil_div(I, chunk)
-        lo, hi = R.thread_range(kf, b, b.mul(O, nchunks))
 
         def item(bi, w, _c):
             o = bi.div(w, nchunks)
@@ -116,5 +114,5 @@ def generate(kop: s.KernelOp):
                                                           out_elem)]))
             return []
 
-        b.for_(lo, hi, 1, item)
+        R.for_rows(kf, b, b.mul(O, nchunks), item)
     return kf.finish(), sig.dims, 0, []

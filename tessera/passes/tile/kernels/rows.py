@@ -26,6 +26,7 @@ from tessera.passes.tile.kernels.common import (
     KernelSig,
     StridedView,
     elementwise,
+    for_claimed,
     row_major_strides,
     scalar_constant,
     tile_const,
@@ -95,11 +96,12 @@ def register_dims(sig: KernelSig, dims, leaves: dict[SSAValue, Leaf]) -> None:
                 sig.dim(st)
 
 
-def thread_range(kf: KernelFn, b: Builder, total) -> tuple:
-    per = b.ceil_div(total, kf.nthreads)
-    lo = b.min(b.mul(kf.tid, per), total)
-    hi = b.min(b.add(lo, per), total)
-    return lo, hi
+def for_rows(kf: KernelFn, b: Builder, total, body) -> None:
+    """``body(builder, r, None)`` for r in 0..total-1, in runs of about an eighth of a thread's
+    share handed out from the team's work counter (a slower core takes fewer runs)."""
+    run = b.max(b.ceil_div(total, b.mul(kf.nthreads, 8)), 1)
+    for_claimed(b, kf, 0, b.ceil_div(total, run), lambda bw, item: bw.for_(
+        bw.mul(item, run), bw.min(bw.mul(bw.add(item, 1), run), total), 1, body))
 
 
 class RowCtx:
@@ -131,6 +133,18 @@ class RowCtx:
                     if st != 0:
                         off = b.add(off, b.mul(dgt, kf.size(st)))
                 self.offsets[v] = off
+
+
+def prefetch_leaves(kf: KernelFn, b: Builder, leaves: dict[SSAValue, Leaf], offsets: dict, c, chunk: int) -> None:
+    """``tile.prefetch`` the chunk at column c of every row-varying leaf, at ``offsets`` (the
+    next row's, from its RowCtx): issued while the current row is computed from the cache."""
+    for v, lf in leaves.items():
+        if lf.mode == "bcast" or lf.col_stride != 1 or v not in offsets:
+            continue
+        view = t.ViewOp.create(operands=[kf.buffer_args[lf.view.arg], b.c(b.add(offsets[v], c)), b.c(0), b.c(1),
+                                         b.c(1), b.c(chunk)], result_types=[t.view_type(1, chunk, lf.elem, "global")])
+        b.op(view)
+        b.op(t.PrefetchOp.create(operands=[view.result]))
 
 
 def load_leaf(kf: KernelFn, b: Builder, lf: Leaf, row_off, c, cols_left, chunk: int, pad: float | None = None):
@@ -209,5 +223,5 @@ def check_rows_schedule(kop: s.KernelOp) -> None:
                                    "vector width")
 
 
-__all__ = ["Leaf", "find_leaves", "register_dims", "thread_range", "RowCtx", "load_leaf", "store_row",
+__all__ = ["Leaf", "find_leaves", "register_dims", "for_rows", "RowCtx", "load_leaf", "prefetch_leaves", "store_row",
            "emit_ops", "chunk_of", "check_rows_schedule", "StringAttr"]

@@ -2,7 +2,8 @@
 elementwise prologue (applied as the row is read) and epilogue (as it is written).
 
 Each thread owns whole rows; a row is read from memory once and its later passes
-hit the cache:
+hit the cache (the first of them prefetches the row after next, so memory stays busy while
+the cached row is computed):
 
   softmax    pass 1: running max (tile.reduce max, masked tail = -inf)
              pass 2: e = exp(t - max), summed; stored into the output when it is f32
@@ -90,12 +91,12 @@ def generate(kop: s.KernelOp):
     nrows = 1
     for d in dims[:-1]:
         nrows = b.mul(nrows, kf.size(d))
-    lo, hi = R.thread_range(kf, b, nrows)
     stream = R.stream_flag(b, b.mul(nrows, C))
     eps = norm.eps.value.data if hasattr(norm, "eps") else 0.0
 
     def row(br, r, _c):
         ctx = R.RowCtx(kf, br, r, dims, leaves)
+        nxt = R.RowCtx(kf, br, br.add(r, 2), dims, leaves).offsets   # two rows on, prefetched in a later pass
         out_off = br.mul(r, C)
 
         def x_chunk(bc, c, pad: float = 0.0):
@@ -115,11 +116,13 @@ def generate(kop: s.KernelOp):
             R.emit_ops(bc, epilogue, vals)
             R.store_row(kf, bc, out_buf, out.type.element_type, vals[out], bc.add(out_off, c), left, chunk, stream)
 
-        def accumulate(kind: str, pad: float, fn):
+        def accumulate(kind: str, pad: float, fn, prefetch: bool = False):
             """Sum (or max) over the row of fn(x chunk) -> [1, 1] tile."""
             init = _splat(br, chunk, pad)
 
             def body(bc, c, carried):
+                if prefetch:
+                    R.prefetch_leaves(kf, bc, leaves, nxt, c, chunk)
                 xv, left = x_chunk(bc, c, pad if kind == "max" else 0.0)
                 val = fn(bc, xv)
                 val = _mask(bc, val, left, pad)
@@ -141,6 +144,7 @@ def generate(kop: s.KernelOp):
                 return v.result
 
             def exp_sum(bc, c, carried):
+                R.prefetch_leaves(kf, bc, leaves, nxt, c, chunk)
                 xv, left = x_chunk(bc, c)
                 e = elementwise(bc, "exp", [elementwise(bc, "sub", [xv, mx])])
                 e = _mask(bc, e, left, 0.0)
@@ -177,7 +181,7 @@ def generate(kop: s.KernelOp):
             if isinstance(norm, g.LayerNormOp):
                 mean = elementwise(br, "mul", [accumulate("add", 0.0, lambda bc, xv: xv), inv_n])
                 var = elementwise(br, "mul", [accumulate("add", 0.0, lambda bc, xv: elementwise(
-                    bc, "mul", [elementwise(bc, "sub", [xv, mean])] * 2)), inv_n])
+                    bc, "mul", [elementwise(bc, "sub", [xv, mean])] * 2), prefetch=True), inv_n])
             else:
                 mean = None
                 var = elementwise(br, "mul", [accumulate("add", 0.0, lambda bc, xv: elementwise(
@@ -185,6 +189,8 @@ def generate(kop: s.KernelOp):
             rstd = elementwise(br, "rsqrt", [elementwise(br, "add", [var, tile_const(br, eps)])])
 
             def write(bc, c, _c2):
+                if mean is None:   # rms_norm: its only pass from the cache
+                    R.prefetch_leaves(kf, bc, leaves, nxt, c, chunk)
                 xv, left = x_chunk(bc, c)
                 y = elementwise(bc, "sub", [xv, mean]) if mean is not None else xv
                 y = elementwise(bc, "mul", [y, rstd])
@@ -198,7 +204,7 @@ def generate(kop: s.KernelOp):
             br.for_(0, C, chunk, write)
         return []
 
-    b.for_(lo, hi, 1, row)
+    R.for_rows(kf, b, nrows, row)
     return kf.finish(), sig.dims, (SCRATCH * 4 if scratch is not None else 0), []
 
 

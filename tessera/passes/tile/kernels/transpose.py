@@ -35,7 +35,6 @@ def generate(kop: s.KernelOp):
     nrows = 1
     for d in dims[:-1]:
         nrows = b.mul(nrows, kf.size(d))
-    lo, hi = R.thread_range(kf, b, nrows)
     cs = kf.size(last)
     chunk = R.chunk_of(kop)
 
@@ -67,7 +66,7 @@ def generate(kop: s.KernelOp):
             br.for_(0, C, 1, body)
         return []
 
-    b.for_(lo, hi, 1, row)
+    R.for_rows(kf, b, nrows, row)
     return kf.finish(), sig.dims, 0, []
 
 
