@@ -688,6 +688,13 @@ class _Lowerer(OpLowerer):
         """dst[p*nrw*kcp + g*nrw*kp + c*kp + q] = src[(g*kp+q)*rs + (p*nrw+c)*cs], zero-padded
         (k up to kcp, the next multiple of ``kblock``)."""
         rows, cols = src.rows, src.cols
+        if (_const_int(src.rs) == 1 and _const_int(src.cs) != 1 and kblock == kp
+                and kp == (2 if _is_half(src.elem) else 1)):
+            # k runs along memory (B is a transposed view, e.g. K^T in attention): this is the A
+            # panel layout of the transposed view, packed by vector loads and register transposes
+            self._pack_a(b, ViewVal(src.base, src.off, src.cs, src.rs, cols, rows, (src.shape[1], src.shape[0]),
+                                    src.elem), dst, doff, nrw, kp)
+            return
         kcp = b.mul(b.ceil_div(rows, kblock), kblock)
         npanel = b.ceil_div(cols, nrw)
         cs1 = _const_int(src.cs) == 1
