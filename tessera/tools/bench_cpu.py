@@ -46,16 +46,54 @@ def _median(fn, *args, reps: int = REPS) -> float:
 
 
 # --------------------------------------------------------------------------- host peaks
-def fma_peak(threads: int, bf16: bool = False) -> float:
-    """GFLOP/s of a loop of 12 independent 512-bit FMAs (or vdpbf16ps) per thread."""
+def _peak_loop(threads: int, decls: str, entry: str, phis: str, body: str, done: str, iters: int,
+               flops_per_iter: int, out_floats: int, inp: np.ndarray) -> float:
+    """GFLOP/s of ``void @peak(i64 iters, ptr out, ptr in)``: ``entry``, then a loop of ``body``
+    (values carried by ``phis``), then ``done``; one call per thread, timed after a warm-up."""
     import ctypes
-
-    import llvmlite.binding as llvm
+    from concurrent.futures import ThreadPoolExecutor
 
     from tessera.codegen import jit as cj
     from tessera.mma.x86 import host_cpu, llvm_feature_string
     cpu, feats = host_cpu()
-    if bf16 and "avx512bf16" not in feats:
+    ir = f"""
+{decls}
+define void @peak(i64 %iters, ptr %out, ptr %in) {{
+entry:
+  {entry}
+  br label %loop
+loop:
+  %i = phi i64 [0, %entry], [%i1, %loop]
+  {phis}
+  {body}
+  %i1 = add i64 %i, 1
+  %c = icmp slt i64 %i1, %iters
+  br i1 %c, label %loop, label %done
+done:
+  {done}
+  ret void
+}}
+"""
+    oc = cj.emit(ir, cpu, llvm_feature_string(feats))
+    lo = cj.LoadedObject(oc.obj, ["peak"])
+    fn = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p)(lo.addresses["peak"])
+    out = np.zeros((threads, out_floats), np.float32)
+
+    def run(t):
+        fn(iters, out[t].ctypes.data, inp.ctypes.data)
+
+    with ThreadPoolExecutor(threads) as ex:
+        list(ex.map(run, range(threads)))
+        t0 = time.perf_counter()
+        list(ex.map(run, range(threads)))
+        dt = time.perf_counter() - t0
+    return iters * flops_per_iter * threads / dt / 1e9
+
+
+def fma_peak(threads: int, bf16: bool = False) -> float:
+    """GFLOP/s of a loop of 12 independent 512-bit FMAs (or vdpbf16ps) per thread."""
+    from tessera.mma.x86 import host_cpu
+    if bf16 and "avx512bf16" not in host_cpu()[1]:
         return float("nan")
     n = 12
     if bf16:
@@ -68,108 +106,39 @@ def fma_peak(threads: int, bf16: bool = False) -> float:
         op = "call <16 x float> @llvm.fma.v16f32(<16 x float> %xf, <16 x float> %yf, <16 x float> %a{i})"
         xs = ""
         flops = 32
+    entry = f"%xf = load <16 x float>, ptr %in, align 4\n  %yf = load <16 x float>, ptr %in, align 4\n  {xs}"
     phis = "\n  ".join(f"%a{i} = phi <16 x float> [zeroinitializer, %entry], [%b{i}, %loop]" for i in range(n))
     body = "\n  ".join(f"%b{i} = " + op.format(i=i) for i in range(n))
-    acc = "\n  ".join(["%s0 = fadd <16 x float> %b0, %b0"] +
-                      [f"%s{i} = fadd <16 x float> %s{i - 1}, %b{i}" for i in range(1, n)])
-    ir = f"""
-{decl}
-define void @peak(i64 %iters, ptr %out, ptr %in) {{
-entry:
-  %xf = load <16 x float>, ptr %in, align 4
-  %yf = load <16 x float>, ptr %in, align 4
-  {xs}
-  br label %loop
-loop:
-  %i = phi i64 [0, %entry], [%i1, %loop]
-  {phis}
-  {body}
-  %i1 = add i64 %i, 1
-  %c = icmp slt i64 %i1, %iters
-  br i1 %c, label %loop, label %done
-done:
-  {acc}
-  store <16 x float> %s{n - 1}, ptr %out, align 4
-  ret void
-}}
-"""
-    oc = cj.emit(ir, cpu, llvm_feature_string(feats))
-    lo = cj.LoadedObject(oc.obj, ["peak"])
-    fn = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p)(lo.addresses["peak"])
-    buf = np.ones(16 * threads, np.float32) * 1e-3
-    inp = np.full(16, 1e-3, np.float32)
-    iters = 20_000_000
-    from concurrent.futures import ThreadPoolExecutor
-
-    def run(t):
-        fn(iters, buf[16 * t:].ctypes.data, inp.ctypes.data)
-
-    with ThreadPoolExecutor(threads) as ex:
-        list(ex.map(run, range(threads)))
-        t0 = time.perf_counter()
-        list(ex.map(run, range(threads)))
-        dt = time.perf_counter() - t0
-    del llvm
-    return iters * n * flops * threads / dt / 1e9
+    done = "\n  ".join(["%s0 = fadd <16 x float> %b0, %b0"] +
+                       [f"%s{i} = fadd <16 x float> %s{i - 1}, %b{i}" for i in range(1, n)] +
+                       [f"store <16 x float> %s{n - 1}, ptr %out, align 4"])
+    return _peak_loop(threads, decl, entry, phis, body, done, 20_000_000, n * flops, 16,
+                      np.full(16, 1e-3, np.float32))
 
 
 def amx_peak(threads: int) -> float:
     """GFLOP/s of a loop of tdpbf16ps on four independent accumulator tiles per thread
     (NaN where the host has no AMX or Linux refuses the tile state)."""
-    import ctypes
-
     from tessera import host
-    from tessera.codegen import jit as cj
-    from tessera.mma.x86 import host_cpu, llvm_feature_string
-    cpu, feats = host_cpu()
-    if not {"amx-tile", "amx-bf16"} <= feats or host.amx_refusal():
+    from tessera.mma.x86 import host_cpu
+    if not {"amx-tile", "amx-bf16"} <= host_cpu()[1] or host.amx_refusal():
         return float("nan")
     sh = "i16 16, i16 64"
+    decls = "\n".join(["declare x86_amx @llvm.x86.tileloadd64.internal(i16, i16, ptr, i64)",
+                       "declare x86_amx @llvm.x86.tilezero.internal(i16, i16)",
+                       "declare x86_amx @llvm.x86.tdpbf16ps.internal(i16, i16, i16, x86_amx, x86_amx, x86_amx)",
+                       "declare void @llvm.x86.tilestored64.internal(i16, i16, ptr, i64, x86_amx)"])
+    entry = (f"%z = call x86_amx @llvm.x86.tilezero.internal({sh})\n"
+             f"  %x = call x86_amx @llvm.x86.tileloadd64.internal({sh}, ptr %in, i64 64)\n"
+             f"  %y = call x86_amx @llvm.x86.tileloadd64.internal({sh}, ptr %in, i64 64)")
     phis = "\n  ".join(f"%a{i} = phi x86_amx [%z, %entry], [%b{i}, %loop]" for i in range(4))
     body = "\n  ".join(f"%b{i} = call x86_amx @llvm.x86.tdpbf16ps.internal({sh}, i16 64, x86_amx %a{i}, "
                        f"x86_amx %x, x86_amx %y)" for i in range(4))
-    stores = "\n  ".join(f"call void @llvm.x86.tilestored64.internal({sh}, ptr %out, i64 64, x86_amx %b{i})"
-                         for i in range(4))
-    ir = f"""
-declare x86_amx @llvm.x86.tileloadd64.internal(i16, i16, ptr, i64)
-declare x86_amx @llvm.x86.tilezero.internal(i16, i16)
-declare x86_amx @llvm.x86.tdpbf16ps.internal(i16, i16, i16, x86_amx, x86_amx, x86_amx)
-declare void @llvm.x86.tilestored64.internal(i16, i16, ptr, i64, x86_amx)
-define void @peak(i64 %iters, ptr %out, ptr %in) {{
-entry:
-  %z = call x86_amx @llvm.x86.tilezero.internal({sh})
-  %x = call x86_amx @llvm.x86.tileloadd64.internal({sh}, ptr %in, i64 64)
-  %y = call x86_amx @llvm.x86.tileloadd64.internal({sh}, ptr %in, i64 64)
-  br label %loop
-loop:
-  %i = phi i64 [0, %entry], [%i1, %loop]
-  {phis}
-  {body}
-  %i1 = add i64 %i, 1
-  %c = icmp slt i64 %i1, %iters
-  br i1 %c, label %loop, label %done
-done:
-  {stores}
-  ret void
-}}
-"""
-    oc = cj.emit(ir, cpu, llvm_feature_string(feats))
-    lo = cj.LoadedObject(oc.obj, ["peak"])
-    fn = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p)(lo.addresses["peak"])
-    out = np.zeros((threads, 256), np.float32)
-    inp = np.full(512, 0x3C00, np.uint16)   # bf16 0.0078125: no overflow over the loop
-    iters = 500_000
-    from concurrent.futures import ThreadPoolExecutor
-
-    def run(t):
-        fn(iters, out[t].ctypes.data, inp.ctypes.data)
-
-    with ThreadPoolExecutor(threads) as ex:
-        list(ex.map(run, range(threads)))
-        t0 = time.perf_counter()
-        list(ex.map(run, range(threads)))
-        dt = time.perf_counter() - t0
-    return iters * 4 * 2 * 16 * 16 * 32 * threads / dt / 1e9
+    done = "\n  ".join(f"call void @llvm.x86.tilestored64.internal({sh}, ptr %out, i64 64, x86_amx %b{i})"
+                       for i in range(4))
+    # inputs: bf16 0.0078125 (no overflow over the loop)
+    return _peak_loop(threads, decls, entry, phis, body, done, 500_000, 4 * 2 * 16 * 16 * 32, 256,
+                      np.full(512, 0x3C00, np.uint16))
 
 
 def bf16_instruction() -> str:
