@@ -244,9 +244,10 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
         # into the team's staging and shared after a barrier; the rows of each (batch, n, k) phase
         # are handed out in chunks from the team's work counter (a slower core takes fewer)
         b_lo, b_hi = 0, batch_total
-        # about four chunks per thread, whole row tiles, at most one A block
+        # about four chunks per thread, whole row tiles, at most one A block (a lone thread
+        # takes whole A blocks: nothing to balance)
         chunk = b.min(b.mul(b.ceil_div(b.ceil_div(M, b.mul(kf.nthreads, 4)), MR), MR), MC)
-        chunk = b.max(chunk, MR)
+        chunk = b.select(b.cmp("eq", kf.nthreads, 1), b.c(MC), b.c(b.max(chunk, MR)))
         nchunks = b.ceil_div(M, chunk)
         njc = b.ceil_div(N, NC)
     else:
