@@ -313,7 +313,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
                 first = bp.cmp("eq", pc, 0)
                 last = bp.cmp("sge", bp.add(pc, kc), K)
 
-                def body_ic(bi2: Builder, ic: SSAValue, _c, rows: int = MC) -> None:
+                def body_ic(bi2: Builder, ic: SSAValue, _c, rows=MC) -> None:
                     mc = bi2.min(rows, bi2.sub(m_hi, ic))
                     asrc = view(bi2, buf[plan.a.arg], in_elem, "global", (MC, KC),
                                 bi2.add(off_a, bi2.add(bi2.mul(ic, sAm), bi2.mul(pc, sAk))), sAm, sAk, mc, kc)
