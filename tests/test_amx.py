@@ -160,3 +160,11 @@ def test_refused_tile_state_is_a_coded_error_not_sigill(rng, monkeypatch):
     with pytest.raises(TesseraError) as e:
         jf(a, b)
     assert e.value.code == "LANE_UNAVAILABLE" and "AMX" in str(e.value)
+
+
+@needs_amx
+def test_amx_transposed_operands(rng):
+    # transposed views fold into the packing (A and B panels from strided reads)
+    a, b = rnd(rng, 70, 45), rnd(rng, 33, 70)        # (a^T) @ (b^T): 45 x 70 @ 70 x 33
+    y = ts.jit(lambda x, w: mm32(x.T, w.T))(a, b)
+    O.assert_close(y, O.f64(a).T @ O.f64(b).T, 1e-5)
