@@ -449,7 +449,8 @@ def render(rows: list[dict], h: dict, quick: bool) -> str:
     c = h["compile"]
     lines += ["", "Times in ms.", "",
               f"Compile: cold first call (new process, empty cache, gemm+gelu kernel) {c['cold_first_call_s']:.2f} s "
-              f"(includes importing Tessera); first call served from the disk cache in a warm process "
+              "(after `import tessera`: tracing, the passes, LLVM and the modules they load on first use); "
+              "first call served from the disk cache in a warm process "
               f"{c['disk_cache_first_call_ms']:.1f} ms; in-memory dispatch overhead {c['dispatch_us']:.1f} us per "
               "call (an 8-element elementwise kernel)."]
     if quick:
