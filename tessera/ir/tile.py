@@ -512,7 +512,7 @@ class FragmentUnpackOp(IRDLOperation):
 class PrefetchOp(IRDLOperation):
     """``tile.prefetch %view``: ask for the memory of the view's first row ahead of its use (a
     hint: no value changes, and an address past the data is harmless).  Row kernels fetch
-    the next row while they compute on the cached current one, so memory never idles."""
+    a later row while they compute on the cached current one, so memory never idles."""
 
     name = "tile.prefetch"
     source = operand_def(ViewType)

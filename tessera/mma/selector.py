@@ -278,21 +278,30 @@ def _model_score(sel: MmaSelection, mr: int, nr: int, ghz: float = 3.6) -> float
     return gflops * spill * (1.0 - 0.004 * (mr - 1) - 0.01 * (nr - 1))
 
 
+def _registers(r: MmaRecord, mr: int, nr: int) -> int:
+    """Registers an MR x NR tile holds.  Vector records: MR*NR accumulators, NR B vectors and
+    one A broadcast; tile-register records (AMX): MR*NR accumulator tiles, MR A tiles and NR B
+    tiles, all in the instruction's own register file."""
+    return mr * nr + mr + nr if r.register_file else mr * nr + nr + 1
+
+
+def _budget(isa: MmaIsa, r: MmaRecord, budget: int | None) -> int:
+    """The register file a tile of ``r`` must fit: its own (AMX), else the caller's or the arch's."""
+    return r.register_file or (isa.register_budget if budget is None else budget)
+
+
 def _tile_candidates(r: MmaRecord, budget: int) -> list[tuple[int, int, int]]:
-    """(MR, NR, registers) within the budget.  Vector records: MR*NR accumulators, NR B
-    vectors and one A broadcast; tile-register records (AMX): MR*NR accumulator tiles,
-    MR A tiles and NR B tiles, all in the instruction's own register file."""
-    if r.register_file:
-        return [(mr, nr, mr * nr + mr + nr) for mr in range(1, 5) for nr in range(1, 5)
-                if mr * nr + mr + nr <= r.register_file]
-    return [(mr, nr, mr * nr + nr + 1) for mr in range(1, 17) for nr in range(1, 5) if mr * nr + nr + 1 <= budget]
+    """(MR, NR, registers) within the budget."""
+    max_mr = 4 if r.register_file else 16
+    return [(mr, nr, _registers(r, mr, nr)) for mr in range(1, max_mr + 1) for nr in range(1, 5)
+            if _registers(r, mr, nr) <= budget]
 
 
 def register_tile(isa: MmaIsa, sel: MmaSelection, budget: int | None = None,
                   prefer_tile: tuple[int, int] | None = None) -> RegisterTile:
     """Choose MR x NR instructions per register tile within the register budget."""
     r = sel.record
-    budget = r.register_file or (isa.register_budget if budget is None else budget)
+    budget = _budget(isa, r, budget)
     if r.target != "x86" or (r.vector_width is None and not r.register_file):
         raise MmaSelectorError(f"register_tile applies to CPU register records; {r.id} is a {r.family} "
                                "instruction (its warp/wave tile comes from the GPU schedule)")
@@ -311,11 +320,9 @@ def register_tile(isa: MmaIsa, sel: MmaSelection, budget: int | None = None,
                 return t
         legal = sorted({(t.mr, t.nr) for t in scored})
         kind = "tile" if r.register_file else "vector"
-        need = (prefer_tile[0] * prefer_tile[1] + prefer_tile[0] + prefer_tile[1] if r.register_file
-                else prefer_tile[0] * prefer_tile[1] + prefer_tile[1] + 1)
         raise MmaSelectorError(
-            f"register tile {prefer_tile[0]}x{prefer_tile[1]} of {r.id} needs {need} {kind} registers; "
-            f"{isa.arch} has {budget}. Legal MRxNR: {', '.join(f'{a}x{b}' for a, b in legal[:40])}"
+            f"register tile {prefer_tile[0]}x{prefer_tile[1]} of {r.id} needs {_registers(r, *prefer_tile)} {kind} "
+            f"registers; {isa.arch} has {budget}. Legal MRxNR: {', '.join(f'{a}x{b}' for a, b in legal[:40])}"
             + ("..." if len(legal) > 40 else ""))
     # measured tiles outrank modelled ones only when measured; otherwise the model ranks
     calibrated = [t for t in scored if t.source == "calibrated"]
@@ -324,6 +331,6 @@ def register_tile(isa: MmaIsa, sel: MmaSelection, budget: int | None = None,
 
 
 def ranked_register_tiles(isa: MmaIsa, sel: MmaSelection, budget: int | None = None) -> list[RegisterTile]:
-    budget = sel.record.register_file or (isa.register_budget if budget is None else budget)
+    budget = _budget(isa, sel.record, budget)
     out = [register_tile(isa, sel, budget, (mr, nr)) for mr, nr, _ in _tile_candidates(sel.record, budget)]
     return sorted(out, key=lambda t: -t.score)

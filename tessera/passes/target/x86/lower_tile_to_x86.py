@@ -530,9 +530,8 @@ class _Lowerer(OpLowerer):
                 for j, tile in enumerate(row):
                     b.op(x.TStoreOp.create(operands=[tile, base, b.c(i * x.AMX_ROWS * pitch + j * x.AMX_ROWS),
                                                      b.c(pitch * 4)], attributes={"elem_bytes": i64_attr(4)}))
-            full = b.c(m)
-            self.vmap[op.result] = self._load_tile(b, ViewVal(base, b.c(0), b.c(pitch), b.c(1), full, b.c(n), (m, n),
-                                                              f32))
+            self.vmap[op.result] = self._load_tile(b, ViewVal(base, b.c(0), b.c(pitch), b.c(1), b.c(m), b.c(n),
+                                                              (m, n), f32))
             return
         self.vmap[op.result] = src
 

@@ -325,7 +325,7 @@ def generate(kop: s.KernelOp):
         bi.for_(0, bq, 1, finish)
         return []
 
-    for_claimed(b, kf, 0, total, lambda bw, w: item(bw, w, None))   # one phase: items go to free threads
+    for_claimed(b, 0, total, lambda bw, w: item(bw, w, None))   # one phase: items go to free threads
     fn = kf.finish()
     fn.attributes["limits"] = str_array(limits)
     return fn, sig.dims, workspace, []

@@ -165,7 +165,7 @@ def gpu_ids(b: Builder) -> tuple[SSAValue, SSAValue, SSAValue, SSAValue]:
     return ids[0], ids[1], ids[2], b.op(t.WaveIdOp.create(result_types=[INDEX])).results[0]
 
 
-def for_claimed(b: Builder, kf: KernelFn, base, count, body) -> None:
+def for_claimed(b: Builder, base, count, body) -> None:
     """Run ``body(builder, item)`` for items 0..count-1 of one phase, each on whichever thread
     claims it from the team's work counter (``tile.claim``).  Every thread claims until it
     draws a number past the phase, so each overshoots exactly once: a phase that starts at

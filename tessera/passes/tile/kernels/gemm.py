@@ -208,7 +208,8 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
     # B's k elements interleave in groups of kpack; AMX reads B in VNNI pairs (4 bytes per k group)
     # while its k step (and the zero padding of each panel) is the instruction's K
     in_elem = plan.in_elem
-    bkpack = 4 // (2 if isinstance(in_elem, (BFloat16Type, Float16Type)) else 4) if tiles_amx else kp
+    esize = 2 if isinstance(in_elem, (BFloat16Type, Float16Type)) else 4
+    bkpack = 4 // esize if tiles_amx else kp
     MC, NC, KC, U = cfg.mc, cfg.nc, cfg.kc, cfg.unroll
     out_elem = plan.out_elem
     acc_elem = f32
@@ -227,7 +228,6 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
     M, N, K = kf.size(plan.m), kf.size(plan.n), kf.size(plan.k)
 
     # workspace: A panel (MC x KC) and B panel (KC x NC), element type of the inputs
-    esize = 2 if isinstance(in_elem, (BFloat16Type, Float16Type)) else 4
     a_elems, b_elems = MC * KC, KC * NC
     shared = cfg.mode == "m"
     apack = kf.alloc(b, a_elems, in_elem, "l2")
@@ -346,7 +346,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
 
                 if shared:
                     phase = bp.add(bp.mul(bp.add(bp.mul(bi, njc), bp.div(jc, NC)), nkloop), bp.div(pc, kstep))
-                    for_claimed(bp, kf, claimed_phase_base(bp, kf, phase, nchunks), nchunks,
+                    for_claimed(bp, claimed_phase_base(bp, kf, phase, nchunks), nchunks,
                                 lambda bw, item: body_ic(bw, bw.mul(item, chunk), None, chunk))
                 else:
                     bp.for_(m_lo, m_hi, MC, body_ic)

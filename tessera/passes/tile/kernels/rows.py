@@ -100,7 +100,7 @@ def for_rows(kf: KernelFn, b: Builder, total, body) -> None:
     """``body(builder, r, None)`` for r in 0..total-1, in runs of about an eighth of a thread's
     share handed out from the team's work counter (a slower core takes fewer runs)."""
     run = b.max(b.ceil_div(total, b.mul(kf.nthreads, 8)), 1)
-    for_claimed(b, kf, 0, b.ceil_div(total, run), lambda bw, item: bw.for_(
+    for_claimed(b, 0, b.ceil_div(total, run), lambda bw, item: bw.for_(
         bw.mul(item, run), bw.min(bw.mul(bw.add(item, 1), run), total), 1, body))
 
 
@@ -136,8 +136,8 @@ class RowCtx:
 
 
 def prefetch_leaves(kf: KernelFn, b: Builder, leaves: dict[SSAValue, Leaf], offsets: dict, c, chunk: int) -> None:
-    """``tile.prefetch`` the chunk at column c of every row-varying leaf, at ``offsets`` (the
-    next row's, from its RowCtx): issued while the current row is computed from the cache."""
+    """``tile.prefetch`` the chunk at column c of every row-varying leaf, at ``offsets`` (a later
+    row's, from its RowCtx): issued while the current row is computed from the cache."""
     for v, lf in leaves.items():
         if lf.mode == "bcast" or lf.col_stride != 1 or v not in offsets:
             continue
