@@ -137,6 +137,7 @@ SAMPLES: dict[str, str] = {
   %h = tile.elementwise "div" %h0, %n6 : (!tile.tile<[1, 1], f32>, !tile.tile<[1, 1], f32>) -> !tile.tile<[1, 1], f32>
   %e = tile.elementwise "mul" %t, %h : (!tile.tile<[1, 32], f32>, !tile.tile<[1, 1], f32>) -> !tile.tile<[1, 32], f32>
   %mk = tile.mask %e cols %c6 pad (-1.000000e+00 : f32) : !tile.tile<[1, 32], f32> -> !tile.tile<[1, 32], f32>
+  %mg = tile.mask %e cols %c32 diag %c6 pad (-1.000000e+00 : f32) {{side = "ge"}} : !tile.tile<[1, 32], f32> -> !tile.tile<[1, 32], f32>
   %m = tile.reduce "max" %mk {{axis = 1 : i64}} : !tile.tile<[1, 32], f32> -> !tile.tile<[1, 1], f32>
   %s = tile.elementwise "sub" %e, %m : (!tile.tile<[1, 32], f32>, !tile.tile<[1, 1], f32>) -> !tile.tile<[1, 32], f32>
   %big = arith.cmpi sge, %c32, %c6 : index
@@ -155,6 +156,8 @@ SAMPLES: dict[str, str] = {
   %b = tessera_x86.vbroadcast %p[%o] {group = 1 : i64} : vector<16xf32>
   %l = tessera_x86.vload %p[%o] : vector<16xf32>
   %m = tessera_x86.vload %p[%o] count %n : vector<16xf32>
+  %gm = tessera_x86.vgather %p[%o, %n] count %n : vector<16xf32>
+  %gb = tessera_x86.vgather %p[%o, %o] : vector<16xi8>
   %f = tessera_x86.vfma %b, %l, %z : vector<16xf32>
   %g = tessera_x86.vbinary "add" %f, %m : vector<16xf32>
   %u = tessera_x86.vunary "exp" %g : vector<16xf32>
@@ -185,7 +188,7 @@ SAMPLES: dict[str, str] = {
   func.return"""),
     "tessera_x86.claim": None, "tessera_x86.prefetch": None, "tessera_x86.tzero": None, "tessera_x86.tload": None, "tessera_x86.tdp": None, "tessera_x86.tstore": None,
     "tessera_x86.vconstant": None, "tessera_x86.vsplat": None, "tessera_x86.vbroadcast": None,
-    "tessera_x86.vload": None, "tessera_x86.vstore": None, "tessera_x86.load": None, "tessera_x86.store": None,
+    "tessera_x86.vload": None, "tessera_x86.vgather": None, "tessera_x86.vstore": None, "tessera_x86.load": None, "tessera_x86.store": None,
     "tessera_x86.vfma": None, "tessera_x86.vdpbf16ps": None, "tessera_x86.vbinary": None,
     "tessera_x86.vunary": None, "tessera_x86.vreduce": None, "tessera_x86.vcvt": None,
     "tessera_x86.workspace": None, "tessera_x86.vinterleave": None, "tessera_x86.vlaneselect": None,

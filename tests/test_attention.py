@@ -1,6 +1,8 @@
 """Fused attention on the CPU lane against a float64 oracle."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -158,6 +160,24 @@ def test_dropping_the_rescale_fails_the_gate(rng, monkeypatch):
     q, k, v = qkv(rng, 1, 2, 2, 200, 200, 32)
     good = ts.jit(lambda q, k, v: ts.ops.attention(q, k, v))(q, k, v)
     O.assert_close(good, ref(q, k, v), 1e-5)
-    monkeypatch.setattr(attention_kernel, "rescale_row", lambda *a, **k: None)
+    monkeypatch.setattr(attention_kernel, "rescale", lambda b, o_tile, alpha: o_tile)
     bad = ts.jit(lambda q, k, v: ts.ops.attention(q, k, v))(q, k, v)
     assert not O.gate(bad, ref(q, k, v), 1e-5)
+
+
+def test_a_causal_edge_that_ignores_the_diagonal_fails_the_gate(rng, monkeypatch):
+    """The transposed kernel masks keys past each query with tile.mask {side = "ge"}; a
+    lowering that drops that edge must fail the oracle."""
+    from tessera.passes.target.x86 import lower_tile_to_x86 as lx
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    q, k, v = qkv(rng, 1, 1, 1, 100, 100, 32)
+    f = ts.jit(lambda q, k, v: ts.ops.attention(q, k, v, causal=True))
+    O.assert_close(f(q, k, v), ref(q, k, v, causal=True), 1e-5)
+    orig = lx._Lowerer.op_tile_mask
+
+    def no_edge(self, op, b):  # the same op without its diagonal
+        return orig(self, SimpleNamespace(input=op.input, cols=op.cols, diag=None, pad=op.pad,
+                                          keep_side=op.keep_side, result=op.result), b)
+    monkeypatch.setattr(lx._Lowerer, "op_tile_mask", no_edge)
+    bad = ts.jit(lambda q, k, v: ts.ops.attention(q, k, v, causal=True))(q, k, v)
+    assert not O.gate(bad, ref(q, k, v, causal=True), 1e-5)

@@ -91,6 +91,8 @@ def llvm_type(t: Attribute) -> ir.Type:
 
 
 def _bytes(t: ir.Type) -> int:
+    if isinstance(t, ir.IntType):
+        return max(1, t.width // 8)
     return {"f32": 4, "bf16": 2, "f16": 2, "f64": 8}.get(getattr(t, "intrinsic_name", ""), 4)
 
 

@@ -75,6 +75,22 @@ class _Fn(FnCodegen):
         mask = self._mask(self.v(op.count), vt.count)
         self.set(op, self.b.call(fn, [addr, ir.Constant(I32, 1), mask, ir.Constant(vt, None)]))
 
+    def op_tessera_x86_vgather(self, op: x.VGatherOp):
+        vt = llvm_type(op.result.type)
+        w = vt.count
+        iv = ir.VectorType(I64, w)
+        size = ir.Constant(iv, [_bytes(vt.element)] * w)
+        idx = self.b.add(self._splat(self.v(op.offset), iv),
+                         self.b.mul(self._splat(self.v(op.stride), iv), ir.Constant(iv, list(range(w)))))
+        base = self._splat(self.b.ptrtoint(self.v(op.base), I64), iv)
+        pv = ir.VectorType(PTR, w)
+        ptrs = self.b.inttoptr(self.b.add(base, self.b.mul(idx, size)), pv)
+        mask = (self._mask(self.v(op.count), w) if op.count is not None
+                else ir.Constant(ir.VectorType(I1, w), [1] * w))
+        fn = self.gen.intrinsic(f"llvm.masked.gather.{self._vec_suffix(vt)}.v{w}p0", vt,
+                                [pv, I32, ir.VectorType(I1, w), vt])
+        self.set(op, self.b.call(fn, [ptrs, ir.Constant(I32, _bytes(vt.element)), mask, ir.Constant(vt, None)]))
+
     def op_tessera_x86_vstore(self, op: x.VStoreOp):
         val = self.v(op.value)
         vt = val.type

@@ -628,21 +628,29 @@ class ElementwiseOp(IRDLOperation):
 @irdl_op_definition
 class MaskOp(IRDLOperation):
     """Keep elements in columns ``< cols`` (and, with ``diag``, in columns ``<= row + diag``: a
-    causal edge); the others become ``pad`` (neutral values for reductions)."""
+    causal edge; with ``side = "ge"``, in columns ``>= row + diag``: the same edge seen in a
+    transposed score block); the others become ``pad`` (neutral values for reductions)."""
 
     name = "tile.mask"
     input = operand_def(TileType)
     cols = operand_def(IndexType)
     diag = opt_operand_def(IndexType)
     pad = attr_def(FloatAttr)
+    side = opt_attr_def(StringAttr)
     result = result_def(TileType)
     traits = traits_def(Pure())
     assembly_format = ("$input `cols` $cols (`diag` $diag^)? `pad` `(` $pad `)` attr-dict `:` type($input) `->` "
                        "type($result)")
 
+    @property
+    def keep_side(self) -> str:
+        return self.side.data if self.side is not None else "le"
+
     def verify_(self) -> None:
         if self.input.type != self.result.type:
             raise TileShapeMismatch("tile.mask keeps the tile type", op=self)
+        if self.side is not None and (self.side.data not in ("le", "ge") or self.diag is None):
+            raise TileShapeMismatch("tile.mask side is 'le' or 'ge' and needs a diag", op=self)
 
 
 REDUCE_KINDS = ("add", "max")

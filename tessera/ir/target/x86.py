@@ -125,6 +125,20 @@ class VLoadOp(IRDLOperation):
 
 
 @irdl_op_definition
+class VGatherOp(IRDLOperation):
+    """Load lane l from base[offset + l * stride] (any stride, 0 included); with ``count``,
+    only the first count lanes (rest 0).  Lowered to a masked gather."""
+
+    name = "tessera_x86.vgather"
+    base = operand_def(PTR)
+    offset = operand_def(IndexType)
+    stride = operand_def(IndexType)
+    count = opt_operand_def(IndexType)
+    result = result_def(VectorType)
+    assembly_format = "$base `[` $offset `,` $stride `]` (`count` $count^)? attr-dict `:` type($result)"
+
+
+@irdl_op_definition
 class VStoreOp(IRDLOperation):
     """Store a vector to base[offset]; with ``count``, only the first count lanes.  With the
     ``nontemporal`` unit attribute: a streaming store (vmovntps; the address must be
@@ -451,7 +465,7 @@ class LaunchOp(IRDLOperation):
 
 X86 = Dialect(
     "tessera_x86",
-    [VZeroOp, VConstantOp, VSplatOp, VBroadcastOp, VLoadOp, VStoreOp, AlignedOp, SFenceOp, BarrierOp, ClaimOp, PrefetchOp, LoadOp, StoreOp, VFmaOp, VDpbf16psOp,
+    [VZeroOp, VConstantOp, VSplatOp, VBroadcastOp, VLoadOp, VGatherOp, VStoreOp, AlignedOp, SFenceOp, BarrierOp, ClaimOp, PrefetchOp, LoadOp, StoreOp, VFmaOp, VDpbf16psOp,
      VBinaryOp, VUnaryOp, VReduceOp, VCvtOp, VLaneSelectOp, VTransposeOp, VInterleaveOp, TZeroOp, TLoadOp, TStoreOp,
      TDpOp, WorkspaceOp, LaunchOp],
     [AmxTileType],

@@ -635,6 +635,9 @@ class SimtLowerer(OpLowerer):
         d = self.vmap[op.input]
         if not isinstance(d, Dist):
             raise CodegenError("tile.mask on the GPU masks a tile distributed over the wave")
+        if op.keep_side != "le":
+            raise CodegenError("tile.mask {side = \"ge\"} (the CPU kernel's transposed causal edge) has no GPU "
+                               "lowering: the GPU attention kernel keeps scores untransposed")
         cols = self.scalar(op.cols)
         diag = self.scalar(op.diag) if op.diag is not None else None
         pad = self.fconst(b, op.pad.value.data)

@@ -246,10 +246,13 @@ class _Lowerer(OpLowerer):
             elem = IntegerType(8)  # a bool in memory is one byte
         return VectorType(elem, [n or self.w])
 
-    def _load_vec(self, b: Builder, base, off, elem, count=None, pad: float = 0.0) -> SSAValue:
-        """Load W elements (converted to f32); with count: masked, missing lanes = pad."""
-        operands = [base, b.c(off)] + ([b.c(count)] if count is not None else [])
-        ld = x.VLoadOp.create(operands=operands, result_types=[self.vtype(elem)])
+    def _load_vec(self, b: Builder, base, off, elem, count=None, pad: float = 0.0, stride=None) -> SSAValue:
+        """Load W elements (converted to f32); with count: masked, missing lanes = pad; with
+        stride: lane l from base[off + l * stride] (a gather)."""
+        operands = [base, b.c(off)] + ([b.c(stride)] if stride is not None else []) + (
+            [b.c(count)] if count is not None else [])
+        ld = (x.VGatherOp if stride is not None else x.VLoadOp).create(operands=operands,
+                                                                       result_types=[self.vtype(elem)])
         b.op(ld)
         v = ld.result
         if not isinstance(elem, Float32Type):
@@ -330,18 +333,20 @@ class _Lowerer(OpLowerer):
                 b.op(sel)
                 rows.append([sel.result])
             return Regs((R, C), rows)
-        if cs != 1:
-            raise CodegenError(f"tile.load of a [{R}, {C}] view needs unit column stride (pack it first)")
+        stride = None if cs == 1 else vv.cs  # columns apart in memory: lanes are gathered
         nv = self.nvec(C)
         full = self._full(b, vv)
+
+        def vec_off(bb: Builder, roff, v: int):
+            return bb.add(roff, v * self.w if stride is None else bb.mul(v * self.w, stride))
 
         def full_path(bb: Builder) -> list[SSAValue]:
             out = []
             for i in range(R):
                 roff = bb.add(vv.off, bb.mul(i, vv.rs))
                 for v in range(nv):
-                    out.append(self._load_vec(bb, vv.base, bb.add(roff, v * self.w), vv.elem,
-                                              self._static_count(C, v), pad))
+                    out.append(self._load_vec(bb, vv.base, vec_off(bb, roff, v), vv.elem,
+                                              self._static_count(C, v), pad, stride))
             return out
 
         def edge_path(bb: Builder) -> list[SSAValue]:
@@ -351,7 +356,7 @@ class _Lowerer(OpLowerer):
                 roff = bb.select(ok, bb.c(bb.add(vv.off, bb.mul(i, vv.rs))), bb.c(vv.off))
                 for v in range(nv):
                     cnt = self._count(bb, vv.cols, v, vv.rows, i)
-                    out.append(self._load_vec(bb, vv.base, bb.add(roff, v * self.w), vv.elem, cnt, pad))
+                    out.append(self._load_vec(bb, vv.base, vec_off(bb, roff, v), vv.elem, cnt, pad, stride))
             return out
 
         if full is None:
@@ -616,21 +621,27 @@ class _Lowerer(OpLowerer):
         self.vmap[op.result] = Regs((1, 1), [[sp.result]])
 
     def op_tile_mask(self, op: t.MaskOp, b: Builder) -> None:
-        if op.diag is not None:
-            raise CodegenError("tile.mask with a diagonal (the GPU attention kernel's causal edge) has no x86 "
-                               "lowering: the CPU kernels mask rows one at a time")
         R, C = op.input.type.dims
         src = self._expand(self.get(op.input), R, C)
         cols = self.scalar(op.cols)
+        diag = self.scalar(op.diag) if op.diag is not None else None
         padv = self.vconst(b, op.pad.value.data)
         rows = []
         for i in range(R):
             row = []
             for v in range(self.nvec(C)):
                 cnt = b.max(b.min(b.sub(cols, v * self.w), self.w), 0)
-                sel = x.VLaneSelectOp.create(operands=[src[i][v], padv, b.c(cnt)], result_types=[self.vf32])
-                b.op(sel)
-                row.append(sel.result)
+                val = b.op(x.VLaneSelectOp.create(operands=[src[i][v], padv, b.c(cnt)],
+                                                  result_types=[self.vf32])).results[0]
+                if diag is not None:  # lane l is column v*W + l; the edge is column i + diag
+                    edge = b.sub(b.add(diag, i), v * self.w)
+                    if op.keep_side == "le":   # keep l <= edge: the first edge + 1 lanes
+                        sel = [val, padv, b.max(b.min(b.add(edge, 1), self.w), 0)]
+                    else:                      # keep l >= edge: drop the first edge lanes
+                        sel = [padv, val, b.max(b.min(edge, self.w), 0)]
+                    val = b.op(x.VLaneSelectOp.create(operands=[sel[0], sel[1], b.c(sel[2])],
+                                                      result_types=[self.vf32])).results[0]
+                row.append(val)
             rows.append(row)
         self.vmap[op.result] = Regs((R, C), rows)
 

@@ -2,24 +2,29 @@
 
 One work item is (batch, head, block of BQ query rows); each goes to whichever thread
 claims it next from the team's work counter (``tile.claim``: causal items differ in cost,
-and cores in speed).  Per item, in the thread's workspace (all O(block)):
+and cores in speed).  The scores are kept transposed, one key per row and one query per
+column, so the online softmax's statistics run down columns (vertical max and sum over
+whole vectors, no horizontal reductions) and the probabilities are already in place as
+the A operand of O += P V.  Per item, in the thread's workspace (all O(block)):
 
-  Q panel   BQ x D        packed once (tile.async_copy, a_panel)
+  Q^T panel  D x BQ        packed once (tile.async_copy, b_panel)
   for each block of BKV keys (blocks above the causal diagonal are skipped, not masked):
-    K^T panel D x BKV     packed (b_panel)
-    S  = Q K^T            register tiles of tile.mma over D -> S scratch (BQ x BKV)
-    online softmax, row by row with tile.reduce / tile.elementwise:
-        s = S[r] * scale (+ additive mask | select on a bool mask), masked past the causal edge
-        m' = max(m, max(s));  p = exp(s - m');  alpha = exp(m - m')
-        l = l * alpha + sum(p);  O[r] *= alpha (the rescale);  P[r] = p
-    V panel BKV x Dv      packed (b_panel)
-    O += P V              register tiles starting from the real O (tile.fragment_pack)
+    K panel  BKV x D       packed (a_panel)
+    S^T = K Q^T * scale    register tiles of tile.mma over D -> S scratch (BKV x BQ)
+    online softmax over strips of NR*W query columns (tile.elementwise; masks loaded
+    per key, the causal edge by tile.mask {side = "ge"}):
+        m' = max(m, max_j s_j);  alpha = exp(m - m');  p_j = exp(s_j - m') (in place)
+        l = l * alpha + sum_j p_j
+    V panel  BKV x Dv      packed (b_panel)
+    O = O * alpha + P V    register tiles reading P where S^T lies; the rescale is part
+                           of each tile's finish
   out[r] = O[r] / l[r]    (0, or NaN when standing in for the composed form, if l = 0)
 
 Everything accumulates in f32; bf16 inputs are converted while packing.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from xdsl.dialects.builtin import FloatAttr, IntegerType, StringAttr, f32
@@ -92,8 +97,10 @@ def generate(kop: s.KernelOp):
     W = rec.vector_width or 16
     NRW = NR * W
     U = kop.unroll.value.data
-    if BQ % MR or BKV % NRW:
-        raise illegal(name, f"query block {BQ} must be a multiple of MR={MR} and key block {BKV} of NR*W={NRW}")
+    QUNIT = math.lcm(MR, NRW)  # query columns come in whole S^T tiles (NR*W) and whole O tiles (MR)
+    if BQ % QUNIT or BKV % MR:
+        raise illegal(name, f"query block {BQ} must be a multiple of lcm(MR, NR*W) = {QUNIT} and key block {BKV} "
+                            f"of MR={MR}")
     qt = op.q.type
     (B, H, SQ, DH), (_, HKV, SK, _), DV = plan.dims
     for d in (DH, DV):
@@ -101,16 +108,14 @@ def generate(kop: s.KernelOp):
             raise illegal(name, f"head dims are at most {MAX_HEAD_DIM} (the scratch is sized for it), got {d}")
     # symbolic head dims: scratch is sized for the maximum and the launch checks the bound
     limits = [f"{d}<={MAX_HEAD_DIM}" for d in (DH, DV) if not isinstance(d, int)]
-    DHMAX = DH if isinstance(DH, int) else MAX_HEAD_DIM
-    DVMAX = DV if isinstance(DV, int) else MAX_HEAD_DIM
+    Dp = DH if isinstance(DH, int) else MAX_HEAD_DIM   # the k extent of S^T = K Q^T (no padding along k)
+    DVp = -(-(DV if isinstance(DV, int) else MAX_HEAD_DIM) // NRW) * NRW
     views, mask_view, bool_mask = plan.views, plan.mask_view, plan.bool_mask
     scale, causal, zero_rows = plan.scale, plan.causal, plan.zero_rows
     elem = qt.element_type
     out_elem = op.result.type.element_type
-    Dp = DHMAX  # the k extent of S = Q K^T (panels need no padding along k)
-    DVp = -(-DVMAX // NRW) * NRW
     OCH = 4 * W  # columns of O handled per step of the row loops
-    BKVp = BKV
+    CW = NRW     # query columns per strip of the softmax passes
 
     sig = KernelSig(name)
     for v in kop.inputs:
@@ -127,16 +132,10 @@ def generate(kop: s.KernelOp):
     nB, nH, nHKV, nSQ, nSK, nD, nDV = (kf.size(d) for d in (B, H, HKV, SQ, SK, DH, DV))
 
     # ---- workspace (per thread, O(block))
-    qpack = kf.alloc(b, BQ * Dp, f32, "l2")
-    kpack = kf.alloc(b, Dp * BKVp, f32, "l2")
-    sbuf = kf.alloc(b, BQ * BKV, f32, "l1")
-    ppack = kf.alloc(b, BQ * BKV, f32, "l2")
-    vpack = kf.alloc(b, BKV * DVp, f32, "l2")
-    obuf = kf.alloc(b, BQ * DVp, f32, "l2")
-    mbuf = kf.alloc(b, BQ, f32, "l1")
-    lbuf = kf.alloc(b, BQ, f32, "l1")
-    workspace = sum(-(-n * 4 // ALIGN) * ALIGN for n in (BQ * Dp, Dp * BKVp, BQ * BKV, BQ * BKV, BKV * DVp,
-                                                          BQ * DVp, BQ, BQ))
+    sizes = {"q": Dp * BQ, "k": BKV * Dp, "s": BKV * BQ, "v": BKV * DVp, "o": BQ * DVp, "m": BQ, "l": BQ, "a": BQ}
+    spaces = {"s": "l1", "m": "l1", "l": "l1", "a": "l1"}
+    ws = {k: kf.alloc(b, n, f32, spaces.get(k, "l2")) for k, n in sizes.items()}
+    workspace = sum(-(-n * 4 // ALIGN) * ALIGN for n in sizes.values())
 
     nqb = b.ceil_div(nSQ, BQ)
     total = b.mul(b.mul(nB, nH), nqb)
@@ -148,9 +147,9 @@ def generate(kop: s.KernelOp):
         bb.op(v)
         return v.result
 
-    def load(bb: Builder, v, shape, el=f32, pad: float = 0.0):
+    def load(bb: Builder, v, shape, pad: float = 0.0):
         attrs = {"pad": FloatAttr(pad, f32)} if pad != 0.0 else {}
-        ld = t.LoadOp.create(operands=[v], attributes=attrs, result_types=[t.tile_type(shape[0], shape[1], el)])
+        ld = t.LoadOp.create(operands=[v], attributes=attrs, result_types=[t.tile_type(shape[0], shape[1], f32)])
         bb.op(ld)
         return ld.result
 
@@ -164,21 +163,31 @@ def generate(kop: s.KernelOp):
         bb.op(tok)
         bb.op(t.WaitOp.create(operands=[tok.token]))
 
+    def strip(bb: Builder, pitch: int, rows, width: int, fn):
+        """fn(builder, row, col0) for every row and every ``width`` columns of a ``pitch``-wide block."""
+        def r_body(br, r, _c):
+            br.for_(0, pitch, width, lambda bc, c0, _c2: fn(bc, r, c0) or [])
+            return []
+        bb.for_(0, rows, 1, r_body)
+
     frag_a = t.fragment((MR, NRW, 1), f32, f32, "a", "col_major", rec.family)
     frag_b = frag_a.with_role("b", "row_major")
     frag_c = t.fragment((MR, NRW, 1), f32, f32, "acc", "row_major", rec.family)
 
-    def micro_gemm(bb: Builder, apack, a_space, bpack, b_space, rows, cols, kext, kpad, init, finish):
-        """For every MR x NR*W tile of a rows x cols result: acc = init(); acc += A B over kext; finish(acc)."""
+    def micro_gemm(bb: Builder, a_at, b_at, rows, cols, kext, finish):
+        """For every MR x NR*W tile of a rows x cols result: finish(acc = sum over k < kext of
+        A[rows, k] B[k, cols]).  a_at(ir, kk) -> (buffer, space, offset, row stride) of the MR
+        elements A[ir.., kk]; b_at(jr, kk) -> (buffer, space, offset) of the NR*W contiguous
+        elements B[kk, jr..]."""
         def tile_ir(bi: Builder, ir, _c):
             def tile_jr(bj: Builder, jr, _c2):
-                acc0 = init(bj, ir, jr)
-                a_base = bj.mul(bj.div(ir, MR), bj.mul(MR, kpad))
-                b_base = bj.mul(bj.div(jr, NRW), bj.mul(NRW, kpad))
+                acc0 = bj.op(t.FragmentZeroOp.create(result_types=[frag_c])).results[0]
 
                 def step(bk: Builder, kk, acc):
-                    av = view(bk, apack, f32, a_space, (MR, 1), bk.add(a_base, bk.mul(kk, MR)), 1, 1, MR, 1)
-                    bv = view(bk, bpack, f32, b_space, (1, NRW), bk.add(b_base, bk.mul(kk, NRW)), 1, 1, 1, NRW)
+                    buf_a, space_a, off_a, rs_a = a_at(bk, ir, kk)
+                    av = view(bk, buf_a, f32, space_a, (MR, 1), off_a, rs_a, 1, MR, 1)
+                    buf_b, space_b, off_b = b_at(bk, jr, kk)
+                    bv = view(bk, buf_b, f32, space_b, (1, NRW), off_b, 1, 1, 1, NRW)
                     fa = bk.op(t.FragmentPackOp.create(operands=[av], result_types=[frag_a])).results[0]
                     fb = bk.op(t.FragmentPackOp.create(operands=[bv], result_types=[frag_b])).results[0]
                     return bk.op(t.MmaOp.create(operands=[fa, fb, acc], result_types=[frag_c])).results[0]
@@ -200,15 +209,17 @@ def generate(kop: s.KernelOp):
             return []
         bb.for_(0, rows, MR, tile_ir)
 
-    def zero_frag(bb, ir, jr):
-        return bb.op(t.FragmentZeroOp.create(result_types=[frag_c])).results[0]
+    def panel_at(ba: Builder, panel, pitch, jr, kk):
+        """B[kk, jr..] in a b_panel whose panels hold ``pitch`` k rows."""
+        return panel, "l2", ba.add(ba.mul(ba.div(jr, NRW), ba.mul(NRW, pitch)), ba.mul(kk, NRW))
 
-    def item(bi: Builder, w, _c):
+    def item(bi: Builder, w):
         bidx = bi.div(w, bi.mul(nH, nqb))
         h = bi.rem(bi.div(w, nqb), nH)
         qb = bi.rem(w, nqb)
         q0 = bi.mul(qb, BQ)
         bq = bi.min(BQ, bi.sub(nSQ, q0))
+        bqc = bi.mul(bi.ceil_div(bq, QUNIT), QUNIT)   # query columns computed (the panel is zero past bq)
         kvh = bi.div(h, bi.max(group, 1))
 
         def off(bb, v, hh, row):
@@ -216,21 +227,23 @@ def generate(kop: s.KernelOp):
                           bb.mul(row, kf.size(v.strides[2])))
 
         qv, kv_, vv = views["q"], views["k"], views["v"]
-        pack(bi, view(bi, buf[qv.arg], elem, "global", (BQ, Dp), off(bi, qv, h, q0), kf.size(qv.strides[2]),
-                      kf.size(qv.strides[3]), bq, nD), qpack, "a_panel", MR)
+
+        def zero_q(bz: Builder):  # a short last block: query columns up to bqc read zeros
+            strip(bz, BQ, nD, OCH, lambda bc, r, c0: store(
+                bc, _const_row(bc, OCH, 0.0), view(bc, ws["q"], f32, "l2", (1, OCH), bc.add(bc.mul(r, BQ), c0),
+                                                   0, 1, 1, OCH)))
+            return []
+        bi.if_(bi.cmp("slt", bq, BQ), zero_q)
+        # Q^T: element (d, i) of q[b, h, q0 + i, d]
+        pack(bi, view(bi, buf[qv.arg], elem, "global", (Dp, BQ), off(bi, qv, h, q0), kf.size(qv.strides[3]),
+                      kf.size(qv.strides[2]), nD, bq), ws["q"], "b_panel", NRW)
         # m = -inf, l = 0, O = 0
         ninf = elementwise(bi, "add", [_const_row(bi, BQ, 0.0), tile_const(bi, float("-inf"))])
-        store(bi, ninf, view(bi, mbuf, f32, "l1", (1, BQ), 0, 0, 1, 1, BQ))
-        store(bi, _const_row(bi, BQ, 0.0), view(bi, lbuf, f32, "l1", (1, BQ), 0, 0, 1, 1, BQ))
-
-        def zero_o(bz, r, _c2):
-            def chunk(bc, c0, _c3):
-                store(bc, _const_row(bc, OCH, 0.0), view(bc, obuf, f32, "l2", (1, OCH), bc.add(bc.mul(r, DVp), c0),
-                                                         0, 1, 1, bc.sub(DVp, c0)))
-                return []
-            bz.for_(0, nDV, OCH, chunk)
-            return []
-        bi.for_(0, BQ, 1, zero_o)
+        store(bi, ninf, view(bi, ws["m"], f32, "l1", (1, BQ), 0, 0, 1, 1, BQ))
+        store(bi, _const_row(bi, BQ, 0.0), view(bi, ws["l"], f32, "l1", (1, BQ), 0, 0, 1, 1, BQ))
+        strip(bi, DVp, bqc, OCH, lambda bc, r, c0: store(
+            bc, _const_row(bc, OCH, 0.0), view(bc, ws["o"], f32, "l2", (1, OCH), bc.add(bc.mul(r, DVp), c0),
+                                               0, 1, 1, bc.sub(DVp, c0))))
 
         kv_end = bi.min(nSK, bi.add(q0, bq)) if causal else nSK
         if scale is None:
@@ -241,80 +254,83 @@ def generate(kop: s.KernelOp):
 
         def kv_block(bk: Builder, j0, _c2):
             nk = bk.min(BKV, bk.sub(kv_end, j0))
-            # K^T block: element (d, j) of k[b, kvh, j0 + j, d]
-            pack(bk, view(bk, buf[kv_.arg], elem, "global", (Dp, BKV), off(bk, kv_, kvh, j0),
-                          kf.size(kv_.strides[3]), kf.size(kv_.strides[2]), nD, nk), kpack, "b_panel", NRW)
+            # K block: element (j, d) of k[b, kvh, j0 + j, d]
+            pack(bk, view(bk, buf[kv_.arg], elem, "global", (BKV, Dp), off(bk, kv_, kvh, j0), kf.size(kv_.strides[2]),
+                          kf.size(kv_.strides[3]), nk, nD), ws["k"], "a_panel", MR)
+
+            def k_at(ba, ir, kk):
+                return ws["k"], "l2", ba.add(ba.mul(ir, nD), ba.mul(kk, MR)), 1  # panel ir/MR, column kk
 
             def s_store(bs, ir, jr, val):
-                store(bs, val, view(bs, sbuf, f32, "l1", (MR, NRW), bs.add(bs.mul(ir, BKV), jr), BKV, 1,
-                                    bs.sub(bq, ir), bs.sub(nk, jr)))
-            micro_gemm(bk, qpack, "l2", kpack, "l2", bq, nk, nD, nD, zero_frag, s_store)
+                store(bs, elementwise(bs, "mul", [val, scale_tile]),
+                      view(bs, ws["s"], f32, "l1", (MR, NRW), bs.add(bs.mul(ir, BQ), jr), BQ, 1, bs.sub(nk, ir), NRW))
+            micro_gemm(bk, k_at, lambda ba, jr, kk: panel_at(ba, ws["q"], nD, jr, kk), nk, bqc, nD, s_store)
 
-            def row(br: Builder, r, _c3):
-                srow = load(br, view(br, sbuf, f32, "l1", (1, BKV), br.mul(r, BKV), 0, 1, 1, nk), (1, BKV),
-                            pad=float("-inf"))
-                x = elementwise(br, "mul", [srow, scale_tile])
+            def logits(br: Builder, j, c0):
+                """Scores of key j0 + j for queries q0 + c0 .. + CW, masked."""
+                x = load(br, view(br, ws["s"], f32, "l1", (1, CW), br.add(br.mul(j, BQ), c0), 0, 1, 1, CW), (1, CW))
                 if mask_view is not None:
                     mv = mask_view
-                    mcs = mv.strides[3]
-                    moff = br.add(br.add(br.add(br.mul(bidx, kf.size(mv.strides[0])),
-                                                br.mul(h, kf.size(mv.strides[1]))),
-                                         br.mul(br.add(q0, r), kf.size(mv.strides[2]))),
-                                  br.mul(j0, kf.size(mcs)))
-                    mel = op.mask.type.element_type
-                    width = 1 if mcs == 0 else BKV
-                    mt = load(br, view(br, buf[mv.arg], mel, "global", (1, width), moff, 0, kf.size(mcs), 1, nk),
-                              (1, width))  # in registers every value is f32 (a bool reads as 0.0 / 1.0)
+                    ms = [kf.size(st) for st in mv.strides]
+                    moff = br.add(br.add(br.add(br.mul(bidx, ms[0]), br.mul(h, ms[1])),
+                                         br.mul(br.add(q0, c0), ms[2])), br.mul(br.add(j0, j), ms[3]))
+                    width = 1 if mv.strides[2] == 0 else CW   # one value for every query, or one per query
+                    mt = load(br, view(br, buf[mv.arg], op.mask.type.element_type, "global", (1, width), moff, 0,
+                                       ms[2], 1, br.sub(bq, c0)), (1, width))  # a bool reads as 0.0 / 1.0
                     x = elementwise(br, "mask_select" if bool_mask else "add", [x, mt])
-                valid = nk
-                if causal:  # top-left alignment: key j is visible to query i when j <= i
-                    valid = br.max(br.min(nk, br.sub(br.add(br.add(q0, r), 1), j0)), 0)
-                x = br.op(t.MaskOp.create(operands=[x, br.c(valid)], attributes={"pad": FloatAttr(float("-inf"), f32)},
-                                          result_types=[x.type])).results[0]
-                mview = view(br, mbuf, f32, "l1", (1, 1), r, 0, 0, 1, 1)
-                lview = view(br, lbuf, f32, "l1", (1, 1), r, 0, 0, 1, 1)
-                m_old = load(br, mview, (1, 1))
-                rmax = br.op(t.ReduceOp.create(operands=[x], attributes={"kind": StringAttr("max"),
-                                                                        "axis": i64_attr(1)},
-                                               result_types=[t.tile_type(1, 1, f32)])).results[0]
-                m_new = elementwise(br, "max", [m_old, rmax])
-                m_safe = elementwise(br, "finite_or_zero", [m_new])
-                p = elementwise(br, "exp", [elementwise(br, "sub", [x, m_safe])])
-                alpha = elementwise(br, "exp", [elementwise(br, "sub", [m_old, m_safe])])
-                psum = br.op(t.ReduceOp.create(operands=[p], attributes={"kind": StringAttr("add"),
-                                                                        "axis": i64_attr(1)},
-                                               result_types=[t.tile_type(1, 1, f32)])).results[0]
-                l_new = elementwise(br, "add", [elementwise(br, "mul", [load(br, lview, (1, 1)), alpha]), psum])
-                store(br, m_new, mview)
-                store(br, l_new, lview)
-                store(br, p, view(br, sbuf, f32, "l1", (1, BKV), br.mul(r, BKV), 0, 1, 1, BKV))
-                rescale_row(br, obuf, r, alpha, DVp, nDV, OCH)
+                if causal:  # top-left alignment: query i sees key j when j <= i, i.e. column c >= j0 + j - q0
+                    diag = br.sub(br.add(j0, j), br.add(q0, c0))
+                    x = br.op(t.MaskOp.create(operands=[x, br.c(CW), br.c(diag)], attributes={
+                        "pad": FloatAttr(float("-inf"), f32), "side": StringAttr("ge")},
+                        result_types=[x.type])).results[0]
+                return x
+
+            def column_strip(bc: Builder, c0, _c3):
+                stat = (lambda k: view(bc, ws[k], f32, "l1", (1, CW), c0, 0, 1, 1, CW))
+                m_old = load(bc, stat("m"), (1, CW))
+                m_new = bc.for_(0, nk, 1, lambda bj, j, c: [elementwise(bj, "max", [c[0], logits(bj, j, c0)])],
+                                [m_old])[0]
+                m_safe = elementwise(bc, "finite_or_zero", [m_new])
+
+                def p_row(bj: Builder, j, c):
+                    p = elementwise(bj, "exp", [elementwise(bj, "sub", [logits(bj, j, c0), m_safe])])
+                    store(bj, p, view(bj, ws["s"], f32, "l1", (1, CW), bj.add(bj.mul(j, BQ), c0), 0, 1, 1, CW))
+                    return [elementwise(bj, "add", [c[0], p])]
+                psum = bc.for_(0, nk, 1, p_row, [_const_row(bc, CW, 0.0)])[0]
+                alpha = elementwise(bc, "exp", [elementwise(bc, "sub", [m_old, m_safe])])
+                store(bc, m_new, stat("m"))
+                store(bc, alpha, stat("a"))
+                store(bc, elementwise(bc, "add", [elementwise(bc, "mul", [load(bc, stat("l"), (1, CW)), alpha]),
+                                                  psum]), stat("l"))
                 return []
-            bk.for_(0, bq, 1, row)
-            # P (= S scratch, now probabilities) and V into panels; O += P V from the real O
-            pack(bk, view(bk, sbuf, f32, "l1", (BQ, BKV), 0, BKV, 1, bq, nk), ppack, "a_panel", MR)
+            bk.for_(0, bqc, CW, column_strip)
+
+            # V block: element (j, e) of v[b, kvh, j0 + j, e]
             pack(bk, view(bk, buf[vv.arg], elem, "global", (BKV, DVp), off(bk, vv, kvh, j0), kf.size(vv.strides[2]),
-                          kf.size(vv.strides[3]), nk, nDV), vpack, "b_panel", NRW)
+                          kf.size(vv.strides[3]), nk, nDV), ws["v"], "b_panel", NRW)
 
-            def o_view(bo, ir, jr):
-                return view(bo, obuf, f32, "l2", (MR, NRW), bo.add(bo.mul(ir, DVp), jr), DVp, 1, MR, NRW)
+            def v_at(ba, jr, kk):
+                return panel_at(ba, ws["v"], nk, jr, kk)
 
-            def o_init(bo, ir, jr):
-                return bo.op(t.FragmentPackOp.create(operands=[o_view(bo, ir, jr)], result_types=[frag_c])).results[0]
+            def p_at(ba, ir, kk):
+                return ws["s"], "l1", ba.add(ba.mul(kk, BQ), ir), 1  # P[i, j] = S^T[j, i]
 
-            micro_gemm(bk, ppack, "l2", vpack, "l2", bq, nDV, nk, nk, o_init,
-                       lambda bo, ir, jr, val: store(bo, val, o_view(bo, ir, jr)))
+            def o_finish(bo, ir, jr, val):
+                o_v = view(bo, ws["o"], f32, "l2", (MR, NRW), bo.add(bo.mul(ir, DVp), jr), DVp, 1, MR, NRW)
+                alpha = load(bo, view(bo, ws["a"], f32, "l1", (MR, 1), ir, 1, 0, MR, 1), (MR, 1))
+                store(bo, elementwise(bo, "add", [rescale(bo, load(bo, o_v, (MR, NRW)), alpha), val]), o_v)
+            micro_gemm(bk, p_at, v_at, bqc, nDV, nk, o_finish)
             return []
 
         bi.for_(0, kv_end, BKV, kv_block)
 
         def finish(bf: Builder, r, _c2):
-            lr = load(bf, view(bf, lbuf, f32, "l1", (1, 1), r, 0, 0, 1, 1), (1, 1))
+            lr = load(bf, view(bf, ws["l"], f32, "l1", (1, 1), r, 0, 0, 1, 1), (1, 1))
             out_row = bf.mul(bf.add(bf.mul(bf.add(bf.mul(bidx, nH), h), nSQ), bf.add(q0, r)), nDV)
 
             def chunk(bc, c0, _c3):
                 left = bc.sub(nDV, c0)
-                orow = load(bc, view(bc, obuf, f32, "l2", (1, OCH), bc.add(bc.mul(r, DVp), c0), 0, 1, 1, left),
+                orow = load(bc, view(bc, ws["o"], f32, "l2", (1, OCH), bc.add(bc.mul(r, DVp), c0), 0, 1, 1, left),
                             (1, OCH))
                 res = elementwise(bc, "safe_div" if zero_rows else "div", [orow, lr])
                 store(bc, res, view(bc, buf[out_buf], out_elem, "global", (1, OCH), bc.add(out_row, c0), 0, 1, 1,
@@ -323,24 +339,16 @@ def generate(kop: s.KernelOp):
             bf.for_(0, nDV, OCH, chunk)
             return []
         bi.for_(0, bq, 1, finish)
-        return []
 
-    for_claimed(b, 0, total, lambda bw, w: item(bw, w, None))   # one phase: items go to free threads
+    for_claimed(b, 0, total, item)   # one phase: items go to free threads
     fn = kf.finish()
     fn.attributes["limits"] = str_array(limits)
     return fn, sig.dims, workspace, []
 
 
-def rescale_row(b: Builder, obuf, r, alpha, stride: int, ncols, chunk: int) -> None:
-    """O[r] *= alpha: the accumulator follows the running maximum (flash attention's rescale)."""
-    def step(bc, c0, _c):
-        v = t.ViewOp.create(operands=[obuf, bc.c(bc.add(bc.mul(r, stride), c0)), bc.c(0), bc.c(1), bc.c(1),
-                                      bc.c(bc.sub(stride, c0))], result_types=[t.view_type(1, chunk, f32, "l2")])
-        bc.op(v)
-        ld = bc.op(t.LoadOp.create(operands=[v.result], result_types=[t.tile_type(1, chunk, f32)]))
-        bc.op(t.StoreOp.create(operands=[elementwise(bc, "mul", [ld.results[0], alpha]), v.result]))
-        return []
-    b.for_(0, ncols, chunk, step)
+def rescale(b: Builder, o_tile, alpha):
+    """O * alpha: the accumulator follows the running maximum (flash attention's rescale)."""
+    return elementwise(b, "mul", [o_tile, alpha])
 
 
 def _const_row(b: Builder, n: int, value: float):
