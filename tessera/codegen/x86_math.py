@@ -203,10 +203,33 @@ class VectorMath:
         num = b.select(neg, b.fmul(x, e), x)
         res = b.fmul(num, b.select(far, self.splat(1.0), self.recip(b, b.fadd(self.splat(1.0), e))))
         gone = b.and_(neg, deep)
-        scaled = self._scale2(b, b.select(gone, self.splat(0.0), res), self.splat(-S))  # no underflowing scale
+        scaled = self._scale_down_exact(b, res, int(S))
         res = b.select(b.and_(far, neg), scaled, res)
         res = b.select(gone, b.fmul(x, self.splat(0.0)), res)
         return b.select(self._isnan(b, y), y, res)
+
+    def _scale_down_exact(self, b: ir.IRBuilder, v, s: int) -> ir.Value:
+        """v * 2^-s for a finite normal (or zero) v, rounded to nearest even, in integer
+        arithmetic: a floating-point scale whose result is subnormal costs a microcode assist
+        on Intel cores (a GEMM + gelu epilogue on activations of magnitude 32 ran 20 % slower
+        than the bare GEMM, against 1-5 % on unit-scale ones)."""
+        one = self.isplat(1)
+        bits = b.bitcast(v, self.vi)
+        sign = b.and_(bits, self.isplat(-0x80000000))
+        mag = b.and_(bits, self.isplat(0x7FFFFFFF))
+        eb = b.lshr(mag, self.isplat(23))                       # biased exponent of v
+        normal = b.icmp_signed(">", eb, self.isplat(s))         # the result's exponent is still >= 1
+        down = b.sub(bits, self.isplat(s << 23))
+        m = b.or_(b.and_(mag, self.isplat(0x7FFFFF)), self.isplat(0x800000))
+        sh = b.sub(self.isplat(s + 1), eb)                      # >= 1 where the result is subnormal
+        sh = b.select(b.icmp_signed(">", sh, self.isplat(31)), self.isplat(31), sh)
+        q = b.lshr(m, sh)
+        rem = b.and_(m, b.sub(b.shl(one, sh), one))
+        half = b.shl(one, b.sub(sh, one))
+        odd = b.icmp_unsigned("!=", b.and_(q, one), self.isplat(0))
+        up = b.or_(b.icmp_unsigned(">", rem, half), b.and_(b.icmp_unsigned("==", rem, half), odd))
+        q = b.add(q, b.zext(up, self.vi))                       # a carry into bit 23 is the smallest normal
+        return b.bitcast(b.select(normal, down, b.or_(q, sign)), self.vt)
 
     def _silu(self, b: ir.IRBuilder, x) -> ir.Value:
         return self._sigmoid_times(b, x, x)

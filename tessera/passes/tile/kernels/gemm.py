@@ -233,6 +233,12 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
     apack = kf.alloc(b, a_elems, in_elem, "l2")
     bpack = kf.alloc(b, b_elems, in_elem, "team" if shared else "l3")
     workspace = _round(a_elems * esize) + (0 if shared else _round(b_elems * esize))
+    # an epilogue with polynomial functions runs row by row from a scratch copy of the tile: one
+    # copy of its code per tile shape instead of one per register (LLVM compile time)
+    heavy = any(st[0] in ("un", "self") and st[1] in HEAVY_FNS for st in plan.epilogue)
+    if heavy:
+        escratch = kf.alloc(b, MR * NRW, f32, "l1")
+        workspace += _round(MR * NRW * 4)
 
     # ---- thread partition
     batch_total = 1
@@ -433,6 +439,21 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
         unpack = unpacked[0] if chains == 1 else elementwise(br, "add", unpacked)
 
         def finish(bf: Builder):
+            if heavy:
+                bf.op(t.StoreOp.create(operands=[unpack, view(bf, escratch, f32, "l1", (MR, cols), 0, cols, 1,
+                                                              MR, cols)]))
+
+                def one_row(bw: Builder, r, _c):
+                    ld = bw.op(t.LoadOp.create(operands=[view(bw, escratch, f32, "l1", (1, cols), bw.mul(r, cols), 0,
+                                                              1, 1, cols)], result_types=[t.tile_type(1, cols, f32)]))
+                    val = apply_epilogue(bw, kf, kop, plan, ld.results[0], (1, cols), bw.add(row, r), col, 1, vc,
+                                         epi_offs)
+                    out_row = view(bw, buf[out_buf], out_elem, "global", (1, cols), bw.add(c_off, bw.mul(r, N)), N, 1,
+                                   1, vc)
+                    bw.op(t.StoreOp.create(operands=[val, out_row]))
+                    return []
+                bf.for_(0, bf.min(MR, vr), 1, one_row)
+                return
             val = apply_epilogue(bf, kf, kop, plan, unpack, (MR, cols), row, col, vr, vc, epi_offs)
             out_view = view(bf, buf[out_buf], out_elem, "global", (MR, cols), c_off, N, 1, vr, vc)
             bf.op(t.StoreOp.create(operands=[val, out_view]))
@@ -480,6 +501,10 @@ def batch_offset_of(bb: Builder, kf: KernelFn, plan: GemmPlan, bidx: SSAValue, v
         rem = bb.div(rem, size) if i > 0 else 0
         off = bb.add(off, bb.mul(idx, kf.size(v.strides[i])))
     return off
+
+
+# epilogue functions that expand to a polynomial (tens of instructions per vector)
+HEAVY_FNS = frozenset({"exp", "tanh", "erf", "silu", "gelu_tanh", "gelu_erf"})
 
 
 def apply_epilogue(bf: Builder, kf: KernelFn, kop: s.KernelOp, plan: GemmPlan, val: SSAValue,
