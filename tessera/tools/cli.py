@@ -27,7 +27,7 @@ def _bench(args) -> int:
     if args.what == "tiles":
         from tessera.tools import bench_tiles
         res = bench_tiles.measure(args.dtype)
-        print(f"{res['arch']} {res['record']} (1 thread; geometric mean over {bench_tiles.SHAPES}):")
+        print(f"{res['arch']} {res['record']} ({res['threads']} threads; geometric mean over {bench_tiles.SHAPES}):")
         for k, v in sorted(res["gflops"].items(), key=lambda kv: -kv[1]):
             print(f"  {k:>6}  {v:7.1f} GFLOP/s")
         if args.write:
