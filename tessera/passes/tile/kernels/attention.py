@@ -18,7 +18,7 @@ the A operand of O += P V.  Per item, in the thread's workspace (all O(block)):
     V panel  BKV x Dv      packed (b_panel)
     O = O * alpha + P V    register tiles reading P where S^T lies; the rescale is part
                            of each tile's finish
-  out[r] = O[r] / l[r]    (0, or NaN when standing in for the composed form, if l = 0)
+  out[r] = O[r] * (1 / l[r])  (0, or NaN when standing in for the composed form, if l = 0)
 
 Everything accumulates in f32; bf16 inputs are converted while packing.
 """
@@ -326,13 +326,15 @@ def generate(kop: s.KernelOp):
 
         def finish(bf: Builder, r, _c2):
             lr = load(bf, view(bf, ws["l"], f32, "l1", (1, 1), r, 0, 0, 1, 1), (1, 1))
+            # one division per row, then products (1/0 = inf keeps 0 * inf = NaN for a row with no keys)
+            inv = elementwise(bf, "safe_div" if zero_rows else "div", [tile_const(bf, 1.0), lr])
             out_row = bf.mul(bf.add(bf.mul(bf.add(bf.mul(bidx, nH), h), nSQ), bf.add(q0, r)), nDV)
 
             def chunk(bc, c0, _c3):
                 left = bc.sub(nDV, c0)
                 orow = load(bc, view(bc, ws["o"], f32, "l2", (1, OCH), bc.add(bc.mul(r, DVp), c0), 0, 1, 1, left),
                             (1, OCH))
-                res = elementwise(bc, "safe_div" if zero_rows else "div", [orow, lr])
+                res = elementwise(bc, "mul", [orow, inv])
                 store(bc, res, view(bc, buf[out_buf], out_elem, "global", (1, OCH), bc.add(out_row, c0), 0, 1, 1,
                                      left))
                 return []
