@@ -136,8 +136,8 @@ class VectorMath:
         r = self.fma(b, n, self.splat(-LN2_LO), r)
         p = self.poly(b, r, [1.0, 1.0, 0.5, 1 / 6, 1 / 24, 1 / 120, 1 / 720, 1 / 5040])
         res = self._scale2(b, p, n if k is None else b.fadd(n, k))
-        res = b.select(lo, self.splat(0.0), b.select(hi, self.splat(float("inf")), res))
-        return b.select(self._isnan(b, x), x, res)
+        # NaN needs no select: both comparisons are false and the arithmetic carries it through
+        return b.select(lo, self.splat(0.0), b.select(hi, self.splat(float("inf")), res))
 
     def _scale2(self, b: ir.IRBuilder, p, n) -> ir.Value:
         """p * 2^n for integral n in [-150, 128]: vscalefps on AVX-512 (one rounding, exact for
