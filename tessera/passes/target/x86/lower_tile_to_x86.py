@@ -295,12 +295,20 @@ class _Lowerer(OpLowerer):
         b.op(op)
         return op.result
 
-    def _count(self, b: Builder, cols, v: int, rows=None, i: int | None = None):
-        cnt = b.max(b.min(b.sub(cols, v * self.w), self.w), 0)
-        if rows is not None and i is not None:
-            ok = b.cmp("slt", i, rows)
-            cnt = b.select(ok, b.c(cnt), b.c(0))
-        return cnt
+    def _count(self, b: Builder, cols, v: int):
+        """Lanes of vector v inside a row of ``cols`` valid columns."""
+        return b.max(b.min(b.sub(cols, v * self.w), self.w), 0)
+
+    def _edge_counts(self, b: Builder, vv: ViewVal, R: int, nv: int):
+        """For an edge tile: per row, whether it is valid and each vector's lane count (0 past
+        the valid rows); the column counts are computed once for all rows."""
+        valid = b.min(vv.cols, vv.shape[1])
+        cols = [self._count(b, valid, v) for v in range(nv)]
+        rows = []
+        for i in range(R):
+            ok = b.cmp("slt", i, vv.rows)
+            rows.append((ok, [b.select(ok, b.c(c), b.c(0)) for c in cols]))
+        return rows
 
     def _static_count(self, C: int, v: int) -> int | None:
         """Lanes of vector v inside a C-wide row (None: all W)."""
@@ -351,12 +359,10 @@ class _Lowerer(OpLowerer):
 
         def edge_path(bb: Builder) -> list[SSAValue]:
             out = []
-            for i in range(R):
-                ok = bb.cmp("slt", i, vv.rows)
+            for i, (ok, cnts) in enumerate(self._edge_counts(bb, vv, R, nv)):
                 roff = bb.select(ok, bb.c(bb.add(vv.off, bb.mul(i, vv.rs))), bb.c(vv.off))
                 for v in range(nv):
-                    cnt = self._count(bb, vv.cols, v, vv.rows, i)
-                    out.append(self._load_vec(bb, vv.base, vec_off(bb, roff, v), vv.elem, cnt, pad, stride))
+                    out.append(self._load_vec(bb, vv.base, vec_off(bb, roff, v), vv.elem, cnts[v], pad, stride))
             return out
 
         if full is None:
@@ -401,12 +407,10 @@ class _Lowerer(OpLowerer):
                 return plain(bb, True)
 
         def edge_path(bb: Builder):
-            for i in range(R):
-                ok = bb.cmp("slt", i, vv.rows)
+            for i, (ok, cnts) in enumerate(self._edge_counts(bb, vv, R, nv)):
                 roff = bb.select(ok, bb.c(bb.add(vv.off, bb.mul(i, vv.rs))), bb.c(vv.off))
                 for v in range(nv):
-                    cnt = self._count(bb, bb.min(vv.cols, C), v, vv.rows, i)
-                    self._store_vec(bb, rows[i][v], vv.base, bb.add(roff, v * self.w), vv.elem, cnt)
+                    self._store_vec(bb, rows[i][v], vv.base, bb.add(roff, v * self.w), vv.elem, cnts[v])
             return []
 
         if full is None:
