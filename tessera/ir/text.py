@@ -12,9 +12,9 @@ from io import StringIO
 
 from xdsl.dialects.builtin import FileLineColLoc, IntAttr, ModuleOp, StringAttr, UnknownLoc
 from xdsl.ir import Operation
-from xdsl.traits import NoTerminator
 from xdsl.parser import Parser
 from xdsl.printer import Printer
+from xdsl.traits import NoTerminator
 from xdsl.utils.exceptions import ParseError, VerifyException
 
 from tessera.errors import IRParseError, IRVerifyError, SourceLocation, TesseraError

@@ -626,26 +626,25 @@ class _Lowerer(OpLowerer):
 
     def op_tile_mask(self, op: t.MaskOp, b: Builder) -> None:
         R, C = op.input.type.dims
+        nv = self.nvec(C)
         src = self._expand(self.get(op.input), R, C)
         cols = self.scalar(op.cols)
-        diag = self.scalar(op.diag) if op.diag is not None else None
         padv = self.vconst(b, op.pad.value.data)
+
+        def select(keep, drop, count):
+            return b.op(x.VLaneSelectOp.create(operands=[keep, drop, b.c(count)],
+                                               result_types=[self.vf32])).results[0]
+
+        col_counts = [self._count(b, cols, v) for v in range(nv)]  # the same for every row
         rows = []
         for i in range(R):
-            row = []
-            for v in range(self.nvec(C)):
-                cnt = b.max(b.min(b.sub(cols, v * self.w), self.w), 0)
-                val = b.op(x.VLaneSelectOp.create(operands=[src[i][v], padv, b.c(cnt)],
-                                                  result_types=[self.vf32])).results[0]
-                if diag is not None:  # lane l is column v*W + l; the edge is column i + diag
-                    edge = b.sub(b.add(diag, i), v * self.w)
-                    if op.keep_side == "le":   # keep l <= edge: the first edge + 1 lanes
-                        sel = [val, padv, b.max(b.min(b.add(edge, 1), self.w), 0)]
-                    else:                      # keep l >= edge: drop the first edge lanes
-                        sel = [padv, val, b.max(b.min(edge, self.w), 0)]
-                    val = b.op(x.VLaneSelectOp.create(operands=[sel[0], sel[1], b.c(sel[2])],
-                                                      result_types=[self.vf32])).results[0]
-                row.append(val)
+            row = [select(src[i][v], padv, col_counts[v]) for v in range(nv)]
+            if op.diag is not None:  # lane l of vector v is column v*W + l; the edge is column i + diag
+                edge = b.add(self.scalar(op.diag), i)
+                if op.keep_side == "le":   # keep columns <= edge: the first edge + 1 of them
+                    row = [select(val, padv, self._count(b, b.add(edge, 1), v)) for v, val in enumerate(row)]
+                else:                      # keep columns >= edge: drop the first edge of them
+                    row = [select(padv, val, self._count(b, edge, v)) for v, val in enumerate(row)]
             rows.append(row)
         self.vmap[op.result] = Regs((R, C), rows)
 
