@@ -116,6 +116,7 @@ def generate(kop: s.KernelOp):
     out_elem = op.result.type.element_type
     OCH = 4 * W  # columns of O handled per step of the row loops
     CW = NRW     # query columns per strip of the softmax passes
+    masked = causal or mask_view is not None
 
     sig = KernelSig(name)
     for v in kop.inputs:
@@ -266,9 +267,12 @@ def generate(kop: s.KernelOp):
                       view(bs, ws["s"], f32, "l1", (MR, NRW), bs.add(bs.mul(ir, BQ), jr), BQ, 1, bs.sub(nk, ir), NRW))
             micro_gemm(bk, k_at, lambda ba, jr, kk: panel_at(ba, ws["q"], nD, jr, kk), nk, bqc, nD, s_store)
 
+            def s_row(bj: Builder, j, c0):
+                return view(bj, ws["s"], f32, "l1", (1, CW), bj.add(bj.mul(j, BQ), c0), 0, 1, 1, CW)
+
             def logits(br: Builder, j, c0):
                 """Scores of key j0 + j for queries q0 + c0 .. + CW, masked."""
-                x = load(br, view(br, ws["s"], f32, "l1", (1, CW), br.add(br.mul(j, BQ), c0), 0, 1, 1, CW), (1, CW))
+                x = load(br, s_row(br, j, c0), (1, CW))
                 if mask_view is not None:
                     mv = mask_view
                     ms = [kf.size(st) for st in mv.strides]
@@ -288,13 +292,18 @@ def generate(kop: s.KernelOp):
             def column_strip(bc: Builder, c0, _c3):
                 stat = (lambda k: view(bc, ws[k], f32, "l1", (1, CW), c0, 0, 1, 1, CW))
                 m_old = load(bc, stat("m"), (1, CW))
-                m_new = bc.for_(0, nk, 1, lambda bj, j, c: [elementwise(bj, "max", [c[0], logits(bj, j, c0)])],
-                                [m_old])[0]
+
+                def max_row(bj: Builder, j, c):
+                    x = logits(bj, j, c0)
+                    if masked:  # the exp pass reads the masked scores back instead of masking again
+                        store(bj, x, s_row(bj, j, c0))
+                    return [elementwise(bj, "max", [c[0], x])]
+                m_new = bc.for_(0, nk, 1, max_row, [m_old])[0]
                 m_safe = elementwise(bc, "finite_or_zero", [m_new])
 
                 def p_row(bj: Builder, j, c):
-                    p = elementwise(bj, "exp", [elementwise(bj, "sub", [logits(bj, j, c0), m_safe])])
-                    store(bj, p, view(bj, ws["s"], f32, "l1", (1, CW), bj.add(bj.mul(j, BQ), c0), 0, 1, 1, CW))
+                    p = elementwise(bj, "exp", [elementwise(bj, "sub", [load(bj, s_row(bj, j, c0), (1, CW)), m_safe])])
+                    store(bj, p, s_row(bj, j, c0))
                     return [elementwise(bj, "add", [c[0], p])]
                 psum = bc.for_(0, nk, 1, p_row, [_const_row(bc, CW, 0.0)])[0]
                 alpha = elementwise(bc, "exp", [elementwise(bc, "sub", [m_old, m_safe])])
