@@ -102,6 +102,11 @@ def emit(llvm_ir: str, cpu: str, features: str, *, want_asm: bool = False, opt: 
     return ObjectCode(obj, asm, text)
 
 
+def emit_cpu(llvm_ir: str, cpu: str, features: str, *, want_asm: bool = False) -> ObjectCode:
+    """:func:`emit` with the CPU lane's settings (the object and its listing agree)."""
+    return emit(llvm_ir, cpu, features, want_asm=want_asm, opt=CPU_OPT, loop_passes=CPU_LOOP_PASSES)
+
+
 def emit_guarded(llvm_ir: str, cpu: str, features: str, *, want_asm: bool = False, opt: int = 3,
                  timeout: float = 300, want_object: bool = True) -> ObjectCode:
     """As :func:`emit`, in a subprocess: an LLVM abort becomes ``LLVMAbortError``."""

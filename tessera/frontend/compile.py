@@ -141,8 +141,7 @@ class Compiled:
 
     def asm(self) -> str:
         if self._asm is None:
-            self._asm = cj.emit(self.llvm_ir, self.cpu, self.features, want_asm=True, opt=cj.CPU_OPT,
-                                loop_passes=cj.CPU_LOOP_PASSES).asm or ""
+            self._asm = cj.emit_cpu(self.llvm_ir, self.cpu, self.features, want_asm=True).asm or ""
         return self._asm
 
 
@@ -218,7 +217,7 @@ def _build(module: ModuleOp, passes, isa, spec: str, graph_text: str) -> dict:
     t1 = time.perf_counter()
     llvm_ir, names = cg.translate(module, cj.host_triple())
     t2 = time.perf_counter()
-    oc = cj.emit(llvm_ir, isa.llvm_cpu or "", isa.llvm_features, opt=cj.CPU_OPT, loop_passes=cj.CPU_LOOP_PASSES)
+    oc = cj.emit_cpu(llvm_ir, isa.llvm_cpu or "", isa.llvm_features)
     t3 = time.perf_counter()
     meta = {
         "passes": [r.to_dict() for r in run.records],
