@@ -23,6 +23,8 @@ from tessera.frontend.trace import trace
 from tessera.runtime.cpu import bind_symbols
 from tessera.runtime.lanes import LOG, LaneDecision
 
+_ACCEPTED: set = set()   # argument dtypes already checked by dtypes.as_dtype
+
 
 @dataclass
 class Variant:
@@ -31,6 +33,7 @@ class Variant:
     graph: object                            # the TraceGraph (for the reference lane)
     reason: str = ""                         # why the reference lane is used (strict=False only)
     copies: tuple[str, ...] = ()
+    decision: LaneDecision | None = None     # what a compiled call records (one immutable entry)
 
     def matches(self, arrays: list[np.ndarray]) -> dict | None:
         """The bound sizes if this specialisation serves ``arrays``, else None."""
@@ -72,7 +75,8 @@ class JitFunction:
             if isinstance(a, np.ndarray) or hasattr(a, "__array_interface__"):
                 a = np.asarray(a)
                 try:
-                    dt.as_dtype(a.dtype)  # float dtypes, and bool (attention masks)
+                    if a.dtype not in _ACCEPTED:
+                        _ACCEPTED.add(dt.as_dtype(a.dtype))  # float dtypes, and bool (attention masks)
                 except DtypeError:
                     raise DtypeError(f"argument {i} of {self.name}: dtype {a.dtype} is not supported "
                                      f"(supported: {', '.join(dt.SUPPORTED)})") from None
@@ -153,7 +157,9 @@ class JitFunction:
             outs = reference.evaluate(v.graph, arrays)
         else:
             outs = v.compiled.executable.run(arrays, env)   # raises if the lane cannot run here
-            LOG.record(LaneDecision(self.name, self.lane, "compiled"))
+            if v.decision is None:
+                v.decision = LaneDecision(self.name, self.lane, "compiled")
+            LOG.record(v.decision)
         return tuple(outs) if v.graph.tuple_output else outs[0]
 
     @property

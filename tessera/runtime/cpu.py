@@ -13,6 +13,7 @@ the call fails.
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import threading
 from dataclasses import dataclass
@@ -66,7 +67,7 @@ class TensorSpec:
     def rank(self) -> int:
         return len(self.dims)
 
-    @property
+    @functools.cached_property   # read on every call; kept in the instance dict (frozen dataclass)
     def np_dtype(self) -> np.dtype:
         if self.dtype == "<V2":
             return np.dtype(ml_dtypes.bfloat16)
@@ -185,6 +186,11 @@ def _eval(d, env: dict[str, int]) -> int:
     return coef
 
 
+def _aligned(buf: np.ndarray) -> int:
+    addr = buf.ctypes.data
+    return addr + (-addr % 64)
+
+
 class CpuExecutable:
     def __init__(self, program: HostProgram, addresses: dict[str, int], max_threads: int, amx: bool = False):
         self.program = program
@@ -195,23 +201,27 @@ class CpuExecutable:
             nbuf = len(s.args) + len(s.outs)
             argtypes = [ctypes.c_void_p] * nbuf + [ctypes.c_int64] * (len(s.dims) + 2) + [ctypes.c_void_p] * 2
             self.fns[s.kernel] = ctypes.CFUNCTYPE(None, *argtypes)(addresses[s.kernel])
-        self._ws_pool: dict[int, np.ndarray] = {}
+        # per step, what a call needs that does not depend on the sizes
+        self._limits = {s.kernel: [(e, int(n)) for e, n in (lim.split("<=") for lim in s.limits)]
+                        for s in program.steps}
+        self._ws_pool: dict[int, tuple[np.ndarray, int]] = {}   # tid -> (buffer, 64-byte aligned address)
         self._ws_lock = threading.Lock()
-        self._team: np.ndarray = np.zeros(0, np.uint8)
+        self._team: tuple[np.ndarray, int] = (np.zeros(0, np.uint8), 0)
         self._run_lock = threading.Lock()  # one call at a time uses the team buffer
 
     def _workspace(self, tid: int, size: int) -> int:
         with self._ws_lock:
-            buf = self._ws_pool.get(tid)
-            if buf is None or buf.nbytes < size:
+            ent = self._ws_pool.get(tid)
+            if ent is None or ent[0].nbytes < size + 64:
                 buf = np.empty(max(size, 64) + 64, np.uint8)
-                self._ws_pool[tid] = buf
-        return buf.ctypes.data + (-buf.ctypes.data % 64)
+                ent = self._ws_pool[tid] = (buf, _aligned(buf))
+        return ent[1]
 
     def _team_buffer(self, size: int) -> int:
-        if self._team.nbytes < size + 64:
-            self._team = np.zeros(size + 64, np.uint8)
-        addr = self._team.ctypes.data + (-self._team.ctypes.data % 64)
+        if self._team[0].nbytes < size + 64:
+            buf = np.zeros(size + 64, np.uint8)
+            self._team = (buf, _aligned(buf))
+        addr = self._team[1]
         ctypes.memset(addr, 0, x.TEAM_HEADER)  # barrier words and the work counter
         return addr
 
@@ -240,9 +250,8 @@ class CpuExecutable:
             env = bind_symbols(prog.inputs, arrays)
         vals: dict[int, np.ndarray] = dict(zip(prog.input_ids, arrays))
         for s in prog.steps:
-            for lim in s.limits:
-                expr, bound = lim.split("<=")
-                if _eval(expr, env) > int(bound):
+            for expr, bound in self._limits[s.kernel]:
+                if _eval(expr, env) > bound:
                     raise ShapeMismatchError(f"kernel {s.kernel} supports {expr} <= {bound}, got {_eval(expr, env)}")
             sizes = [_eval(d, env) for d in s.dims]
             outs = []

@@ -12,6 +12,7 @@ the benchmarks use to report like-with-like figures.
 """
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import sys
@@ -39,7 +40,7 @@ class BufferPool:
 
     def empty(self, shape, dtype) -> np.ndarray:
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         if not self.enabled or nbytes < MIN_POOLED:
             return np.empty(shape, dtype)
         size = -(-nbytes // GRAIN) * GRAIN
