@@ -88,3 +88,35 @@ def test_subnormal_silu_results_are_rounded_not_truncated(monkeypatch):
     monkeypatch.setattr(x86_math.VectorMath, "_scale_down_exact", truncating)
     bad = ts.jit(fn)(x)
     assert N.ulp_errors(bad[sub], want[sub]).max() > 0.9
+
+
+def test_sigmoid_tail_branch_has_teeth(monkeypatch):
+    """silu/gelu take a short path on every lane and branch to an exact one only when some lane's
+    result is x exp(y) with y in (-110, -87) (tiny or subnormal); never taking that branch
+    returns a wrong (normal-sized) value there."""
+    import tessera as ts
+    from tessera.codegen import x86_math
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    fn, ref = N.references()["silu"]
+    x = np.linspace(-109, -88, 10_007, dtype=np.float32)
+    want = ref(x.astype(np.float64))
+    assert N.ulp_errors(ts.jit(fn)(x), want).max() <= 2.0
+    monkeypatch.setattr(x86_math.VectorMath, "_any", lambda self, b, mask: x86_math.ir.Constant(x86_math.I1, 0))
+    assert N.ulp_errors(ts.jit(fn)(x), want).max() > 1e3
+
+
+@pytest.mark.parametrize("name", ["silu", "gelu_tanh"])
+def test_sigmoid_lanes_are_independent(name):
+    """A vector mixing short-path, tail and underflowing lanes gives each lane the value it gets
+    alone (the tail branch merges per lane)."""
+    import tessera as ts
+    fn, _ = N.references()[name]
+    rng = np.random.default_rng(7)
+    x = np.concatenate([rng.uniform(-150, 30, 4000), rng.uniform(-12, -9, 4000),
+                        [np.nan, np.inf, -np.inf, 0.0, -0.0]]).astype(np.float32)
+    f = ts.jit(fn)
+    perm = rng.permutation(len(x))
+    with np.errstate(all="ignore"):
+        mixed = f(x[perm])[:300]
+        alone = np.array([f(np.full(16, v, np.float32))[0] for v in x[perm[:300]]], np.float32)
+    np.testing.assert_array_equal(mixed.view(np.uint32), alone.view(np.uint32))

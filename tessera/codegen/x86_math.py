@@ -97,14 +97,21 @@ class VectorMath:
         Infinity gives 0 and zero gives infinity, as a division would."""
         if self.w != 16 or not self.avx512:
             return b.fdiv(self.splat(1.0), d)
-        name = "llvm.x86.avx512.rcp14.ps.512"
-        f = self.m.globals.get(name) or ir.Function(
-            self.m, ir.FunctionType(self.vt, [self.vt, self.vt, ir.IntType(16)]), name)
-        r = b.call(f, [d, self.splat(0.0), ir.Constant(ir.IntType(16), -1)])
+        r = self._rcp14(b, d)
         nr = b.fmul(r, self.fma(b, b.fsub(self.splat(0.0), d), r, self.splat(2.0)))
         # the Newton step turns rcp(inf) = 0 and rcp(0) = inf into NaN: keep r where it is exact
         exact = b.or_(b.fcmp_ordered("==", r, self.splat(0.0)), b.fcmp_ordered("==", r, self.splat(float("inf"))))
         return b.select(exact, r, nr)
+
+    def _rcp14(self, b: ir.IRBuilder, d) -> ir.Value:
+        name = "llvm.x86.avx512.rcp14.ps.512"
+        f = self.m.globals.get(name) or ir.Function(
+            self.m, ir.FunctionType(self.vt, [self.vt, self.vt, ir.IntType(16)]), name)
+        return b.call(f, [d, self.splat(0.0), ir.Constant(ir.IntType(16), -1)])
+
+    def _any(self, b: ir.IRBuilder, mask) -> ir.Value:
+        """True when any lane of an <W x i1> mask is set."""
+        return b.icmp_unsigned("!=", b.bitcast(mask, ir.IntType(self.w)), ir.Constant(ir.IntType(self.w), 0))
 
     def _isnan(self, b, x):
         return b.fcmp_unordered("uno", x, x)
@@ -131,13 +138,24 @@ class VectorMath:
         lo = b.fcmp_ordered("<", x, lo_t)
         hi = b.fcmp_ordered(">", x, hi_t)
         xc = b.select(b.or_(lo, hi), self.splat(0.0), x)
-        n = b.call(self._intr("roundeven"), [b.fmul(xc, self.splat(LOG2E))])
-        r = self.fma(b, n, self.splat(-LN2_HI), xc)
-        r = self.fma(b, n, self.splat(-LN2_LO), r)
-        p = self.poly(b, r, [1.0, 1.0, 0.5, 1 / 6, 1 / 24, 1 / 120, 1 / 720, 1 / 5040])
-        res = self._scale2(b, p, n if k is None else b.fadd(n, k))
+        res = self._exp_core(b, xc, k)
         # NaN needs no select: both comparisons are false and the arithmetic carries it through
         return b.select(lo, self.splat(0.0), b.select(hi, self.splat(float("inf")), res))
+
+    def _exp_core(self, b: ir.IRBuilder, x, k=None) -> ir.Value:
+        """exp(x) * 2^k for x whose result is a normal number (no range checks)."""
+        n = b.call(self._intr("roundeven"), [b.fmul(x, self.splat(LOG2E))])
+        r = self.fma(b, n, self.splat(-LN2_HI), x)
+        r = self.fma(b, n, self.splat(-LN2_LO), r)
+        p = self.poly(b, r, [1.0, 1.0, 0.5, 1 / 6, 1 / 24, 1 / 120, 1 / 720, 1 / 5040])
+        return self._scale2(b, p, n if k is None else b.fadd(n, k))
+
+    def _recip_1_2(self, b: ir.IRBuilder, d) -> ir.Value:
+        """1/d for d in [1, 2] (no zero or infinity to preserve): vrcp14ps and one Newton step."""
+        if self.w != 16 or not self.avx512:
+            return b.fdiv(self.splat(1.0), d)
+        r = self._rcp14(b, d)
+        return b.fmul(r, self.fma(b, b.fsub(self.splat(0.0), d), r, self.splat(2.0)))
 
     def _scale2(self, b: ir.IRBuilder, p, n) -> ir.Value:
         """p * 2^n for integral n in [-150, 128]: vscalefps on AVX-512 (one rounding, exact for
@@ -183,30 +201,38 @@ class VectorMath:
         return b.select(b.fcmp_unordered("<", a, self.splat(1.0)), small, big)  # NaN takes the small path
 
     def _sigmoid_times(self, b: ir.IRBuilder, x, y) -> ir.Value:
-        """x * sigmoid(y) without overflow: e = exp(-|y|) never exceeds 1, and for y < 0
-        sigmoid(y) = e / (1 + e), computed as (x * e) / (1 + e).
+        """x * sigmoid(y) for |x| <= |y|, y NaN only where x is (gelu, silu), without overflow and without subnormal
+        intermediates (a subnormal operand costs a microcode assist of ~100 cycles per
+        instruction on Intel cores; a GEMM epilogue on activations of magnitude 30 ran 40 %
+        slower).  With e = exp(-|y|) <= 1: sigmoid(y) = 1 / (1 + e) for y >= 0 and e / (1 + e)
+        for y < 0, computed as (x * e) / (1 + e).
 
-        No intermediate is subnormal (a subnormal operand costs a microcode assist of ~100
-        cycles per instruction on Intel cores; a GEMM epilogue on activations of magnitude 30
-        ran 40 % slower): past |y| = 64, 1 + e is 1 exactly, so e is computed as
-        exp(-|y|) * 2^100 and the product scaled back by 2^-100 in its last step; where even
-        that underflows the result is a signed zero."""
-        S = 100.0
+        Every lane takes the short path, with |y| clamped to 87 (e stays normal; past |y| = 17,
+        1 + e is 1 exactly).  It is exact except where y < -87: there the result is x exp(y)
+        rounded, a tiny or subnormal number.  Past |y| = 110 that rounds to a signed zero (|x|
+        exp(-|y|) < 2^-150 when |x| <= |y|), which a select gives; between 87 and 110 a branch,
+        taken only when some lane needs it, computes x exp(y) 2^64 (normal) and scales it down
+        by 2^64 in integer arithmetic with one rounding to nearest even."""
+        S = 64
         ay = self._abs(b, y)
-        far = b.fcmp_ordered(">", ay, self.splat(64.0))
-        k = b.select(far, self.splat(S), self.splat(0.0))
-        # past |y| = S ln2 + 87 even the scaled e would be subnormal: those lanes compute exp(0)
-        # (unused: for y > 0 the result is x, for y < 0 it underflows to a signed zero)
-        deep = b.fcmp_ordered(">", ay, self.splat(S * math.log(2.0) + 87.0))
-        e = self._exp_pow2(b, b.select(deep, self.splat(0.0), b.fsub(self.splat(0.0), ay)), k)  # exp(-|y|) 2^k
         neg = b.fcmp_ordered("<", y, self.splat(0.0))
-        num = b.select(neg, b.fmul(x, e), x)
-        res = b.fmul(num, b.select(far, self.splat(1.0), self.recip(b, b.fadd(self.splat(1.0), e))))
-        gone = b.and_(neg, deep)
-        scaled = self._scale_down_exact(b, res, int(S))
-        res = b.select(b.and_(far, neg), scaled, res)
-        res = b.select(gone, b.fmul(x, self.splat(0.0)), res)
-        return b.select(self._isnan(b, y), y, res)
+        gone = b.and_(neg, b.fcmp_ordered(">=", ay, self.splat(110.0)))
+        e = self._exp_core(b, b.fneg(b.call(self._intr("minnum", 2), [ay, self.splat(87.0)])))
+        num = b.select(neg, b.fmul(x, b.select(gone, self.splat(0.0), e)), x)
+        inv = b.select(b.fcmp_ordered(">", ay, self.splat(17.0)), self.splat(1.0),
+                       self._recip_1_2(b, b.fadd(self.splat(1.0), e)))
+        fast = b.fmul(num, inv)
+        slow = b.and_(b.and_(neg, b.fcmp_ordered(">", ay, self.splat(87.0))), b.not_(gone))
+        entry = b.block
+        with b.if_then(self._any(b, slow), likely=False):
+            scaled = self._exp_core(b, b.select(slow, y, self.splat(0.0)), self.splat(float(S)))  # exp(y) 2^64
+            exact = self._scale_down_exact(b, b.fmul(b.select(slow, x, self.splat(0.0)), scaled), S)
+            taken = b.select(slow, exact, fast)
+            tblock = b.block
+        res = b.phi(self.vt)
+        res.add_incoming(fast, entry)
+        res.add_incoming(taken, tblock)
+        return res   # NaN: y is NaN only where x is, and x carries it through
 
     def _scale_down_exact(self, b: ir.IRBuilder, v, s: int) -> ir.Value:
         """v * 2^-s for a finite normal (or zero) v, rounded to nearest even, in integer
@@ -238,8 +264,8 @@ class VectorMath:
         # 0.5 x (1 + tanh(y)) == x * sigmoid(2y), y = sqrt(2/pi) (x + 0.044715 x^3)
         c = math.sqrt(2.0 / math.pi)
         x3 = b.fmul(b.fmul(x, x), x)
-        y = b.fmul(self.splat(c), self.fma(b, self.splat(0.044715), x3, x))
-        return self._sigmoid_times(b, x, b.fmul(y, self.splat(2.0)))
+        # 2y in one product: scaling by 2 is exact, so (2c) t rounds as 2 (c t) does
+        return self._sigmoid_times(b, x, b.fmul(self.splat(2.0 * c), self.fma(b, self.splat(0.044715), x3, x)))
 
     def _gelu_erf(self, b: ir.IRBuilder, x) -> ir.Value:
         # 0.5 x (1 + erf(x / sqrt2)); for x / sqrt2 <= -1 use 0.5 x erfc(|x| / sqrt2)
