@@ -181,3 +181,32 @@ def test_a_causal_edge_that_ignores_the_diagonal_fails_the_gate(rng, monkeypatch
     monkeypatch.setattr(lx._Lowerer, "op_tile_mask", no_edge)
     bad = ts.jit(lambda q, k, v: ts.ops.attention(q, k, v, causal=True))(q, k, v)
     assert not O.gate(bad, ref(q, k, v, causal=True), 1e-5)
+
+
+CAUSAL_PINS = [{"register_tile": (6, 4), "tile_m": 192, "tile_n": 48},    # MR does not divide a strip
+               {"register_tile": (4, 4), "tile_m": 64, "tile_n": 256},    # key blocks longer than query blocks
+               {"register_tile": (4, 4), "tile_m": 256, "tile_n": 36}]    # many key blocks per query block
+
+
+@pytest.mark.parametrize("pins", CAUSAL_PINS, ids=lambda p: "x".join(map(str, p["register_tile"])) + f"_{p['tile_m']}_{p['tile_n']}")
+@pytest.mark.parametrize("sq,sk", [(1, 1), (7, 7), (385, 385), (300, 517), (517, 300)])
+def test_causal_tiles_past_the_diagonal_are_skipped_not_wrong(rng, pins, sq, sk):
+    """Causal blocks compute only the score tiles that hold a visible key, the softmax strips and
+    O's k loops stop at the last visible key: every block shape agrees with the oracle."""
+    q, k, v = qkv(rng, 1, 2, 2, sq, sk, 64)
+    f = ts.jit(lambda q, k, v: ts.ops.attention(q, k, v, causal=True), schedule=pins)
+    O.assert_close(f(q, k, v), ref(q, k, v, causal=True), 1e-5)
+
+
+def test_softmax_strips_that_stop_short_of_straddling_tiles_fail_the_gate(rng, monkeypatch):
+    """With MR = 6 an O row tile can straddle two 64-query strips and read P rows of the first
+    strip past its last query; the strip covers them (as zeros).  Without that margin the tile
+    reads stale scratch and the oracle catches it."""
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    q, k, v = qkv(rng, 1, 4, 4, 500, 500, 64)
+    pins = CAUSAL_PINS[0]
+    f = ts.jit(lambda q, k, v: ts.ops.attention(q, k, v, causal=True), schedule=pins)
+    O.assert_close(f(q, k, v), ref(q, k, v, causal=True), 1e-5)
+    monkeypatch.setattr(attention_kernel, "straddle", lambda mr: 0)
+    bad = ts.jit(lambda q, k, v: ts.ops.attention(q, k, v, causal=True), schedule=pins)(q, k, v)
+    assert not O.gate(bad, ref(q, k, v, causal=True), 1e-5)

@@ -18,6 +18,9 @@ the A operand of O += P V.  Per item, in the thread's workspace (all O(block)):
     V panel  BKV x Dv      packed (b_panel)
     O = O * alpha + P V    register tiles reading P where S^T lies; the rescale is part
                            of each tile's finish
+  (causal, in a block that the diagonal crosses: S^T tiles whose every key is past their
+  every query are not computed, the softmax strips stop at their last query's key, and each
+  O tile's k loop at its own last query's key)
   out[r] = O[r] * (1 / l[r])  (0, or NaN when standing in for the composed form, if l = 0)
 
 Everything accumulates in f32; bf16 inputs are converted while packing.
@@ -175,12 +178,16 @@ def generate(kop: s.KernelOp):
     frag_b = frag_a.with_role("b", "row_major")
     frag_c = t.fragment((MR, NRW, 1), f32, f32, "acc", "row_major", rec.family)
 
-    def micro_gemm(bb: Builder, a_at, b_at, rows, cols, kext, finish):
+    def micro_gemm(bb: Builder, a_at, b_at, rows, cols, kext, finish, col0=None):
         """For every MR x NR*W tile of a rows x cols result: finish(acc = sum over k < kext of
         A[rows, k] B[k, cols]).  a_at(ir, kk) -> (buffer, space, offset, row stride) of the MR
         elements A[ir.., kk]; b_at(jr, kk) -> (buffer, space, offset) of the NR*W contiguous
-        elements B[kk, jr..]."""
+        elements B[kk, jr..].  kext may be a function of (builder, ir): the k extent of row tile
+        ir; col0(builder, ir), if given, is the first column of row tile ir that is computed
+        (a multiple of NR*W; the tiles before it are not)."""
         def tile_ir(bi: Builder, ir, _c):
+            ke = kext(bi, ir) if callable(kext) else kext
+
             def tile_jr(bj: Builder, jr, _c2):
                 acc0 = bj.op(t.FragmentZeroOp.create(result_types=[frag_c])).results[0]
 
@@ -193,7 +200,7 @@ def generate(kop: s.KernelOp):
                     fb = bk.op(t.FragmentPackOp.create(operands=[bv], result_types=[frag_b])).results[0]
                     return bk.op(t.MmaOp.create(operands=[fa, fb, acc], result_types=[frag_c])).results[0]
 
-                kmain = bj.mul(bj.div(kext, U), U)
+                kmain = bj.mul(bj.div(ke, U), U)
 
                 def unrolled(bk, kk, c):
                     acc = c[0]
@@ -202,11 +209,11 @@ def generate(kop: s.KernelOp):
                     return [acc]
 
                 acc = bj.for_(0, kmain, U, unrolled, [acc0])[0]
-                acc = bj.for_(kmain, kext, 1, lambda bk, kk, c: [step(bk, kk, c[0])], [acc])[0]
+                acc = bj.for_(kmain, ke, 1, lambda bk, kk, c: [step(bk, kk, c[0])], [acc])[0]
                 un = bj.op(t.FragmentUnpackOp.create(operands=[acc], result_types=[t.tile_type(MR, NRW, f32)]))
                 finish(bj, ir, jr, un.results[0])
                 return []
-            bi.for_(0, cols, NRW, tile_jr)
+            bi.for_(col0(bi, ir) if col0 is not None else 0, cols, NRW, tile_jr)
             return []
         bb.for_(0, rows, MR, tile_ir)
 
@@ -265,7 +272,10 @@ def generate(kop: s.KernelOp):
             def s_store(bs, ir, jr, val):
                 store(bs, elementwise(bs, "mul", [val, scale_tile]),
                       view(bs, ws["s"], f32, "l1", (MR, NRW), bs.add(bs.mul(ir, BQ), jr), BQ, 1, bs.sub(nk, ir), NRW))
-            micro_gemm(bk, k_at, lambda ba, jr, kk: panel_at(ba, ws["q"], nD, jr, kk), nk, bqc, nD, s_store)
+            # causal: a tile whose every key is past its every query (key j0 + ir > query q0 + jr + NR*W - 1)
+            # is not computed; the softmax below masks whatever its scratch holds
+            col0 = (lambda bc, ir: bc.mul(bc.div(bc.max(bc.sub(bc.add(j0, ir), q0), 0), NRW), NRW)) if causal else None
+            micro_gemm(bk, k_at, lambda ba, jr, kk: panel_at(ba, ws["q"], nD, jr, kk), nk, bqc, nD, s_store, col0)
 
             def s_row(bj: Builder, j, c0):
                 return view(bj, ws["s"], f32, "l1", (1, CW), bj.add(bj.mul(j, BQ), c0), 0, 1, 1, CW)
@@ -292,20 +302,24 @@ def generate(kop: s.KernelOp):
             def column_strip(bc: Builder, c0, _c3):
                 stat = (lambda k: view(bc, ws[k], f32, "l1", (1, CW), c0, 0, 1, 1, CW))
                 m_old = load(bc, stat("m"), (1, CW))
+                # causal: keys past the strip's last query are masked for all of it; the strip
+                # still covers MR more (masked: P = 0 there), which O's row tiles that straddle
+                # two strips read
+                kn = causal_keys(bc, q0, j0, bc.add(c0, CW + straddle(MR)), nk) if causal else nk
 
                 def max_row(bj: Builder, j, c):
                     x = logits(bj, j, c0)
                     if masked:  # the exp pass reads the masked scores back instead of masking again
                         store(bj, x, s_row(bj, j, c0))
                     return [elementwise(bj, "max", [c[0], x])]
-                m_new = bc.for_(0, nk, 1, max_row, [m_old])[0]
+                m_new = bc.for_(0, kn, 1, max_row, [m_old])[0]
                 m_safe = elementwise(bc, "finite_or_zero", [m_new])
 
                 def p_row(bj: Builder, j, c):
                     p = elementwise(bj, "exp", [elementwise(bj, "sub", [load(bj, s_row(bj, j, c0), (1, CW)), m_safe])])
                     store(bj, p, s_row(bj, j, c0))
                     return [elementwise(bj, "add", [c[0], p])]
-                psum = bc.for_(0, nk, 1, p_row, [_const_row(bc, CW, 0.0)])[0]
+                psum = bc.for_(0, kn, 1, p_row, [_const_row(bc, CW, 0.0)])[0]
                 alpha = elementwise(bc, "exp", [elementwise(bc, "sub", [m_old, m_safe])])
                 store(bc, m_new, stat("m"))
                 store(bc, alpha, stat("a"))
@@ -328,7 +342,9 @@ def generate(kop: s.KernelOp):
                 o_v = view(bo, ws["o"], f32, "l2", (MR, NRW), bo.add(bo.mul(ir, DVp), jr), DVp, 1, MR, NRW)
                 alpha = load(bo, view(bo, ws["a"], f32, "l1", (MR, 1), ir, 1, 0, MR, 1), (MR, 1))
                 store(bo, elementwise(bo, "add", [rescale(bo, load(bo, o_v, (MR, NRW)), alpha), val]), o_v)
-            micro_gemm(bk, p_at, v_at, bqc, nDV, nk, o_finish)
+            # causal: query row tile ir needs the keys up to its last query (the rest of P is 0)
+            kext = (lambda bo, ir: causal_keys(bo, q0, j0, bo.add(ir, MR), nk)) if causal else nk
+            micro_gemm(bk, p_at, v_at, bqc, nDV, kext, o_finish)
             return []
 
         bi.for_(0, kv_end, BKV, kv_block)
@@ -357,6 +373,18 @@ def generate(kop: s.KernelOp):
     return fn, sig.dims, workspace, []
 
 
+def causal_keys(b: Builder, q0, j0, queries_end, nk):
+    """How many keys of the block starting at key j0 (of nk) the queries before q0 + queries_end
+    see under the causal mask (top-left alignment: query i sees key j when j <= i)."""
+    return b.max(b.min(nk, b.sub(b.add(q0, queries_end), j0)), 0)
+
+
+def straddle(mr: int) -> int:
+    """Extra keys a softmax strip covers past its last query: an O row tile of mr queries that
+    straddles two strips reads P that far into the first one (masked there, so 0)."""
+    return mr
+
+
 def rescale(b: Builder, o_tile, alpha):
     """O * alpha: the accumulator follows the running maximum (flash attention's rescale)."""
     return elementwise(b, "mul", [o_tile, alpha])
@@ -368,4 +396,4 @@ def _const_row(b: Builder, n: int, value: float):
     return op.result
 
 
-__all__ = ["AttentionPlan", "analyse", "generate", "D"]
+__all__ = ["AttentionPlan", "analyse", "causal_keys", "generate", "rescale", "straddle", "D"]
