@@ -1,7 +1,8 @@
 """``tessera bench cpu``: Tessera's CPU lane against its peers, in one run, on the same random inputs.
 
 Method: every workload gets fresh random inputs (never zeros); each implementation is
-called twice to warm up, then timed ``REPS`` times; the median is reported.  ratio =
+called twice to warm up, then timed in ``REPS`` interleaved rounds (one call of each
+implementation per round); the median is reported.  ratio =
 best peer time / Tessera time (above 1: Tessera is faster).  Peers: numpy (OpenBLAS),
 and, when installed (the ``bench`` extra), torch eager, ``torch.compile`` and
 ``jax.jit``.  Single-thread rows run in a child process pinned to one CPU
@@ -31,18 +32,6 @@ REPS = 7
 # workers): whoever is timed next would share the cores with them.  Every measurement starts
 # after this pause, so no library is timed in another's spin-down.
 QUIESCE_S = 0.3
-
-
-def _median(fn, *args, reps: int = REPS) -> float:
-    time.sleep(QUIESCE_S)
-    fn(*args)
-    fn(*args)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn(*args)
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
 
 
 # --------------------------------------------------------------------------- host peaks
@@ -152,9 +141,9 @@ def bandwidth() -> dict:
     import tessera as ts
     x = np.random.default_rng().standard_normal((8192, 4096)).astype(np.float32)
     out = np.empty_like(x)
-    t_np = _median(np.copyto, out, x)
     cp = ts.jit(lambda a: a * 1.0)
-    t_ts = _median(cp, x)
+    t = _interleaved({"numpy": (np.copyto, [out, x]), "tessera": (cp, [x])})
+    t_np, t_ts = t["numpy"], t["tessera"]
     return {"numpy_copyto_1t": 2 * x.nbytes / t_np / 1e9, "tessera_copy": 2 * x.nbytes / t_ts / 1e9}
 
 
@@ -246,37 +235,80 @@ def _tessera_fn(kind: str, threads: int | None):
     return ts.jit(fns[kind], schedule={"threads": threads} if threads else None)
 
 
+def _interleaved(cands: dict, reps: int | None = None) -> dict[str, float]:
+    """Median seconds per call of each ``name -> (fn, args)``, measured in rounds: every round
+    times each candidate once (who goes first rotates), so a drift in the host's speed during
+    the row reaches every library alike instead of whichever was measured in the slow moment.
+    Each timing follows a pause (peers' thread pools spin after a call) and, for calls under
+    ``WAKE_BELOW_S``, one untimed call that wakes the library's threads."""
+    warm = {}
+    for name, (fn, args) in cands.items():
+        time.sleep(QUIESCE_S)
+        fn(*args)
+        t0 = time.perf_counter()
+        fn(*args)
+        warm[name] = time.perf_counter() - t0
+    names = list(cands)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(reps or REPS):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            fn, args = cands[n]
+            time.sleep(QUIESCE_S)
+            if warm[n] < WAKE_BELOW_S:
+                fn(*args)
+            t0 = time.perf_counter()
+            fn(*args)
+            times[n].append(time.perf_counter() - t0)
+    return {n: float(np.median(t)) for n, t in times.items()}
+
+
+WAKE_BELOW_S = 0.25
+
+
 def run_workload(name: str, kind: str, inputs: list[np.ndarray], work: float, unit: str, threads: int | None,
                  peers: dict, use_compile: bool = True, fresh_alloc_column: bool = False) -> dict:
     row = {"workload": name, "threads": threads or "all", "unit": unit, "times_ms": {}}
     tf = _tessera_fn(kind, threads)
-    row["times_ms"]["tessera"] = _median(tf, *inputs) * 1e3
+    cands = {"tessera": (tf, inputs)}
     if fresh_alloc_column:
         from tessera.runtime import memory
-        memory.POOL.enabled = False
-        row["times_ms"]["tessera (fresh outputs)"] = _median(tf, *inputs) * 1e3
-        memory.POOL.enabled = True
+
+        def fresh(*a):
+            memory.POOL.enabled = False
+            try:
+                return tf(*a)
+            finally:
+                memory.POOL.enabled = True
+        cands["tessera (fresh outputs)"] = (fresh, inputs)
     if inputs[0].dtype == np.float32:
-        row["times_ms"]["numpy"] = _median(_numpy_fn(kind), *inputs) * 1e3
+        cands["numpy"] = (_numpy_fn(kind), inputs)
     if "torch" in peers:
         torch = peers["torch"]
         tin = [torch.from_numpy(np.asarray(a, np.float32)).to(torch.bfloat16) if a.dtype != np.float32 else
                torch.from_numpy(a) for a in inputs]
+
+        def no_grad(f):
+            def call(*a):
+                with torch.no_grad():
+                    return f(*a)
+            return call
         f = _torch_fns(torch, kind)
-        with torch.no_grad():
-            row["times_ms"]["torch"] = _median(f, *tin) * 1e3
-            if use_compile:
-                try:
-                    cf = torch.compile(f)
-                    row["times_ms"]["torch.compile"] = _median(cf, *tin) * 1e3
-                except Exception as e:  # noqa: BLE001 - a peer that cannot compile is reported, not fatal
-                    row["times_ms"]["torch.compile"] = f"failed: {type(e).__name__}"
+        cands["torch"] = (no_grad(f), tin)
+        if use_compile:
+            try:
+                cf = no_grad(torch.compile(f))
+                cf(*tin)   # compiles here: a peer that cannot compile is reported, not fatal
+                cands["torch.compile"] = (cf, tin)
+            except Exception as e:  # noqa: BLE001
+                row["times_ms"]["torch.compile"] = f"failed: {type(e).__name__}"
     if "jax" in peers:
         jax, jnp = peers["jax"]
         jin = [jnp.asarray(np.asarray(a, np.float32)).astype(jnp.bfloat16) if a.dtype != np.float32 else
                jnp.asarray(a) for a in inputs]
         jf = _jax_fn(jax, jnp, kind)
-        row["times_ms"]["jax.jit"] = _median(lambda *a: jf(*a).block_until_ready(), *jin) * 1e3
+        cands["jax.jit"] = (lambda *a: jf(*a).block_until_ready(), jin)
+    for n, t in _interleaved(cands).items():
+        row["times_ms"][n] = t * 1e3
     peer_times = {k: v for k, v in row["times_ms"].items() if not k.startswith("tessera") and isinstance(v, float)}
     if peer_times:
         best = min(peer_times, key=peer_times.get)
@@ -429,11 +461,13 @@ def render(rows: list[dict], h: dict, quick: bool) -> str:
              + f"copy bandwidth {h['tessera_copy']:.1f} GB/s "
              f"(Tessera, all CPUs, streaming stores), {h['numpy_copyto_1t']:.1f} GB/s (numpy copyto, 1 thread).",
              "",
-             "Method: fresh random inputs per workload; a 0.3 s pause before each library's measurement "
-             "(peers' thread pools spin after a call), 2 warm-up calls, median of "
-             f"{REPS} runs; ratio = best peer time / Tessera time.  This host is a 2-vCPU VM: the same row varies "
-             "by up to about +-10 % between runs (memory-bound rows and attention more), so ratios near 1.0 are "
-             "ties.  Tessera results come from its reusing "
+             "Method: fresh random inputs per workload; 2 warm-up calls per library, then "
+             f"{REPS} interleaved rounds, each timing one call of every library (who goes first rotates), each "
+             f"call after a {QUIESCE_S} s pause (peers' thread pools spin after a call) and, for calls under "
+             f"{WAKE_BELOW_S} s, one untimed call that wakes the library's threads; the median per library; ratio = "
+             "best peer time / Tessera time.  This host is a 2-vCPU VM whose speed drifts by up to about 1.5x "
+             "within minutes; the rounds spread that drift over every library of a row, but rows measured "
+             "minutes apart can still differ, so ratios near 1.0 are ties.  Tessera results come from its reusing "
              "huge-page output pool; the `tessera (fresh outputs)` column re-runs memory-bound rows with fresh "
              "`numpy.empty` outputs, like the peers.  Bandwidth counts bytes read plus bytes written.",
              "", "| workload | threads | " + " | ".join(cols) + " | best peer | ratio | Tessera rate |",
