@@ -118,7 +118,15 @@ def test_rowwise_with_prologue_and_epilogue_is_one_kernel(rng):
 def test_reductions(rng, op, ref, shape, axis, keep):
     x = rnd(rng, *shape)
     y = ts.jit(lambda a: getattr(ts.ops, op)(a, axis, keep))(x)
-    O.assert_close(y, ref(O.f64(x), axis=axis, keepdims=keep), TOL32, op)
+    want = ref(O.f64(x), axis=axis, keepdims=keep)
+    if op == "reduce_max":
+        np.testing.assert_array_equal(y, want.astype(np.float32))
+        return
+    # a sum of signs that cancel can be near zero, where relative error means nothing: the
+    # error is measured against the same reduction of |x| (summation's condition number)
+    scale = ref(np.abs(O.f64(x)), axis=axis, keepdims=keep)
+    err = np.max(np.abs(O.f64(y) - want) / scale)
+    assert err < TOL32, f"{op}: error {err:.3e} of the sum of |x| >= {TOL32:.0e}"
 
 
 @pytest.mark.parametrize("shape, perm", [((7, 13), None), ((3, 4, 5), (1, 0, 2)), ((3, 4, 5), (2, 0, 1)),
