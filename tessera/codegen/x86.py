@@ -54,12 +54,28 @@ class _Fn(FnCodegen):
         return self.b.gep(base, [off], source_etype=elem_ty)
 
     def _mask(self, count, w: int):
-        lanes = ir.Constant(ir.VectorType(I64, w), list(range(w)))
-        cnt = self.b.insert_element(ir.Constant(ir.VectorType(I64, w), ir.Undefined), count,
-                                    ir.Constant(I32, 0))
-        cnt = self.b.shuffle_vector(cnt, ir.Constant(ir.VectorType(I64, w), ir.Undefined),
-                                    ir.Constant(ir.VectorType(I32, w), [0] * w))
-        return self.b.icmp_signed("<", lanes, cnt)
+        """The first ``count`` of ``w`` lanes (none for count <= 0, all for count >= w), built
+        as a scalar bit mask and reinterpreted as <w x i1>.  A vector compare of lane indices
+        would do, but LLVM's CodeGenPrepare sinks compares into the blocks that use them, so a
+        mask whose count is loop-invariant was recomputed on every iteration (two 8-lane
+        compares and a merge per 16-lane mask in every packing loop); scalar arithmetic
+        stays hoisted, and the loop keeps one move into a mask register (AVX-512)."""
+        b = self.b
+        if w < 16:   # AVX2 vectors: no mask registers, a compare makes the lane mask directly
+            lanes = ir.Constant(ir.VectorType(I64, w), list(range(w)))
+            cnt = b.shuffle_vector(b.insert_element(ir.Constant(ir.VectorType(I64, w), ir.Undefined), count,
+                                                    ir.Constant(I32, 0)),
+                                   ir.Constant(ir.VectorType(I64, w), ir.Undefined),
+                                   ir.Constant(ir.VectorType(I32, w), [0] * w))
+            return b.icmp_signed("<", lanes, cnt)
+        zero, full = ir.Constant(I64, 0), ir.Constant(I64, w)
+        c = b.select(b.icmp_signed("<", count, zero), zero, b.select(b.icmp_signed(">", count, full), full, count))
+        if w == 64:
+            bits = b.select(b.icmp_signed("==", c, full), ir.Constant(I64, -1),
+                            b.sub(b.shl(ir.Constant(I64, 1), c), ir.Constant(I64, 1)))
+        else:
+            bits = b.sub(b.shl(ir.Constant(I64, 1), c), ir.Constant(I64, 1))
+        return b.bitcast(b.trunc(bits, ir.IntType(w)) if w < 64 else bits, ir.VectorType(I1, w))
 
     def _vec_suffix(self, vt: ir.VectorType) -> str:
         return f"v{vt.count}{vt.element.intrinsic_name}"
