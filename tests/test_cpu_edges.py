@@ -54,6 +54,18 @@ def test_nan_and_inf_propagate_like_numpy(rng):
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
 
 
+def test_maximum_matches_numpy_bit_for_bit(rng):
+    """NaN in either operand, infinities and signed zeros (numpy returns the second operand
+    when the two compare equal, so maximum(-0, +0) is +0 and maximum(+0, -0) is -0)."""
+    special = np.array([np.nan, 1, np.nan, -0.0, 0.0, np.inf, -np.inf, 3, 0.0, -0.0], np.float32)
+    other = np.array([1, np.nan, np.nan, 0.0, -0.0, np.nan, 1, -np.inf, 0.0, -0.0], np.float32)
+    a = np.concatenate([special, rnd(rng, 23)])
+    b = np.concatenate([other, rnd(rng, 23)])
+    for x, y in ((a, b), (b, a)):
+        got = ts.jit(ts.ops.maximum)(x, y)
+        np.testing.assert_array_equal(got.view(np.uint32), np.maximum(x, y).view(np.uint32))
+
+
 # --------------------------------------------------------------------------- bad input
 def _line_of(fn, needle: str) -> int:
     src, start = inspect.getsourcelines(fn)

@@ -275,10 +275,12 @@ class _Fn(FnCodegen):
         elif fn == "mask_select":
             ninf = ir.Constant(a.type, [ir.Constant(a.type.element, float("-inf"))] * a.type.count)
             r = b.select(b.fcmp_unordered("!=", c, ir.Constant(a.type, None)), a, ninf)
-        else:  # max / min propagate NaN like numpy.maximum / numpy.minimum
-            name = "maximum" if fn == "max" else "minimum"
-            f = self.gen.intrinsic(f"llvm.{name}.{self._vec_suffix(a.type)}", a.type, [a.type, a.type])
-            r = b.call(f, [a, c])
+        else:  # max / min as numpy.maximum / numpy.minimum: (a > c or a is NaN) ? a : c
+            # a > c ? a : c is one vmaxps (x86 returns its second operand when either is NaN, so a
+            # NaN in c comes through); a NaN in a is taken by a select.  llvm.maximum costs two
+            # more instructions per vector: it orders -0 below +0, where numpy returns c.
+            r = b.select(b.fcmp_ordered(">" if fn == "max" else "<", a, c), a, c)
+            r = b.select(b.fcmp_unordered("uno", a, a), a, r)
         self.set(op, r)
 
     def op_tessera_x86_vunary(self, op):
