@@ -134,6 +134,19 @@ def test_preferred_shape_changes_the_tile_ir(rng):
     assert "!tile.fragment<16, 16, 16" in t16 and "!tile.fragment<32, 32, 8" in t32
 
 
+def test_relu_epilogue_propagates_nan_like_numpy(rng):
+    """relu(NaN) is NaN (numpy.maximum), in the emulator and in the generated code: the
+    translation selects instead of calling llvm.maxnum, which would return 0."""
+    a, b, c0 = inputs(rng, "f16", 40, 32, 32)
+    c0[3, 5], c0[7, :] = np.nan, np.nan
+    art = _compile(lambda a, b, c0: ts.ops.relu(ts.ops.matmul(a, b, out_dtype=np.float32) + c0), (a, b, c0), "gfx1151")
+    want = np.maximum(oracle_acc(a, b, c0), 0)
+    got = art.emulate(a, b, c0)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert rel_err(np.nan_to_num(got), np.nan_to_num(want)) < 1e-2
+    assert "maxnum" not in art.ir("llvm")
+
+
 # --------------------------------------------------------------------------- teeth
 def test_teeth_a_lane_swap_in_the_lowering_fails(rng, monkeypatch):
     from tessera.passes.target.gpu.simt import Item, OperandMap

@@ -577,7 +577,7 @@ def _erf(x):
 
 
 MATH = {
-    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "max": np.fmax, "min": np.fmin,
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "max": np.maximum, "min": np.minimum,
     "neg": np.negative, "exp": np.exp, "tanh": np.tanh, "relu": lambda x: np.maximum(x, 0),
     "abs": np.abs, "sqrt": np.sqrt, "rsqrt": lambda x: 1 / np.sqrt(x), "recip": lambda x: 1 / x,
     "copy": lambda x: x, "silu": lambda x: x / (1 + np.exp(-x)), "gelu_tanh": _gelu_tanh,
