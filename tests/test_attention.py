@@ -188,7 +188,11 @@ CAUSAL_PINS = [{"register_tile": (6, 4), "tile_m": 192, "tile_n": 48},    # MR d
                {"register_tile": (4, 4), "tile_m": 256, "tile_n": 36}]    # many key blocks per query block
 
 
-@pytest.mark.parametrize("pins", CAUSAL_PINS, ids=lambda p: "x".join(map(str, p["register_tile"])) + f"_{p['tile_m']}_{p['tile_n']}")
+def _pin_id(p) -> str:
+    return "x".join(map(str, p["register_tile"])) + f"_{p['tile_m']}_{p['tile_n']}"
+
+
+@pytest.mark.parametrize("pins", CAUSAL_PINS, ids=_pin_id)
 @pytest.mark.parametrize("sq,sk", [(1, 1), (7, 7), (385, 385), (300, 517), (517, 300)])
 def test_causal_tiles_past_the_diagonal_are_skipped_not_wrong(rng, pins, sq, sk):
     """Causal blocks compute only the score tiles that hold a visible key, the softmax strips and

@@ -201,10 +201,10 @@ class VectorMath:
         return b.select(b.fcmp_unordered("<", a, self.splat(1.0)), small, big)  # NaN takes the small path
 
     def _sigmoid_times(self, b: ir.IRBuilder, x, y) -> ir.Value:
-        """x * sigmoid(y) for |x| <= |y|, y NaN only where x is (gelu, silu), without overflow and without subnormal
-        intermediates (a subnormal operand costs a microcode assist of ~100 cycles per
-        instruction on Intel cores; a GEMM epilogue on activations of magnitude 30 ran 40 %
-        slower).  With e = exp(-|y|) <= 1: sigmoid(y) = 1 / (1 + e) for y >= 0 and e / (1 + e)
+        """x * sigmoid(y) for |x| <= |y| with y NaN only where x is (gelu, silu), without
+        overflow and without subnormal intermediates (a subnormal operand costs a microcode
+        assist of ~100 cycles per instruction on Intel cores; a GEMM epilogue on activations of
+        magnitude 30 ran 40 % slower).  With e = exp(-|y|) <= 1: sigmoid(y) = 1 / (1 + e) for y >= 0 and e / (1 + e)
         for y < 0, computed as (x * e) / (1 + e).
 
         Every lane takes the short path, with |y| clamped to 87 (e stays normal; past |y| = 17,
