@@ -71,3 +71,16 @@ def drop_c0(monkeypatch) -> None:
             return simt.SimtLowerer.op_tile_fragment_zero(self, op, b)
         return orig(self, op, b)
     monkeypatch.setattr(simt.SimtLowerer, "op_tile_fragment_pack", zero_acc)
+
+
+def check_relu_propagates_nan(rng, compile_fn) -> None:
+    """relu(NaN) is NaN (numpy.maximum), in the emulator and in the generated code: the
+    translation selects instead of calling llvm.maxnum, which would return 0."""
+    a, b, c0 = inputs(rng, "f16", 40, 32, 32)
+    c0[3, 5], c0[7, :] = np.nan, np.nan
+    art = compile_fn(lambda a, b, c0: ts.ops.relu(ts.ops.matmul(a, b, out_dtype=np.float32) + c0), (a, b, c0))
+    want = np.maximum(oracle_acc(a, b, c0), 0)
+    got = art.emulate(a, b, c0)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert rel_err(np.nan_to_num(got), np.nan_to_num(want)) < 1e-2
+    assert "maxnum" not in art.ir("llvm")

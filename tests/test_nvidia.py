@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tessera as ts
-from gpu_common import SHAPES, batched, drop_c0, gemm_acc, gemm_epilogue, gelu64, inputs, oracle_acc, rel_err, rounding_model
+from gpu_common import SHAPES, batched, check_relu_propagates_nan, drop_c0, gemm_acc, gemm_epilogue, gelu64, inputs, oracle_acc, rel_err, rounding_model
 from tessera.codegen import ptx_tools
 from tessera.errors import EmulatorRaceError, LaneUnavailableError, MmaSelectorError, UnknownArchError
 from tessera.mma.selector import get_isa, select_mma
@@ -127,16 +127,7 @@ def test_other_pipeline_depths(staging, rng):
 
 
 def test_relu_epilogue_propagates_nan_like_numpy(rng):
-    """relu(NaN) is NaN (numpy.maximum), in the emulator and in the generated code: the
-    translation selects instead of calling llvm.maxnum, which would return 0."""
-    a, b, c0 = inputs(rng, "f16", 40, 32, 32)
-    c0[3, 5], c0[7, :] = np.nan, np.nan
-    art = _compile(lambda a, b, c0: ts.ops.relu(ts.ops.matmul(a, b, out_dtype=np.float32) + c0), (a, b, c0), "sm_80")
-    want = np.maximum(oracle_acc(a, b, c0), 0)
-    got = art.emulate(a, b, c0)
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-    assert rel_err(np.nan_to_num(got), np.nan_to_num(want)) < 1e-2
-    assert "maxnum" not in art.ir("llvm")
+    check_relu_propagates_nan(rng, lambda fn, args: _compile(fn, args, "sm_80"))
 
 
 # --------------------------------------------------------------------------- teeth
