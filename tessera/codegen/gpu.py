@@ -129,13 +129,6 @@ class GpuFn(FnCodegen):
         suffix = f"v{ty.count}f32" if isinstance(ty, ir.VectorType) else "f32"
         return self.gen.intrinsic(f"llvm.{name}.{suffix}", ty, [ty] * n)
 
-    def _numpy_max(self, a, c, is_max: bool):
-        """numpy.maximum / numpy.minimum: (a > c or a is NaN) ? a : c, so a NaN in either operand
-        comes through (llvm.maxnum would return the other operand: relu(NaN) = 0)."""
-        b = self.b
-        r = b.select(b.fcmp_ordered(">" if is_max else "<", a, c), a, c)
-        return b.select(b.fcmp_unordered("uno", a, a), a, r)
-
     def op_tessera_gpu_math(self, op: G.MathOp):
         fn = op.fn.data
         args = [self.v(a) for a in op.inputs]
@@ -145,11 +138,11 @@ class GpuFn(FnCodegen):
         if fn in ("add", "sub", "mul", "div"):
             r = getattr(b, {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv"}[fn])(*args)
         elif fn in ("max", "min"):
-            r = self._numpy_max(args[0], args[1], fn == "max")
+            r = self.numpy_max(args[0], args[1], fn == "max")
         elif fn == "neg":
             r = b.fneg(args[0])
         elif fn == "relu":
-            r = self._numpy_max(args[0], zero, True)
+            r = self.numpy_max(args[0], zero)
         elif fn == "abs":
             r = b.call(self._intr("fabs", ty), args)
         elif fn == "sqrt":

@@ -126,6 +126,15 @@ class FnCodegen:
     def v(self, s: SSAValue) -> ir.Value:
         return self.vals[s]
 
+    def numpy_max(self, a: ir.Value, c: ir.Value, is_max: bool = True) -> ir.Value:
+        """numpy.maximum / numpy.minimum of floats (scalars or vectors): (a > c or a is NaN) ?
+        a : c.  A NaN in either operand comes through (llvm.maxnum returns the other one), and
+        equal operands give c (llvm.maximum orders -0 below +0; numpy does not).  On x86 the
+        first select is one vmaxps/vminps, which returns its second operand when either is NaN."""
+        b = self.b
+        r = b.select(b.fcmp_ordered(">" if is_max else "<", a, c), a, c)
+        return b.select(b.fcmp_unordered("uno", a, a), a, r)
+
     def block(self, blk: Block) -> list[ir.Value] | None:
         out = None
         for op in blk.ops:

@@ -62,12 +62,8 @@ class _Fn(FnCodegen):
         stays hoisted, and the loop keeps one move into a mask register (AVX-512)."""
         b = self.b
         if w < 16:   # AVX2 vectors: no mask registers, a compare makes the lane mask directly
-            lanes = ir.Constant(ir.VectorType(I64, w), list(range(w)))
-            cnt = b.shuffle_vector(b.insert_element(ir.Constant(ir.VectorType(I64, w), ir.Undefined), count,
-                                                    ir.Constant(I32, 0)),
-                                   ir.Constant(ir.VectorType(I64, w), ir.Undefined),
-                                   ir.Constant(ir.VectorType(I32, w), [0] * w))
-            return b.icmp_signed("<", lanes, cnt)
+            iv = ir.VectorType(I64, w)
+            return b.icmp_signed("<", ir.Constant(iv, list(range(w))), self._splat(count, iv))
         zero, full = ir.Constant(I64, 0), ir.Constant(I64, w)
         c = b.select(b.icmp_signed("<", count, zero), zero, b.select(b.icmp_signed(">", count, full), full, count))
         if w == 64:
@@ -275,12 +271,8 @@ class _Fn(FnCodegen):
         elif fn == "mask_select":
             ninf = ir.Constant(a.type, [ir.Constant(a.type.element, float("-inf"))] * a.type.count)
             r = b.select(b.fcmp_unordered("!=", c, ir.Constant(a.type, None)), a, ninf)
-        else:  # max / min as numpy.maximum / numpy.minimum: (a > c or a is NaN) ? a : c
-            # a > c ? a : c is one vmaxps (x86 returns its second operand when either is NaN, so a
-            # NaN in c comes through); a NaN in a is taken by a select.  llvm.maximum costs two
-            # more instructions per vector: it orders -0 below +0, where numpy returns c.
-            r = b.select(b.fcmp_ordered(">" if fn == "max" else "<", a, c), a, c)
-            r = b.select(b.fcmp_unordered("uno", a, a), a, r)
+        else:  # max / min as numpy's: one vmaxps and a NaN select (llvm.maximum costs two more)
+            r = self.numpy_max(a, c, fn == "max")
         self.set(op, r)
 
     def op_tessera_x86_vunary(self, op):

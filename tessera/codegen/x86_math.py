@@ -98,7 +98,7 @@ class VectorMath:
         if self.w != 16 or not self.avx512:
             return b.fdiv(self.splat(1.0), d)
         r = self._rcp14(b, d)
-        nr = b.fmul(r, self.fma(b, b.fsub(self.splat(0.0), d), r, self.splat(2.0)))
+        nr = self._newton_recip(b, d, r)
         # the Newton step turns rcp(inf) = 0 and rcp(0) = inf into NaN: keep r where it is exact
         exact = b.or_(b.fcmp_ordered("==", r, self.splat(0.0)), b.fcmp_ordered("==", r, self.splat(float("inf"))))
         return b.select(exact, r, nr)
@@ -108,6 +108,10 @@ class VectorMath:
         f = self.m.globals.get(name) or ir.Function(
             self.m, ir.FunctionType(self.vt, [self.vt, self.vt, ir.IntType(16)]), name)
         return b.call(f, [d, self.splat(0.0), ir.Constant(ir.IntType(16), -1)])
+
+    def _newton_recip(self, b: ir.IRBuilder, d, r) -> ir.Value:
+        """One Newton step r (2 - d r) towards 1/d (vrcp14ps's 2^-14 to about 2^-27)."""
+        return b.fmul(r, self.fma(b, b.fsub(self.splat(0.0), d), r, self.splat(2.0)))
 
     def _any(self, b: ir.IRBuilder, mask) -> ir.Value:
         """True when any lane of an <W x i1> mask is set."""
@@ -124,21 +128,13 @@ class VectorMath:
 
     # ------------------------------------------------------------------ functions
     def _exp(self, b: ir.IRBuilder, x) -> ir.Value:
-        return self._exp_pow2(b, x, None)
-
-    def _exp_pow2(self, b: ir.IRBuilder, x, k) -> ir.Value:
-        """exp(x) * 2^k (k: None, or a vector of small integers), one rounding at the end.
-        Lanes whose result rounds to +0 (x < -104 - k ln2) or overflows (x > 89 - k ln2) compute
-        exp(0) and take 0 / inf from a select: scaling into an underflow or overflow costs a
-        microcode assist on Intel cores (gelu on activations of magnitude 30 ran 7x slower)."""
-        lo_t, hi_t = self.splat(-104.0), self.splat(89.0)
-        if k is not None:
-            kl = b.fmul(k, self.splat(math.log(2.0)))
-            lo_t, hi_t = b.fsub(lo_t, kl), b.fsub(hi_t, kl)
-        lo = b.fcmp_ordered("<", x, lo_t)
-        hi = b.fcmp_ordered(">", x, hi_t)
-        xc = b.select(b.or_(lo, hi), self.splat(0.0), x)
-        res = self._exp_core(b, xc, k)
+        """exp(x), one rounding at the end.  Lanes whose result rounds to +0 (x < -104) or
+        overflows (x > 89) compute exp(0) and take 0 / inf from a select: scaling into an
+        underflow or overflow costs a microcode assist on Intel cores (gelu on activations of
+        magnitude 30 ran 7x slower)."""
+        lo = b.fcmp_ordered("<", x, self.splat(-104.0))
+        hi = b.fcmp_ordered(">", x, self.splat(89.0))
+        res = self._exp_core(b, b.select(b.or_(lo, hi), self.splat(0.0), x))
         # NaN needs no select: both comparisons are false and the arithmetic carries it through
         return b.select(lo, self.splat(0.0), b.select(hi, self.splat(float("inf")), res))
 
@@ -154,8 +150,7 @@ class VectorMath:
         """1/d for d in [1, 2] (no zero or infinity to preserve): vrcp14ps and one Newton step."""
         if self.w != 16 or not self.avx512:
             return b.fdiv(self.splat(1.0), d)
-        r = self._rcp14(b, d)
-        return b.fmul(r, self.fma(b, b.fsub(self.splat(0.0), d), r, self.splat(2.0)))
+        return self._newton_recip(b, d, self._rcp14(b, d))
 
     def _scale2(self, b: ir.IRBuilder, p, n) -> ir.Value:
         """p * 2^n for integral n in [-150, 128]: vscalefps on AVX-512 (one rounding, exact for

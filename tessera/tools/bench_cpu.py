@@ -32,6 +32,9 @@ REPS = 7
 # workers): whoever is timed next would share the cores with them.  Every measurement starts
 # after this pause, so no library is timed in another's spin-down.
 QUIESCE_S = 0.3
+# ... and a call shorter than this gets one untimed call after the pause (it wakes the library's
+# threads); longer calls are timed as they come
+WAKE_BELOW_S = 0.25
 
 
 # --------------------------------------------------------------------------- host peaks
@@ -260,9 +263,6 @@ def _interleaved(cands: dict, reps: int | None = None) -> dict[str, float]:
             fn(*args)
             times[n].append(time.perf_counter() - t0)
     return {n: float(np.median(t)) for n, t in times.items()}
-
-
-WAKE_BELOW_S = 0.25
 
 
 def run_workload(name: str, kind: str, inputs: list[np.ndarray], work: float, unit: str, threads: int | None,
