@@ -15,22 +15,42 @@ def _state(native_id: int) -> str:
         return f.read().rsplit(")", 1)[1].split()[0]
 
 
+_COUNT_IR = r"""
+define void @count(ptr %words, i64 %tid) {
+  %p = getelementptr i64, ptr %words, i64 %tid
+  %old = atomicrmw add ptr %p, i64 1 monotonic
+  ret void
+}
+"""
+
+
+def _counter():
+    """A native job like a kernel's ``.entry``: words[tid] += 1."""
+    from tessera.codegen import jit
+    from tessera.mma import x86 as X
+    _, cpu, feats = X.resolve(None)
+    oc = jit.emit(f'target triple = "{jit.host_triple()}"\n' + _COUNT_IR, cpu, X.llvm_feature_string(feats))
+    loaded = jit.LoadedObject(oc.obj, ["count"])
+    return loaded, loaded.addresses["count"]
+
+
 def test_every_tid_runs_once_per_launch():
     p = workers.pool(1)
+    loaded, count = _counter()
     for n in (1, 2):
-        seen = []
-        lock = threading.Lock()
-
-        def job(tid):
-            with lock:
-                seen.append(tid)
-        p.run(job, n)
-        assert sorted(seen) == list(range(min(n, p.size + 1)))
+        words = np.zeros(8, np.int64)
+        for _ in range(50):
+            p.run(count, words.ctypes.data, n)
+        want = np.zeros(8, np.int64)
+        want[:min(n, p.size + 1)] = 50
+        assert words.tolist() == want.tolist()
 
 
 def test_idle_workers_stop_spinning():
     p = workers.pool(1)
-    p.run(lambda tid: None, 2)
+    loaded, count = _counter()
+    words = np.zeros(8, np.int64)
+    p.run(count, words.ctypes.data, 2)
     time.sleep(10 * workers.SPIN_SECONDS + 0.05)
     states = [_state(t.native_id) for t in p.threads]
     assert all(s == "S" for s in states), states     # blocked on the condition, not burning a core

@@ -377,7 +377,30 @@ class _Fn(FnCodegen):
 
 class X86Codegen(ModuleCodegen):
     def add_kernel(self, fn: func.FuncOp) -> None:
-        _Fn(self, fn)
+        kernel = _Fn(self, fn).f
+        self.add_entry(kernel)
+
+    def add_entry(self, kernel: ir.Function) -> None:
+        """``<kernel>.entry(args, tid)``: the kernel called from a worker thread's native loop
+        (runtime/workers.py) without Python.  ``args`` holds 64-bit words: the kernel's leading
+        parameters (buffers, sizes), then the thread count, the team buffer and one workspace
+        per thread; the kernel's own tail is (tid, nthreads, workspace[tid], team)."""
+        entry = ir.Function(self.m, ir.FunctionType(ir.VoidType(), [PTR, I64]), kernel.name + x.ENTRY_SUFFIX)
+        entry.attributes.add("nounwind")
+        b = ir.IRBuilder(entry.append_basic_block("entry"))
+        args, tid = entry.args
+        types = [a.type for a in kernel.args]
+        lead = len(types) - 4
+
+        def word(i, ty):
+            w = b.load(b.gep(args, [i if isinstance(i, ir.Value) else ir.Constant(I64, i)], source_etype=I64), typ=I64)
+            return b.inttoptr(w, ty) if isinstance(ty, ir.PointerType) else w
+
+        vals = [word(i, ty) for i, ty in enumerate(types[:lead])]
+        vals += [tid, word(lead, types[lead + 1]), word(b.add(tid, ir.Constant(I64, lead + 2)), types[lead + 2]),
+                 word(lead + 1, types[lead + 3])]
+        b.call(kernel, vals)
+        b.ret_void()
 
 
 def translate(module: ModuleOp, triple: str) -> tuple[str, list[str]]:

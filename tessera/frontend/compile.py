@@ -20,6 +20,7 @@ from tessera.errors import ScheduleIllegalError, TesseraError, UnknownArchError
 from tessera.ir import schedule as s
 from tessera.ir.attrs import ints, strs
 from tessera.ir.context import LAYERS, layer_of
+from tessera.ir.target.x86 import ENTRY_SUFFIX
 from tessera.ir.text import print_ir
 from tessera.mma import x86 as X
 from tessera.mma.selector import get_isa, record_by_id
@@ -177,7 +178,7 @@ def compile_graph(module: ModuleOp, *, name: str, target: str = "cpu", arch: str
         from tessera.runtime.gpu import GpuExecutable
         exe = GpuExecutable(program, target, isa.arch, entry["binary"], entry["abis"], entry["layer_ir"]["target"])
     else:
-        loaded = cj.LoadedObject(entry["obj"], entry["kernels"])
+        loaded = cj.LoadedObject(entry["obj"], entry["kernels"] + [k + ENTRY_SUFFIX for k in entry["kernels"]])
         from tessera import host
         amx = any(record_by_id(k["mma"]["record"]).family == "amx" for k in entry["meta"]["kernels"] if "mma" in k)
         exe = CpuExecutable(program, loaded.addresses, host.usable_cpus(), amx=amx)

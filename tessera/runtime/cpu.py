@@ -197,10 +197,12 @@ class CpuExecutable:
         self.max_threads = max_threads
         self.amx = amx   # its kernels run AMX tile instructions: the process needs the tile state
         self.fns = {}
+        self.entries: dict[str, int | None] = {}   # <kernel>.entry: what worker threads call (no Python)
         for s in program.steps:
             nbuf = len(s.args) + len(s.outs)
             argtypes = [ctypes.c_void_p] * nbuf + [ctypes.c_int64] * (len(s.dims) + 2) + [ctypes.c_void_p] * 2
             self.fns[s.kernel] = ctypes.CFUNCTYPE(None, *argtypes)(addresses[s.kernel])
+            self.entries[s.kernel] = addresses.get(s.kernel + x.ENTRY_SUFFIX)
         # per step, what a call needs that does not depend on the sizes
         self._limits = {s.kernel: [(e, int(n)) for e, n in (lim.split("<=") for lim in s.limits)]
                         for s in program.steps}
@@ -281,7 +283,8 @@ class CpuExecutable:
             if nthreads == 1:
                 fn(*ptrs, *sizes, 0, 1, self._workspace(0, s.workspace), team)
             else:
-                wss = [self._workspace(t, s.workspace) for t in range(nthreads)]
-                workers.pool(nthreads - 1).run(
-                    lambda tid: fn(*ptrs, *sizes, tid, nthreads, wss[tid], team), nthreads)
+                # the kernel's arguments as words for <kernel>.entry (see codegen/x86.py: add_entry)
+                args = np.array(ptrs + sizes + [nthreads, team] + [self._workspace(t, s.workspace)
+                                                                   for t in range(nthreads)], np.int64)
+                workers.pool(nthreads - 1).run(self.entries[s.kernel], args.ctypes.data, nthreads)
         return [vals[i] for i in prog.results]

@@ -4,11 +4,15 @@ A kernel launch on N threads runs thread 0 on the caller and threads 1..N-1 on w
 Waking a sleeping thread (a futex, then the kernel scheduler, then on a VM a halted vCPU)
 measured 100-500 us here — more than a 400^3 GEMM's whole share.  So, as BLAS libraries do,
 a worker that finished a job keeps watching for the next one for a short while
-(``SPIN_SECONDS``) in native code — a loop of ``pause`` and atomic loads, compiled by LLVM
-at first use, called through ctypes so the GIL is released — and only then blocks on a
-condition variable.  The caller publishes a job by bumping a generation counter and waits
-for the workers' done counter the same way.  Every element is computed by the same
-instructions whatever the thread count, so which thread runs what never changes a result.
+(``SPIN_SECONDS``), and only then blocks on a condition variable.  The watching and the
+jobs themselves run in native code (``tsr_worker``, compiled by LLVM at first use and
+entered through ctypes, so the GIL is released): a job is a kernel's ``<kernel>.entry``
+address and its argument words, and a worker calls it without returning to Python.  On a
+2-vCPU VM every hand-over of the GIL cost 1-4 ms (a 1024^3 GEMM's whole time on two
+threads is 5), so no Python runs between a job's publication and its end.  The caller
+publishes a job by bumping a generation counter and waits for the workers' done counter
+the same way.  Every element is computed by the same instructions whatever the thread
+count, so which thread runs what never changes a result.
 """
 from __future__ import annotations
 
@@ -47,7 +51,39 @@ define i64 @tsr_add(ptr %p, i64 %d) nounwind {
   %old = atomicrmw add ptr %p, i64 %d acq_rel
   ret i64 %old
 }
+
+; run published jobs until none comes for ``limit`` pauses; returns the last generation seen
+define i64 @tsr_worker(ptr %ctl, i64 %tid, i64 %seen0, i64 %limit) {
+entry:
+  %donep = getelementptr i64, ptr %ctl, i64 8
+  %fnp = getelementptr i64, ptr %ctl, i64 16
+  %argp = getelementptr i64, ptr %ctl, i64 17
+  %np = getelementptr i64, ptr %ctl, i64 18
+  br label %wait
+wait:
+  %seen = phi i64 [%seen0, %entry], [%g, %ran]
+  %g = call i64 @tsr_spin_changed(ptr %ctl, i64 %seen, i64 %limit)
+  %new = icmp ne i64 %g, %seen
+  br i1 %new, label %run, label %idle
+run:
+  %fn = load i64, ptr %fnp
+  %args = load i64, ptr %argp
+  %n = load i64, ptr %np
+  %mine = icmp slt i64 %tid, %n
+  br i1 %mine, label %call, label %ran
+call:
+  %f = inttoptr i64 %fn to ptr
+  %a = inttoptr i64 %args to ptr
+  call void %f(ptr %a, i64 %tid)
+  br label %ran
+ran:
+  %d = atomicrmw add ptr %donep, i64 1 acq_rel
+  br label %wait
+idle:
+  ret i64 %seen
+}
 """)
+_FN, _ARGS, _NTHREADS = 16, 17, 18   # the job: an entry address, its argument words, the thread count
 
 
 class _Native:
@@ -58,12 +94,15 @@ class _Native:
         from tessera.mma import x86 as X
         name, cpu, feats = X.resolve(None)
         oc = jit.emit(f'target triple = "{jit.host_triple()}"\n' + _IR, cpu, X.llvm_feature_string(feats))
-        self.loaded = jit.LoadedObject(oc.obj, ["tsr_spin_changed", "tsr_spin_reached", "tsr_add"])
+        self.loaded = jit.LoadedObject(oc.obj, ["tsr_spin_changed", "tsr_spin_reached", "tsr_add", "tsr_worker"])
         a = self.loaded.addresses
         sig = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
         self.spin_changed = sig(a["tsr_spin_changed"])
         self.spin_reached = sig(a["tsr_spin_reached"])
         self.add = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)(a["tsr_add"])
+        self.worker = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                       ctypes.c_int64)(a["tsr_worker"])
+        self.entry = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)   # <kernel>.entry(args, tid)
 
 
 def _pauses_per_second(native: _Native) -> int:
@@ -78,7 +117,7 @@ class WorkerPool:
     def __init__(self, workers: int):
         self.native = _Native()
         self.spins = int(SPIN_SECONDS * _pauses_per_second(self.native))
-        self.ctl = np.zeros(16, np.int64)          # generation at [0], done count at [8]
+        self.ctl = np.zeros(24, np.int64)          # generation at [0], done count at [8], the job at [16..18]
         self.addr = self.ctl.ctypes.data
         self.cond = threading.Condition()
         self.lock = threading.Lock()                # one launch at a time
@@ -94,38 +133,27 @@ class WorkerPool:
         return len(self.threads)
 
     def _worker(self, tid: int) -> None:
-        gen_addr, done_addr = self.addr + 8 * _GEN, self.addr + 8 * _DONE
         seen = 0
         while True:
-            gen = self.native.spin_changed(gen_addr, seen, self.spins)   # GIL released while polling
-            if gen == seen:
-                with self.cond:
-                    while int(self.ctl[_GEN]) == seen:
-                        self.cond.wait()
-                    gen = int(self.ctl[_GEN])
-            seen = gen
-            fn, nthreads = self.job
-            try:
-                if tid < nthreads:
-                    fn(tid)
-            finally:
-                self.native.add(done_addr, 1)
+            seen = self.native.worker(self.addr, tid, seen, self.spins)   # jobs run here, GIL released
+            with self.cond:   # idle for SPIN_SECONDS: sleep until the next generation
+                while int(self.ctl[_GEN]) == seen:
+                    self.cond.wait()
 
-    def run(self, fn, nthreads: int) -> None:
-        """``fn(tid)`` for tid = 0..nthreads-1: 0 on the caller, the rest on the workers."""
+    def run(self, entry: int, args: int, nthreads: int) -> None:
+        """``<kernel>.entry(args, tid)`` for tid = 0..nthreads-1: 0 on the caller, the rest on
+        the workers; ``args`` (the address of the argument words) must outlive the call."""
         nthreads = min(nthreads, self.size + 1)
         with self.lock:
             target = int(self.ctl[_DONE]) + self.size
-            self.job = (fn, nthreads)
+            self.ctl[_FN], self.ctl[_ARGS], self.ctl[_NTHREADS] = entry, args, nthreads
             with self.cond:
-                self.native.add(self.addr + 8 * _GEN, 1)
+                self.native.add(self.addr + 8 * _GEN, 1)   # publishes the job (release)
                 self.cond.notify_all()
-            try:
-                fn(0)
-            finally:
-                done_addr = self.addr + 8 * _DONE
-                while self.native.spin_reached(done_addr, target, self.spins) < target:
-                    time.sleep(0)   # workers that had gone to sleep are on their way
+            self.native.entry(entry)(args, 0)
+            done_addr = self.addr + 8 * _DONE
+            while self.native.spin_reached(done_addr, target, self.spins) < target:
+                time.sleep(0)   # workers that had gone to sleep are on their way
 
 
 _pool: WorkerPool | None = None

@@ -180,6 +180,7 @@ class BarrierOp(IRDLOperation):
 
 TEAM_HEADER = 192   # bytes at the start of the team buffer: barrier count @0, generation @64, work counter @128
 WORK_COUNTER = 128
+ENTRY_SUFFIX = ".entry"  # <kernel>.entry(args, tid): the kernel as worker threads call it (codegen/x86.py)
 
 
 @irdl_op_definition
