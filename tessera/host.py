@@ -104,3 +104,10 @@ def amx_refusal() -> str | None:
         err = ctypes.get_errno()
         return f"Linux refused the AMX tile-data state (arch_prctl ARCH_REQ_XCOMP_PERM: {os.strerror(err)})"
     return None
+
+
+def missing_features(wanted: frozenset[str]) -> tuple[str, ...]:
+    """The CPU features in ``wanted`` (LLVM spelling) that this machine's CPU does not report,
+    sorted; empty when code compiled for them can run here."""
+    from tessera.mma.x86 import host_cpu
+    return tuple(sorted(set(wanted) - host_cpu()[1]))

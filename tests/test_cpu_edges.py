@@ -186,3 +186,40 @@ def test_row_kernels_prefetch_ahead_and_share_rows_through_the_work_counter(rng)
     assert "prefetcht0" in art.asm()
     # a hint only: the rows it names past the end are never read
     O.assert_close(ts.jit(lambda v: ts.ops.layer_norm(v))(x), O.layer_norm(x), 1e-5)
+
+
+# --------------------------------------------------------------------------- chips that lack what the code needs
+def test_code_for_features_this_cpu_lacks_is_refused_not_run(rng):
+    """An artifact compiled for another chip (arch=...) whose features this CPU lacks would die of
+    SIGILL at its first instruction; the call is refused with LANE_UNAVAILABLE instead."""
+    from tessera.errors import LaneUnavailableError
+    from tessera.mma.x86 import host_cpu, resolve
+    have = host_cpu()[1]
+    lacking = [a for a in ("avx512", "avx512_bf16", "amx") if not resolve(a)[2] <= have]
+    x = rnd(rng, 8, 40)
+    runnable = ts.jit(lambda a: a * 2.0, arch="avx2")(x)       # every x86-64 host of this lane has AVX2
+    np.testing.assert_array_equal(runnable, x * 2)
+    if not lacking:
+        pytest.skip("this CPU has every feature of the ISA levels tried")
+    f = ts.jit(lambda a: a * 2.0, arch=lacking[0])
+    with pytest.raises(LaneUnavailableError) as e:
+        f(x)
+    assert "lacks" in e.value.message and "arch=None" in e.value.message
+
+
+def test_an_object_calling_an_undefined_symbol_is_refused_before_loading():
+    """MCJIT binds a call of a symbol nobody defines to address 0 (the first call would crash the
+    process): the loader refuses such an object with a CodegenError naming the symbol.  A libc
+    function the process has (memset) is fine."""
+    from tessera.codegen import jit as cj
+    from tessera.errors import CodegenError
+    from tessera.mma.x86 import host_cpu
+    cpu = host_cpu()[0]
+    calls = ("declare float @tessera_no_such_fn(float)\n"
+             "define float @f(float %x) {\n  %y = call float @tessera_no_such_fn(float %x)\n  ret float %y\n}\n")
+    with pytest.raises(CodegenError, match="tessera_no_such_fn"):
+        cj.LoadedObject(cj.emit_cpu(calls, cpu, "").obj, ["f"])
+    fills = ("declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)\n"
+             "define void @g(ptr %p, i64 %n) {\n  call void @llvm.memset.p0.i64(ptr %p, i8 0, i64 %n, i1 0)\n"
+             "  ret void\n}\n")
+    assert cj.LoadedObject(cj.emit_cpu(fills, cpu, "").obj, ["g"]).addresses["g"]

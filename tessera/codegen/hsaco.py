@@ -27,6 +27,10 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 
+from tessera.codegen import elf
+from tessera.codegen.elf import cstr as _cstr
+from tessera.codegen.elf import slice_of as _slice
+from tessera.codegen.elf import unpack as _unpack
 from tessera.codegen.jit import emit_guarded
 from tessera.errors import CodegenError, ToolchainMissingError, UnknownArchError
 from tessera.toolchain import find_llvm_tool, require
@@ -145,28 +149,6 @@ def msgpack_decode(data: bytes):
 
 
 # --------------------------------------------------------------------------- ELF
-def _unpack(fmt: str, buf: bytes, off: int, what: str) -> tuple:
-    size = struct.calcsize(fmt)
-    if off < 0 or off + size > len(buf):
-        raise CodegenError(f"malformed code object: {what} at offset {off} (+{size} bytes) runs past the "
-                           f"end of the {len(buf)} bytes that hold it")
-    return struct.unpack_from("<" + fmt, buf, off)
-
-
-def _slice(buf: bytes, off: int, size: int, what: str) -> bytes:
-    if off < 0 or size < 0 or off + size > len(buf):
-        raise CodegenError(f"malformed code object: {what} at offset {off} (+{size} bytes) runs past the "
-                           f"end of the {len(buf)} bytes that hold it")
-    return buf[off:off + size]
-
-
-def _cstr(table: bytes, off: int) -> str:
-    end = table.find(b"\0", off)
-    if off >= len(table) or end < 0:
-        raise CodegenError(f"malformed code object: string offset {off} outside its string table")
-    return table[off:end].decode("utf-8", "replace")
-
-
 def _notes(area: bytes, align: int):
     """(owner, type, desc) of each note in a note section or segment."""
     off = 0
@@ -236,7 +218,7 @@ def inspect(hsaco: bytes) -> HsacoInfo:
         raise CodegenError("not an ELF file (bad magic)")
     if ident[4] != 2 or ident[5] != 1:
         raise CodegenError("not a little-endian ELF64 file: an AMDGPU code object is ELF64 LSB")
-    (_type, machine, _ver, _entry, phoff, shoff, e_flags, _ehsize, phentsize, phnum, shentsize, shnum,
+    (_type, machine, _ver, _entry, phoff, _shoff, e_flags, _ehsize, phentsize, phnum, _shentsize, _shnum,
      _shstrndx) = _unpack("HHIQQQIHHHHHH", buf, 16, "ELF header")
     if machine != EM_AMDGPU:
         raise CodegenError(f"ELF e_machine is {machine}, not EM_AMDGPU ({EM_AMDGPU}): "
@@ -250,23 +232,14 @@ def inspect(hsaco: bytes) -> HsacoInfo:
         xnack = "on" if e_flags & 0x100 else "off"
         sramecc = "on" if e_flags & 0x200 else "off"
 
-    sections = [_unpack("IIQQQQIIQQ", buf, shoff + i * shentsize, f"section header {i}")
-                for i in range(shnum)] if shoff else []
+    secs = elf.sections(buf)
     symbols: list[str] = []
-    note_areas: list[tuple[bytes, int]] = []
-    for _name, sh_type, _fl, _addr, off, size, link, _info, align, entsize in sections:
-        if sh_type in (2, 11):          # SHT_SYMTAB, SHT_DYNSYM
-            if link >= len(sections):
-                raise CodegenError(f"malformed code object: symbol table links to section {link}")
-            strtab = _slice(buf, sections[link][4], sections[link][5], "string table")
-            table = _slice(buf, off, size, "symbol table")
-            for i in range(1, size // (entsize or 24)):
-                (st_name,) = _unpack("I", table, i * (entsize or 24), "symbol")
-                name = _cstr(strtab, st_name)
-                if name and name not in symbols:
-                    symbols.append(name)
-        elif sh_type == 7:              # SHT_NOTE
-            note_areas.append((_slice(buf, off, size, "note section"), 8 if align == 8 else 4))
+    for sym in elf.symbols(buf, secs):
+        if sym.name not in symbols:
+            symbols.append(sym.name)
+    note_areas: list[tuple[bytes, int]] = [(_slice(buf, sec.offset, sec.size, "note section"),
+                                            8 if sec.align == 8 else 4)
+                                           for sec in secs if sec.sh_type == elf.SHT_NOTE]
     if not note_areas and phoff:        # no section headers: the PT_NOTE segments
         for i in range(phnum):
             p_type, _fl, off, _va, _pa, filesz, _msz, align = _unpack(

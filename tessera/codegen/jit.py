@@ -137,11 +137,35 @@ def emit_guarded(llvm_ir: str, cpu: str, features: str, *, want_asm: bool = Fals
             return pickle.load(f)
 
 
+def check_resolvable(obj: bytes) -> None:
+    """Refuse object code that calls a symbol this process does not define.  MCJIT binds such
+    a call to address 0, so the first call of it would crash the process (LLVM emits libcalls
+    for operations a chip lacks, e.g. ``__truncsfbf2`` for a bfloat ``fptrunc`` without
+    AVX512-BF16; the x86 translation avoids those, and this check keeps any that slip in from
+    being run)."""
+    import ctypes
+
+    from tessera.codegen import elf
+    process = ctypes.CDLL(None)       # what MCJIT's resolver sees: the process's global symbols
+
+    def defined(name: str) -> bool:
+        try:
+            getattr(process, name)
+            return True
+        except AttributeError:
+            return bool(llvm.address_of_symbol(name))
+    missing = [s for s in elf.undefined(obj) if not defined(s)]
+    if missing:
+        raise CodegenError(f"the compiled object calls {', '.join(missing)}, which this process does not "
+                           "define (an operation LLVM turned into a library call); refused before loading")
+
+
 class LoadedObject:
     """Object code loaded into an MCJIT engine; keeps the engine alive."""
 
     def __init__(self, obj: bytes, symbols: list[str]):
         init()
+        check_resolvable(obj)
         tm = llvm.Target.from_default_triple().create_target_machine()
         empty = llvm.parse_assembly("")
         self.engine = llvm.create_mcjit_compiler(empty, tm)

@@ -82,10 +82,19 @@ class _Fn(FnCodegen):
         if op.count is None:
             self.set(op, self.b.load(addr, typ=vt, align=1))
             return
-        fn = self.gen.intrinsic(f"llvm.masked.load.{self._vec_suffix(vt)}.p0", vt,
-                                [PTR, I32, ir.VectorType(I1, vt.count), vt])
+        mt = self._memory_type(vt)
+        fn = self.gen.intrinsic(f"llvm.masked.load.{self._vec_suffix(mt)}.p0", mt,
+                                [PTR, I32, ir.VectorType(I1, vt.count), mt])
         mask = self._mask(self.v(op.count), vt.count)
-        self.set(op, self.b.call(fn, [addr, ir.Constant(I32, 1), mask, ir.Constant(vt, None)]))
+        v = self.b.call(fn, [addr, ir.Constant(I32, 1), mask, ir.Constant(mt, None)])
+        self.set(op, v if mt is vt else self.b.bitcast(v, vt))
+
+    @staticmethod
+    def _memory_type(vt: ir.VectorType) -> ir.VectorType:
+        """The vector type masked loads, stores and gathers move: bf16 lanes as i16.  Without
+        AVX512-BF16, LLVM legalises a scalarised bfloat lane through f32 and back, and the way
+        back is a call of ``__truncsfbf2`` (which no object here can resolve)."""
+        return ir.VectorType(I16, vt.count) if vt.element is BF16 else vt
 
     def op_tessera_x86_vgather(self, op: x.VGatherOp):
         vt = llvm_type(op.result.type)
@@ -99,9 +108,11 @@ class _Fn(FnCodegen):
         ptrs = self.b.inttoptr(self.b.add(base, self.b.mul(idx, size)), pv)
         mask = (self._mask(self.v(op.count), w) if op.count is not None
                 else ir.Constant(ir.VectorType(I1, w), [1] * w))
-        fn = self.gen.intrinsic(f"llvm.masked.gather.{self._vec_suffix(vt)}.v{w}p0", vt,
-                                [pv, I32, ir.VectorType(I1, w), vt])
-        self.set(op, self.b.call(fn, [ptrs, ir.Constant(I32, _bytes(vt.element)), mask, ir.Constant(vt, None)]))
+        mt = self._memory_type(vt)
+        fn = self.gen.intrinsic(f"llvm.masked.gather.{self._vec_suffix(mt)}.v{w}p0", mt,
+                                [pv, I32, ir.VectorType(I1, w), mt])
+        v = self.b.call(fn, [ptrs, ir.Constant(I32, _bytes(vt.element)), mask, ir.Constant(mt, None)])
+        self.set(op, v if mt is vt else self.b.bitcast(v, vt))
 
     def op_tessera_x86_vstore(self, op: x.VStoreOp):
         val = self.v(op.value)
@@ -114,9 +125,11 @@ class _Fn(FnCodegen):
             else:
                 self.b.store(val, addr, align=1)
             return
-        fn = self.gen.intrinsic(f"llvm.masked.store.{self._vec_suffix(vt)}.p0", ir.VoidType(),
-                                [vt, PTR, I32, ir.VectorType(I1, vt.count)])
-        self.b.call(fn, [val, addr, ir.Constant(I32, 1), self._mask(self.v(op.count), vt.count)])
+        mt = self._memory_type(vt)
+        fn = self.gen.intrinsic(f"llvm.masked.store.{self._vec_suffix(mt)}.p0", ir.VoidType(),
+                                [mt, PTR, I32, ir.VectorType(I1, vt.count)])
+        self.b.call(fn, [val if mt is vt else self.b.bitcast(val, mt), addr, ir.Constant(I32, 1),
+                         self._mask(self.v(op.count), vt.count)])
 
     def op_tessera_x86_load(self, op):
         ty = llvm_type(op.result.type)
@@ -336,9 +349,49 @@ class _Fn(FnCodegen):
         if isinstance(src.element, ir.IntType):
             self.set(op, self.b.uitofp(a, dst))  # bool masks (one byte each) -> 0.0 / 1.0
         elif isinstance(dst.element, ir.FloatType) and not isinstance(src.element, ir.FloatType):
-            self.set(op, self.b.fpext(a, dst))
+            self.set(op, self._extf(a, dst))
         else:
-            self.set(op, self.b.fptrunc(a, dst))
+            self.set(op, self._truncf(a, dst))
+
+    def op_arith_extf(self, op):
+        self.set(op, self._extf(self.v(op.input), self.lt(op.result.type)))
+
+    def _extf(self, a, dst):
+        """bf16 -> f32 as the integer shift it is (bits << 16), other widenings by ``fpext``: a
+        bfloat ``fpext`` lets LLVM's legaliser keep bf16 lanes in f32 registers and round them
+        back with ``__truncsfbf2`` calls where the chip has no bf16 conversion (AVX2)."""
+        b = self.b
+        if getattr(a.type, "element", a.type) is not BF16:
+            return b.fpext(a, dst)
+        vec = isinstance(dst, ir.VectorType)
+        i16 = ir.VectorType(I16, dst.count) if vec else I16
+        i32 = ir.VectorType(I32, dst.count) if vec else I32
+        wide = b.zext(b.bitcast(a, i16), i32)
+        return b.bitcast(b.shl(wide, ir.Constant(i32, [16] * dst.count) if vec else ir.Constant(I32, 16)), dst)
+
+    def op_arith_truncf(self, op):
+        self.set(op, self._truncf(self.v(op.input), self.lt(op.result.type)))
+
+    def _truncf(self, a, dst):
+        """f32 -> bf16 by integer round to nearest even; other narrowings by ``fptrunc``.  LLVM
+        turns a bfloat ``fptrunc`` into a call of ``__truncsfbf2`` on chips without AVX512-BF16
+        (a libcall no object here can resolve), and ``vcvtneps2bf16`` where it exists flushes
+        subnormal inputs; this form is ml_dtypes' conversion bit for bit on every chip: NaN
+        becomes the quiet NaN of its sign (0x7fc0 / 0xffc0)."""
+        b = self.b
+        if getattr(dst, "element", dst) is not BF16:
+            return b.fptrunc(a, dst)
+        vec = isinstance(dst, ir.VectorType)
+
+        def c(ty, v):
+            return ir.Constant(ir.VectorType(ty, dst.count) if vec else ty, [v] * dst.count if vec else v)
+        i32 = ir.VectorType(I32, dst.count) if vec else I32
+        bits = b.bitcast(a, i32)
+        hi = b.lshr(bits, c(I32, 16))
+        rounded = b.lshr(b.add(b.add(bits, c(I32, 0x7FFF)), b.and_(hi, c(I32, 1))), c(I32, 16))
+        qnan = b.or_(b.and_(hi, c(I32, 0x8000)), c(I32, 0x7FC0))
+        out = b.select(b.fcmp_unordered("uno", a, a), qnan, rounded)
+        return b.bitcast(b.trunc(out, ir.VectorType(I16, dst.count) if vec else I16), dst)
 
     def op_tessera_x86_vtranspose(self, op):
         vt = llvm_type(op.inputs[0].type)

@@ -181,7 +181,8 @@ def compile_graph(module: ModuleOp, *, name: str, target: str = "cpu", arch: str
         loaded = cj.LoadedObject(entry["obj"], entry["kernels"] + [k + ENTRY_SUFFIX for k in entry["kernels"]])
         from tessera import host
         amx = any(record_by_id(k["mma"]["record"]).family == "amx" for k in entry["meta"]["kernels"] if "mma" in k)
-        exe = CpuExecutable(program, loaded.addresses, host.usable_cpus(), amx=amx)
+        exe = CpuExecutable(program, loaded.addresses, host.usable_cpus(), amx=amx,
+                            missing_features=host.missing_features(isa.features))
         exe._loaded = loaded  # keep the engine alive
     meta = dict(entry["meta"])
     meta["compile_ms"] = dict(meta["compile_ms"])

@@ -192,10 +192,14 @@ def _aligned(buf: np.ndarray) -> int:
 
 
 class CpuExecutable:
-    def __init__(self, program: HostProgram, addresses: dict[str, int], max_threads: int, amx: bool = False):
+    def __init__(self, program: HostProgram, addresses: dict[str, int], max_threads: int, amx: bool = False,
+                 missing_features: tuple[str, ...] = ()):
         self.program = program
         self.max_threads = max_threads
         self.amx = amx   # its kernels run AMX tile instructions: the process needs the tile state
+        # features the code was compiled for that this CPU lacks (an arch= other than the host's):
+        # running it would die of SIGILL, so a call is refused instead
+        self.missing_features = tuple(missing_features)
         self.fns = {}
         self.entries: dict[str, int | None] = {}   # <kernel>.entry: what worker threads call (no Python)
         for s in program.steps:
@@ -246,6 +250,10 @@ class CpuExecutable:
 
     def _run(self, arrays: list[np.ndarray], env: dict[str, int] | None = None) -> list[np.ndarray]:
         prog = self.program
+        if self.missing_features:
+            raise LaneUnavailableError(
+                f"the compiled kernels need CPU features this machine lacks ({', '.join(self.missing_features)}); "
+                "compile for arch=None (the host) to run here, or run the artifact on a CPU that has them")
         if self.amx and (why := host.amx_refusal()):   # never reach a tile instruction without the state
             raise LaneUnavailableError(f"the compiled kernels use AMX and cannot run here: {why}")
         if env is None:
