@@ -228,6 +228,39 @@ def test_bf16_matmul(rng, shape):
     O.assert_close(y32, ref, 1e-5)  # products of bf16 are exact in f32; only the f32 sum rounds
 
 
+def test_bf16_casts_are_ml_dtypes_bit_for_bit(rng):
+    """f32 -> bf16 rounds to nearest even in integer arithmetic on every chip (LLVM's bfloat
+    fptrunc is a libcall without AVX512-BF16, and vcvtneps2bf16 flushes subnormals): subnormals,
+    ties, overflow to inf, signed zeros and NaN match ml_dtypes bit for bit, and so does the way
+    back.  A rounding that truncates fails this."""
+    x = rnd(rng, 7, 37)
+    x[0] *= np.float32(1e-39)                                      # subnormal f32 -> subnormal bf16
+    x[1, :8] = [np.nan, -np.nan, np.inf, -np.inf, 3.4e38, -0.0, 0.0, 1e-45]
+    x[2] = (np.arange(37, dtype=np.uint32) * 0x10000 + 0x3F808000).view(np.float32)   # exact ties
+    y = ts.jit(lambda a: a.astype(ts.bfloat16))(x)
+    np.testing.assert_array_equal(y.view(np.uint16), x.astype(BF16).view(np.uint16))
+    back = ts.jit(lambda a: a.astype(np.float32))(y)
+    np.testing.assert_array_equal(back.view(np.uint32), y.astype(np.float32).view(np.uint32))
+    truncated = (x.view(np.uint32) >> 16).astype(np.uint16)
+    assert not np.array_equal(y.view(np.uint16), truncated)
+
+
+def test_bf16_matmul_on_widened_f32_fma(rng):
+    """bf16 runs on every x86 chip: the fma.bf16 record widens both panels to f32 while packing
+    (exact) and runs the f32 FMA kernel; pinned here by its shape, the default where the chip has
+    no bf16 instruction (AVX2, AVX-512 without BF16)."""
+    from tessera.mma.x86 import host_cpu
+    w = 16 if "avx512f" in host_cpu()[1] else 8
+    a, b = rnd(rng, 77, 129, dtype=BF16), rnd(rng, 129, 45, dtype=BF16)
+    f = lambda x, y: ts.ops.matmul(x, y, out_dtype=np.float32)  # noqa: E731
+    jf = ts.jit(f, schedule={"mma_shape": (1, w, 1)})
+    O.assert_close(jf(a, b), O.f64(a) @ O.f64(b), 1e-5)
+    rep = ts.explain(jf, a, b)
+    assert rep.kernels[0]["mma"]["record"] == f"x86.{'avx512' if w == 16 else 'avx2'}.fma.bf16"
+    tile = ts.compile(f, a, b, schedule={"mma_shape": (1, w, 1)}).ir("tile")
+    assert f"f32, f32, a, col_major, fma>" in tile and "bf16, f32, a," not in tile
+
+
 def test_bf16_matmul_uses_the_fastest_bf16_instruction(rng):
     from tessera.mma.x86 import host_cpu
     feats = host_cpu()[1]

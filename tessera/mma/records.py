@@ -38,6 +38,8 @@ class MmaRecord:
     vector_width: int | None = None  # CPU: lanes per vector register
     cycles: float | None = None      # CPU: reciprocal throughput per core (cycles per instruction), for ranking
     register_file: int | None = None  # CPU: registers of the instruction's own file (AMX: 8 tmm tile registers)
+    widen: str | None = None         # CPU: inputs are widened (exactly) to this dtype while packing; the
+                                     # instruction runs on the widened panels (bf16 on f32 FMA)
     a_layout: str = "row_major"
     b_layout: str = "col_major"
     note: str = ""
@@ -84,6 +86,7 @@ class MmaRecord:
             "archs": sorted(self.archs), "features": list(self.features),
             "min_ptx": ".".join(map(str, self.min_ptx)) if self.min_ptx else None,
             "semantics": self.semantics, "lowered_by": self.lowered_by, "blocks": self.blocks,
+            **({"widen": self.widen} if self.widen else {}),
         }
 
 

@@ -29,6 +29,20 @@ RECORDS: tuple[MmaRecord, ...] = (
               "llvm.fma.v16f32", features=("avx512f",), vector_width=16, lowered_by=LOWERING,
               a_layout="col_major", b_layout="row_major", llvm_ret="<16 x float>", llvm_args=("<16 x float>",) * 3,
               asm_regex=r"vfmadd\d{3}ps\s+%zmm", cycles=0.5),
+    # bf16 on chips without a bf16 instruction: both panels are packed as f32 (a bf16 value widens
+    # exactly), then the f32 FMA kernel runs; ranked below any bf16 instruction the chip has
+    MmaRecord("x86.avx2.fma.bf16", "x86", "fma", (1, 8, 1), "bf16", "bf16", "f32", "vfmadd231ps ymm",
+              "llvm.fma.v8f32", features=("avx2", "fma"), vector_width=8, lowered_by=LOWERING,
+              a_layout="col_major", b_layout="row_major", llvm_ret="<8 x float>", llvm_args=("<8 x float>",) * 3,
+              asm_regex=r"vfmadd\d{3}ps\s+%ymm", cycles=0.5, widen="f32",
+              semantics="bf16 inputs widened exactly to f32 while packing, then f32 FMA: exact products, "
+                        "f32 sums, subnormals kept"),
+    MmaRecord("x86.avx512.fma.bf16", "x86", "fma", (1, 16, 1), "bf16", "bf16", "f32", "vfmadd231ps zmm",
+              "llvm.fma.v16f32", features=("avx512f",), vector_width=16, lowered_by=LOWERING,
+              a_layout="col_major", b_layout="row_major", llvm_ret="<16 x float>", llvm_args=("<16 x float>",) * 3,
+              asm_regex=r"vfmadd\d{3}ps\s+%zmm", cycles=0.5, widen="f32",
+              semantics="bf16 inputs widened exactly to f32 while packing, then f32 FMA: exact products, "
+                        "f32 sums, subnormals kept"),
     MmaRecord("x86.avx512_bf16.dpbf16ps", "x86", "avx512_bf16", (1, 16, 2), "bf16", "bf16", "f32",
               "vdpbf16ps zmm", "llvm.x86.avx512bf16.dpbf16ps.512", features=("avx512bf16", "avx512f"),
               vector_width=16, lowered_by=LOWERING, a_layout="col_major", b_layout="row_major",

@@ -208,7 +208,10 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
     # B's k elements interleave in groups of kpack; AMX reads B in VNNI pairs (4 bytes per k group)
     # while its k step (and the zero padding of each panel) is the instruction's K
     in_elem = plan.in_elem
-    esize = 2 if isinstance(in_elem, (BFloat16Type, Float16Type)) else 4
+    # the panels hold what the instruction reads: the inputs, or their exact f32 widening for a
+    # record that runs bf16 on f32 FMA (packing converts)
+    pack_elem = f32 if rec.widen == "f32" else in_elem
+    esize = 2 if isinstance(pack_elem, (BFloat16Type, Float16Type)) else 4
     bkpack = 4 // esize if tiles_amx else kp
     MC, NC, KC, U = cfg.mc, cfg.nc, cfg.kc, cfg.unroll
     out_elem = plan.out_elem
@@ -230,8 +233,8 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
     # workspace: A panel (MC x KC) and B panel (KC x NC), element type of the inputs
     a_elems, b_elems = MC * KC, KC * NC
     shared = cfg.mode == "m"
-    apack = kf.alloc(b, a_elems, in_elem, "l2")
-    bpack = kf.alloc(b, b_elems, in_elem, "team" if shared else "l3")
+    apack = kf.alloc(b, a_elems, pack_elem, "l2")
+    bpack = kf.alloc(b, b_elems, pack_elem, "team" if shared else "l3")
     workspace = _round(a_elems * esize) + (0 if shared else _round(b_elems * esize))
     # an epilogue with polynomial functions runs row by row from a scratch copy of the tile: one
     # copy of its code per tile shape instead of one per register (LLVM compile time)
@@ -367,7 +370,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
     def micro_tile(br: Builder, ic, ir, jc, jr, mc, nc, kc, kcp, pc, first, last, off_c, epi_offs,
                    nrv: int) -> None:
         cols = nrv * CN
-        frag_a = t.fragment((MR, cols, kp), in_elem, acc_elem, "a", rec.a_layout, rec.family)
+        frag_a = t.fragment((MR, cols, kp), pack_elem, acc_elem, "a", rec.a_layout, rec.family)
         frag_b = frag_a.with_role("b", rec.b_layout)
         frag_c = t.fragment((MR, cols, kp), acc_elem, acc_elem, "acc", "row_major", rec.family)
         row = br.add(ic, ir)
@@ -400,11 +403,11 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
         b_base = br.mul(br.div(jr, NRW), br.mul(NRW, kcp))
 
         def step(bk: Builder, kk, acc: SSAValue) -> SSAValue:
-            av = view(bk, apack, in_elem, "l2", (MR, kp), bk.add(a_base, bk.mul(kk, MR)), kp, 1, MR, kp)
+            av = view(bk, apack, pack_elem, "l2", (MR, kp), bk.add(a_base, bk.mul(kk, MR)), kp, 1, MR, kp)
             # B: k x cols; (k, c) at b_base + kk*NRW + (k // g)*g*NRW + c*g + k % g for k groups of g = bkpack
             # (a row stride of 1 when one group spans the fragment's k, else the pitch of a k group)
             brs = 1 if bkpack == kp else bkpack * NRW
-            bv = view(bk, bpack, in_elem, "team" if shared else "l3", (kp, cols), bk.add(b_base, bk.mul(kk, NRW)),
+            bv = view(bk, bpack, pack_elem, "team" if shared else "l3", (kp, cols), bk.add(b_base, bk.mul(kk, NRW)),
                       brs, bkpack, kp, cols)
             fa = t.FragmentPackOp.create(operands=[av], result_types=[frag_a])
             fb = t.FragmentPackOp.create(operands=[bv], result_types=[frag_b])
