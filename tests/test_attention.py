@@ -10,6 +10,7 @@ import oracle as O
 import tessera as ts
 from tessera.errors import TesseraError
 from tessera.frontend.reference import attention64
+from tessera.mma.selector import get_isa
 from tessera.passes.tile.kernels import attention as attention_kernel
 
 
@@ -183,9 +184,12 @@ def test_a_causal_edge_that_ignores_the_diagonal_fails_the_gate(rng, monkeypatch
     assert not O.gate(bad, ref(q, k, v, causal=True), 1e-5)
 
 
-CAUSAL_PINS = [{"register_tile": (6, 4), "tile_m": 192, "tile_n": 48},    # MR does not divide a strip
-               {"register_tile": (4, 4), "tile_m": 64, "tile_n": 256},    # key blocks longer than query blocks
-               {"register_tile": (4, 4), "tile_m": 256, "tile_n": 36}]    # many key blocks per query block
+# NR*W query columns per strip: four 16-lane vectors on AVX-512 (32 registers), two 8-lane ones on AVX2
+# (16 registers: a 6x4 tile would not fit); a strip is 64 or 16 queries, and MR = 6 divides neither
+_NR = 4 if get_isa("x86", None).register_budget >= 32 else 2
+CAUSAL_PINS = [{"register_tile": (6, _NR), "tile_m": 192, "tile_n": 48},    # MR does not divide a strip
+               {"register_tile": (4, _NR), "tile_m": 64, "tile_n": 256},    # key blocks longer than query blocks
+               {"register_tile": (4, _NR), "tile_m": 256, "tile_n": 36}]    # many key blocks per query block
 
 
 def _pin_id(p) -> str:

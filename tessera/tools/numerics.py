@@ -74,13 +74,19 @@ def ulp_errors(got: np.ndarray, ref64: np.ndarray) -> np.ndarray:
     return err
 
 
-def measure(stride: int = STRIDE) -> dict[str, dict]:
+# The math library has one code path per vector ISA (AVX-512 uses rcp14/scalef, AVX2 does not), so
+# each is measured on its own, compiled for the ISA level's arch.  A host runs the levels its CPU has;
+# the doc keeps the last measured table of a level this host cannot run (and says so).
+LEVELS = (("avx512", "AVX-512 (16 lanes)"), ("avx2", "AVX2 + FMA (8 lanes)"))
+
+
+def measure(stride: int = STRIDE, arch: str | None = None) -> dict[str, dict]:
     import tessera as ts
     x = sweep(stride)
     out = {}
     with np.errstate(all="ignore"):
         for name, (fn, ref) in references().items():
-            got = ts.jit(fn)(x)
+            got = ts.jit(fn, arch=arch)(x)
             e = ulp_errors(got, ref(x.astype(np.float64)))
             worst = int(np.argmax(e))
             out[name] = {"max_ulp": float(e.max()), "mean_ulp": float(e[np.isfinite(e)].mean()),
@@ -88,19 +94,52 @@ def measure(stride: int = STRIDE) -> dict[str, dict]:
     return out
 
 
-def numerics_md() -> str:
-    from tessera.tools.docs import HEADER
-    rows = measure()
-    out = [HEADER.format(cmd="tessera docs numerics --write"), "# Numerics of the CPU lane\n\n",
-           f"Maximum and mean error in float32 ULPs of each transcendental, over {next(iter(rows.values()))['points']:,} "
-           f"inputs: every {STRIDE}th float32 bit pattern (both signs, every exponent, subnormals, infinities, NaN) "
-           "plus special values; reference: float64 numpy (scipy for erf).  Algorithms: "
-           "`tessera/codegen/x86_math.py`; coefficients: `tools/fit_math.py`.  No fast-math: NaN and infinities "
-           "propagate as in numpy.\n\n",
-           "| function | max ULP | mean ULP | worst input |\n|---|---:|---:|---:|\n"]
+def _marker(level: str, end: bool = False) -> str:
+    return f"<!-- {'end ' if end else ''}level {level} -->\n"
+
+
+def _kept_section(level: str) -> str | None:
+    """The checked-in table of ``level`` (markers included), or None."""
+    from pathlib import Path
+    doc = Path(__file__).resolve().parents[2] / "docs" / "numerics.md"
+    text = doc.read_text() if doc.exists() else ""
+    a, b = text.find(_marker(level)), text.find(_marker(level, True))
+    return text[a:b + len(_marker(level, True))] if 0 <= a < b else None
+
+
+def _section(level: str, title: str) -> str:
+    from tessera.errors import LaneUnavailableError
+    from tessera.mma.x86 import resolve
+    try:
+        rows = measure(arch=level)
+    except LaneUnavailableError:
+        kept = _kept_section(level)
+        if kept is not None:
+            return kept
+        missing = ", ".join(sorted(set(resolve(level)[2]) - set(resolve(None)[2])))
+        return (_marker(level) + f"### {title}\n\nNot measured yet: the CPU that generated this page lacks "
+                f"{missing}.\n\n" + _marker(level, True))
+    out = [_marker(level), f"### {title}\n\n", f"Compiled with `arch={level}`; {next(iter(rows.values()))['points']:,} "
+           "inputs.\n\n| function | max ULP | mean ULP | worst input |\n|---|---:|---:|---:|\n"]
     for name, r in rows.items():
         out.append(f"| {name} | {r['max_ulp']:.2f} | {r['mean_ulp']:.3f} | {r['worst_input']:.6g} |\n")
-    out.append("\nexp, tanh and erf are within a few ULPs everywhere.  The composites (gelu, silu) evaluate their inner "
+    out.append("\n" + _marker(level, True))
+    return "".join(out)
+
+
+def numerics_md() -> str:
+    from tessera.tools.docs import HEADER
+    out = [HEADER.format(cmd="tessera docs numerics --write"), "# Numerics of the CPU lane\n\n",
+           f"Maximum and mean error in float32 ULPs of each transcendental, over every {STRIDE}th float32 bit "
+           "pattern (both signs, every exponent, subnormals, infinities, NaN) plus special values; reference: "
+           "float64 numpy (scipy for erf).  Algorithms: `tessera/codegen/x86_math.py`; coefficients: "
+           "`tools/fit_math.py`.  No fast-math: NaN and infinities propagate as in numpy.  The math has one code "
+           "path per vector ISA, so each is measured separately; a CPU measures the levels it can run, and a "
+           "table of a level it cannot run is kept from the last CPU that could (the drift test then checks the "
+           "others).\n\n"]
+    for level, title in LEVELS:
+        out.append(_section(level, title) + "\n")
+    out.append("exp, tanh and erf are within a few ULPs everywhere.  The composites (gelu, silu) evaluate their inner "
                "argument (`sqrt(2/pi) (x + 0.044715 x^3)`, `x / sqrt(2)`) in float32; for x << 0 the result decays "
                "like exp(-c x^2) and the argument's own rounding (a few ULPs of a value near -|x|^3) is multiplied "
                "by that exponent, so the relative error of the tiny result grows with |x| (the worst inputs above).  "

@@ -110,18 +110,25 @@ class ScheduleCpu(TesseraPass):
                                 attributes=attrs, regions=[region])
         swap_op(fop, kop)
 
-    # Flash attention's defaults, measured in one process, interleaved (16 x 1024 x 64, f32, 2 threads,
-    # scores kept transposed): 4x4 tiles 21.9 ms, 4x2 24.3, 6x4 24.1; query/key blocks from 64 to 256
-    # tie within 5 %.  Four B vectors cover a 64-wide head in one tile.
-    ATTENTION_TILE = (4, 4)
+    # Flash attention's default register tile per vector register file, measured in one process,
+    # interleaved (16 x 1024 x 64, f32, 2 threads, scores kept transposed).  32 registers (AVX-512,
+    # Emerald Rapids): 4x4 tiles 21.9 ms, 4x2 24.3, 6x4 24.1; four B vectors cover a 64-wide head in
+    # one tile.  16 registers (AVX2): see ATTENTION_TILE_AVX2.  Query/key blocks from 64 to 256 tie
+    # within 5 %.
+    ATTENTION_TILES = {32: (4, 4), 16: (4, 2)}
     ATTENTION_BLOCKS = (128, 128)
+
+    def _attention_tile(self, budget: int) -> tuple[int, int]:
+        """The measured default for the largest register file that fits ``budget``."""
+        fits = [n for n in self.ATTENTION_TILES if n <= budget]
+        return self.ATTENTION_TILES[max(fits)] if fits else (1, 1)
 
     def _attention(self, isa, w: int, name: str) -> dict:
         """Flash attention on f32 register tiles: query blocks of about 128 rows, key blocks of 128 columns."""
         sel = select_mma(isa, "f32", out_dtype="f32")
         require_lowering(sel, "lower-tile-to-x86")
         rt = register_tile(isa, sel, prefer_tile=tuple(self.register_tile) if self.register_tile
-                           else self.ATTENTION_TILE)
+                           else self._attention_tile(isa.register_budget))
         w = sel.record.vector_width or w
         qunit = math.lcm(rt.mr, rt.nr * w)   # query columns: whole S^T tiles and whole O tiles
         bq = self.tile_m or qunit * max(1, round(self.ATTENTION_BLOCKS[0] / qunit))
@@ -152,7 +159,7 @@ class ScheduleCpu(TesseraPass):
         rt = register_tile(isa, sel, prefer_tile=tuple(self.register_tile) if self.register_tile else None)
         rec = sel.record
         kp = rec.k
-        esize = 2 if dtype in ("bf16", "f16") else 4
+        esize = 2 if dtype in ("bf16", "f16") and not rec.widen else 4   # bytes per packed element
         w = rec.vector_width or w        # tile-register records (AMX) keep the arch's vectors for epilogues
         mrr, nrw = rt.mr * rec.m, rt.nr * rec.n   # rows and columns of one register tile
         caches = host.cache_sizes()
