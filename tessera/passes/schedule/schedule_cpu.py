@@ -113,9 +113,9 @@ class ScheduleCpu(TesseraPass):
     # Flash attention's default register tile per vector register file, measured in one process,
     # interleaved (16 x 1024 x 64, f32, 2 threads, scores kept transposed).  32 registers (AVX-512,
     # Emerald Rapids): 4x4 tiles 21.9 ms, 4x2 24.3, 6x4 24.1; four B vectors cover a 64-wide head in
-    # one tile.  16 registers (AVX2): see ATTENTION_TILE_AVX2.  Query/key blocks from 64 to 256 tie
-    # within 5 %.
-    ATTENTION_TILES = {32: (4, 4), 16: (4, 2)}
+    # one tile.  16 registers (AVX2, Zen 3): 6x2 40.2 ms, 5x2 40.9, 4x2 43.2, 2x4 43.4, 3x3 44.9
+    # (4x4 does not fit).  Query/key blocks from 64 to 256 tie within 5 %.
+    ATTENTION_TILES = {32: (4, 4), 16: (6, 2)}
     ATTENTION_BLOCKS = (128, 128)
 
     def _attention_tile(self, budget: int) -> tuple[int, int]:
