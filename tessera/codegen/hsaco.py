@@ -28,7 +28,6 @@ import tempfile
 from dataclasses import dataclass, field
 
 from tessera.codegen import elf
-from tessera.codegen.elf import cstr as _cstr
 from tessera.codegen.elf import slice_of as _slice
 from tessera.codegen.elf import unpack as _unpack
 from tessera.codegen.jit import emit_guarded
