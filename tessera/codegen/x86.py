@@ -356,6 +356,15 @@ class _Fn(FnCodegen):
     def op_arith_extf(self, op):
         self.set(op, self._extf(self.v(op.input), self.lt(op.result.type)))
 
+    @staticmethod
+    def _ints(like, ty: ir.IntType):
+        """``ty`` with the shape of ``like`` (a scalar or a vector type)."""
+        return ir.VectorType(ty, like.count) if isinstance(like, ir.VectorType) else ty
+
+    @staticmethod
+    def _ic(ty, v: int) -> ir.Constant:
+        return ir.Constant(ty, [v] * ty.count) if isinstance(ty, ir.VectorType) else ir.Constant(ty, v)
+
     def _extf(self, a, dst):
         """bf16 -> f32 as the integer shift it is (bits << 16), other widenings by ``fpext``: a
         bfloat ``fpext`` lets LLVM's legaliser keep bf16 lanes in f32 registers and round them
@@ -363,11 +372,8 @@ class _Fn(FnCodegen):
         b = self.b
         if getattr(a.type, "element", a.type) is not BF16:
             return b.fpext(a, dst)
-        vec = isinstance(dst, ir.VectorType)
-        i16 = ir.VectorType(I16, dst.count) if vec else I16
-        i32 = ir.VectorType(I32, dst.count) if vec else I32
-        wide = b.zext(b.bitcast(a, i16), i32)
-        return b.bitcast(b.shl(wide, ir.Constant(i32, [16] * dst.count) if vec else ir.Constant(I32, 16)), dst)
+        i32 = self._ints(dst, I32)
+        return b.bitcast(b.shl(b.zext(b.bitcast(a, self._ints(dst, I16)), i32), self._ic(i32, 16)), dst)
 
     def op_arith_truncf(self, op):
         self.set(op, self._truncf(self.v(op.input), self.lt(op.result.type)))
@@ -381,17 +387,13 @@ class _Fn(FnCodegen):
         b = self.b
         if getattr(dst, "element", dst) is not BF16:
             return b.fptrunc(a, dst)
-        vec = isinstance(dst, ir.VectorType)
-
-        def c(ty, v):
-            return ir.Constant(ir.VectorType(ty, dst.count) if vec else ty, [v] * dst.count if vec else v)
-        i32 = ir.VectorType(I32, dst.count) if vec else I32
+        i32 = self._ints(dst, I32)
         bits = b.bitcast(a, i32)
-        hi = b.lshr(bits, c(I32, 16))
-        rounded = b.lshr(b.add(b.add(bits, c(I32, 0x7FFF)), b.and_(hi, c(I32, 1))), c(I32, 16))
-        qnan = b.or_(b.and_(hi, c(I32, 0x8000)), c(I32, 0x7FC0))
+        hi = b.lshr(bits, self._ic(i32, 16))
+        rounded = b.lshr(b.add(b.add(bits, self._ic(i32, 0x7FFF)), b.and_(hi, self._ic(i32, 1))), self._ic(i32, 16))
+        qnan = b.or_(b.and_(hi, self._ic(i32, 0x8000)), self._ic(i32, 0x7FC0))
         out = b.select(b.fcmp_unordered("uno", a, a), qnan, rounded)
-        return b.bitcast(b.trunc(out, ir.VectorType(I16, dst.count) if vec else I16), dst)
+        return b.bitcast(b.trunc(out, self._ints(dst, I16)), dst)
 
     def op_tessera_x86_vtranspose(self, op):
         vt = llvm_type(op.inputs[0].type)
