@@ -65,6 +65,12 @@ class MmaRecord:
         return self.shape[2]
 
     @property
+    def packed_bytes(self) -> int:
+        """Bytes of one element of the packed panels the instruction reads (its inputs, or their
+        widening): the schedule sizes cache blocks by it, the GEMM generator its workspace."""
+        return int(DTYPE_BYTES[self.widen or self.a_dtype])
+
+    @property
     def in_dtype(self) -> str:
         return self.a_dtype if self.a_dtype == self.b_dtype else f"{self.a_dtype}x{self.b_dtype}"
 

@@ -108,6 +108,7 @@ def _kept_section(level: str) -> str | None:
 
 
 def _section(level: str, title: str) -> str:
+    from tessera import host
     from tessera.errors import LaneUnavailableError
     from tessera.mma.x86 import resolve
     try:
@@ -116,7 +117,7 @@ def _section(level: str, title: str) -> str:
         kept = _kept_section(level)
         if kept is not None:
             return kept
-        missing = ", ".join(sorted(set(resolve(level)[2]) - set(resolve(None)[2])))
+        missing = ", ".join(host.missing_features(resolve(level)[2]))
         return (_marker(level) + f"### {title}\n\nNot measured yet: the CPU that generated this page lacks "
                 f"{missing}.\n\n" + _marker(level, True))
     out = [_marker(level), f"### {title}\n\n", f"Compiled with `arch={level}`; {next(iter(rows.values()))['points']:,} "

@@ -159,7 +159,7 @@ class ScheduleCpu(TesseraPass):
         rt = register_tile(isa, sel, prefer_tile=tuple(self.register_tile) if self.register_tile else None)
         rec = sel.record
         kp = rec.k
-        esize = 2 if dtype in ("bf16", "f16") and not rec.widen else 4   # bytes per packed element
+        esize = rec.packed_bytes
         w = rec.vector_width or w        # tile-register records (AMX) keep the arch's vectors for epilogues
         mrr, nrw = rt.mr * rec.m, rt.nr * rec.n   # rows and columns of one register tile
         caches = host.cache_sizes()

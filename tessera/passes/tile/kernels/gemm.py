@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from xdsl.dialects.builtin import BFloat16Type, Float16Type, Float32Type, StringAttr, f32
+from xdsl.dialects.builtin import Float32Type, StringAttr, f32
 from xdsl.ir import Attribute, BlockArgument, SSAValue
 
 from tessera.ir import dims as D
@@ -211,7 +211,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
     # the panels hold what the instruction reads: the inputs, or their exact f32 widening for a
     # record that runs bf16 on f32 FMA (packing converts)
     pack_elem = f32 if rec.widen == "f32" else in_elem
-    esize = 2 if isinstance(pack_elem, (BFloat16Type, Float16Type)) else 4
+    esize = rec.packed_bytes
     bkpack = 4 // esize if tiles_amx else kp
     MC, NC, KC, U = cfg.mc, cfg.nc, cfg.kc, cfg.unroll
     out_elem = plan.out_elem
