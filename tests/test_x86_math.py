@@ -120,3 +120,35 @@ def test_sigmoid_lanes_are_independent(name):
         mixed = f(x[perm])[:300]
         alone = np.array([f(np.full(16, v, np.float32))[0] for v in x[perm[:300]]], np.float32)
     np.testing.assert_array_equal(mixed.view(np.uint32), alone.view(np.uint32))
+
+
+def test_exp_subnormal_window_branch_has_teeth(monkeypatch):
+    """Without vscalefps (AVX2) exp takes a short path on every lane (one exponent shift) and
+    branches to the exact two-step scale only when some lane's result is subnormal or near it
+    (x in [-104, -86.5)); never taking that branch returns garbage there."""
+    import tessera as ts
+    from tessera.codegen import x86_math
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    x = np.linspace(-104, -86, 10_007, dtype=np.float32)
+    want = np.exp(x.astype(np.float64))
+    assert N.ulp_errors(ts.jit(ts.ops.exp, arch="avx2")(x), want).max() <= 1.0
+    monkeypatch.setattr(x86_math.VectorMath, "_any", lambda self, b, mask: x86_math.ir.Constant(x86_math.I1, 0))
+    assert N.ulp_errors(ts.jit(ts.ops.exp, arch="avx2")(x), want).max() > 1e3
+
+
+def test_exp_lanes_are_independent():
+    """A vector mixing short-path lanes, subnormal-window lanes, the overflow edge, infinities
+    and NaN gives each lane the value it gets alone, within an ULP of numpy's."""
+    import tessera as ts
+    rng = np.random.default_rng(11)
+    edge = [88.72, 88.7228, 88.73, 88.75, 88.76, 89.0, -86.4, -86.6, -87.4, -103.9, -103.98, -104.0, -104.1]
+    x = np.concatenate([rng.uniform(-120, 90, 3000), rng.uniform(-104, -86, 1000), edge,
+                        [np.nan, np.inf, -np.inf, 0.0, -0.0]]).astype(np.float32)
+    f = ts.jit(ts.ops.exp, arch="avx2")
+    perm = rng.permutation(len(x))
+    with np.errstate(all="ignore"):
+        mixed = f(x[perm])
+        alone = np.array([f(np.full(8, v, np.float32))[0] for v in x[perm[:400]]], np.float32)
+        want = np.exp(x[perm].astype(np.float64))
+    np.testing.assert_array_equal(mixed[:400].view(np.uint32), alone.view(np.uint32))
+    assert N.ulp_errors(mixed, want).max() <= 1.0

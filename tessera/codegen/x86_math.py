@@ -7,8 +7,10 @@ whole input range is measured by ``tests/test_x86_math.py`` and recorded in
 ``docs/numerics.md``.
 
   exp   Cody-Waite reduction x = n ln2 + r, degree-7 Taylor polynomial, scaling by
-        2^n with vscalefps on AVX-512 (else in two exponent steps); exact for subnormal results;
-        0 below -104 and inf above 89 by selection (no underflowing or overflowing scale)
+        2^n with vscalefps on AVX-512; on AVX2 a short-latency form on every lane (n from a
+        magic-constant rounding whose bits shift into 2^n, the polynomial's inner part in r^2)
+        and two exponent steps only in a rarely taken branch for subnormal results; exact for
+        subnormal results; 0 below -104 and inf above 89 (no underflowing or overflowing scale)
   tanh  x + x^3 P(x^2) for |x| < 0.625, else sign(x) (1 - 2 / (exp(2|x|) + 1))
   erf   x P(x^2) for |x| < 1, else sign(x) (1 - erfc(|x|))
   erfc  exp(-a^2) R(1/a) with a^2 split exactly by an FMA (a >= 1)
@@ -132,6 +134,11 @@ class VectorMath:
         overflows (x > 89) compute exp(0) and take 0 / inf from a select: scaling into an
         underflow or overflow costs a microcode assist on Intel cores (gelu on activations of
         magnitude 30 ran 7x slower)."""
+        if not self._scalef:
+            return self._exp_short(b, x)
+        return self._exp_exact(b, x)
+
+    def _exp_exact(self, b: ir.IRBuilder, x) -> ir.Value:
         lo = b.fcmp_ordered("<", x, self.splat(-104.0))
         hi = b.fcmp_ordered(">", x, self.splat(89.0))
         res = self._exp_core(b, b.select(b.or_(lo, hi), self.splat(0.0), x))
@@ -145,6 +152,54 @@ class VectorMath:
         r = self.fma(b, n, self.splat(-LN2_LO), r)
         p = self.poly(b, r, [1.0, 1.0, 0.5, 1 / 6, 1 / 24, 1 / 120, 1 / 720, 1 / 5040])
         return self._scale2(b, p, n if k is None else b.fadd(n, k))
+
+    @property
+    def _scalef(self) -> bool:
+        return self.w == 16 and self.avx512
+
+    def _exp_short(self, b: ir.IRBuilder, x) -> ir.Value:
+        """exp(x) without vscalefps (AVX2): the short-latency form on every lane, the exact
+        two-step scale of ``_exp_exact`` only when some lane's result is subnormal or near it
+        (x in [-104, -86.5): a branch, rarely taken).  -inf and x < -104 give 0 by a select
+        (masked scores stay on the short path), and x > 88.75 is clamped to 88.75, whose result
+        overflows to inf.  (Compares and blends share the two FMA pipes on Zen 3: each one
+        saved is a cycle per two vectors.)"""
+        tiny = b.fcmp_ordered("<", x, self.splat(-104.0))
+        hi = self.splat(88.75)    # exp(88.75) overflows: clamping there gives inf
+        short = self._exp_short_core(b, b.select(b.fcmp_ordered("<", hi, x), hi, x), double=True)  # one vminps, NaN kept
+        short = b.select(tiny, self.splat(0.0), short)
+        window = b.and_(b.fcmp_ordered("<", x, self.splat(-86.5)), b.not_(tiny))
+        entry = b.block
+        with b.if_then(self._any(b, window), likely=False):
+            exact = b.select(window, self._exp_exact(b, b.select(window, x, self.splat(0.0))), short)
+            tblock = b.block
+        res = b.phi(self.vt)
+        res.add_incoming(short, entry)
+        res.add_incoming(exact, tblock)
+        return res
+
+    def _exp_short_core(self, b: ir.IRBuilder, x, double: bool) -> ir.Value:
+        """exp(x) for x whose n = round(x log2 e) is in [-126, 127], or in [-125, 128] with
+        ``double`` (2 exp(r) 2^(n-1): reaches the largest finite results, and overflows to inf
+        past them).  Shorter dependency chains than ``_exp_core`` (the AVX2 exp was bound by
+        latency, not throughput): n by rounding against a magic constant whose low bits are also
+        the result's exponent field (one shift gives 2^n), and the polynomial's inner part
+        evaluated in r^2 (two chains of half the length) before Horner's last two steps (which
+        keep its rounding: 1.01 ULP when the inner part also took the 1 + r terms)."""
+        bias = 126 if double else 127
+        magic = 1.5 * 2.0 ** 23 + bias
+        t = self.fma(b, x, self.splat(LOG2E), self.splat(magic))   # n + bias + 1.5 2^23, rounded to an integer
+        n = b.fsub(t, self.splat(magic))
+        r = self.fma(b, n, self.splat(-LN2_HI), x)
+        r = self.fma(b, n, self.splat(-LN2_LO), r)
+        k = 2.0 if double else 1.0    # a power of two: the scaled coefficients are exact
+        r2 = b.fmul(r, r)
+        c = [k / 2, k / 6, k / 24, k / 120, k / 720, k / 5040]
+        q = [self.fma(b, r, self.splat(c[i + 1]), self.splat(c[i])) for i in (0, 2, 4)]
+        qq = self.fma(b, self.fma(b, q[2], r2, q[1]), r2, q[0])     # k (1/2 + r/6 + ... + r^5/7!)
+        p = self.fma(b, r, self.fma(b, r, qq, self.splat(k)), self.splat(k))   # k exp(r), Horner's last two steps
+        scale = b.bitcast(b.shl(b.bitcast(t, self.vi), self.isplat(23)), self.vt)  # 2^(n + bias - 127)
+        return b.fmul(p, scale)
 
     def _recip_1_2(self, b: ir.IRBuilder, d) -> ir.Value:
         """1/d for d in [1, 2] (no zero or infinity to preserve): vrcp14ps and one Newton step."""
@@ -212,7 +267,8 @@ class VectorMath:
         ay = self._abs(b, y)
         neg = b.fcmp_ordered("<", y, self.splat(0.0))
         gone = b.and_(neg, b.fcmp_ordered(">=", ay, self.splat(110.0)))
-        e = self._exp_core(b, b.fneg(b.call(self._intr("minnum", 2), [ay, self.splat(87.0)])))
+        arg = b.fneg(b.call(self._intr("minnum", 2), [ay, self.splat(87.0)]))   # [-87, 0]: e is normal
+        e = self._exp_core(b, arg) if self._scalef else self._exp_short_core(b, arg, double=False)
         num = b.select(neg, b.fmul(x, b.select(gone, self.splat(0.0), e)), x)
         inv = b.select(b.fcmp_ordered(">", ay, self.splat(17.0)), self.splat(1.0),
                        self._recip_1_2(b, b.fadd(self.splat(1.0), e)))
