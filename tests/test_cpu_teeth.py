@@ -71,3 +71,17 @@ def test_a_lost_work_chunk_is_caught(rng, monkeypatch):
     monkeypatch.setattr(_Lowerer, "op_tile_claim", planted)
     bad = ts.jit(f, schedule={"threads": 1})(a, b)
     assert not O.gate(bad, O.f64(a) @ b, 1e-5)
+
+
+def test_a_mask_that_keeps_the_padding_columns_is_caught(rng, monkeypatch):
+    """tile.mask skips its selects where a row chunk keeps every column; taking that branch
+    for the last, partial chunk too lets the lanes past the row into softmax's max and sum."""
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    x = rng.standard_normal((9, 45)).astype(np.float32)
+    f = lambda x: ts.ops.softmax(x, axis=-1)  # noqa: E731
+    xd = O.f64(x)
+    want = np.exp(xd - xd.max(-1, keepdims=True))
+    want /= want.sum(-1, keepdims=True)
+    O.assert_close(ts.jit(f)(x), want, 1e-5)
+    monkeypatch.setattr(_Lowerer, "_keeps_every_column", staticmethod(lambda b, cols, C: b.cmp("sge", cols, 0)))
+    assert not O.gate(ts.jit(f)(x), want, 1e-5)
