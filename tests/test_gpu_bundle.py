@@ -28,6 +28,7 @@ def _check(bundle: Path) -> subprocess.CompletedProcess:
                            str(bundle)], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_bundle_is_complete_and_its_numerics_hold(bundle):
     m = json.loads((bundle / "manifest.json").read_text())
     assert m["arch"] == "sm_90" and {c["kind"] for c in m["cases"]} == {"check", "bench"}

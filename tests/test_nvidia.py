@@ -28,7 +28,7 @@ def _k(arch: str) -> int:
 
 
 # --------------------------------------------------------------------------- PTX and cubins
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", [a if a == "sm_90" else pytest.param(a, marks=pytest.mark.slow) for a in ARCHS])
 def test_ptx_assembles_for_every_arch_within_the_register_file(arch, rng):
     a, b, c0 = inputs(rng, "f16", 70, 72, 48)
     art = _compile(gemm_acc, (a, b, c0), arch)
@@ -117,7 +117,7 @@ def test_emulated_epilogue_and_batch(rng):
     assert rel_err(got, x / (1 + np.exp(-x))) < 1e-2
 
 
-@pytest.mark.parametrize("staging", [1, 3])
+@pytest.mark.parametrize("staging", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_other_pipeline_depths(staging, rng):
     a, b, c0 = inputs(rng, "f16", 70, 72, 160)
     art = _compile(gemm_acc, (a, b, c0), "sm_80", staging=staging, tile_m=64, tile_n=64)
