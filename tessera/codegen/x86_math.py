@@ -57,6 +57,11 @@ class VectorMath:
         self.fns: dict[str, ir.Function] = {}
 
     # ------------------------------------------------------------------ plumbing
+    @property
+    def _zmm(self) -> bool:
+        """16-lane AVX-512 vectors: vscalefps and vrcp14ps exist (else the AVX2 forms)."""
+        return self.w == 16 and self.avx512
+
     def _intr(self, name: str, n: int = 1) -> ir.Function:
         full = f"llvm.{name}.v{self.w}f32"
         if full in self.m.globals:
@@ -97,7 +102,7 @@ class VectorMath:
     def recip(self, b: ir.IRBuilder, d) -> ir.Value:
         """1/d: vrcp14ps and one Newton step (~2^-27 relative) on AVX-512, else a division.
         Infinity gives 0 and zero gives infinity, as a division would."""
-        if self.w != 16 or not self.avx512:
+        if not self._zmm:
             return b.fdiv(self.splat(1.0), d)
         r = self._rcp14(b, d)
         nr = self._newton_recip(b, d, r)
@@ -134,7 +139,7 @@ class VectorMath:
         overflows (x > 89) compute exp(0) and take 0 / inf from a select: scaling into an
         underflow or overflow costs a microcode assist on Intel cores (gelu on activations of
         magnitude 30 ran 7x slower)."""
-        if not self._scalef:
+        if not self._zmm:
             return self._exp_short(b, x)
         return self._exp_exact(b, x)
 
@@ -152,10 +157,6 @@ class VectorMath:
         r = self.fma(b, n, self.splat(-LN2_LO), r)
         p = self.poly(b, r, [1.0, 1.0, 0.5, 1 / 6, 1 / 24, 1 / 120, 1 / 720, 1 / 5040])
         return self._scale2(b, p, n if k is None else b.fadd(n, k))
-
-    @property
-    def _scalef(self) -> bool:
-        return self.w == 16 and self.avx512
 
     def _exp_short(self, b: ir.IRBuilder, x) -> ir.Value:
         """exp(x) without vscalefps (AVX2): the short-latency form on every lane, the exact
@@ -203,14 +204,14 @@ class VectorMath:
 
     def _recip_1_2(self, b: ir.IRBuilder, d) -> ir.Value:
         """1/d for d in [1, 2] (no zero or infinity to preserve): vrcp14ps and one Newton step."""
-        if self.w != 16 or not self.avx512:
+        if not self._zmm:
             return b.fdiv(self.splat(1.0), d)
         return self._newton_recip(b, d, self._rcp14(b, d))
 
     def _scale2(self, b: ir.IRBuilder, p, n) -> ir.Value:
         """p * 2^n for integral n in [-150, 128]: vscalefps on AVX-512 (one rounding, exact for
         subnormal and overflowing results), else two exponent steps."""
-        if self.w == 16 and self.avx512:
+        if self._zmm:
             name = "llvm.x86.avx512.mask.scalef.ps.512"
             f = self.m.globals.get(name) or ir.Function(self.m, ir.FunctionType(
                 self.vt, [self.vt, self.vt, self.vt, ir.IntType(16), I32]), name)
@@ -268,7 +269,7 @@ class VectorMath:
         neg = b.fcmp_ordered("<", y, self.splat(0.0))
         gone = b.and_(neg, b.fcmp_ordered(">=", ay, self.splat(110.0)))
         arg = b.fneg(b.call(self._intr("minnum", 2), [ay, self.splat(87.0)]))   # [-87, 0]: e is normal
-        e = self._exp_core(b, arg) if self._scalef else self._exp_short_core(b, arg, double=False)
+        e = self._exp_core(b, arg) if self._zmm else self._exp_short_core(b, arg, double=False)
         num = b.select(neg, b.fmul(x, b.select(gone, self.splat(0.0), e)), x)
         inv = b.select(b.fcmp_ordered(">", ay, self.splat(17.0)), self.splat(1.0),
                        self._recip_1_2(b, b.fadd(self.splat(1.0), e)))

@@ -630,21 +630,21 @@ class _Lowerer(OpLowerer):
         src = self._expand(self.get(op.input), R, C)
         cols = self.scalar(op.cols)
         padv = self.vconst(b, op.pad.value.data)
-        if op.diag is None and _const_int(cols) is None:
+        diag = self.scalar(op.diag) if op.diag is not None else None
+
+        def masked(bb: Builder):
+            return self._mask_rows(bb, src, cols, diag, op.keep_side, padv, R, nv)
+        if diag is None and _const_int(cols) is None:
             # a row loop's chunks keep every column but the last: the selects (and the lane
             # masks they compare out of the count, on AVX2 two 64-bit compares and shuffles per
             # vector) run only where some column is dropped (softmax's max and exp passes
             # spent about a seventh of their time on them)
-            def keep_all(bb: Builder):
-                return [v for row in src for v in row]
-
-            def drop_some(bb: Builder):
-                return [v for row in self._mask_rows(bb, src, cols, None, "ge", padv, R, nv) for v in row]
-            vals = b.if_(self._keeps_every_column(b, cols, C), keep_all, drop_some, [self.vf32] * (R * nv))
-            self.vmap[op.result] = Regs((R, C), [vals[i * nv:(i + 1) * nv] for i in range(R)])
-            return
-        diag = self.scalar(op.diag) if op.diag is not None else None
-        self.vmap[op.result] = Regs((R, C), self._mask_rows(b, src, cols, diag, op.keep_side, padv, R, nv))
+            flat = b.if_(self._keeps_every_column(b, cols, C), lambda bb: [v for row in src for v in row],
+                         lambda bb: [v for row in masked(bb) for v in row], [self.vf32] * (R * nv))
+            rows = [flat[i * nv:(i + 1) * nv] for i in range(R)]
+        else:
+            rows = masked(b)
+        self.vmap[op.result] = Regs((R, C), rows)
 
     @staticmethod
     def _keeps_every_column(b: Builder, cols, C: int) -> SSAValue:
