@@ -24,6 +24,23 @@ from tessera.runtime.cpu import bind_symbols
 from tessera.runtime.lanes import LOG, LaneDecision
 
 _ACCEPTED: set = set()   # argument dtypes already checked by dtypes.as_dtype
+MAX_PLANS = 64           # call plans kept per function (a shape sweep replaces them)
+
+
+def _signature(args) -> tuple | None:
+    """What a call plan is keyed by: each argument's dtype and shape (C-contiguous arrays
+    only: others are copied first) or its type and value; None where no plan may serve."""
+    sig = []
+    for a in args:
+        if type(a) is np.ndarray:
+            if not a.flags.c_contiguous:
+                return None
+            sig.append((a.dtype, a.shape))
+        elif type(a) is float or type(a) is int:
+            sig.append((type(a), a))
+        else:
+            return None
+    return tuple(sig)
 
 
 @dataclass
@@ -60,6 +77,8 @@ class JitFunction:
         self.schedule = check_pins(schedule, target)
         self.name = getattr(fn, "__name__", "fn")
         self._variants: dict[tuple, list[Variant]] = {}
+        # signature -> (variant, CallPlan): a repeated call goes straight to its launches
+        self._plans: dict[tuple, tuple] = {}
         self._lock = threading.Lock()
         functools.update_wrapper(self, fn)
 
@@ -151,12 +170,29 @@ class JitFunction:
 
     # ------------------------------------------------------------------ call
     def __call__(self, *args):
+        sig = _signature(args)
+        hit = self._plans.get(sig) if sig is not None else None
+        if hit is not None:
+            v, plan = hit
+            outs = v.compiled.executable.run_plan(plan, [a for a in args if type(a) is np.ndarray])
+            LOG.record(v.decision)
+            return tuple(outs) if v.graph.tuple_output else outs[0]
         v, arrays, env = self._variant(args)
         if v.compiled is None:
             LOG.record(LaneDecision(self.name, "reference", v.reason, requested_fallback=True))
             outs = reference.evaluate(v.graph, arrays)
         else:
-            outs = v.compiled.executable.run(arrays, env)   # raises if the lane cannot run here
+            exe = v.compiled.executable
+            if sig is not None and hasattr(exe, "run_plan"):   # the CPU lane: keep this call's plan
+                if env is None:
+                    env = bind_symbols(exe.program.inputs, arrays)
+                plan = exe.plan(env)
+                outs = exe.run_plan(plan, arrays)
+                if len(self._plans) >= MAX_PLANS:
+                    self._plans.clear()
+                self._plans[sig] = (v, plan)
+            else:
+                outs = exe.run(arrays, env)   # raises if the lane cannot run here
             if v.decision is None:
                 v.decision = LaneDecision(self.name, self.lane, "compiled")
             LOG.record(v.decision)

@@ -9,6 +9,10 @@ memory this process may use), and calls the kernel from up to ``threads`` thread
 releases the GIL.  Each thread has its own
 workspace of the launch's size.  There is no other path: if a kernel cannot run,
 the call fails.
+
+Everything that depends only on the sizes is a ``CallPlan`` (result shapes, thread counts,
+the argument words of ``<kernel>.entry``); the frontend keeps one per argument signature, so
+a repeated call only allocates its results and fills in the buffer addresses.
 """
 from __future__ import annotations
 
@@ -191,6 +195,58 @@ def _aligned(buf: np.ndarray) -> int:
     return addr + (-addr % 64)
 
 
+def _data_address_reader():
+    """A function giving an ndarray's data address.  ``a.ctypes.data`` costs ~2 us here,
+    several times a whole small call; numpy's C ABI puts the data pointer right after the
+    object header (``PyArrayObject_fields.data``, which ``PyArray_DATA`` reads in every
+    compiled extension), so it is read from there, after checking on probes (a view with an
+    offset among them) that this interpreter and numpy agree; otherwise the slow way."""
+    off = object.__basicsize__
+    read = ctypes.c_void_p.from_address
+    base = np.arange(12, dtype=np.float32)
+    probes = [base, base[3:], base.reshape(3, 4)[1:], np.empty((2, 3), np.float64)]
+    try:
+        if all(read(id(a) + off).value == a.ctypes.data for a in probes):
+            return lambda a: read(id(a) + off).value
+    except (OSError, ValueError):   # pragma: no cover - an interpreter without that layout
+        pass
+    return lambda a: a.ctypes.data   # pragma: no cover
+
+
+data_address = _data_address_reader()
+_ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)   # <kernel>.entry(args, tid)
+
+
+@dataclass
+class PlannedStep:
+    """One launch of a call, with everything that depends only on the sizes worked out."""
+
+    step: Step
+    shapes: list[tuple]
+    dtypes: list[np.dtype]
+    need: int                    # result bytes, when large enough to be checked against free memory
+    nthreads: int
+    skip: bool                   # an empty result: nothing to compute
+    words: np.ndarray            # <kernel>.entry's argument words; the buffer slots are filled per call
+    words_addr: int
+    team_header: np.ndarray      # the team buffer's barrier words and work counter (zeroed per call)
+    entry: int
+    call: object                 # <kernel>.entry through ctypes, for a call on one thread
+
+
+@dataclass
+class CallPlan:
+    """A call's launches for one binding of the symbolic sizes.  The frontend keeps one per
+    argument shapes and dtypes, so a repeated call skips binding, size evaluation, thread
+    choice and workspace lookup.  ``gen`` is the executable's buffer generation the words were
+    built in: a later call that grew a workspace or the team buffer makes them stale, and the
+    plan is rebuilt before it runs."""
+
+    env: dict[str, int]
+    steps: list[PlannedStep]
+    gen: int
+
+
 class CpuExecutable:
     def __init__(self, program: HostProgram, addresses: dict[str, int], max_threads: int, amx: bool = False,
                  missing_features: tuple[str, ...] = ()):
@@ -201,7 +257,7 @@ class CpuExecutable:
         # running it would die of SIGILL, so a call is refused instead
         self.missing_features = tuple(missing_features)
         self.fns = {}
-        self.entries: dict[str, int | None] = {}   # <kernel>.entry: what worker threads call (no Python)
+        self.entries: dict[str, int | None] = {}   # <kernel>.entry: what every call enters (no Python)
         for s in program.steps:
             nbuf = len(s.args) + len(s.outs)
             argtypes = [ctypes.c_void_p] * nbuf + [ctypes.c_int64] * (len(s.dims) + 2) + [ctypes.c_void_p] * 2
@@ -211,25 +267,24 @@ class CpuExecutable:
         self._limits = {s.kernel: [(e, int(n)) for e, n in (lim.split("<=") for lim in s.limits)]
                         for s in program.steps}
         self._ws_pool: dict[int, tuple[np.ndarray, int]] = {}   # tid -> (buffer, 64-byte aligned address)
-        self._ws_lock = threading.Lock()
         self._team: tuple[np.ndarray, int] = (np.zeros(0, np.uint8), 0)
-        self._run_lock = threading.Lock()  # one call at a time uses the team buffer
+        self._gen = 0      # bumped whenever a workspace or the team buffer moves (plans hold addresses)
+        self._run_lock = threading.Lock()  # one call at a time uses the workspaces and the team buffer
 
     def _workspace(self, tid: int, size: int) -> int:
-        with self._ws_lock:
-            ent = self._ws_pool.get(tid)
-            if ent is None or ent[0].nbytes < size + 64:
-                buf = np.empty(max(size, 64) + 64, np.uint8)
-                ent = self._ws_pool[tid] = (buf, _aligned(buf))
+        ent = self._ws_pool.get(tid)
+        if ent is None or ent[0].nbytes < size + 64:
+            buf = np.empty(max(size, 64) + 64, np.uint8)
+            ent = self._ws_pool[tid] = (buf, _aligned(buf))
+            self._gen += 1
         return ent[1]
 
     def _team_buffer(self, size: int) -> int:
         if self._team[0].nbytes < size + 64:
             buf = np.zeros(size + 64, np.uint8)
             self._team = (buf, _aligned(buf))
-        addr = self._team[1]
-        ctypes.memset(addr, 0, x.TEAM_HEADER)  # barrier words and the work counter
-        return addr
+            self._gen += 1
+        return self._team[1]
 
     def threads_for(self, step: Step, env: dict[str, int], sizes: list[int]) -> int:
         n = step.threads or self.max_threads
@@ -244,55 +299,91 @@ class CpuExecutable:
             return 1 if work < (1 << 21) else n
         return 1 if work < (1 << 15) else n
 
-    def run(self, arrays: list[np.ndarray], env: dict[str, int] | None = None) -> list[np.ndarray]:
-        with self._run_lock:  # workspaces and the team buffer belong to one call at a time
-            return self._run(arrays, env)
-
-    def _run(self, arrays: list[np.ndarray], env: dict[str, int] | None = None) -> list[np.ndarray]:
-        prog = self.program
+    def _refuse_here(self) -> None:
         if self.missing_features:
             raise LaneUnavailableError(
                 f"the compiled kernels need CPU features this machine lacks ({', '.join(self.missing_features)}); "
                 "compile for arch=None (the host) to run here, or run the artifact on a CPU that has them")
         if self.amx and (why := host.amx_refusal()):   # never reach a tile instruction without the state
             raise LaneUnavailableError(f"the compiled kernels use AMX and cannot run here: {why}")
-        if env is None:
-            env = bind_symbols(prog.inputs, arrays)
-        vals: dict[int, np.ndarray] = dict(zip(prog.input_ids, arrays))
+
+    def _plan(self, env: dict[str, int]) -> CallPlan:
+        """The launches for sizes ``env`` (the caller holds the run lock)."""
+        self._refuse_here()
+        prog = self.program
+        work = []
         for s in prog.steps:
             for expr, bound in self._limits[s.kernel]:
                 if _eval(expr, env) > bound:
                     raise ShapeMismatchError(f"kernel {s.kernel} supports {expr} <= {bound}, got {_eval(expr, env)}")
             sizes = [_eval(d, env) for d in s.dims]
-            outs = []
-            need = 0
-            shapes = []
-            for t in s.out_types:
-                shape = tuple(_eval(d, env) for d in t.dims)
-                shapes.append(shape)
-                need += math.prod(shape) * t.np_dtype.itemsize
+            shapes = [tuple(_eval(d, env) for d in t.dims) for t in s.out_types]
+            need = sum(math.prod(sh) * t.np_dtype.itemsize for sh, t in zip(shapes, s.out_types))
+            work.append((s, sizes, shapes, need, self.threads_for(s, env, sizes)))
+        # every buffer first, at its largest: an address taken for one step must not move for the next
+        team = self._team_buffer(max((s.team for s in prog.steps), default=0))
+        wss = [self._workspace(tid, max((s.workspace for s, *_, n in work if n > tid), default=0))
+               for tid in range(max((n for *_, n in work), default=1))]
+        steps = []
+        for s, sizes, shapes, need, nthreads in work:
+            lead = [0] * (len(s.args) + len(s.outs))
+            words = np.array(lead + sizes + [nthreads, team] + wss[:nthreads], np.int64)
+            entry = self.entries.get(s.kernel)
+            off = team - self._team[0].ctypes.data
+            steps.append(PlannedStep(
+                s, shapes, [t.np_dtype for t in s.out_types], need if need > CHECK_MEMORY_ABOVE else 0, nthreads,
+                any(math.prod(sh) == 0 for sh in shapes), words, words.ctypes.data,
+                self._team[0][off:off + x.TEAM_HEADER], entry, _ENTRY(entry) if entry else None))
+        return CallPlan(env, steps, self._gen)
+
+    def plan(self, env: dict[str, int]) -> CallPlan:
+        with self._run_lock:
+            return self._plan(env)
+
+    def run(self, arrays: list[np.ndarray], env: dict[str, int] | None = None) -> list[np.ndarray]:
+        with self._run_lock:  # workspaces and the team buffer belong to one call at a time
+            if env is None:
+                env = bind_symbols(self.program.inputs, arrays)
+            return self._execute(self._plan(env), arrays)
+
+    def run_plan(self, plan: CallPlan, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """Run a plan made by ``plan`` for arrays of the sizes it was made for."""
+        with self._run_lock:
+            if plan.gen != self._gen:   # a buffer moved since: rebuild the words in place
+                fresh = self._plan(plan.env)
+                plan.steps, plan.gen = fresh.steps, fresh.gen
+            elif self.amx or self.missing_features:
+                self._refuse_here()
+            return self._execute(plan, arrays)
+
+    def _execute(self, plan: CallPlan, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        prog = self.program
+        vals: dict[int, np.ndarray] = dict(zip(prog.input_ids, arrays))
+        for ps in plan.steps:
+            s = ps.step
             # reading /proc costs ~150 us: only results that could matter are checked
-            if need > CHECK_MEMORY_ABOVE and need > host.memory_available():
-                raise OutOfMemoryError(f"kernel {s.kernel} needs {need / 2**20:.1f} MiB for its results; "
+            if ps.need and ps.need > host.memory_available():
+                raise OutOfMemoryError(f"kernel {s.kernel} needs {ps.need / 2**20:.1f} MiB for its results; "
                                        f"{host.memory_available() / 2**20:.1f} MiB available")
-            for t, shape in zip(s.out_types, shapes):
-                outs.append(memory.empty(shape, t.np_dtype))
+            outs = [memory.empty(sh, dt) for sh, dt in zip(ps.shapes, ps.dtypes)]
             for o, a in zip(s.outs, outs):
                 vals[o] = a
-            ptrs = [vals[i].ctypes.data for i in s.args] + [a.ctypes.data for a in outs]
-            nthreads = self.threads_for(s, env, sizes)
-            fn = self.fns.get(s.kernel)
-            if fn is None:  # never substitute another lane: the call fails
+            if s.kernel not in self.fns or ps.call is None:  # never substitute another lane: the call fails
                 raise LaneUnavailableError(f"compiled kernel {s.kernel} is not loaded; the cpu-x86 lane cannot run "
                                            "this program")
-            if any(a.size == 0 for a in outs):
+            if ps.skip:
                 continue
-            team = self._team_buffer(s.team)
-            if nthreads == 1:
-                fn(*ptrs, *sizes, 0, 1, self._workspace(0, s.workspace), team)
+            words = ps.words
+            k = 0
+            for i in s.args:
+                words[k] = data_address(vals[i])
+                k += 1
+            for a in outs:
+                words[k] = data_address(a)
+                k += 1
+            ps.team_header.fill(0)   # barrier words and the work counter
+            if ps.nthreads == 1:
+                ps.call(ps.words_addr, 0)
             else:
-                # the kernel's arguments as words for <kernel>.entry (see codegen/x86.py: add_entry)
-                args = np.array(ptrs + sizes + [nthreads, team] + [self._workspace(t, s.workspace)
-                                                                   for t in range(nthreads)], np.int64)
-                workers.pool(nthreads - 1).run(self.entries[s.kernel], args.ctypes.data, nthreads)
+                workers.pool(ps.nthreads - 1).run(ps.entry, ps.words_addr, ps.nthreads)
         return [vals[i] for i in prog.results]
