@@ -223,3 +223,51 @@ def test_an_object_calling_an_undefined_symbol_is_refused_before_loading():
              "define void @g(ptr %p, i64 %n) {\n  call void @llvm.memset.p0.i64(ptr %p, i8 0, i64 %n, i1 0)\n"
              "  ret void\n}\n")
     assert cj.LoadedObject(cj.emit_cpu(fills, cpu, "").obj, ["g"]).addresses["g"]
+
+
+def _softmax_special_rows(rng, n):
+    x = rnd(rng, 3 * n + 4, n) * 4
+    for j in range(n):                        # a NaN at every column (first, inside a vector, the tail)
+        x[j, j] = np.nan
+        x[n + j, j] = np.inf                  # +inf: x - max is NaN there and -inf elsewhere
+        x[2 * n + j, j] = -np.inf             # one masked lane
+    x[3 * n, :] = -np.inf                     # a fully masked row: NaN, as numpy's
+    x[3 * n + 1, ::2] = -np.inf
+    x[3 * n + 2, 1], x[3 * n + 2, -1] = np.nan, np.inf
+    x[3 * n + 3, :] = np.nan
+    return x
+
+
+def _assert_softmax_like_numpy(got, x):
+    with np.errstate(all="ignore"):
+        want = O.softmax(O.f64(x))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    fin = np.isfinite(want)
+    np.testing.assert_allclose(got[fin], want[fin], rtol=2e-6, atol=1e-30)
+
+
+@pytest.mark.parametrize("n", [2, 7, 37])
+def test_softmax_rows_with_nan_and_inf_are_numpys(rng, n):
+    """softmax's row maximum drops a NaN (select_max, one vmaxps); the NaN still reaches the
+    row's sum, so the row is NaN wherever numpy's is, at every position of the NaN."""
+    x = _softmax_special_rows(rng, n)
+    with np.errstate(all="ignore"):
+        _assert_softmax_like_numpy(ts.jit(ts.ops.softmax)(x), x)
+        _assert_softmax_like_numpy(ts.jit(lambda a: ts.ops.softmax(a * 0.5) * 2.0)(x) / 2.0, x * 0.5)
+
+
+def test_softmax_nan_check_has_teeth(rng, monkeypatch):
+    # plant a sum that drops NaN (the exp pass's values through finite_or_zero): rows that hold a
+    # NaN come out finite, and the check above rejects them
+    from tessera.passes.tile.kernels import rowwise
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    orig = rowwise.elementwise
+
+    def planted(b, fn, args):
+        out = orig(b, fn, args)
+        return orig(b, "finite_or_zero", [out]) if fn == "exp_bounded" else out
+
+    monkeypatch.setattr(rowwise, "elementwise", planted)
+    x = _softmax_special_rows(rng, 37)
+    with np.errstate(all="ignore"), pytest.raises(AssertionError):
+        _assert_softmax_like_numpy(ts.jit(ts.ops.softmax)(x), x)

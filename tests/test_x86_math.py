@@ -152,3 +152,40 @@ def test_exp_lanes_are_independent():
         want = np.exp(x[perm].astype(np.float64))
     np.testing.assert_array_equal(mixed[:400].view(np.uint32), alone.view(np.uint32))
     assert N.ulp_errors(mixed, want).max() <= 1.0
+
+
+def _bounded_as_exp(monkeypatch):
+    """Compile ts.ops.exp with the bounded form (what softmax and attention use for x - max)."""
+    from tessera.codegen import x86_math
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")   # the substituted kernel must not reach the cache
+    monkeypatch.setattr(x86_math.VectorMath, "_exp", x86_math.VectorMath._exp_bounded)
+    return x86_math
+
+
+def test_bounded_exp_ulp_over_its_domain(monkeypatch):
+    """exp_bounded (no overflow clamp) is exp for every x <= 88.7: within 1 ULP there, special
+    values and the subnormal window included, each lane as it gets alone."""
+    import tessera as ts
+    _bounded_as_exp(monkeypatch)
+    x = N.sweep()
+    x = x[~(x > 88.7)]                                        # NaN kept
+    rng = np.random.default_rng(5)
+    x = np.concatenate([x, rng.uniform(-104, -86, 2000).astype(np.float32),
+                        np.array([-np.inf, np.nan, 0.0, -0.0, 88.7, -86.5, -104.0], np.float32)])
+    f = ts.jit(ts.ops.exp, arch="avx2")
+    with np.errstate(all="ignore"):
+        got = f(x)
+        assert N.ulp_errors(got, np.exp(x.astype(np.float64))).max() <= 1.0
+        perm = rng.permutation(len(x))[:300]
+        alone = np.array([f(np.full(8, v, np.float32))[0] for v in x[perm]], np.float32)
+    np.testing.assert_array_equal(got[perm].view(np.uint32), alone.view(np.uint32))
+
+
+def test_bounded_exp_window_branch_has_teeth(monkeypatch):
+    import tessera as ts
+    x86_math = _bounded_as_exp(monkeypatch)
+    x = np.linspace(-104, -86, 10_007, dtype=np.float32)
+    want = np.exp(x.astype(np.float64))
+    assert N.ulp_errors(ts.jit(ts.ops.exp, arch="avx2")(x), want).max() <= 1.0
+    monkeypatch.setattr(x86_math.VectorMath, "_any", lambda self, b, mask: x86_math.ir.Constant(x86_math.I1, 0))
+    assert N.ulp_errors(ts.jit(ts.ops.exp, arch="avx2")(x), want).max() > 1e3

@@ -38,7 +38,29 @@ def report(name, coef, z, target):
     print(f"{name} = {tuple(float(np.float32(c)) for c in coef)}  # rel err f64 {e64:.2e}, f32 Horner {e32:.2e}")
 
 
+def lawson(z, target, degree, weight, rounds=30):
+    """Weighted least squares, reweighted toward the minimax fit (Lawson's iteration):
+    minimises max |weight * (P(z) - target)| approximately."""
+    A = np.stack([z**i for i in range(degree + 1)], axis=1)
+    ww = np.ones_like(z)
+    for _ in range(rounds):
+        coef, *_ = np.linalg.lstsq(A * (weight * ww)[:, None], target * weight * ww, rcond=None)
+        err = np.abs((A @ coef - target) * weight)
+        ww = ww * np.sqrt(err / err.max() + 1e-3)
+        ww /= ww.max()
+    return coef
+
+
 def main():
+    # exp(r) = 1 + r + r^2 * Q(r), |r| <= ln2 / 2 (a little wider: the reduction's rounding), error
+    # relative to exp(r); the AVX2 short form evaluates Q's pairs in r, combines them in r^2 and
+    # ends with Horner's steps for 1 + r (x86_math._exp_short_core)
+    h = math.log(2) / 2 * 1.0005
+    r = cheb_nodes(-h, h, 20000)
+    q = (np.expm1(r) - r) / r**2
+    coef = lawson(r, q, 4, r**2 / np.exp(r))
+    e64 = np.max(np.abs((np.polyval(coef[::-1], r) * r**2 + 1 + r) / np.exp(r) - 1))
+    print(f"EXP_Q = {tuple(float(np.float32(c)) for c in coef)}  # rel err of exp f64 {e64:.2e}")
     # tanh(x) = x + x^3 * P(x^2), |x| < 0.625
     xs = cheb_nodes(1e-3, 0.625, 4000)
     t = (np.tanh(xs) - xs) / xs**3

@@ -20,7 +20,7 @@ from tessera.ir.attrs import ival, strs
 from tessera.ir.target import gpu as G
 
 GPU_DIALECTS = ("tessera_gpu", "arith", "scf", "func", "builtin")
-_MATH_LIB = ("exp", "tanh", "erf", "silu", "gelu_tanh", "gelu_erf")
+_MATH_LIB = ("exp", "exp_bounded", "tanh", "erf", "silu", "gelu_tanh", "gelu_erf")
 
 
 class GpuFn(FnCodegen):
@@ -139,6 +139,8 @@ class GpuFn(FnCodegen):
             r = getattr(b, {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv"}[fn])(*args)
         elif fn in ("max", "min"):
             r = self.numpy_max(args[0], args[1], fn == "max")
+        elif fn == "select_max":            # a > b ? a : b
+            r = b.select(b.fcmp_ordered(">", args[0], args[1]), args[0], args[1])
         elif fn == "neg":
             r = b.fneg(args[0])
         elif fn == "relu":

@@ -284,6 +284,8 @@ class _Fn(FnCodegen):
         elif fn == "mask_select":
             ninf = ir.Constant(a.type, [ir.Constant(a.type.element, float("-inf"))] * a.type.count)
             r = b.select(b.fcmp_unordered("!=", c, ir.Constant(a.type, None)), a, ninf)
+        elif fn == "select_max":   # a > c ? a : c: one vmaxps (see tile.BINARY_FNS)
+            r = b.select(b.fcmp_ordered(">", a, c), a, c)
         else:  # max / min as numpy's: one vmaxps and a NaN select (llvm.maximum costs two more)
             r = self.numpy_max(a, c, fn == "max")
         self.set(op, r)

@@ -578,13 +578,14 @@ def _erf(x):
 
 MATH = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "max": np.maximum, "min": np.minimum,
-    "neg": np.negative, "exp": np.exp, "tanh": np.tanh, "relu": lambda x: np.maximum(x, 0),
+    "neg": np.negative, "exp": np.exp, "exp_bounded": np.exp, "tanh": np.tanh, "relu": lambda x: np.maximum(x, 0),
     "abs": np.abs, "sqrt": np.sqrt, "rsqrt": lambda x: 1 / np.sqrt(x), "recip": lambda x: 1 / x,
     "copy": lambda x: x, "silu": lambda x: x / (1 + np.exp(-x)), "gelu_tanh": _gelu_tanh,
     "gelu_erf": lambda x: 0.5 * x * (1 + _erf(x / np.sqrt(np.float32(2)))), "erf": _erf,
     "finite_or_zero": lambda x: np.where(np.isfinite(x), x, np.float32(0)),
     "safe_div": lambda a, b: np.where(b == 0, np.float32(0), a / np.where(b == 0, np.float32(1), b)),
     "mask_select": lambda a, b: np.where(b != 0, a, np.float32(-np.inf)),
+    "select_max": lambda a, b: np.where(a > b, a, b),
 }
 
 

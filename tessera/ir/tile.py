@@ -577,10 +577,14 @@ class SplatIndexOp(IRDLOperation):
 
 
 # Elementwise functions.  Unary ones take one operand, binary two, select three.
-UNARY_FNS = ("neg", "exp", "tanh", "erf", "relu", "silu", "gelu_tanh", "gelu_erf", "sqrt", "rsqrt", "recip",
+# exp_bounded: exp for arguments <= 88.7 (or NaN), unspecified above: emitted only for a difference
+# from a running maximum (softmax, attention), where the x86 math library drops the overflow clamp.
+UNARY_FNS = ("neg", "exp", "exp_bounded", "tanh", "erf", "relu", "silu", "gelu_tanh", "gelu_erf", "sqrt", "rsqrt", "recip",
              "copy", "abs", "finite_or_zero")
-# safe_div: a / b, or 0 where b == 0.  mask_select: a where b != 0, else -inf.
-BINARY_FNS = ("add", "sub", "mul", "div", "max", "min", "safe_div", "mask_select")
+# safe_div: a / b, or 0 where b == 0.  mask_select: a where b != 0, else -inf.  select_max:
+# a > b ? a : b (one vmaxps; a NaN in a is dropped, so only for a consumer whose result is NaN
+# anyway when an operand was: softmax's row maximum, since the NaN reaches the row's sum).
+BINARY_FNS = ("add", "sub", "mul", "div", "max", "min", "safe_div", "mask_select", "select_max")
 ELEMENTWISE_FNS = UNARY_FNS + BINARY_FNS
 
 

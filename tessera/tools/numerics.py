@@ -146,5 +146,12 @@ def numerics_md() -> str:
                "by that exponent, so the relative error of the tiny result grows with |x| (the worst inputs above).  "
                "Where the functions are well conditioned the error stays small: `tests/test_x86_math.py` bounds "
                "gelu by 24 ULP and silu by 4 ULP on [-4, 4].  Against a float64 oracle the relative (Frobenius) error "
-               "of every op is below 1e-5.\n")
+               "of every op is below 1e-5.\n\n"
+               "Softmax and attention take exp of a difference from a running maximum, which cannot overflow; "
+               "they use `exp_bounded` (a Tile IR function: exp for x <= 88.7, unspecified above), which on AVX2 "
+               "drops the overflow clamp and is otherwise the exp above.  `tests/test_x86_math.py` measures it "
+               "within 1 ULP over every swept input <= 88.7 (the subnormal window included) and checks that each "
+               "lane gets the value it gets alone.  Softmax's row maximum drops a NaN (`select_max`: one `vmaxps`); the "
+               "NaN still reaches the row's sum, so the row is NaN wherever numpy's is (tested at every column "
+               "position).\n")
     return "".join(out)

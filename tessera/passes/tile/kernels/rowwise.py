@@ -5,7 +5,7 @@ Each thread owns whole rows; a row is read from memory once and its later passes
 hit the cache (the first of them prefetches the row after next, so memory stays busy while
 the cached row is computed):
 
-  softmax    pass 1: running max (tile.reduce max, masked tail = -inf)
+  softmax    pass 1: running max (select_max per lane: a NaN reaches the sum below; masked tail = -inf)
              pass 2: e = exp(t - max), summed; stored into the output when it is f32
              pass 3: out = epilogue(e / sum) (e re-read from the output, or recomputed)
   layer_norm pass 1: mean; pass 2: variance about the mean; pass 3: normalise, scale, shift
@@ -126,7 +126,9 @@ def generate(kop: s.KernelOp):
                 xv, left = x_chunk(bc, c, pad if kind == "max" else 0.0)
                 val = fn(bc, xv)
                 val = _mask(bc, val, left, pad)
-                return [elementwise(bc, "add" if kind == "add" else "max", [carried[0], val])]
+                # softmax's maximum need not carry a NaN: one in the row reaches the sum of exp(x - max)
+                # whatever the maximum is, so every output is NaN as numpy's; select_max is one vmaxps
+                return [elementwise(bc, "add" if kind == "add" else "select_max", [carried[0], val])]
 
             acc = br.for_(0, C, chunk, body, [init])[0]
             return _reduce(br, kind, acc)
@@ -146,7 +148,7 @@ def generate(kop: s.KernelOp):
             def exp_sum(bc, c, carried):
                 R.prefetch_leaves(kf, bc, leaves, nxt, c, chunk)
                 xv, left = x_chunk(bc, c)
-                e = elementwise(bc, "exp", [elementwise(bc, "sub", [xv, mx])])
+                e = elementwise(bc, "exp_bounded", [elementwise(bc, "sub", [xv, mx])])   # x - max <= 0
                 e = _mask(bc, e, left, 0.0)
 
                 def keep(bs):
@@ -168,7 +170,7 @@ def generate(kop: s.KernelOp):
 
                 def recompute(bs):
                     xv, _ = x_chunk(bs, c)
-                    return [elementwise(bs, "exp", [elementwise(bs, "sub", [xv, mx])])]
+                    return [elementwise(bs, "exp_bounded", [elementwise(bs, "sub", [xv, mx])])]
 
                 e = bc.if_(fits, from_scratch, recompute, [t.tile_type(1, chunk, f32)])[0]
                 finish_chunk(bc, c, left, elementwise(bc, "mul", [e, inv]))
