@@ -31,6 +31,8 @@ I1 = ir.IntType(1)
 LOG2E = 1.4426950408889634
 LN2_HI = 0.693145751953125
 LN2_LO = 1.428606765330187e-06
+# exp(r) = 1 + r + r^2 Q(r) on |r| <= ln2/2, near-minimax (tools/fit_math.py): degree 6 in all
+EXP_Q = (0.4999999403953552, 0.1666652113199234, 0.04166839271783829, 0.008368746377527714, 0.00138145312666893)
 TANH_P = (-0.3333333432674408, 0.13333310186862946, -0.053960226476192474, 0.021774930879473686,
           -0.008359912782907486, 0.002307977993041277)
 ERF_P = (1.128379225730896, -0.37612637877464294, 0.11283783614635468, -0.02686547487974167,
@@ -198,7 +200,9 @@ class VectorMath:
         latency, not throughput): n by rounding against a magic constant whose low bits are also
         the result's exponent field (one shift gives 2^n), and the polynomial's inner part
         evaluated in r^2 (two chains of half the length) before Horner's last two steps (which
-        keep its rounding: 1.01 ULP when the inner part also took the 1 + r terms)."""
+        keep its rounding: 1.01 ULP when the inner part also took the 1 + r terms).  The polynomial
+        is a near-minimax one of degree 6 (``EXP_Q``): 0.83 ULP on the sweep against 0.89 for
+        Taylor's of degree 7, one FMA fewer (no speed change measured)."""
         bias = 126 if double else 127
         magic = 1.5 * 2.0 ** 23 + bias
         t = self.fma(b, x, self.splat(LOG2E), self.splat(magic))   # n + bias + 1.5 2^23, rounded to an integer
@@ -207,9 +211,9 @@ class VectorMath:
         r = self.fma(b, n, self.splat(-LN2_LO), r)
         k = 2.0 if double else 1.0    # a power of two: the scaled coefficients are exact
         r2 = b.fmul(r, r)
-        c = [k / 2, k / 6, k / 24, k / 120, k / 720, k / 5040]
-        q = [self.fma(b, r, self.splat(c[i + 1]), self.splat(c[i])) for i in (0, 2, 4)]
-        qq = self.fma(b, self.fma(b, q[2], r2, q[1]), r2, q[0])     # k (1/2 + r/6 + ... + r^5/7!)
+        c = [k * q for q in EXP_Q]
+        q = [self.fma(b, r, self.splat(c[i + 1]), self.splat(c[i])) for i in (0, 2)]
+        qq = self.fma(b, self.fma(b, self.splat(c[4]), r2, q[1]), r2, q[0])     # k Q(r)
         p = self.fma(b, r, self.fma(b, r, qq, self.splat(k)), self.splat(k))   # k exp(r), Horner's last two steps
         scale = b.bitcast(b.shl(b.bitcast(t, self.vi), self.isplat(23)), self.vt)  # 2^(n + bias - 127)
         return b.fmul(p, scale)
