@@ -283,14 +283,17 @@ class VectorMath:
         S = 64
         ay = self._abs(b, y)
         neg = b.fcmp_ordered("<", y, self.splat(0.0))
-        gone = b.and_(neg, b.fcmp_ordered(">=", ay, self.splat(110.0)))
-        arg = b.fneg(b.call(self._intr("minnum", 2), [ay, self.splat(87.0)]))   # [-87, 0]: e is normal
+        gone = b.fcmp_ordered("<=", y, self.splat(-110.0))
+        # one vminps (llvm.minnum would add a NaN compare and blend); a NaN y gives 87, and its
+        # lane's result is x, NaN too
+        arg = b.fneg(b.select(b.fcmp_ordered("<", ay, self.splat(87.0)), ay, self.splat(87.0)))  # [-87, 0]
         e = self._exp_core(b, arg) if self._zmm else self._exp_short_core(b, arg, double=False)
         num = b.select(neg, b.fmul(x, b.select(gone, self.splat(0.0), e)), x)
-        inv = b.select(b.fcmp_ordered(">", ay, self.splat(17.0)), self.splat(1.0),
-                       self._recip_1_2(b, b.fadd(self.splat(1.0), e)))
+        inv = self._recip_1_2(b, b.fadd(self.splat(1.0), e))
+        if self._zmm:   # past |y| = 17, 1 + e is 1 exactly: the division (AVX2) gives 1, rcp14 + Newton need not
+            inv = b.select(b.fcmp_ordered(">", ay, self.splat(17.0)), self.splat(1.0), inv)
         fast = b.fmul(num, inv)
-        slow = b.and_(b.and_(neg, b.fcmp_ordered(">", ay, self.splat(87.0))), b.not_(gone))
+        slow = b.and_(b.fcmp_ordered("<", y, self.splat(-87.0)), b.not_(gone))
         entry = b.block
         with b.if_then(self._any(b, slow), likely=False):
             scaled = self._exp_core(b, b.select(slow, y, self.splat(0.0)), self.splat(float(S)))  # exp(y) 2^64
