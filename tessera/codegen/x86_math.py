@@ -267,6 +267,32 @@ class VectorMath:
         big = self._copysign(b, b.fsub(self.splat(1.0), self._erfc_big(b, a)), x)
         return b.select(b.fcmp_unordered("<", a, self.splat(1.0)), small, big)  # NaN takes the small path
 
+    def _sigmoid_times_short(self, b: ir.IRBuilder, x, y) -> ir.Value:
+        """``_sigmoid_times`` without vscalefps or rcp14 (AVX2): x / (1 + exp(-y)) on every lane,
+        with -y clamped to [-87, 87] (exp stays normal and finite: past |y| = 17, 1 + exp(-y) is 1
+        or the quotient rounds as x exp(y) does).  Lanes with y < -87 take a branch: there the
+        result is x exp(y), tiny or subnormal, computed as in ``_sigmoid_times`` (a signed zero
+        past y = -110, else exp(y) 2^64 scaled down in integer arithmetic)."""
+        S = 64
+        lim = self.splat(87.0)
+        ny = b.fneg(y)
+        arg = b.select(b.fcmp_ordered("<", ny, lim), ny, lim)                   # one vminps; NaN -> 87
+        arg = b.select(b.fcmp_ordered(">", arg, b.fneg(lim)), arg, b.fneg(lim))  # one vmaxps
+        fast = b.fdiv(x, b.fadd(self.splat(1.0), self._exp_short_core(b, arg, double=False)))
+        low = b.fcmp_ordered("<", y, b.fneg(lim))
+        entry = b.block
+        with b.if_then(self._any(b, low), likely=False):
+            gone = b.fcmp_ordered("<=", y, self.splat(-110.0))
+            slow = b.and_(low, b.not_(gone))
+            scaled = self._exp_core(b, b.select(slow, y, self.splat(0.0)), self.splat(float(S)))  # exp(y) 2^64
+            exact = self._scale_down_exact(b, b.fmul(b.select(slow, x, self.splat(0.0)), scaled), S)
+            taken = b.select(slow, exact, b.select(gone, b.fmul(x, self.splat(0.0)), fast))
+            tblock = b.block
+        res = b.phi(self.vt)
+        res.add_incoming(fast, entry)
+        res.add_incoming(taken, tblock)
+        return res   # NaN: y is NaN only where x is, and x carries it through
+
     def _sigmoid_times(self, b: ir.IRBuilder, x, y) -> ir.Value:
         """x * sigmoid(y) for |x| <= |y| with y NaN only where x is (gelu, silu), without
         overflow and without subnormal intermediates (a subnormal operand costs a microcode
@@ -280,6 +306,8 @@ class VectorMath:
         exp(-|y|) < 2^-150 when |x| <= |y|), which a select gives; between 87 and 110 a branch,
         taken only when some lane needs it, computes x exp(y) 2^64 (normal) and scales it down
         by 2^64 in integer arithmetic with one rounding to nearest even."""
+        if not self._zmm:
+            return self._sigmoid_times_short(b, x, y)
         S = 64
         ay = self._abs(b, y)
         neg = b.fcmp_ordered("<", y, self.splat(0.0))
