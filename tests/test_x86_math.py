@@ -189,3 +189,26 @@ def test_bounded_exp_window_branch_has_teeth(monkeypatch):
     assert N.ulp_errors(ts.jit(ts.ops.exp, arch="avx2")(x), want).max() <= 1.0
     monkeypatch.setattr(x86_math.VectorMath, "_any", lambda self, b, mask: x86_math.ir.Constant(x86_math.I1, 0))
     assert N.ulp_errors(ts.jit(ts.ops.exp, arch="avx2")(x), want).max() > 1e3
+
+
+@pytest.mark.parametrize("name", ["silu", "gelu_tanh"])
+def test_sigmoid_edges_of_the_short_form(name):
+    """The AVX2 form clamps -y to [-80, 89.5] and lets exp overflow to inf past 88.72 (x / inf is
+    the signed zero y <= -110 needs); its branch covers y in (-110, -88.5).  Inputs on both sides
+    of every edge, against float64, and activations of large magnitude (mostly past the edges)."""
+    import tessera as ts
+    fn, ref = N.references()[name]
+    f = ts.jit(fn, arch="avx2")
+    edges_y = np.array([-110.0, -89.5, -88.72, -88.5, -80.0, 80.0, 88.5, 89.5])
+    if name == "silu":
+        x = np.concatenate([np.linspace(e - 0.05, e + 0.05, 2001) for e in edges_y])
+    else:   # the x whose y = 2 sqrt(2/pi) (x + 0.044715 x^3) is at an edge (y is monotonic in x)
+        grid = np.linspace(-14, 14, 2_000_001)
+        yy = 2 * np.sqrt(2 / np.pi) * (grid + 0.044715 * grid ** 3)
+        x = np.concatenate([np.linspace(grid[np.argmin(abs(yy - e))] - 0.01, grid[np.argmin(abs(yy - e))] + 0.01,
+                                        2001) for e in edges_y])
+    x = np.concatenate([x, np.random.default_rng(9).standard_normal(100_000) * 32]).astype(np.float32)
+    with np.errstate(all="ignore"):
+        err = N.ulp_errors(f(x), ref(x.astype(np.float64)))
+    bound = 3.0 if name == "silu" else 200.0   # gelu: the argument's float32 rounding (docs/numerics.md)
+    assert err.max() <= bound, (err.max(), x[np.argmax(err)])

@@ -269,24 +269,25 @@ class VectorMath:
 
     def _sigmoid_times_short(self, b: ir.IRBuilder, x, y) -> ir.Value:
         """``_sigmoid_times`` without vscalefps or rcp14 (AVX2): x / (1 + exp(-y)) on every lane,
-        with -y clamped to [-87, 87] (exp stays normal and finite: past |y| = 17, 1 + exp(-y) is 1
-        or the quotient rounds as x exp(y) does).  Lanes with y < -87 take a branch: there the
-        result is x exp(y), tiny or subnormal, computed as in ``_sigmoid_times`` (a signed zero
-        past y = -110, else exp(y) 2^64 scaled down in integer arithmetic)."""
+        -y clamped to [-80, 89.5].  Up to 88.5 exp(-y) is finite and normal (past |y| = 17,
+        1 + exp(-y) is 1; down to y = -88.5 the quotient rounds as x exp(y) does); from 88.72 on it
+        overflows to inf (the short form's scale reaches the inf pattern exactly at 89.5), so x / inf
+        gives the signed zero (NaN for an infinite x, as x * 0) that y <= -110 needs.  Lanes with y in
+        (-110, -88.5), whose results are tiny or subnormal, take a branch that computes them as
+        ``_sigmoid_times`` does (exp(y) 2^64, scaled down in integer arithmetic); it is taken only
+        when some lane needs it, so activations of large magnitude (whose negative half mostly has
+        y <= -110) stay on the fast path."""
         S = 64
-        lim = self.splat(87.0)
         ny = b.fneg(y)
-        arg = b.select(b.fcmp_ordered("<", ny, lim), ny, lim)                   # one vminps; NaN -> 87
-        arg = b.select(b.fcmp_ordered(">", arg, b.fneg(lim)), arg, b.fneg(lim))  # one vmaxps
-        fast = b.fdiv(x, b.fadd(self.splat(1.0), self._exp_short_core(b, arg, double=False)))
-        low = b.fcmp_ordered("<", y, b.fneg(lim))
+        arg = b.select(b.fcmp_ordered("<", ny, self.splat(89.5)), ny, self.splat(89.5))   # vminps; NaN -> 89.5
+        arg = b.select(b.fcmp_ordered(">", arg, self.splat(-80.0)), arg, self.splat(-80.0))  # vmaxps
+        fast = b.fdiv(x, b.fadd(self.splat(1.0), self._exp_short_core(b, arg, double=True)))
+        slow = b.and_(b.fcmp_ordered("<", y, self.splat(-88.5)), b.fcmp_ordered(">", y, self.splat(-110.0)))
         entry = b.block
-        with b.if_then(self._any(b, low), likely=False):
-            gone = b.fcmp_ordered("<=", y, self.splat(-110.0))
-            slow = b.and_(low, b.not_(gone))
+        with b.if_then(self._any(b, slow), likely=False):
             scaled = self._exp_core(b, b.select(slow, y, self.splat(0.0)), self.splat(float(S)))  # exp(y) 2^64
             exact = self._scale_down_exact(b, b.fmul(b.select(slow, x, self.splat(0.0)), scaled), S)
-            taken = b.select(slow, exact, b.select(gone, b.fmul(x, self.splat(0.0)), fast))
+            taken = b.select(slow, exact, fast)
             tblock = b.block
         res = b.phi(self.vt)
         res.add_incoming(fast, entry)

@@ -272,6 +272,28 @@ def _interleaved(cands: dict, reps: int | None = None) -> dict[str, float]:
     return {n: float(np.median(t)) for n, t in times.items()}
 
 
+def paired_overhead(fn, args, base_fn, base_args, reps: int = 21) -> dict:
+    """The cost of ``fn`` over ``base_fn`` from calls timed back to back: each round times both
+    (who goes first alternates), and the median of the rounds' ratios is reported.  The two
+    calls of a round are a fraction of a second apart, so the VM's drift (up to about 1.5x over
+    minutes) cancels in each ratio, where a ratio of medians taken over a row of peers would not
+    resolve the few per cent this measures."""
+    for f, a in ((fn, args), (base_fn, base_args)):
+        f(*a)
+    ratios = []
+    for r in range(reps):
+        pair = {}
+        for name, (f, a) in (((0, (fn, args)), (1, (base_fn, base_args))) if r % 2 == 0 else
+                             ((1, (base_fn, base_args)), (0, (fn, args)))):
+            time.sleep(QUIESCE_S)
+            t0 = time.perf_counter()
+            f(*a)
+            pair[name] = time.perf_counter() - t0
+        ratios.append(pair[0] / pair[1])
+    q1, med, q3 = np.percentile(ratios, [25, 50, 75])
+    return {"median_pct": (med - 1) * 100, "q1_pct": (q1 - 1) * 100, "q3_pct": (q3 - 1) * 100, "rounds": reps}
+
+
 def run_workload(name: str, kind: str, inputs: list[np.ndarray], work: float, unit: str, threads: int | None,
                  peers: dict, use_compile: bool = True, fresh_alloc_column: bool = False,
                  also: dict | None = None) -> dict:
@@ -379,6 +401,8 @@ def main(args) -> int:
     # the bare GEMM of the same shape is timed in the same rounds: the fused epilogue's cost
     rows.append(run_workload("gelu(x@w+b) 2048x1024x4096", "gelu", [x, w, bias], 2 * 2048 * 1024 * 4096, "GFLOP/s",
                              None, peers, also={"bare gemm": (_tessera_fn("gemm", None), [x, w])}))
+    rows[-1]["epilogue_paired"] = paired_overhead(_tessera_fn("gelu", None), [x, w, bias], _tessera_fn("gemm", None),
+                                                  [x, w])
     rows.append(run_workload("bare gemm 2048x1024x4096", "gemm", [x, w], 2 * 2048 * 1024 * 4096, "GFLOP/s", None, peers,
                              use_compile=False))
     big = rng.standard_normal((8192, 4096)).astype(np.float32)
@@ -501,6 +525,10 @@ def render(rows: list[dict], h: dict, quick: bool) -> str:
             lines += ["", f"Fused epilogue: {r['workload']} took {r['times_ms']['tessera']:.2f} ms against "
                       f"{bare:.2f} ms for the bare GEMM x@w of the same shape, timed in the same rounds: "
                       f"{(r['times_ms']['tessera'] / bare - 1) * 100:+.1f} %."]
+            p = r.get("epilogue_paired")
+            if p:
+                lines[-1] += (f"  Timed back to back in {p['rounds']} pairs (median of the pairs' ratios): "
+                              f"{p['median_pct']:+.1f} % (quartiles {p['q1_pct']:+.1f} / {p['q3_pct']:+.1f} %).")
     lines += ["",
               f"Compile: cold first call (new process, empty cache, gemm+gelu kernel) {c['cold_first_call_s']:.2f} s "
               "(after `import tessera`: tracing, the passes, LLVM and the modules they load on first use); "
