@@ -277,22 +277,12 @@ class VectorMath:
         ``_sigmoid_times`` does (exp(y) 2^64, scaled down in integer arithmetic); it is taken only
         when some lane needs it, so activations of large magnitude (whose negative half mostly has
         y <= -110) stay on the fast path."""
-        S = 64
         ny = b.fneg(y)
         arg = b.select(b.fcmp_ordered("<", ny, self.splat(89.5)), ny, self.splat(89.5))   # vminps; NaN -> 89.5
         arg = b.select(b.fcmp_ordered(">", arg, self.splat(-80.0)), arg, self.splat(-80.0))  # vmaxps
         fast = b.fdiv(x, b.fadd(self.splat(1.0), self._exp_short_core(b, arg, double=True)))
         slow = b.and_(b.fcmp_ordered("<", y, self.splat(-88.5)), b.fcmp_ordered(">", y, self.splat(-110.0)))
-        entry = b.block
-        with b.if_then(self._any(b, slow), likely=False):
-            scaled = self._exp_core(b, b.select(slow, y, self.splat(0.0)), self.splat(float(S)))  # exp(y) 2^64
-            exact = self._scale_down_exact(b, b.fmul(b.select(slow, x, self.splat(0.0)), scaled), S)
-            taken = b.select(slow, exact, fast)
-            tblock = b.block
-        res = b.phi(self.vt)
-        res.add_incoming(fast, entry)
-        res.add_incoming(taken, tblock)
-        return res   # NaN: y is NaN only where x is, and x carries it through
+        return self._sigmoid_tail(b, x, y, slow, fast)
 
     def _sigmoid_times(self, b: ir.IRBuilder, x, y) -> ir.Value:
         """x * sigmoid(y) for |x| <= |y| with y NaN only where x is (gelu, silu), without
@@ -309,20 +299,26 @@ class VectorMath:
         by 2^64 in integer arithmetic with one rounding to nearest even."""
         if not self._zmm:
             return self._sigmoid_times_short(b, x, y)
-        S = 64
         ay = self._abs(b, y)
         neg = b.fcmp_ordered("<", y, self.splat(0.0))
         gone = b.fcmp_ordered("<=", y, self.splat(-110.0))
         # one vminps (llvm.minnum would add a NaN compare and blend); a NaN y gives 87, and its
         # lane's result is x, NaN too
         arg = b.fneg(b.select(b.fcmp_ordered("<", ay, self.splat(87.0)), ay, self.splat(87.0)))  # [-87, 0]
-        e = self._exp_core(b, arg) if self._zmm else self._exp_short_core(b, arg, double=False)
+        e = self._exp_core(b, arg)
         num = b.select(neg, b.fmul(x, b.select(gone, self.splat(0.0), e)), x)
-        inv = self._recip_1_2(b, b.fadd(self.splat(1.0), e))
-        if self._zmm:   # past |y| = 17, 1 + e is 1 exactly: the division (AVX2) gives 1, rcp14 + Newton need not
-            inv = b.select(b.fcmp_ordered(">", ay, self.splat(17.0)), self.splat(1.0), inv)
+        # past |y| = 17, 1 + e is 1 exactly, which rcp14 + Newton need not return
+        inv = b.select(b.fcmp_ordered(">", ay, self.splat(17.0)), self.splat(1.0),
+                       self._recip_1_2(b, b.fadd(self.splat(1.0), e)))
         fast = b.fmul(num, inv)
         slow = b.and_(b.fcmp_ordered("<", y, self.splat(-87.0)), b.not_(gone))
+        return self._sigmoid_tail(b, x, y, slow, fast)
+
+    def _sigmoid_tail(self, b: ir.IRBuilder, x, y, slow, fast) -> ir.Value:
+        """``fast``, with the ``slow`` lanes (y in the tail where x exp(y) is tiny or subnormal)
+        replaced, in a branch taken only when there is one, by x exp(y) 2^64 (normal) scaled
+        down by 2^64 in integer arithmetic with one rounding to nearest even."""
+        S = 64
         entry = b.block
         with b.if_then(self._any(b, slow), likely=False):
             scaled = self._exp_core(b, b.select(slow, y, self.splat(0.0)), self.splat(float(S)))  # exp(y) 2^64
