@@ -98,3 +98,11 @@ def test_arguments_a_plan_cannot_serve_take_the_checked_path(rng):
     with pytest.raises(TesseraError) as e:                 # sizes a plan was never made for are checked
         g(x, rnd(rng, 5, 6))
     assert e.value.code == "SHAPE_MISMATCH"
+
+
+def test_a_negative_zero_scalar_is_not_served_by_the_positive_zero_kernel(rng):
+    # the scalar is part of the compiled kernel; -0.0 == 0.0 in Python, so keys hold its bits
+    f = ts.jit(lambda a, s: a * s)
+    x = np.abs(rnd(rng, 5, 3)) + 0.5
+    for s in (0.0, -0.0, 0.0, -0.0):
+        np.testing.assert_array_equal(np.signbit(f(x, s)), np.signbit(x * s))

@@ -36,8 +36,10 @@ def _signature(args) -> tuple | None:
             if not a.flags.c_contiguous:
                 return None
             sig.append((a.dtype, a.shape))
-        elif type(a) is float or type(a) is int:
-            sig.append((type(a), a))
+        elif type(a) is float:
+            sig.append((float, a.hex()))   # -0.0 == 0.0, but the kernel bakes the scalar in
+        elif type(a) is int:
+            sig.append((int, a))
         else:
             return None
     return tuple(sig)
@@ -119,7 +121,8 @@ class JitFunction:
             if t:
                 parts.append(("a", a.dtype, tuple(s == 1 for s in a.shape)))
             else:
-                parts.append(("s", type(a).__name__, a))
+                # a float by its bits: -0.0 == 0.0, but the compiled kernel holds the scalar itself
+                parts.append(("s", type(a).__name__, a.hex() if isinstance(a, float) else a))
         return tuple(parts)
 
     # ------------------------------------------------------------------ compile
