@@ -230,8 +230,6 @@ class PlannedStep:
     words: np.ndarray            # <kernel>.entry's argument words; the buffer slots are filled per call
     words_addr: int
     team_header: np.ndarray      # the team buffer's barrier words and work counter (zeroed per call)
-    entry: int
-    call: object                 # <kernel>.entry through ctypes, for a call on one thread
 
 
 @dataclass
@@ -256,13 +254,11 @@ class CpuExecutable:
         # features the code was compiled for that this CPU lacks (an arch= other than the host's):
         # running it would die of SIGILL, so a call is refused instead
         self.missing_features = tuple(missing_features)
-        self.fns = {}
-        self.entries: dict[str, int | None] = {}   # <kernel>.entry: what every call enters (no Python)
-        for s in program.steps:
-            nbuf = len(s.args) + len(s.outs)
-            argtypes = [ctypes.c_void_p] * nbuf + [ctypes.c_int64] * (len(s.dims) + 2) + [ctypes.c_void_p] * 2
-            self.fns[s.kernel] = ctypes.CFUNCTYPE(None, *argtypes)(addresses[s.kernel])
-            self.entries[s.kernel] = addresses.get(s.kernel + x.ENTRY_SUFFIX)
+        # <kernel>.entry (codegen/x86.py: add_entry), what every call enters: its address (for the
+        # worker threads) and its ctypes function (for the caller); a kernel missing here cannot run
+        self.entries = {s.kernel: addresses[s.kernel + x.ENTRY_SUFFIX] for s in program.steps
+                        if s.kernel + x.ENTRY_SUFFIX in addresses}
+        self.fns = {k: _ENTRY(a) for k, a in self.entries.items()}
         # per step, what a call needs that does not depend on the sizes
         self._limits = {s.kernel: [(e, int(n)) for e, n in (lim.split("<=") for lim in s.limits)]
                         for s in program.steps}
@@ -324,16 +320,15 @@ class CpuExecutable:
         team = self._team_buffer(max((s.team for s in prog.steps), default=0))
         wss = [self._workspace(tid, max((s.workspace for s, *_, n in work if n > tid), default=0))
                for tid in range(max((n for *_, n in work), default=1))]
+        off = team - self._team[0].ctypes.data
+        header = self._team[0][off:off + x.TEAM_HEADER]
         steps = []
         for s, sizes, shapes, need, nthreads in work:
             lead = [0] * (len(s.args) + len(s.outs))
             words = np.array(lead + sizes + [nthreads, team] + wss[:nthreads], np.int64)
-            entry = self.entries.get(s.kernel)
-            off = team - self._team[0].ctypes.data
             steps.append(PlannedStep(
                 s, shapes, [t.np_dtype for t in s.out_types], need if need > CHECK_MEMORY_ABOVE else 0, nthreads,
-                any(math.prod(sh) == 0 for sh in shapes), words, words.ctypes.data,
-                self._team[0][off:off + x.TEAM_HEADER], entry, _ENTRY(entry) if entry else None))
+                any(math.prod(sh) == 0 for sh in shapes), words, words.ctypes.data, header))
         return CallPlan(env, steps, self._gen)
 
     def plan(self, env: dict[str, int]) -> CallPlan:
@@ -368,7 +363,8 @@ class CpuExecutable:
             outs = [memory.empty(sh, dt) for sh, dt in zip(ps.shapes, ps.dtypes)]
             for o, a in zip(s.outs, outs):
                 vals[o] = a
-            if s.kernel not in self.fns or ps.call is None:  # never substitute another lane: the call fails
+            call = self.fns.get(s.kernel)
+            if call is None:  # never substitute another lane: the call fails
                 raise LaneUnavailableError(f"compiled kernel {s.kernel} is not loaded; the cpu-x86 lane cannot run "
                                            "this program")
             if ps.skip:
@@ -383,7 +379,7 @@ class CpuExecutable:
                 k += 1
             ps.team_header.fill(0)   # barrier words and the work counter
             if ps.nthreads == 1:
-                ps.call(ps.words_addr, 0)
+                call(ps.words_addr, 0)
             else:
-                workers.pool(ps.nthreads - 1).run(ps.entry, ps.words_addr, ps.nthreads)
+                workers.pool(ps.nthreads - 1).run(self.entries[s.kernel], ps.words_addr, ps.nthreads)
         return [vals[i] for i in prog.results]

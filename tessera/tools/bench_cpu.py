@@ -282,13 +282,13 @@ def paired_overhead(fn, args, base_fn, base_args, reps: int = 21) -> dict:
         f(*a)
     ratios = []
     for r in range(reps):
-        pair = {}
-        for name, (f, a) in (((0, (fn, args)), (1, (base_fn, base_args))) if r % 2 == 0 else
-                             ((1, (base_fn, base_args)), (0, (fn, args)))):
+        pair = [0.0, 0.0]
+        for i in ((0, 1) if r % 2 == 0 else (1, 0)):
+            f, a = ((fn, args), (base_fn, base_args))[i]
             time.sleep(QUIESCE_S)
             t0 = time.perf_counter()
             f(*a)
-            pair[name] = time.perf_counter() - t0
+            pair[i] = time.perf_counter() - t0
         ratios.append(pair[0] / pair[1])
     q1, med, q3 = np.percentile(ratios, [25, 50, 75])
     return {"median_pct": (med - 1) * 100, "q1_pct": (q1 - 1) * 100, "q3_pct": (q3 - 1) * 100, "rounds": reps}
