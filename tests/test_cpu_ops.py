@@ -74,6 +74,17 @@ def test_softmax(rng, shape):
     O.assert_close(ts.jit(ts.ops.softmax)(x), O.softmax(x), TOL32)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", [(1, 37), (61, 300), (2, 16384), (3, 16385)])
+def test_softmax_pipeline_over_rows(rng, shape, threads):
+    """Softmax writes row r - 1 in row r's exp loop (two scratch slots, by row parity); every run
+    of rows a thread claims starts and ends the pipeline.  Rows longer than a slot (16385) take
+    three passes.  A prologue and a row-varying epilogue operand ride along."""
+    s_, m, y = rnd(rng, *shape, scale=4.0), rnd(rng, shape[-1]), rnd(rng, *shape)
+    f = ts.jit(lambda a, b, c: ts.ops.softmax(a * 0.5 + b) * c, schedule={"threads": threads})
+    O.assert_close(f(s_, m, y), O.softmax(O.f64(s_) * 0.5 + m) * y, TOL32)
+
+
 def test_softmax_large_logits_do_not_overflow(rng):
     x = rnd(rng, 8, 300, scale=1.0) * 1e4
     y = ts.jit(ts.ops.softmax)(x)

@@ -44,6 +44,16 @@ def test_dropping_the_incoming_accumulator_is_caught(rng, monkeypatch):
     assert not O.gate(ts.jit(lambda x, w, r: x @ w + r)(a, b, c), ref, 1e-5)
 
 
+def test_softmax_pipeline_slot_mixup_is_caught(rng, monkeypatch):
+    """Planted: every row keeps e in the same scratch slot, so row r - 1 is written from row r's
+    values (with row r - 1's normaliser)."""
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    x = rng.standard_normal((23, 300)).astype(np.float32) * 3
+    O.assert_close(ts.jit(ts.ops.softmax)(x), O.softmax(x), 1e-5)
+    monkeypatch.setattr(rowwise, "_slot", lambda b, r: 0)
+    assert not O.gate(ts.jit(ts.ops.softmax)(x), O.softmax(x), 1e-5)
+
+
 def test_wrong_softmax_normaliser_is_caught(rng, monkeypatch):
     monkeypatch.setenv("TESSERA_NO_CACHE", "1")
     x = rng.standard_normal((9, 70)).astype(np.float32)

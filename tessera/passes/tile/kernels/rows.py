@@ -96,12 +96,17 @@ def register_dims(sig: KernelSig, dims, leaves: dict[SSAValue, Leaf]) -> None:
                 sig.dim(st)
 
 
-def for_rows(kf: KernelFn, b: Builder, total, body) -> None:
-    """``body(builder, r, None)`` for r in 0..total-1, in runs of about an eighth of a thread's
-    share handed out from the team's work counter (a slower core takes fewer runs)."""
+def for_row_runs(kf: KernelFn, b: Builder, total, body) -> None:
+    """``body(builder, lo, hi)`` for runs of rows lo..hi-1 (never empty) of about an eighth of a
+    thread's share, handed out from the team's work counter (a slower core takes fewer runs)."""
     run = b.max(b.ceil_div(total, b.mul(kf.nthreads, 8)), 1)
-    for_claimed(b, 0, b.ceil_div(total, run), lambda bw, item: bw.for_(
-        bw.mul(item, run), bw.min(bw.mul(bw.add(item, 1), run), total), 1, body))
+    for_claimed(b, 0, b.ceil_div(total, run), lambda bw, item: body(
+        bw, bw.mul(item, run), bw.min(bw.mul(bw.add(item, 1), run), total)))
+
+
+def for_rows(kf: KernelFn, b: Builder, total, body) -> None:
+    """``body(builder, r, None)`` for r in 0..total-1, in the runs of ``for_row_runs``."""
+    for_row_runs(kf, b, total, lambda bw, lo, hi: bw.for_(lo, hi, 1, body))
 
 
 class RowCtx:
@@ -223,5 +228,5 @@ def check_rows_schedule(kop: s.KernelOp) -> None:
                                    "vector width")
 
 
-__all__ = ["Leaf", "find_leaves", "register_dims", "for_rows", "RowCtx", "load_leaf", "prefetch_leaves", "store_row",
+__all__ = ["Leaf", "find_leaves", "register_dims", "for_row_runs", "for_rows", "RowCtx", "load_leaf", "prefetch_leaves", "store_row",
            "emit_ops", "chunk_of", "check_rows_schedule", "StringAttr"]

@@ -6,8 +6,11 @@ hit the cache (the first of them prefetches the row after next, so memory stays 
 the cached row is computed):
 
   softmax    pass 1: running max (select_max per lane: a NaN reaches the sum below; masked tail = -inf)
-             pass 2: e = exp(t - max), summed; stored into the output when it is f32
-             pass 3: out = epilogue(e / sum) (e re-read from the output, or recomputed)
+             pass 2: e = exp(t - max), summed and kept in a per-thread scratch slot (two slots,
+                     by row parity); the same column loop writes the previous row:
+             pass 3: out = epilogue(e / sum) from the other slot, so the output's streaming
+                     stores leave while exp is computed.  Rows longer than a slot take three
+                     passes of their own and recompute e for the write.
   layer_norm pass 1: mean; pass 2: variance about the mean; pass 3: normalise, scale, shift
   rms_norm   pass 1: mean of squares; pass 2: normalise and scale
 
@@ -28,7 +31,7 @@ from tessera.passes.tile.kernels import rows as R
 from tessera.passes.tile.kernels.common import KernelSig, elementwise, tile_const
 
 NEG_INF = float("-inf")
-SCRATCH = 16384  # floats of per-thread scratch row (64 KiB: stays in L2)
+SCRATCH = 16384  # floats per slot of softmax's two per-thread scratch rows (128 KiB in all: L2)
 
 
 def _split(block):
@@ -87,127 +90,171 @@ def generate(kop: s.KernelOp):
     kf = sig.build()
     b = kf.b
     C = kf.size(dims[-1])
-    scratch = kf.alloc(b, SCRATCH, f32, "l2") if isinstance(norm, g.SoftmaxOp) else None
+    scratch = kf.alloc(b, 2 * SCRATCH, f32, "l2") if isinstance(norm, g.SoftmaxOp) else None
     nrows = 1
     for d in dims[:-1]:
         nrows = b.mul(nrows, kf.size(d))
     stream = R.stream_flag(b, b.mul(nrows, C))
     eps = norm.eps.value.data if hasattr(norm, "eps") else 0.0
 
-    def row(br, r, _c):
-        ctx = R.RowCtx(kf, br, r, dims, leaves)
-        nxt = R.RowCtx(kf, br, br.add(r, 2), dims, leaves).offsets   # two rows on, prefetched in a later pass
-        out_off = br.mul(r, C)
+    class Row:
+        """One row's leaf offsets, its output offset, and the offsets of the row two on (prefetched
+        while this one is computed from the cache)."""
 
-        def x_chunk(bc, c, pad: float = 0.0):
-            left = bc.sub(C, c)
-            vals = {v: R.load_leaf(kf, bc, lf, ctx.offsets[v], c, left, chunk, pad if v == x else None)
-                    for v, lf in leaves.items() if v not in vec_operands}
-            R.emit_ops(bc, prologue, vals)
-            xv = vals[x]
-            if xv.type.dims != (1, chunk):
-                xv = R._widen(bc, xv, chunk)
-            return xv, left
+        def __init__(self, br, r):
+            self.ctx = R.RowCtx(kf, br, r, dims, leaves)
+            self.nxt = R.RowCtx(kf, br, br.add(r, 2), dims, leaves).offsets
+            self.out_off = br.mul(r, C)
 
-        def finish_chunk(bc, c, left, yv):
-            vals = {v: R.load_leaf(kf, bc, lf, ctx.offsets[v], c, left, chunk)
-                    for v, lf in leaves.items() if v not in vec_operands and v != x}
-            vals[norm.result] = yv
-            R.emit_ops(bc, epilogue, vals)
-            R.store_row(kf, bc, out_buf, out.type.element_type, vals[out], bc.add(out_off, c), left, chunk, stream)
+    def x_chunk(bc, row, c, pad: float = 0.0):
+        left = bc.sub(C, c)
+        vals = {v: R.load_leaf(kf, bc, lf, row.ctx.offsets[v], c, left, chunk, pad if v == x else None)
+                for v, lf in leaves.items() if v not in vec_operands}
+        R.emit_ops(bc, prologue, vals)
+        xv = vals[x]
+        if xv.type.dims != (1, chunk):
+            xv = R._widen(bc, xv, chunk)
+        return xv, left
 
-        def accumulate(kind: str, pad: float, fn, prefetch: bool = False):
-            """Sum (or max) over the row of fn(x chunk) -> [1, 1] tile."""
-            init = _splat(br, chunk, pad)
+    def finish_chunk(bc, row, c, left, yv):
+        vals = {v: R.load_leaf(kf, bc, lf, row.ctx.offsets[v], c, left, chunk)
+                for v, lf in leaves.items() if v not in vec_operands and v != x}
+        vals[norm.result] = yv
+        R.emit_ops(bc, epilogue, vals)
+        R.store_row(kf, bc, out_buf, out.type.element_type, vals[out], bc.add(row.out_off, c), left, chunk, stream)
 
-            def body(bc, c, carried):
-                if prefetch:
-                    R.prefetch_leaves(kf, bc, leaves, nxt, c, chunk)
-                xv, left = x_chunk(bc, c, pad if kind == "max" else 0.0)
-                val = fn(bc, xv)
-                val = _mask(bc, val, left, pad)
-                # softmax's maximum need not carry a NaN: one in the row reaches the sum of exp(x - max)
-                # whatever the maximum is, so every output is NaN as numpy's; select_max is one vmaxps
-                return [elementwise(bc, "add" if kind == "add" else "select_max", [carried[0], val])]
+    def accumulate(br, row, kind: str, pad: float, fn, prefetch: bool = False):
+        """Sum (or max) over the row of fn(x chunk) -> [1, 1] tile."""
+        init = _splat(br, chunk, pad)
 
-            acc = br.for_(0, C, chunk, body, [init])[0]
-            return _reduce(br, kind, acc)
+        def body(bc, c, carried):
+            if prefetch:
+                R.prefetch_leaves(kf, bc, leaves, row.nxt, c, chunk)
+            xv, left = x_chunk(bc, row, c, pad if kind == "max" else 0.0)
+            val = fn(bc, xv)
+            val = _mask(bc, val, left, pad)
+            # softmax's maximum need not carry a NaN: one in the row reaches the sum of exp(x - max)
+            # whatever the maximum is, so every output is NaN as numpy's; select_max is one vmaxps
+            return [elementwise(bc, "add" if kind == "add" else "select_max", [carried[0], val])]
 
-        if isinstance(norm, g.SoftmaxOp):
-            mx = accumulate("max", NEG_INF, lambda bc, xv: xv)
-            # e = exp(t - max) is kept in a per-thread scratch row (cache resident) when the row fits,
-            # so the output is written once (streamed when large); longer rows recompute e in pass 3.
-            fits = br.cmp("sle", C, SCRATCH)
+        acc = br.for_(0, C, chunk, body, [init])[0]
+        return _reduce(br, kind, acc)
 
-            def scratch_view(bc, c, left):
-                v = t.ViewOp.create(operands=[scratch, bc.c(c), bc.c(0), bc.c(1), bc.c(1), bc.c(left)],
-                                    result_types=[t.view_type(1, chunk, f32, "l2")])
-                bc.op(v)
-                return v.result
+    if isinstance(norm, g.SoftmaxOp):
+        _softmax(kf, b, nrows, C, chunk, scratch, Row, x_chunk, finish_chunk, accumulate,
+                 lambda bc, row, c: R.prefetch_leaves(kf, bc, leaves, row.nxt, c, chunk))
+        return kf.finish(), sig.dims, SCRATCH * 2 * 4, []
 
-            def exp_sum(bc, c, carried):
-                R.prefetch_leaves(kf, bc, leaves, nxt, c, chunk)
-                xv, left = x_chunk(bc, c)
-                e = elementwise(bc, "exp_bounded", [elementwise(bc, "sub", [xv, mx])])   # x - max <= 0
-                e = _mask(bc, e, left, 0.0)
-
-                def keep(bs):
-                    bs.op(t.StoreOp.create(operands=[e, scratch_view(bs, c, left)]))
-
-                bc.if_(fits, keep)
-                return [elementwise(bc, "add", [carried[0], e])]
-
-            ssum = _reduce(br, "add", br.for_(0, C, chunk, exp_sum, [_splat(br, chunk, 0.0)])[0])
-            inv = elementwise(br, "recip", [ssum])
-
-            def write(bc, c, _c2):
-                left = bc.sub(C, c)
-
-                def from_scratch(bs):
-                    ld = t.LoadOp.create(operands=[scratch_view(bs, c, left)], result_types=[t.tile_type(1, chunk, f32)])
-                    bs.op(ld)
-                    return [ld.result]
-
-                def recompute(bs):
-                    xv, _ = x_chunk(bs, c)
-                    return [elementwise(bs, "exp_bounded", [elementwise(bs, "sub", [xv, mx])])]
-
-                e = bc.if_(fits, from_scratch, recompute, [t.tile_type(1, chunk, f32)])[0]
-                finish_chunk(bc, c, left, elementwise(bc, "mul", [e, inv]))
-                return []
-
-            br.for_(0, C, chunk, write)
+    def row_step(br, r, _c):
+        row = Row(br, r)
+        ncols = _count_tile(br, C)
+        inv_n = elementwise(br, "recip", [ncols])
+        if isinstance(norm, g.LayerNormOp):
+            mean = elementwise(br, "mul", [accumulate(br, row, "add", 0.0, lambda bc, xv: xv), inv_n])
+            var = elementwise(br, "mul", [accumulate(br, row, "add", 0.0, lambda bc, xv: elementwise(
+                bc, "mul", [elementwise(bc, "sub", [xv, mean])] * 2), prefetch=True), inv_n])
         else:
-            ncols = _count_tile(br, C)
-            inv_n = elementwise(br, "recip", [ncols])
-            if isinstance(norm, g.LayerNormOp):
-                mean = elementwise(br, "mul", [accumulate("add", 0.0, lambda bc, xv: xv), inv_n])
-                var = elementwise(br, "mul", [accumulate("add", 0.0, lambda bc, xv: elementwise(
-                    bc, "mul", [elementwise(bc, "sub", [xv, mean])] * 2), prefetch=True), inv_n])
-            else:
-                mean = None
-                var = elementwise(br, "mul", [accumulate("add", 0.0, lambda bc, xv: elementwise(
-                    bc, "mul", [xv, xv])), inv_n])
-            rstd = elementwise(br, "rsqrt", [elementwise(br, "add", [var, tile_const(br, eps)])])
+            mean = None
+            var = elementwise(br, "mul", [accumulate(br, row, "add", 0.0, lambda bc, xv: elementwise(
+                bc, "mul", [xv, xv])), inv_n])
+        rstd = elementwise(br, "rsqrt", [elementwise(br, "add", [var, tile_const(br, eps)])])
 
-            def write(bc, c, _c2):
-                if mean is None:   # rms_norm: its only pass from the cache
-                    R.prefetch_leaves(kf, bc, leaves, nxt, c, chunk)
-                xv, left = x_chunk(bc, c)
-                y = elementwise(bc, "sub", [xv, mean]) if mean is not None else xv
-                y = elementwise(bc, "mul", [y, rstd])
-                for v, fn in ((getattr(norm, "scale", None), "mul"), (getattr(norm, "bias", None), "add")):
-                    if v is not None:
-                        lf = leaves[v]
-                        y = elementwise(bc, fn, [y, R.load_leaf(kf, bc, lf, ctx.offsets[v], c, left, chunk)])
-                finish_chunk(bc, c, left, y)
-                return []
+        def write(bc, c, _c2):
+            if mean is None:   # rms_norm: its only pass from the cache
+                R.prefetch_leaves(kf, bc, leaves, row.nxt, c, chunk)
+            xv, left = x_chunk(bc, row, c)
+            y = elementwise(bc, "sub", [xv, mean]) if mean is not None else xv
+            y = elementwise(bc, "mul", [y, rstd])
+            for v, fn in ((getattr(norm, "scale", None), "mul"), (getattr(norm, "bias", None), "add")):
+                if v is not None:
+                    lf = leaves[v]
+                    y = elementwise(bc, fn, [y, R.load_leaf(kf, bc, lf, row.ctx.offsets[v], c, left, chunk)])
+            finish_chunk(bc, row, c, left, y)
+            return []
 
-            br.for_(0, C, chunk, write)
+        br.for_(0, C, chunk, write)
         return []
 
-    R.for_rows(kf, b, nrows, row)
-    return kf.finish(), sig.dims, (SCRATCH * 4 if scratch is not None else 0), []
+    R.for_rows(kf, b, nrows, row_step)
+    return kf.finish(), sig.dims, 0, []
+
+
+def _slot(b, r):
+    """Where row r's e is kept in softmax's scratch: slot r % 2 (the previous row's is the other)."""
+    return b.mul(b.rem(r, 2), SCRATCH)
+
+
+def _softmax(kf, b, nrows, C, chunk, scratch, Row, x_chunk, finish_chunk, accumulate, prefetch) -> None:
+    """Softmax rows, software-pipelined when a row fits a scratch slot: e = exp(x - max) of row r
+    is summed and kept in slot r % 2 while the same column loop writes row r - 1 from the other
+    slot, so the output's streaming stores leave while exp is computed instead of in a burst of
+    their own.  Longer rows take three passes and recompute e for the write."""
+    fits = b.cmp("sle", C, SCRATCH)
+
+    def slot_view(bc, r, c, left):
+        v = t.ViewOp.create(operands=[scratch, bc.c(bc.add(_slot(bc, r), c)), bc.c(0), bc.c(1),
+                                      bc.c(1), bc.c(left)], result_types=[t.view_type(1, chunk, f32, "l2")])
+        bc.op(v)
+        return v.result
+
+    def exp_of(bc, row, c, mx):
+        xv, left = x_chunk(bc, row, c)
+        return _mask(bc, elementwise(bc, "exp_bounded", [elementwise(bc, "sub", [xv, mx])]), left, 0.0), left  # x - max <= 0
+
+    def write_chunk(bc, row, c, e, inv):
+        finish_chunk(bc, row, c, bc.sub(C, c), elementwise(bc, "mul", [e, inv]))
+
+    def from_slot(bc, r, c):
+        ld = t.LoadOp.create(operands=[slot_view(bc, r, c, bc.sub(C, c))], result_types=[t.tile_type(1, chunk, f32)])
+        bc.op(ld)
+        return ld.result
+
+    def exp_pass(br, r, row, mx, prev=None):
+        """Sum of e over row r, kept in its slot; with ``prev = (r', row', inv')`` also writes row r'."""
+        def body(bc, c, carried):
+            prefetch(bc, row, c)
+            e, left = exp_of(bc, row, c, mx)
+            bc.op(t.StoreOp.create(operands=[e, slot_view(bc, r, c, left)]))
+            if prev is not None:
+                write_chunk(bc, prev[1], c, from_slot(bc, prev[0], c), prev[2])
+            return [elementwise(bc, "add", [carried[0], e])]
+
+        ssum = _reduce(br, "add", br.for_(0, C, chunk, body, [_splat(br, chunk, 0.0)])[0])
+        return elementwise(br, "recip", [ssum])
+
+    def write_pass(br, r, row, inv):
+        br.for_(0, C, chunk, lambda bc, c, _c: write_chunk(bc, row, c, from_slot(bc, r, c), inv) or [])
+
+    def pipelined(bp, lo, hi):
+        first = Row(bp, lo)
+        inv0 = exp_pass(bp, lo, first, accumulate(bp, first, "max", NEG_INF, lambda bc, xv: xv))
+
+        def step(bs, r, carried):
+            row = Row(bs, r)
+            mx = accumulate(bs, row, "max", NEG_INF, lambda bc, xv: xv)
+            return [exp_pass(bs, r, row, mx, (bs.sub(r, 1), Row(bs, bs.sub(r, 1)), carried[0]))]
+
+        last = bp.sub(hi, 1)
+        write_pass(bp, last, Row(bp, last), bp.for_(bp.add(lo, 1), hi, 1, step, [inv0])[0])
+
+    def three_passes(bt, lo, hi):
+        def step(bs, r, _c):
+            row = Row(bs, r)
+            mx = accumulate(bs, row, "max", NEG_INF, lambda bc, xv: xv)
+
+            def body(bc, c, carried):
+                prefetch(bc, row, c)
+                return [elementwise(bc, "add", [carried[0], exp_of(bc, row, c, mx)[0]])]
+
+            inv = elementwise(bs, "recip", [_reduce(bs, "add", bs.for_(0, C, chunk, body, [_splat(bs, chunk, 0.0)])[0])])
+            bs.for_(0, C, chunk, lambda bc, c, _c2: write_chunk(bc, row, c, exp_of(bc, row, c, mx)[0], inv) or [])
+            return []
+
+        bt.for_(lo, hi, 1, step)
+
+    R.for_row_runs(kf, b, nrows, lambda bw, lo, hi: bw.if_(fits, lambda bp: pipelined(bp, lo, hi),
+                                                           lambda bt: three_passes(bt, lo, hi)))
+
 
 
 class _Use:
