@@ -381,5 +381,5 @@ class CpuExecutable:
             if ps.nthreads == 1:
                 call(ps.words_addr, 0)
             else:
-                workers.pool(ps.nthreads - 1).run(self.entries[s.kernel], ps.words_addr, ps.nthreads)
+                workers.pool(ps.nthreads - 1).run(self.entries[s.kernel], ps.words_addr, ps.nthreads, call)
         return [vals[i] for i in prog.results]

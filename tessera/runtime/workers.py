@@ -140,9 +140,10 @@ class WorkerPool:
                 while int(self.ctl[_GEN]) == seen:
                     self.cond.wait()
 
-    def run(self, entry: int, args: int, nthreads: int) -> None:
+    def run(self, entry: int, args: int, nthreads: int, call=None) -> None:
         """``<kernel>.entry(args, tid)`` for tid = 0..nthreads-1: 0 on the caller, the rest on
-        the workers; ``args`` (the address of the argument words) must outlive the call."""
+        the workers; ``args`` (the address of the argument words) must outlive the call.
+        ``call``: the caller's ctypes function for ``entry`` (made here when not given)."""
         nthreads = min(nthreads, self.size + 1)
         with self.lock:
             target = int(self.ctl[_DONE]) + self.size
@@ -150,7 +151,7 @@ class WorkerPool:
             with self.cond:
                 self.native.add(self.addr + 8 * _GEN, 1)   # publishes the job (release)
                 self.cond.notify_all()
-            self.native.entry(entry)(args, 0)
+            (call or self.native.entry(entry))(args, 0)
             done_addr = self.addr + 8 * _DONE
             while self.native.spin_reached(done_addr, target, self.spins) < target:
                 time.sleep(0)   # workers that had gone to sleep are on their way

@@ -23,7 +23,8 @@ class OpLowerer:
             handler(op, b)
             return
         if op.dialect_name() == "arith":
-            new = op.clone(value_mapper={k: v for k, v in self.vmap.items() if isinstance(v, SSAValue)})
+            vm = self.vmap   # only the op's operands need mapping (the whole map grows with the kernel)
+            new = op.clone(value_mapper={o: vm[o] for o in op.operands if isinstance(vm.get(o), SSAValue)})
             b.op(new)
             for o, n in zip(op.results, new.results):
                 self.vmap[o] = n
