@@ -62,7 +62,8 @@ def references():
 
 
 def ulp_errors(got: np.ndarray, ref64: np.ndarray) -> np.ndarray:
-    ref32 = ref64.astype(np.float32)
+    with np.errstate(over="ignore"):   # a reference past float32's range is inf in float32
+        ref32 = ref64.astype(np.float32)
     err = np.zeros(got.shape, np.float64)
     same_nan = np.isnan(got) & np.isnan(ref64)
     same_inf = np.isinf(got) & np.isinf(ref32) & (np.sign(got) == np.sign(ref32))
