@@ -209,12 +209,17 @@ def _softmax(kf, b, nrows, C, chunk, scratch, Row, x_chunk, finish_chunk, accumu
         bc.op(ld)
         return ld.result
 
-    def exp_pass(br, r, row, mx, prev=None):
-        """Sum of e over row r, kept in its slot; with ``prev = (r', row', inv')`` also writes row r'."""
+    def row_max(bb, row):
+        return accumulate(bb, row, "max", NEG_INF, lambda bc, xv: xv)
+
+    def exp_pass(br, r, row, mx, prev=None, keep: bool = True):
+        """1 / (sum of e over row r), e kept in the row's slot (``keep``); with ``prev = (r', row',
+        inv')`` the same loop also writes row r'."""
         def body(bc, c, carried):
             prefetch(bc, row, c)
             e, left = exp_of(bc, row, c, mx)
-            bc.op(t.StoreOp.create(operands=[e, slot_view(bc, r, c, left)]))
+            if keep:
+                bc.op(t.StoreOp.create(operands=[e, slot_view(bc, r, c, left)]))
             if prev is not None:
                 write_chunk(bc, prev[1], c, from_slot(bc, prev[0], c), prev[2])
             return [elementwise(bc, "add", [carried[0], e])]
@@ -227,12 +232,11 @@ def _softmax(kf, b, nrows, C, chunk, scratch, Row, x_chunk, finish_chunk, accumu
 
     def pipelined(bp, lo, hi):
         first = Row(bp, lo)
-        inv0 = exp_pass(bp, lo, first, accumulate(bp, first, "max", NEG_INF, lambda bc, xv: xv))
+        inv0 = exp_pass(bp, lo, first, row_max(bp, first))
 
         def step(bs, r, carried):
             row = Row(bs, r)
-            mx = accumulate(bs, row, "max", NEG_INF, lambda bc, xv: xv)
-            return [exp_pass(bs, r, row, mx, (bs.sub(r, 1), Row(bs, bs.sub(r, 1)), carried[0]))]
+            return [exp_pass(bs, r, row, row_max(bs, row), (bs.sub(r, 1), Row(bs, bs.sub(r, 1)), carried[0]))]
 
         last = bp.sub(hi, 1)
         write_pass(bp, last, Row(bp, last), bp.for_(bp.add(lo, 1), hi, 1, step, [inv0])[0])
@@ -240,13 +244,8 @@ def _softmax(kf, b, nrows, C, chunk, scratch, Row, x_chunk, finish_chunk, accumu
     def three_passes(bt, lo, hi):
         def step(bs, r, _c):
             row = Row(bs, r)
-            mx = accumulate(bs, row, "max", NEG_INF, lambda bc, xv: xv)
-
-            def body(bc, c, carried):
-                prefetch(bc, row, c)
-                return [elementwise(bc, "add", [carried[0], exp_of(bc, row, c, mx)[0]])]
-
-            inv = elementwise(bs, "recip", [_reduce(bs, "add", bs.for_(0, C, chunk, body, [_splat(bs, chunk, 0.0)])[0])])
+            mx = row_max(bs, row)
+            inv = exp_pass(bs, r, row, mx, keep=False)
             bs.for_(0, C, chunk, lambda bc, c, _c2: write_chunk(bc, row, c, exp_of(bc, row, c, mx)[0], inv) or [])
             return []
 
