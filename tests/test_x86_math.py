@@ -212,3 +212,48 @@ def test_sigmoid_edges_of_the_short_form(name):
         err = N.ulp_errors(f(x), ref(x.astype(np.float64)))
     bound = 3.0 if name == "silu" else 200.0   # gelu: the argument's float32 rounding (docs/numerics.md)
     assert err.max() <= bound, (err.max(), x[np.argmax(err)])
+
+
+def _exp2_as_exp(monkeypatch):
+    """Compile ts.ops.exp with exp2_bounded in exp's place (attention's 2^x, in log2 units)."""
+    from tessera.codegen import x86_math
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")   # the substituted kernel must not reach the cache
+    monkeypatch.setattr(x86_math.VectorMath, "_exp", x86_math.VectorMath._exp2_bounded)
+    return x86_math
+
+
+def _exp2_reference(x):
+    """2^x in float64, and the documented 0 below 2^-126 (x < -126, -inf)."""
+    return np.where(x < -126, 0.0, np.exp2(x.astype(np.float64)))
+
+
+@pytest.mark.parametrize("arch", ["avx2", None])
+def test_exp2_bounded_ulp_over_its_domain(monkeypatch, arch):
+    """exp2_bounded is 2^x within 1 ULP for every swept x <= 127 whose result is normal, exactly 0
+    below 2^-126, NaN for NaN; each lane gets the value it gets alone."""
+    import tessera as ts
+    _exp2_as_exp(monkeypatch)
+    x = N.sweep()
+    x = x[~(x > 127)]                                         # NaN kept
+    rng = np.random.default_rng(6)
+    x = np.concatenate([x, rng.uniform(-127, -125, 2000).astype(np.float32), rng.uniform(-2, 2, 2000).astype(np.float32),
+                        np.array([-np.inf, np.nan, 0.0, -0.0, 127.0, -126.0, np.nextafter(np.float32(-126), 0),
+                                  np.nextafter(np.float32(-126), -np.inf), 0.5, -0.5], np.float32)])
+    f = ts.jit(ts.ops.exp, arch=arch)
+    with np.errstate(all="ignore"):
+        got = f(x)
+        want = _exp2_reference(x)
+        assert N.ulp_errors(got, want).max() <= 1.0
+        assert np.all(got[x < -126] == 0) and np.isnan(got[np.isnan(x)]).all()
+        perm = rng.permutation(len(x))[:300]
+        alone = np.array([f(np.full(8, v, np.float32))[0] for v in x[perm]], np.float32)
+    np.testing.assert_array_equal(got[perm].view(np.uint32), alone.view(np.uint32))
+
+
+def test_exp2_bounded_has_teeth(monkeypatch):
+    """A planted slip in the composed polynomial (its first coefficient off by 2^-20) fails the bound."""
+    import tessera as ts
+    x86_math = _exp2_as_exp(monkeypatch)
+    x = np.linspace(-3, 3, 10_007, dtype=np.float32)
+    monkeypatch.setattr(x86_math, "EXP2_Q", (x86_math.EXP2_Q[0] * (1 + 2.0 ** -20),) + x86_math.EXP2_Q[1:])
+    assert N.ulp_errors(ts.jit(ts.ops.exp, arch="avx2")(x), _exp2_reference(x)).max() > 1.0

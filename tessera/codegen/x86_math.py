@@ -11,6 +11,9 @@ whole input range is measured by ``tests/test_x86_math.py`` and recorded in
         magic-constant rounding whose bits shift into 2^n, the polynomial's inner part in r^2)
         and two exponent steps only in a rarely taken branch for subnormal results; exact for
         subnormal results; 0 below -104 and inf above 89 (no underflowing or overflowing scale)
+  exp2_bounded  2^x for x <= 127 (attention's probabilities, in log2 units): the exp polynomial
+        composed with r = f ln2 (f = x - round(x), exact), so no Cody-Waite steps; results below
+        2^-126 (x < -126) are 0, which a probability next to the row maximum's 1 cannot show
   tanh  x + x^3 P(x^2) for |x| < 0.625, else sign(x) (1 - 2 / (exp(2|x|) + 1))
   erf   x P(x^2) for |x| < 1, else sign(x) (1 - erfc(|x|))
   erfc  exp(-a^2) R(1/a) with a^2 split exactly by an FMA (a >= 1)
@@ -33,6 +36,10 @@ LN2_HI = 0.693145751953125
 LN2_LO = 1.428606765330187e-06
 # exp(r) = 1 + r + r^2 Q(r) on |r| <= ln2/2, near-minimax (tools/fit_math.py): degree 6 in all
 EXP_Q = (0.4999999403953552, 0.1666652113199234, 0.04166839271783829, 0.008368746377527714, 0.00138145312666893)
+# 2^f = 1 + f (ln2 + f Q2(f)) on |f| <= 1/2: EXP_Q composed with r = f ln2 (exact in float64, then
+# rounded), i.e. the same polynomial as exp's in the variable whose reduction is exact
+EXP2_LN2 = math.log(2.0)
+EXP2_Q = tuple(q * EXP2_LN2 ** (i + 2) for i, q in enumerate(EXP_Q))
 TANH_P = (-0.3333333432674408, 0.13333310186862946, -0.053960226476192474, 0.021774930879473686,
           -0.008359912782907486, 0.002307977993041277)
 ERF_P = (1.128379225730896, -0.37612637877464294, 0.11283783614635468, -0.02686547487974167,
@@ -155,6 +162,24 @@ class VectorMath:
         if self._zmm:
             return self._exp_exact(b, x)
         return self._exp_short(b, x, clamp=False)
+
+    def _exp2_bounded(self, b: ir.IRBuilder, x) -> ir.Value:
+        """2^x for x <= 127 or NaN (larger x: unspecified); 0 for x < -126 and -inf, so every result
+        computed is a normal number (no subnormal window, no branch).  Emitted only for attention's
+        online softmax, whose scores are scaled by log2 e into the exponent's own base: the
+        reduction f = x - round(x) is exact, where exp needs two Cody-Waite FMAs, and a probability
+        below 2^-126 beside the row maximum's 1 cannot reach a float32 result."""
+        tiny = b.fcmp_ordered("<", x, self.splat(-126.0))
+        magic = 1.5 * 2.0 ** 23 + 127
+        t = b.fadd(x, self.splat(magic))        # round(x) + 127 + 1.5 2^23: its low bits are 2^n's exponent
+        f = b.fsub(x, b.fsub(t, self.splat(magic)))   # x - round(x), exact, in [-1/2, 1/2]
+        f2 = b.fmul(f, f)
+        c = EXP2_Q
+        q = [self.fma(b, f, self.splat(c[i + 1]), self.splat(c[i])) for i in (0, 2)]
+        qq = self.fma(b, self.fma(b, self.splat(c[4]), f2, q[1]), f2, q[0])            # Q2(f)
+        p = self.fma(b, f, self.fma(b, f, qq, self.splat(EXP2_LN2)), self.splat(1.0))  # 2^f
+        scale = b.bitcast(b.shl(b.bitcast(t, self.vi), self.isplat(23)), self.vt)    # 2^round(x)
+        return b.select(tiny, self.splat(0.0), b.fmul(p, scale))
 
     def _exp_exact(self, b: ir.IRBuilder, x) -> ir.Value:
         lo = b.fcmp_ordered("<", x, self.splat(-104.0))

@@ -579,7 +579,9 @@ class SplatIndexOp(IRDLOperation):
 # Elementwise functions.  Unary ones take one operand, binary two, select three.
 # exp_bounded: exp for arguments <= 88.7 (or NaN), unspecified above: emitted only for a difference
 # from a running maximum (softmax, attention), where the x86 math library drops the overflow clamp.
-UNARY_FNS = ("neg", "exp", "exp_bounded", "tanh", "erf", "relu", "silu", "gelu_tanh", "gelu_erf", "sqrt", "rsqrt", "recip",
+# exp2_bounded: 2^x for x <= 127, 0 below -126: attention's probabilities with the scores in log2 units
+# (a probability below 2^-126 beside the row maximum's 1 cannot reach a float32 result).
+UNARY_FNS = ("neg", "exp", "exp_bounded", "exp2_bounded", "tanh", "erf", "relu", "silu", "gelu_tanh", "gelu_erf", "sqrt", "rsqrt", "recip",
              "copy", "abs", "finite_or_zero")
 # safe_div: a / b, or 0 where b == 0.  mask_select: a where b != 0, else -inf.  select_max:
 # a > b ? a : b (one vmaxps; a NaN in a is dropped, so only for a consumer whose result is NaN

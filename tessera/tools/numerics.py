@@ -149,10 +149,14 @@ def numerics_md() -> str:
                "gelu by 24 ULP and silu by 4 ULP on [-4, 4].  Against a float64 oracle the relative (Frobenius) error "
                "of every op is below 1e-5.\n\n"
                "Softmax and attention take exp of a difference from a running maximum, which cannot overflow; "
-               "they use `exp_bounded` (a Tile IR function: exp for x <= 88.7, unspecified above), which on AVX2 "
+               "softmax uses `exp_bounded` (a Tile IR function: exp for x <= 88.7, unspecified above), which on AVX2 "
                "drops the overflow clamp and is otherwise the exp above.  `tests/test_x86_math.py` measures it "
                "within 1 ULP over every swept input <= 88.7 (the subnormal window included) and checks that each "
-               "lane gets the value it gets alone.  Softmax's row maximum drops a NaN (`select_max`: one `vmaxps`); the "
+               "lane gets the value it gets alone.  Attention keeps its scores in log2 units (the scale multiplied by "
+               "log2 e when S = Q K^T is stored, an additive mask by log2 e as it is read) and takes `exp2_bounded` "
+               "(2^x for x <= 127; 0 below 2^-126, which a probability beside the row maximum's 1 cannot show in a "
+               "float32 result): its reduction x - round(x) is exact, so the Cody-Waite steps go; within 1 ULP over "
+               "its domain, tested the same way.  Softmax's row maximum drops a NaN (`select_max`: one `vmaxps`); the "
                "NaN still reaches the row's sum, so the row is NaN wherever numpy's is (tested at every column "
                "position).\n")
     return "".join(out)

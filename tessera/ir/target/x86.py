@@ -60,7 +60,7 @@ from tessera.ir.attrs import ival
 
 PTR = LLVMPointerType()  # x86 code addresses one flat space
 
-UNARY = ("neg", "exp", "exp_bounded", "tanh", "erf", "relu", "silu", "gelu_tanh", "gelu_erf", "sqrt", "rsqrt", "recip", "copy",
+UNARY = ("neg", "exp", "exp_bounded", "exp2_bounded", "tanh", "erf", "relu", "silu", "gelu_tanh", "gelu_erf", "sqrt", "rsqrt", "recip", "copy",
          "abs", "finite_or_zero")
 BINARY = ("add", "sub", "mul", "div", "max", "min", "safe_div", "mask_select", "select_max")
 

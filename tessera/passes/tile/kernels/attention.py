@@ -10,10 +10,11 @@ the A operand of O += P V.  Per item, in the thread's workspace (all O(block)):
   Q^T panel  D x BQ        packed once (tile.async_copy, b_panel)
   for each block of BKV keys (blocks above the causal diagonal are skipped, not masked):
     K panel  BKV x D       packed (a_panel)
-    S^T = K Q^T * scale    register tiles of tile.mma over D -> S scratch (BKV x BQ)
+    S^T = K Q^T * scale * log2 e   register tiles of tile.mma over D -> S scratch (BKV x BQ),
+                           in log2 units (an additive mask is scaled by log2 e as it is read)
     online softmax over strips of NR*W query columns (tile.elementwise; masks loaded
     per key, the causal edge by tile.mask {side = "ge"}):
-        m' = max(m, max_j s_j);  alpha = exp(m - m');  p_j = exp(s_j - m') (in place)
+        m' = max(m, max_j s_j);  alpha = 2^(m - m');  p_j = 2^(s_j - m') (in place)
         l = l * alpha + sum_j p_j
     V panel  BKV x Dv      packed (b_panel)
     O = O * alpha + P V    register tiles reading P where S^T lies; the rescale is part
@@ -44,6 +45,7 @@ from tessera.passes.tile.kernels.common import (ALIGN, KernelSig, elementwise, f
 from tessera.passes.tile.kernels.rows import broadcast_to
 
 MAX_HEAD_DIM = 256
+LOG2E = 1.4426950408889634   # scores are kept in log2 units: the softmax's exponentials are 2^x
 
 
 @dataclass
@@ -256,9 +258,9 @@ def generate(kop: s.KernelOp):
         kv_end = bi.min(nSK, bi.add(q0, bq)) if causal else nSK
         if scale is None:
             dtile = bi.op(t.SplatIndexOp.create(operands=[bi.c(nD)], result_types=[t.tile_type(1, 1, f32)])).results[0]
-            scale_tile = elementwise(bi, "rsqrt", [dtile])
+            scale_tile = elementwise(bi, "mul", [elementwise(bi, "rsqrt", [dtile]), tile_const(bi, LOG2E)])
         else:
-            scale_tile = tile_const(bi, scale)
+            scale_tile = tile_const(bi, scale * LOG2E)
 
         def kv_block(bk: Builder, j0, _c2):
             nk = bk.min(BKV, bk.sub(kv_end, j0))
@@ -291,7 +293,8 @@ def generate(kop: s.KernelOp):
                     width = 1 if mv.strides[2] == 0 else CW   # one value for every query, or one per query
                     mt = load(br, view(br, buf[mv.arg], op.mask.type.element_type, "global", (1, width), moff, 0,
                                        ms[2], 1, br.sub(bq, c0)), (1, width))  # a bool reads as 0.0 / 1.0
-                    x = elementwise(br, "mask_select" if bool_mask else "add", [x, mt])
+                    x = (elementwise(br, "mask_select", [x, mt]) if bool_mask else
+                         elementwise(br, "add", [x, elementwise(br, "mul", [mt, tile_const(br, LOG2E)])]))
                 if causal:  # top-left alignment: query i sees key j when j <= i, i.e. column c >= j0 + j - q0
                     diag = br.sub(br.add(j0, j), br.add(q0, c0))
                     x = br.op(t.MaskOp.create(operands=[x, br.c(CW), br.c(diag)], attributes={
@@ -319,12 +322,12 @@ def generate(kop: s.KernelOp):
                 def p_row(bj: Builder, j, c):
                     # s - max <= 0 (or NaN; m_safe = 0 only where the maximum is not finite, and then the
                     # row's result is NaN or the fully-masked value whatever these lanes give)
-                    p = elementwise(bj, "exp_bounded",
+                    p = elementwise(bj, "exp2_bounded",
                                     [elementwise(bj, "sub", [load(bj, s_row(bj, j, c0), (1, CW)), m_safe])])
                     store(bj, p, s_row(bj, j, c0))
                     return [elementwise(bj, "add", [c[0], p])]
                 psum = bc.for_(0, kn, 1, p_row, [_const_row(bc, CW, 0.0)])[0]
-                alpha = elementwise(bc, "exp_bounded", [elementwise(bc, "sub", [m_old, m_safe])])
+                alpha = elementwise(bc, "exp2_bounded", [elementwise(bc, "sub", [m_old, m_safe])])
                 store(bc, m_new, stat("m"))
                 store(bc, alpha, stat("a"))
                 store(bc, elementwise(bc, "add", [elementwise(bc, "mul", [load(bc, stat("l"), (1, CW)), alpha]),
