@@ -9,7 +9,8 @@ the A operand of O += P V.  Per item, in the thread's workspace (all O(block)):
 
   Q^T panel  D x BQ        packed once (tile.async_copy, b_panel)
   for each block of BKV keys (blocks above the causal diagonal are skipped, not masked):
-    K panel  BKV x D       packed (a_panel)
+    K panel  BKV x D       packed (a_panel); the next block's K and V rows are prefetched
+                           during S^T's row tiles
     S^T = K Q^T * scale * log2 e   register tiles of tile.mma over D -> S scratch (BKV x BQ),
                            in log2 units (an additive mask is scaled by log2 e as it is read)
     online softmax over strips of NR*W query columns (tile.elementwise; masks loaded
@@ -180,15 +181,18 @@ def generate(kop: s.KernelOp):
     frag_b = frag_a.with_role("b", "row_major")
     frag_c = t.fragment((MR, NRW, 1), f32, f32, "acc", "row_major", rec.family)
 
-    def micro_gemm(bb: Builder, a_at, b_at, rows, cols, kext, finish, col0=None):
+    def micro_gemm(bb: Builder, a_at, b_at, rows, cols, kext, finish, col0=None, ahead=None):
         """For every MR x NR*W tile of a rows x cols result: finish(acc = sum over k < kext of
         A[rows, k] B[k, cols]).  a_at(ir, kk) -> (buffer, space, offset, row stride) of the MR
         elements A[ir.., kk]; b_at(jr, kk) -> (buffer, space, offset) of the NR*W contiguous
         elements B[kk, jr..].  kext may be a function of (builder, ir): the k extent of row tile
         ir; col0(builder, ir), if given, is the first column of row tile ir that is computed
-        (a multiple of NR*W; the tiles before it are not)."""
+        (a multiple of NR*W; the tiles before it are not); ahead(builder, ir), if given, runs
+        before each row tile (prefetches)."""
         def tile_ir(bi: Builder, ir, _c):
             ke = kext(bi, ir) if callable(kext) else kext
+            if ahead is not None:
+                ahead(bi, ir)
 
             def tile_jr(bj: Builder, jr, _c2):
                 acc0 = bj.op(t.FragmentZeroOp.create(result_types=[frag_c])).results[0]
@@ -277,7 +281,19 @@ def generate(kop: s.KernelOp):
             # causal: a tile whose every key is past its every query (key j0 + ir > query q0 + jr + NR*W - 1)
             # is not computed; the softmax below masks whatever its scratch holds
             col0 = (lambda bc, ir: bc.mul(bc.div(bc.max(bc.sub(bc.add(j0, ir), q0), 0), NRW), NRW)) if causal else None
-            micro_gemm(bk, k_at, lambda ba, jr, kk: panel_at(ba, ws["q"], nD, jr, kk), nk, bqc, nD, s_store, col0)
+            def prefetch_next(bp: Builder, ir):
+                # the next key block's rows of K and V (MR of each per row tile), fetched while this
+                # block computes: its packing then reads the cache, not memory
+                # (one thread, 4 x 1024 x 64: 1.5 % faster; a prefetch past the data is harmless)
+                for vw, n, width in ((kv_, nD, Dp), (vv, nDV, DVp)):
+                    def one(bq_: Builder, r, _c3, vw=vw, n=n, width=width):
+                        pv = view(bq_, buf[vw.arg], elem, "global", (1, width), off(bq_, vw, kvh, bq_.add(
+                            bq_.add(j0, BKV), bq_.add(ir, r))), 0, 1, 1, n)
+                        bq_.op(t.PrefetchOp.create(operands=[pv]))
+                        return []
+                    bp.for_(0, MR, 1, one)
+            micro_gemm(bk, k_at, lambda ba, jr, kk: panel_at(ba, ws["q"], nD, jr, kk), nk, bqc, nD, s_store, col0,
+                       prefetch_next)
 
             def s_row(bj: Builder, j, c0):
                 return view(bj, ws["s"], f32, "l1", (1, CW), bj.add(bj.mul(j, BQ), c0), 0, 1, 1, CW)
