@@ -283,15 +283,18 @@ def generate(kop: s.KernelOp):
             col0 = (lambda bc, ir: bc.mul(bc.div(bc.max(bc.sub(bc.add(j0, ir), q0), 0), NRW), NRW)) if causal else None
             def prefetch_next(bp: Builder, ir):
                 # the next key block's rows of K and V (MR of each per row tile), fetched while this
-                # block computes: its packing then reads the cache, not memory
-                # (one thread, 4 x 1024 x 64: 1.5 % faster; a prefetch past the data is harmless)
-                for vw, n, width in ((kv_, nD, Dp), (vv, nDV, DVp)):
-                    def one(bq_: Builder, r, _c3, vw=vw, n=n, width=width):
-                        pv = view(bq_, buf[vw.arg], elem, "global", (1, width), off(bq_, vw, kvh, bq_.add(
-                            bq_.add(j0, BKV), bq_.add(ir, r))), 0, 1, 1, n)
-                        bq_.op(t.PrefetchOp.create(operands=[pv]))
+                # block computes: its packing then reads the cache, not memory (one thread,
+                # 4 x 1024 x 64: 1.5 % faster; a prefetch past the data is harmless).  One prefetch
+                # per cache line of each row: the head dims may be symbolic.
+                line = 64 // (4 if elem == f32 else 2)
+                for vw, n in ((kv_, nD), (vv, nDV)):
+                    def lines(bl: Builder, c, _c3, vw=vw):
+                        for r in range(MR):
+                            row = off(bl, vw, kvh, bl.add(bl.add(j0, BKV), bl.add(ir, r)))
+                            pv = view(bl, buf[vw.arg], elem, "global", (1, line), bl.add(row, c), 0, 1, 1, line)
+                            bl.op(t.PrefetchOp.create(operands=[pv]))
                         return []
-                    bp.for_(0, MR, 1, one)
+                    bp.for_(0, n, line, lines)
             micro_gemm(bk, k_at, lambda ba, jr, kk: panel_at(ba, ws["q"], nD, jr, kk), nk, bqc, nD, s_store, col0,
                        prefetch_next)
 
