@@ -13,7 +13,8 @@ whole input range is measured by ``tests/test_x86_math.py`` and recorded in
         subnormal results; 0 below -104 and inf above 89 (no underflowing or overflowing scale)
   exp2_bounded  2^x for x <= 127 (attention's probabilities, in log2 units): the exp polynomial
         composed with r = f ln2 (f = x - round(x), exact), so no Cody-Waite steps; results below
-        2^-126 (x < -126) are 0, which a probability next to the row maximum's 1 cannot show
+        2^-126 (x < -126) are 0: beside the row maximum's weight of 1, such a probability moves an
+        output by less than 2^-126 times the values it weighs
   tanh  x + x^3 P(x^2) for |x| < 0.625, else sign(x) (1 - 2 / (exp(2|x|) + 1))
   erf   x P(x^2) for |x| < 1, else sign(x) (1 - erfc(|x|))
   erfc  exp(-a^2) R(1/a) with a^2 split exactly by an FMA (a >= 1)
@@ -168,7 +169,8 @@ class VectorMath:
         computed is a normal number (no subnormal window, no branch).  Emitted only for attention's
         online softmax, whose scores are scaled by log2 e into the exponent's own base: the
         reduction f = x - round(x) is exact, where exp needs two Cody-Waite FMAs, and a probability
-        below 2^-126 beside the row maximum's 1 cannot reach a float32 result."""
+        below 2^-126 beside the row maximum's weight of 1 moves an output by less than 2^-126 times
+        the values it weighs (below float32's resolution of any output not itself that small)."""
         tiny = b.fcmp_ordered("<", x, self.splat(-126.0))
         magic = 1.5 * 2.0 ** 23 + 127
         t = b.fadd(x, self.splat(magic))        # round(x) + 127 + 1.5 2^23: its low bits are 2^n's exponent

@@ -578,7 +578,8 @@ def _erf(x):
 
 MATH = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "max": np.maximum, "min": np.minimum,
-    "neg": np.negative, "exp": np.exp, "exp_bounded": np.exp, "exp2_bounded": lambda x: np.where(x < -126, np.float32(0), np.exp2(x)), "tanh": np.tanh, "relu": lambda x: np.maximum(x, 0),
+    "neg": np.negative, "exp": np.exp, "exp_bounded": np.exp, "tanh": np.tanh, "relu": lambda x: np.maximum(x, 0),
+    "exp2_bounded": lambda x: np.where(x < -126, np.float32(0), np.exp2(x)),
     "abs": np.abs, "sqrt": np.sqrt, "rsqrt": lambda x: 1 / np.sqrt(x), "recip": lambda x: 1 / x,
     "copy": lambda x: x, "silu": lambda x: x / (1 + np.exp(-x)), "gelu_tanh": _gelu_tanh,
     "gelu_erf": lambda x: 0.5 * x * (1 + _erf(x / np.sqrt(np.float32(2)))), "erf": _erf,

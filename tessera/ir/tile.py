@@ -580,7 +580,8 @@ class SplatIndexOp(IRDLOperation):
 # exp_bounded: exp for arguments <= 88.7 (or NaN), unspecified above: emitted only for a difference
 # from a running maximum (softmax, attention), where the x86 math library drops the overflow clamp.
 # exp2_bounded: 2^x for x <= 127, 0 below -126: attention's probabilities with the scores in log2 units
-# (a probability below 2^-126 beside the row maximum's 1 cannot reach a float32 result).
+# (beside the row maximum's weight of 1, a probability below 2^-126 moves an output by less than
+# 2^-126 times the values it weighs).
 UNARY_FNS = ("neg", "exp", "exp_bounded", "exp2_bounded", "tanh", "erf", "relu", "silu", "gelu_tanh", "gelu_erf", "sqrt", "rsqrt", "recip",
              "copy", "abs", "finite_or_zero")
 # safe_div: a / b, or 0 where b == 0.  mask_select: a where b != 0, else -inf.  select_max:
