@@ -18,7 +18,8 @@ whole input range is measured by ``tests/test_x86_math.py`` and recorded in
   tanh  x + x^3 P(x^2) for |x| < 0.625, else sign(x) (1 - 2 / (exp(2|x|) + 1))
   erf   x P(x^2) for |x| < 1, else sign(x) (1 - erfc(|x|))
   erfc  exp(-a^2) R(1/a) with a^2 split exactly by an FMA (a >= 1)
-  gelu  tanh form as x * sigmoid(2 y) (no cancellation for x << 0); erf form via
+  gelu  tanh form as x * sigmoid(2 y) (no cancellation for x << 0), on AVX2 as x / (1 + 2^z)
+        with z = -2 y log2 e formed by the polynomial in x itself (no Cody-Waite steps); erf form via
         erfc for x < -sqrt(2)
   silu  x * sigmoid(x), with sigmoid from exp(-|x|) (no overflow for x << 0)
 """
@@ -41,6 +42,9 @@ EXP_Q = (0.4999999403953552, 0.1666652113199234, 0.04166839271783829, 0.00836874
 # rounded), i.e. the same polynomial as exp's in the variable whose reduction is exact
 EXP2_LN2 = math.log(2.0)
 EXP2_Q = tuple(q * EXP2_LN2 ** (i + 2) for i, q in enumerate(EXP_Q))
+# gelu_tanh on AVX2 in the exponent's base: z = -2 y log2 e = x (GELU_Z[0] + GELU_Z[1] x^2),
+# y = sqrt(2/pi) (x + 0.044715 x^3)
+GELU_Z = (-2.0 * math.sqrt(2.0 / math.pi) * LOG2E, -2.0 * math.sqrt(2.0 / math.pi) * 0.044715 * LOG2E)
 TANH_P = (-0.3333333432674408, 0.13333310186862946, -0.053960226476192474, 0.021774930879473686,
           -0.008359912782907486, 0.002307977993041277)
 ERF_P = (1.128379225730896, -0.37612637877464294, 0.11283783614635468, -0.02686547487974167,
@@ -172,16 +176,26 @@ class VectorMath:
         below 2^-126 beside the row maximum's weight of 1 moves an output by less than 2^-126 times
         the values it weighs (below float32's resolution of any output not itself that small)."""
         tiny = b.fcmp_ordered("<", x, self.splat(-126.0))
-        magic = 1.5 * 2.0 ** 23 + 127
-        t = b.fadd(x, self.splat(magic))        # round(x) + 127 + 1.5 2^23: its low bits are 2^n's exponent
+        return b.select(tiny, self.splat(0.0), self._exp2_core(b, x))
+
+    def _exp2_core(self, b: ir.IRBuilder, x, double: bool = False) -> ir.Value:
+        """2^x for x whose n = round(x) is in [-126, 127], or in [-125, 128] with ``double``
+        (2 2^f 2^(n-1): reaches the largest finite results and overflows to inf past them, the
+        scale's bits reaching the inf pattern at n = 129), NaN propagated; no range checks.  The
+        exp polynomial composed with r = f ln2, f = x - round(x) exact (no Cody-Waite steps), in
+        ``_exp_short_core``'s short-latency form."""
+        bias = 126 if double else 127
+        magic = 1.5 * 2.0 ** 23 + bias
+        t = b.fadd(x, self.splat(magic))        # round(x) + bias + 1.5 2^23: its low bits are 2^n's exponent
         f = b.fsub(x, b.fsub(t, self.splat(magic)))   # x - round(x), exact, in [-1/2, 1/2]
         f2 = b.fmul(f, f)
-        c = EXP2_Q
+        k = 2.0 if double else 1.0    # a power of two: the scaled coefficients are exact
+        c = [k * q for q in EXP2_Q]
         q = [self.fma(b, f, self.splat(c[i + 1]), self.splat(c[i])) for i in (0, 2)]
-        qq = self.fma(b, self.fma(b, self.splat(c[4]), f2, q[1]), f2, q[0])            # Q2(f)
-        p = self.fma(b, f, self.fma(b, f, qq, self.splat(EXP2_LN2)), self.splat(1.0))  # 2^f
-        scale = b.bitcast(b.shl(b.bitcast(t, self.vi), self.isplat(23)), self.vt)    # 2^round(x)
-        return b.select(tiny, self.splat(0.0), b.fmul(p, scale))
+        qq = self.fma(b, self.fma(b, self.splat(c[4]), f2, q[1]), f2, q[0])                # k Q2(f)
+        p = self.fma(b, f, self.fma(b, f, qq, self.splat(k * EXP2_LN2)), self.splat(k))    # k 2^f
+        scale = b.bitcast(b.shl(b.bitcast(t, self.vi), self.isplat(23)), self.vt)         # 2^(n + bias - 127)
+        return b.fmul(p, scale)
 
     def _exp_exact(self, b: ir.IRBuilder, x) -> ir.Value:
         lo = b.fcmp_ordered("<", x, self.splat(-104.0))
@@ -311,6 +325,18 @@ class VectorMath:
         slow = b.and_(b.fcmp_ordered("<", y, self.splat(-88.5)), b.fcmp_ordered(">", y, self.splat(-110.0)))
         return self._sigmoid_tail(b, x, y, slow, fast)
 
+    def _sigmoid_times_exp2(self, b: ir.IRBuilder, x, z, y_of) -> ir.Value:
+        """``_sigmoid_times_short`` with its argument given in the exponent's base: x / (1 + 2^z),
+        z = -y log2 e, so 2^z needs no Cody-Waite steps (and a caller folds log2 e into its own
+        constants).  The same edges, in log2 units: z clamped to [-80 log2 e, 129] (2^z is inf from
+        128 on: the double form's scale reaches the inf pattern at n = 129); the branch for y in
+        (-110, -88.5) computes y = ``y_of()`` there and only there."""
+        arg = b.select(b.fcmp_ordered("<", z, self.splat(129.0)), z, self.splat(129.0))            # vminps; NaN -> 129
+        arg = b.select(b.fcmp_ordered(">", arg, self.splat(-80.0 * LOG2E)), arg, self.splat(-80.0 * LOG2E))
+        fast = b.fdiv(x, b.fadd(self.splat(1.0), self._exp2_core(b, arg, double=True)))
+        slow = b.and_(b.fcmp_ordered(">", z, self.splat(88.5 * LOG2E)), b.fcmp_ordered("<", z, self.splat(110.0 * LOG2E)))
+        return self._sigmoid_tail(b, x, y_of, slow, fast)
+
     def _sigmoid_times(self, b: ir.IRBuilder, x, y) -> ir.Value:
         """x * sigmoid(y) for |x| <= |y| with y NaN only where x is (gelu, silu), without
         overflow and without subnormal intermediates (a subnormal operand costs a microcode
@@ -348,6 +374,7 @@ class VectorMath:
         S = 64
         entry = b.block
         with b.if_then(self._any(b, slow), likely=False):
+            y = y() if callable(y) else y    # computed in the branch only (``_sigmoid_times_exp2``)
             scaled = self._exp_core(b, b.select(slow, y, self.splat(0.0)), self.splat(float(S)))  # exp(y) 2^64
             exact = self._scale_down_exact(b, b.fmul(b.select(slow, x, self.splat(0.0)), scaled), S)
             taken = b.select(slow, exact, fast)
@@ -386,9 +413,16 @@ class VectorMath:
     def _gelu_tanh(self, b: ir.IRBuilder, x) -> ir.Value:
         # 0.5 x (1 + tanh(y)) == x * sigmoid(2y), y = sqrt(2/pi) (x + 0.044715 x^3)
         c = math.sqrt(2.0 / math.pi)
-        x3 = b.fmul(b.fmul(x, x), x)
-        # 2y in one product: scaling by 2 is exact, so (2c) t rounds as 2 (c t) does
-        return self._sigmoid_times(b, x, b.fmul(self.splat(2.0 * c), self.fma(b, self.splat(0.044715), x3, x)))
+
+        def two_y(bb):
+            x3 = bb.fmul(bb.fmul(x, x), x)
+            # 2y in one product: scaling by 2 is exact, so (2c) t rounds as 2 (c t) does
+            return bb.fmul(self.splat(2.0 * c), self.fma(bb, self.splat(0.044715), x3, x))
+        if self._zmm:
+            return self._sigmoid_times(b, x, two_y(b))
+        # AVX2: -2y log2 e in three roundings (as 2y takes four), then 2^z without Cody-Waite steps
+        z = b.fmul(x, self.fma(b, self.splat(GELU_Z[1]), b.fmul(x, x), self.splat(GELU_Z[0])))
+        return self._sigmoid_times_exp2(b, x, z, lambda: two_y(b))
 
     def _gelu_erf(self, b: ir.IRBuilder, x) -> ir.Value:
         # 0.5 x (1 + erf(x / sqrt2)); for x / sqrt2 <= -1 use 0.5 x erfc(|x| / sqrt2)
