@@ -144,7 +144,10 @@ def generate(kop: s.KernelOp):
     ws = {k: kf.alloc(b, n, f32, spaces.get(k, "l2")) for k, n in sizes.items()}
     workspace = sum(-(-n * 4 // ALIGN) * ALIGN for n in sizes.values())
 
-    nqb = b.ceil_div(nSQ, BQ)
+    # query blocks of equal size (at most BQ, whole S^T tiles): 1024 queries run 8 blocks of 128,
+    # not 7 of 144 and one of 16 that computes 48 columns
+    bqn = b.mul(b.ceil_div(b.ceil_div(nSQ, b.max(b.ceil_div(nSQ, BQ), 1)), NRW), NRW)
+    nqb = b.ceil_div(nSQ, b.max(bqn, 1))
     total = b.mul(b.mul(nB, nH), nqb)
     group = b.div(nH, b.max(nHKV, 1))
 
@@ -231,9 +234,12 @@ def generate(kop: s.KernelOp):
         bidx = bi.div(w, bi.mul(nH, nqb))
         h = bi.rem(bi.div(w, nqb), nH)
         qb = bi.rem(w, nqb)
-        q0 = bi.mul(qb, BQ)
-        bq = bi.min(BQ, bi.sub(nSQ, q0))
-        bqc = bi.mul(bi.ceil_div(bq, QUNIT), QUNIT)   # query columns computed (the panel is zero past bq)
+        q0 = bi.mul(qb, bqn)
+        bq = bi.min(bqn, bi.sub(nSQ, q0))
+        # query columns of S^T computed (whole tiles; the Q^T panel is zero past bq), and query rows
+        # of O (whole MR tiles: rows past bq, never written out, may read stale scratch past bqs)
+        bqs = bi.mul(bi.ceil_div(bq, NRW), NRW)
+        bqo = bi.mul(bi.ceil_div(bq, MR), MR)
         kvh = bi.div(h, bi.max(group, 1))
 
         def off(bb, v, hh, row):
@@ -242,12 +248,12 @@ def generate(kop: s.KernelOp):
 
         qv, kv_, vv = views["q"], views["k"], views["v"]
 
-        def zero_q(bz: Builder):  # a short last block: query columns up to bqc read zeros
+        def zero_q(bz: Builder):  # a block of bq < bqs queries: query columns up to bqs read zeros
             strip(bz, BQ, nD, OCH, lambda bc, r, c0: store(
                 bc, _const_row(bc, OCH, 0.0), view(bc, ws["q"], f32, "l2", (1, OCH), bc.add(bc.mul(r, BQ), c0),
                                                    0, 1, 1, OCH)))
             return []
-        bi.if_(bi.cmp("slt", bq, BQ), zero_q)
+        bi.if_(bi.cmp("slt", bq, bqs), zero_q)
         # Q^T: element (d, i) of q[b, h, q0 + i, d]
         pack(bi, view(bi, buf[qv.arg], elem, "global", (Dp, BQ), off(bi, qv, h, q0), kf.size(qv.strides[3]),
                       kf.size(qv.strides[2]), nD, bq), ws["q"], "b_panel", NRW)
@@ -255,7 +261,7 @@ def generate(kop: s.KernelOp):
         ninf = elementwise(bi, "add", [_const_row(bi, BQ, 0.0), tile_const(bi, float("-inf"))])
         store(bi, ninf, view(bi, ws["m"], f32, "l1", (1, BQ), 0, 0, 1, 1, BQ))
         store(bi, _const_row(bi, BQ, 0.0), view(bi, ws["l"], f32, "l1", (1, BQ), 0, 0, 1, 1, BQ))
-        strip(bi, DVp, bqc, OCH, lambda bc, r, c0: store(
+        strip(bi, DVp, bqo, OCH, lambda bc, r, c0: store(
             bc, _const_row(bc, OCH, 0.0), view(bc, ws["o"], f32, "l2", (1, OCH), bc.add(bc.mul(r, DVp), c0),
                                                0, 1, 1, bc.sub(DVp, c0))))
 
@@ -295,7 +301,7 @@ def generate(kop: s.KernelOp):
                             bl.op(t.PrefetchOp.create(operands=[pv]))
                         return []
                     bp.for_(0, n, line, lines)
-            micro_gemm(bk, k_at, lambda ba, jr, kk: panel_at(ba, ws["q"], nD, jr, kk), nk, bqc, nD, s_store, col0,
+            micro_gemm(bk, k_at, lambda ba, jr, kk: panel_at(ba, ws["q"], nD, jr, kk), nk, bqs, nD, s_store, col0,
                        prefetch_next)
 
             def s_row(bj: Builder, j, c0):
@@ -352,7 +358,7 @@ def generate(kop: s.KernelOp):
                 store(bc, elementwise(bc, "add", [elementwise(bc, "mul", [load(bc, stat("l"), (1, CW)), alpha]),
                                                   psum]), stat("l"))
                 return []
-            bk.for_(0, bqc, CW, column_strip)
+            bk.for_(0, bqs, CW, column_strip)
 
             # V block: element (j, e) of v[b, kvh, j0 + j, e]
             pack(bk, view(bk, buf[vv.arg], elem, "global", (BKV, DVp), off(bk, vv, kvh, j0), kf.size(vv.strides[2]),
@@ -370,7 +376,7 @@ def generate(kop: s.KernelOp):
                 store(bo, elementwise(bo, "add", [rescale(bo, load(bo, o_v, (MR, NRW)), alpha), val]), o_v)
             # causal: query row tile ir needs the keys up to its last query (the rest of P is 0)
             kext = (lambda bo, ir: causal_keys(bo, q0, j0, bo.add(ir, MR), nk)) if causal else nk
-            micro_gemm(bk, p_at, v_at, bqc, nDV, kext, o_finish)
+            micro_gemm(bk, p_at, v_at, bqo, nDV, kext, o_finish)
             return []
 
         bi.for_(0, kv_end, BKV, kv_block)
