@@ -236,7 +236,8 @@ def test_exp2_bounded_ulp_over_its_domain(monkeypatch, arch):
     x = N.sweep()
     x = x[~(x > 127)]                                         # NaN kept
     rng = np.random.default_rng(6)
-    x = np.concatenate([x, rng.uniform(-127, -125, 2000).astype(np.float32), rng.uniform(-2, 2, 2000).astype(np.float32),
+    x = np.concatenate([x, rng.uniform(-127, -125, 2000).astype(np.float32),
+                        rng.uniform(-2, 2, 2000).astype(np.float32),
                         np.array([-np.inf, np.nan, 0.0, -0.0, 127.0, -126.0, np.nextafter(np.float32(-126), 0),
                                   np.nextafter(np.float32(-126), -np.inf), 0.5, -0.5], np.float32)])
     f = ts.jit(ts.ops.exp, arch=arch)

@@ -188,14 +188,8 @@ class VectorMath:
         magic = 1.5 * 2.0 ** 23 + bias
         t = b.fadd(x, self.splat(magic))        # round(x) + bias + 1.5 2^23: its low bits are 2^n's exponent
         f = b.fsub(x, b.fsub(t, self.splat(magic)))   # x - round(x), exact, in [-1/2, 1/2]
-        f2 = b.fmul(f, f)
         k = 2.0 if double else 1.0    # a power of two: the scaled coefficients are exact
-        c = [k * q for q in EXP2_Q]
-        q = [self.fma(b, f, self.splat(c[i + 1]), self.splat(c[i])) for i in (0, 2)]
-        qq = self.fma(b, self.fma(b, self.splat(c[4]), f2, q[1]), f2, q[0])                # k Q2(f)
-        p = self.fma(b, f, self.fma(b, f, qq, self.splat(k * EXP2_LN2)), self.splat(k))    # k 2^f
-        scale = b.bitcast(b.shl(b.bitcast(t, self.vi), self.isplat(23)), self.vt)         # 2^(n + bias - 127)
-        return b.fmul(p, scale)
+        return self._short_poly_scaled(b, f, t, EXP2_Q, EXP2_LN2, k)   # k 2^f 2^(n + bias - 127)
 
     def _exp_exact(self, b: ir.IRBuilder, x) -> ir.Value:
         lo = b.fcmp_ordered("<", x, self.splat(-104.0))
@@ -251,12 +245,18 @@ class VectorMath:
         r = self.fma(b, n, self.splat(-LN2_HI), x)
         r = self.fma(b, n, self.splat(-LN2_LO), r)
         k = 2.0 if double else 1.0    # a power of two: the scaled coefficients are exact
+        return self._short_poly_scaled(b, r, t, EXP_Q, 1.0, k)   # k exp(r) 2^(n + bias - 127)
+
+    def _short_poly_scaled(self, b: ir.IRBuilder, r, t, inner, lin: float, k: float) -> ir.Value:
+        """k (1 + r (lin + r Q(r))) 2^(n + bias - 127), Q's coefficients ``inner`` (five), the
+        scale from the exponent bits of ``t`` (n + bias + 1.5 2^23): the inner part in r^2 (two
+        chains of half the length), then Horner's last two steps (exp and exp2's shared tail)."""
         r2 = b.fmul(r, r)
-        c = [k * q for q in EXP_Q]
+        c = [k * q for q in inner]
         q = [self.fma(b, r, self.splat(c[i + 1]), self.splat(c[i])) for i in (0, 2)]
-        qq = self.fma(b, self.fma(b, self.splat(c[4]), r2, q[1]), r2, q[0])     # k Q(r)
-        p = self.fma(b, r, self.fma(b, r, qq, self.splat(k)), self.splat(k))   # k exp(r), Horner's last two steps
-        scale = b.bitcast(b.shl(b.bitcast(t, self.vi), self.isplat(23)), self.vt)  # 2^(n + bias - 127)
+        qq = self.fma(b, self.fma(b, self.splat(c[4]), r2, q[1]), r2, q[0])          # k Q(r)
+        p = self.fma(b, r, self.fma(b, r, qq, self.splat(k * lin)), self.splat(k))   # Horner's last two steps
+        scale = b.bitcast(b.shl(b.bitcast(t, self.vi), self.isplat(23)), self.vt)   # 2^(n + bias - 127)
         return b.fmul(p, scale)
 
     def _recip_1_2(self, b: ir.IRBuilder, d) -> ir.Value:
@@ -334,7 +334,8 @@ class VectorMath:
         arg = b.select(b.fcmp_ordered("<", z, self.splat(129.0)), z, self.splat(129.0))            # vminps; NaN -> 129
         arg = b.select(b.fcmp_ordered(">", arg, self.splat(-80.0 * LOG2E)), arg, self.splat(-80.0 * LOG2E))
         fast = b.fdiv(x, b.fadd(self.splat(1.0), self._exp2_core(b, arg, double=True)))
-        slow = b.and_(b.fcmp_ordered(">", z, self.splat(88.5 * LOG2E)), b.fcmp_ordered("<", z, self.splat(110.0 * LOG2E)))
+        slow = b.and_(b.fcmp_ordered(">", z, self.splat(88.5 * LOG2E)),
+                      b.fcmp_ordered("<", z, self.splat(110.0 * LOG2E)))
         return self._sigmoid_tail(b, x, y_of, slow, fast)
 
     def _sigmoid_times(self, b: ir.IRBuilder, x, y) -> ir.Value:

@@ -155,8 +155,8 @@ def numerics_md() -> str:
                "lane gets the value it gets alone.  Attention keeps its scores in log2 units (the scale multiplied by "
                "log2 e when S = Q K^T is stored, an additive mask by log2 e as it is read) and takes `exp2_bounded` "
                "(2^x for x <= 127; 0 below 2^-126: beside the row maximum's weight of 1 such a probability moves an "
-               "output by less than 2^-126 times the values it weighs): its reduction x - round(x) is exact, so the Cody-Waite steps go; within 1 ULP over "
-               "its domain, tested the same way.  Softmax's row maximum drops a NaN (`select_max`: one `vmaxps`); the "
+               "output by less than 2^-126 times the values it weighs): its reduction x - round(x) is exact, so the "
+               "Cody-Waite steps go; within 1 ULP over its domain, tested the same way.  Softmax's row maximum drops a NaN (`select_max`: one `vmaxps`); the "
                "NaN still reaches the row's sum, so the row is NaN wherever numpy's is (tested at every column "
                "position).\n")
     return "".join(out)
