@@ -61,11 +61,15 @@ class _Fn(FnCodegen):
         compares and a merge per 16-lane mask in every packing loop); scalar arithmetic
         stays hoisted, and the loop keeps one move into a mask register (AVX-512)."""
         b = self.b
-        if w < 16:   # AVX2 vectors: no mask registers, a compare makes the lane mask directly
-            iv = ir.VectorType(I64, w)
-            return b.icmp_signed("<", ir.Constant(iv, list(range(w))), self._splat(count, iv))
         zero, full = ir.Constant(I64, 0), ir.Constant(I64, w)
         c = b.select(b.icmp_signed("<", count, zero), zero, b.select(b.icmp_signed(">", count, full), full, count))
+        if w < 16:
+            # AVX2 vectors: no mask registers; a compare of 32-bit lane indices with the clamped
+            # count makes the lane mask in one vpcmpgtd (with 64-bit lanes, as before, the compare
+            # that CodeGenPrepare sinks into the loop was two compares, packs and shuffles: 14
+            # instructions per 16-lane mask in every packing loop, 6.6 % of attention on Zen 1)
+            iv = ir.VectorType(I32, w)
+            return b.icmp_signed("<", ir.Constant(iv, list(range(w))), self._splat(b.trunc(c, I32), iv))
         if w == 64:
             bits = b.select(b.icmp_signed("==", c, full), ir.Constant(I64, -1),
                             b.sub(b.shl(ir.Constant(I64, 1), c), ir.Constant(I64, 1)))

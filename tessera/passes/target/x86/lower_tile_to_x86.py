@@ -743,12 +743,13 @@ class _Lowerer(OpLowerer):
             if cs1:
                 counts = [bp.max(bp.min(bp.sub(cols, bp.add(col0, v * W)), W), 0) for v in range(nv)]
 
-                def group(bg: Builder, gidx, _c2):
+                def group(bg: Builder, gidx, _c2, whole: bool = False):
                     dbase = bg.add(pbase, bg.mul(gidx, nrw * kp))
                     if kp == 1:
                         soff = bg.add(src.off, bg.add(bg.mul(gidx, src.rs), col0))
                         for v in range(nv):
-                            ld = x.VLoadOp.create(operands=[src.base, bg.c(bg.add(soff, v * W)), bg.c(counts[v])],
+                            ld = x.VLoadOp.create(operands=[src.base, bg.c(bg.add(soff, v * W))]
+                                                  + ([] if whole else [bg.c(counts[v])]),
                                                   result_types=[self.vtype(elem)])
                             bg.op(ld)
                             val = self._convert_vec(bg, ld.result, elem)
@@ -778,7 +779,18 @@ class _Lowerer(OpLowerer):
                             bg.op(x.VStoreOp.create(operands=[il.result, dst, bg.c(bg.add(dbase, v * W * 2))]))
                     return []
 
-                bp.for_(0, bp.div(kcp, kp), 1, group)   # groups past the rows load nothing: zeros
+                if kp == 1:
+                    # a panel whose columns are all in range loads whole vectors (no lane masks);
+                    # rows past the last (k up to kcp) still load nothing
+                    def whole_rows(bw: Builder):
+                        bw.for_(0, rows, 1, lambda bg, gidx, c: group(bg, gidx, c, whole=True))
+                        bw.for_(rows, kcp, 1, group)
+
+                    def masked_rows(bm: Builder):
+                        bm.for_(0, kcp, 1, group)
+                    bp.if_(bp.cmp("sge", bp.sub(cols, col0), nrw), whole_rows, masked_rows)
+                else:
+                    bp.for_(0, bp.div(kcp, kp), 1, group)   # groups past the rows load nothing: zeros
             else:
                 self._scalar_pack(bp, src, dst, pbase, col0, nrw, kp, kcp, transpose=False)
             return []
