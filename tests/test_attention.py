@@ -218,3 +218,44 @@ def test_softmax_strips_that_stop_short_of_straddling_tiles_fail_the_gate(rng, m
     monkeypatch.setattr(attention_kernel, "straddle", lambda mr: 0)
     bad = ts.jit(lambda q, k, v: ts.ops.attention(q, k, v, causal=True), schedule=pins)(q, k, v)
     assert not O.gate(bad, ref(q, k, v, causal=True), 1e-5)
+
+
+def _same_values(rng, hk, sk, dv=64):
+    """Values nearly equal across keys: the output is about their common row whatever the weights,
+    so scores of large magnitude (whose float32 rounding moves the weights) still meet the gate,
+    and a kernel whose probabilities all underflow (output 0) fails it."""
+    w = rng.standard_normal((1, hk, 1, dv))
+    return (w + 1e-3 * rng.standard_normal((1, hk, sk, dv))).astype(np.float32)
+
+
+def test_block_maxima_leave_out_the_rows_past_the_keys(rng, monkeypatch):
+    """Without a mask, S^T's register tiles fold their column maxima into the block's maximum;
+    a partial tile (1000 keys: the last block's last tile holds 4 of 6) is left to the max pass.
+    Scores are all about -300: folding the partial tile too takes the zero scores of its padded
+    rows, every probability falls below 2^-126 and the oracle catches it."""
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    q = (-5.0 - 0.1 * rng.standard_normal((1, 2, 100, 64))).astype(np.float32)
+    k = (7.5 + 0.1 * rng.standard_normal((1, 2, 1000, 64))).astype(np.float32)
+    v = _same_values(rng, 2, 1000)
+    f = ts.jit(lambda q, k, v: ts.ops.attention(q, k, v))
+    O.assert_close(f(q, k, v), ref(q, k, v), 1e-5)
+    monkeypatch.setattr(attention_kernel, "whole_keys", lambda b, ir, mr, nk: b.cmp("sle", 0, 0))
+    bad = ts.jit(lambda q, k, v: ts.ops.attention(q, k, v))(q, k, v)
+    assert not O.gate(bad, ref(q, k, v), 1e-5)
+
+
+def test_causal_strips_on_the_diagonal_do_not_take_unmasked_maxima(rng, monkeypatch):
+    """Keys' scores grow with their position (by about 100 a key): a key past a query outscores
+    every key it sees by far more than float32's range of probabilities, so a strip that the
+    diagonal crosses must compute its masked maximum, not take the block's unmasked one."""
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    n = 300
+    q = (1.0 + 0.1 * rng.standard_normal((1, 2, n, 64))).astype(np.float32)
+    k = ((1.0 + 0.1 * rng.standard_normal((1, 2, n, 64))) * np.arange(n)[None, None, :, None] * 12.5
+         ).astype(np.float32)
+    v = _same_values(rng, 2, n)
+    f = ts.jit(lambda q, k, v: ts.ops.attention(q, k, v, causal=True))
+    O.assert_close(f(q, k, v), ref(q, k, v, causal=True), 1e-5)
+    monkeypatch.setattr(attention_kernel, "sees_block", lambda b, q0, c0, j0, nk: b.cmp("sle", 0, 0))
+    bad = ts.jit(lambda q, k, v: ts.ops.attention(q, k, v, causal=True))(q, k, v)
+    assert not O.gate(bad, ref(q, k, v, causal=True), 1e-5)

@@ -289,10 +289,23 @@ class _Fn(FnCodegen):
             ninf = ir.Constant(a.type, [ir.Constant(a.type.element, float("-inf"))] * a.type.count)
             r = b.select(b.fcmp_unordered("!=", c, ir.Constant(a.type, None)), a, ninf)
         elif fn == "select_max":   # a > c ? a : c: one vmaxps (see tile.BINARY_FNS)
-            r = b.select(b.fcmp_ordered(">", a, c), a, c)
+            r = self._vmaxps(a, c)
         else:  # max / min as numpy's: one vmaxps and a NaN select (llvm.maximum costs two more)
             r = self.numpy_max(a, c, fn == "max")
         self.set(op, r)
+
+    def _vmaxps(self, a, c):
+        """a > c ? a : c as the vmaxps intrinsic: written as a select, LLVM turned
+        ``store(select(a > c, a, c), p)`` with c loaded from p into a compare and a masked store,
+        which AMD cores before Zen 3 run in microcode."""
+        vt = a.type
+        name = {8: "llvm.x86.avx.max.ps.256", 16: "llvm.x86.avx512.max.ps.512"}.get(
+            getattr(vt, "count", 0)) if getattr(vt, "element", None) == F32 else None
+        if name is None:
+            return self.b.select(self.b.fcmp_ordered(">", a, c), a, c)
+        if vt.count == 16:
+            return self.b.call(self.gen.intrinsic(name, vt, [vt, vt, I32]), [a, c, ir.Constant(I32, 4)])
+        return self.b.call(self.gen.intrinsic(name, vt, [vt, vt]), [a, c])
 
     def op_tessera_x86_vunary(self, op):
         a = self.v(op.input)

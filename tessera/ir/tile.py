@@ -660,7 +660,9 @@ class MaskOp(IRDLOperation):
             raise TileShapeMismatch("tile.mask side is 'le' or 'ge' and needs a diag", op=self)
 
 
-REDUCE_KINDS = ("add", "max")
+# select_max: the maximum, a NaN in the tile possibly dropped (one vmaxps per step on x86; a lowering
+# may propagate NaN instead): only for a consumer whose result is NaN anyway when an element was
+REDUCE_KINDS = ("add", "max", "select_max")
 
 
 @irdl_op_definition

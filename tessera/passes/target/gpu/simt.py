@@ -667,6 +667,9 @@ class SimtLowerer(OpLowerer):
         if R > self.wave:
             raise CodegenError(f"tile.reduce of {R} rows: a wave has {self.wave} lanes (one row each)")
         vv, kind = src.view, op.kind.data
+        kind = "max" if kind == "select_max" else kind   # NaN kept: a valid select_max
+        if kind not in ("add", "max"):
+            raise CodegenError(f"tile.reduce kind {kind!r} has no GPU lowering")
         nwaves = self.block // self.wave
         alloc = t.AllocOp.create(attributes={"size": i64_attr(R * nwaves)},
                                  result_types=[t.BufferType(f32, StringAttr(self.space))])

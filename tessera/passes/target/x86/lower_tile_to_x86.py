@@ -675,7 +675,7 @@ class _Lowerer(OpLowerer):
         src: Regs = self.get(op.input)
         R, C = op.input.type.dims
         rows = self._expand(src, R, C)
-        fn = "add" if kind == "add" else "max"
+        fn = kind   # tile.reduce's kinds are elementwise fns of the same names
 
         def comb(x0, x1):
             new = x.VBinaryOp.create(operands=[x0, x1], attributes={"fn": StringAttr(fn)}, result_types=[self.vf32])
@@ -689,7 +689,8 @@ class _Lowerer(OpLowerer):
                 for v in rows[i][1:]:
                     acc = comb(acc, v)
                 if C > 1:
-                    red = x.VReduceOp.create(operands=[acc], attributes={"kind": StringAttr(kind)},
+                    red = x.VReduceOp.create(operands=[acc], attributes={"kind": StringAttr(
+                        "max" if kind == "select_max" else kind)},
                                              result_types=[self.vf32])
                     b.op(red)
                     acc = red.result

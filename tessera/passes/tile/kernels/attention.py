@@ -123,6 +123,11 @@ def generate(kop: s.KernelOp):
     OCH = 4 * W  # columns of O handled per step of the row loops
     CW = NRW     # query columns per strip of the softmax passes
     masked = causal or mask_view is not None
+    # without a mask, S^T's register tiles also fold their column maxima into bm (the block's
+    # maximum per query), and the softmax's max pass reads those instead of the scores: causal
+    # strips whose queries see every key of the block take them, the ones the diagonal crosses
+    # still compute the masked maximum from the scores
+    fused_max = mask_view is None
 
     sig = KernelSig(name)
     for v in kop.inputs:
@@ -139,8 +144,9 @@ def generate(kop: s.KernelOp):
     nB, nH, nHKV, nSQ, nSK, nD, nDV = (kf.size(d) for d in (B, H, HKV, SQ, SK, DH, DV))
 
     # ---- workspace (per thread, O(block))
-    sizes = {"q": Dp * BQ, "k": BKV * Dp, "s": BKV * BQ, "v": BKV * DVp, "o": BQ * DVp, "m": BQ, "l": BQ, "a": BQ}
-    spaces = {"s": "l1", "m": "l1", "l": "l1", "a": "l1"}
+    sizes = {"q": Dp * BQ, "k": BKV * Dp, "s": BKV * BQ, "v": BKV * DVp, "o": BQ * DVp, "m": BQ, "l": BQ, "a": BQ,
+             "bm": BQ}
+    spaces = {"s": "l1", "m": "l1", "l": "l1", "a": "l1", "bm": "l1"}
     ws = {k: kf.alloc(b, n, f32, spaces.get(k, "l2")) for k, n in sizes.items()}
     workspace = sum(-(-n * 4 // ALIGN) * ALIGN for n in sizes.values())
 
@@ -282,8 +288,20 @@ def generate(kop: s.KernelOp):
                 return ws["k"], "l2", ba.add(ba.mul(ir, nD), ba.mul(kk, MR)), 1  # panel ir/MR, column kk
 
             def s_store(bs, ir, jr, val):
-                store(bs, elementwise(bs, "mul", [val, scale_tile]),
-                      view(bs, ws["s"], f32, "l1", (MR, NRW), bs.add(bs.mul(ir, BQ), jr), BQ, 1, bs.sub(nk, ir), NRW))
+                scaled = elementwise(bs, "mul", [val, scale_tile])
+                store(bs, scaled, view(bs, ws["s"], f32, "l1", (MR, NRW), bs.add(bs.mul(ir, BQ), jr), BQ, 1,
+                                       bs.sub(nk, ir), NRW))
+                if fused_max:
+                    def fold(bf: Builder):
+                        col = bf.op(t.ReduceOp.create(operands=[scaled], attributes={
+                            "kind": StringAttr("select_max"), "axis": i64_attr(0)}, result_types=[t.tile_type(1, NRW, f32)]))
+                        bmv = view(bf, ws["bm"], f32, "l1", (1, NRW), jr, 0, 1, 1, NRW)
+                        store(bf, elementwise(bf, "select_max", [load(bf, bmv, (1, NRW)), col.results[0]]), bmv)
+                    bs.if_(whole_keys(bs, ir, MR, nk), fold)
+            if fused_max:
+                strip(bk, bqs, 1, NRW, lambda bc, _r, c0: store(
+                    bc, elementwise(bc, "add", [_const_row(bc, NRW, 0.0), tile_const(bc, float("-inf"))]),
+                    view(bc, ws["bm"], f32, "l1", (1, NRW), c0, 0, 1, 1, NRW)))
             # causal: a tile whose every key is past its every query (key j0 + ir > query q0 + jr + NR*W - 1)
             # is not computed; the softmax below masks whatever its scratch holds
             col0 = (lambda bc, ir: bc.mul(bc.div(bc.max(bc.sub(bc.add(j0, ir), q0), 0), NRW), NRW)) if causal else None
@@ -341,7 +359,18 @@ def generate(kop: s.KernelOp):
                         store(bj, x, s_row(bj, j, c0))
                     # (select_max, as softmax's row kernel uses, measured 15 % slower here when causal)
                     return [elementwise(bj, "max", [c[0], x])]
-                m_new = bc.for_(0, kn, 1, max_row, [m_old])[0]
+                m_start, jlo = m_old, 0
+                if fused_max:
+                    nfull = bc.mul(bc.div(nk, MR), MR)   # keys in whole S^T tiles: their maxima are in bm
+                    bmt = load(bc, view(bc, ws["bm"], f32, "l1", (1, CW), c0, 0, 1, 1, CW), (1, CW))
+                    if causal:   # bm holds unmasked scores: only for a strip whose every query sees every key
+                        seen = sees_block(bc, q0, c0, j0, nk)
+                        jlo = bc.select(seen, bc.c(nfull), bc.c(0))
+                        bmt = _mask(bc, bmt, bc.select(seen, bc.c(CW), bc.c(0)), float("-inf"))
+                    else:
+                        jlo = nfull
+                    m_start = elementwise(bc, "max", [m_old, bmt])
+                m_new = bc.for_(jlo, kn, 1, max_row, [m_start])[0]
                 m_safe = elementwise(bc, "finite_or_zero", [m_new])
 
                 def p_row(bj: Builder, j, c):
@@ -411,6 +440,18 @@ def causal_keys(b: Builder, q0, j0, queries_end, nk):
     return b.max(b.min(nk, b.sub(b.add(q0, queries_end), j0)), 0)
 
 
+def whole_keys(b: Builder, ir, mr: int, nk):
+    """Whether S^T's row tile at ir holds mr keys of the block's nk (a partial tile's rows past
+    nk are not keys, and its column maxima are not folded into bm)."""
+    return b.cmp("sle", b.add(ir, mr), nk)
+
+
+def sees_block(b: Builder, q0, c0, j0, nk):
+    """Whether every query of the strip at column c0 (query q0 + c0 on) sees every key of the
+    block j0 .. j0 + nk - 1 under the causal mask: then the block's unmasked maxima are its."""
+    return b.cmp("sle", b.add(j0, nk), b.add(b.add(q0, c0), 1))
+
+
 def straddle(mr: int) -> int:
     """Extra keys a softmax strip covers past its last query: an O row tile of mr queries that
     straddles two strips reads P that far into the first one (masked there, so 0)."""
@@ -422,10 +463,17 @@ def rescale(b: Builder, o_tile, alpha):
     return elementwise(b, "mul", [o_tile, alpha])
 
 
+def _mask(b: Builder, x, cols, pad: float):
+    """x with its columns from ``cols`` on replaced by ``pad``."""
+    return b.op(t.MaskOp.create(operands=[x, b.c(cols)], attributes={"pad": FloatAttr(pad, f32)},
+                                result_types=[x.type])).results[0]
+
+
 def _const_row(b: Builder, n: int, value: float):
     op = t.ConstantOp.create(attributes={"value": FloatAttr(value, f32)}, result_types=[t.tile_type(1, n, f32)])
     b.op(op)
     return op.result
 
 
-__all__ = ["AttentionPlan", "analyse", "causal_keys", "generate", "rescale", "straddle", "D"]
+__all__ = ["AttentionPlan", "analyse", "causal_keys", "generate", "rescale", "sees_block", "straddle", "whole_keys",
+           "D"]
