@@ -27,6 +27,12 @@ _ACCEPTED: set = set()   # argument dtypes already checked by dtypes.as_dtype
 MAX_PLANS = 64           # call plans kept per function (a shape sweep replaces them)
 
 
+def _scalar_key(a) -> tuple:
+    """A Python number by type and value, a float by its bits: -0.0 == 0.0, but the compiled
+    kernel bakes the scalar in."""
+    return (type(a).__name__, a.hex() if isinstance(a, float) else a)
+
+
 def _signature(args) -> tuple | None:
     """What a call plan is keyed by: each argument's dtype and shape (C-contiguous arrays
     only: others are copied first) or its type and value; None where no plan may serve."""
@@ -36,10 +42,8 @@ def _signature(args) -> tuple | None:
             if not a.flags.c_contiguous:
                 return None
             sig.append((a.dtype, a.shape))
-        elif type(a) is float:
-            sig.append((float, a.hex()))   # -0.0 == 0.0, but the kernel bakes the scalar in
-        elif type(a) is int:
-            sig.append((int, a))
+        elif type(a) is float or type(a) is int:
+            sig.append(_scalar_key(a))
         else:
             return None
     return tuple(sig)
@@ -121,8 +125,7 @@ class JitFunction:
             if t:
                 parts.append(("a", a.dtype, tuple(s == 1 for s in a.shape)))
             else:
-                # a float by its bits: -0.0 == 0.0, but the compiled kernel holds the scalar itself
-                parts.append(("s", type(a).__name__, a.hex() if isinstance(a, float) else a))
+                parts.append(("s",) + _scalar_key(a))
         return tuple(parts)
 
     # ------------------------------------------------------------------ compile
