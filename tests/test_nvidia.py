@@ -60,7 +60,8 @@ def test_sass_has_hmma(rng):
     assert "HMMA" in ptx_tools.sass(art.binary(), "sm_90")
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_120"])
+@pytest.mark.parametrize("arch", [pytest.param("sm_80", marks=pytest.mark.slow), "sm_90",
+                                  pytest.param("sm_120", marks=pytest.mark.slow)])
 def test_the_emitted_instruction_is_the_selected_records_for_each_dtype(arch, rng):
     """f16 and bf16 are different instructions of one shape: the PTX must hold the record's.
     (A real H200 caught bf16 kernels running the f16 mma.sync while the emulator, which reads
@@ -92,7 +93,9 @@ def test_lane_report(rng):
 
 
 # --------------------------------------------------------------------------- numerics (emulator)
-@pytest.mark.parametrize("arch,dtype", [("sm_75", "f16"), ("sm_80", "bf16"), ("sm_86", "f16"), ("sm_89", "bf16"),
+@pytest.mark.parametrize("arch,dtype", [pytest.param("sm_75", "f16", marks=pytest.mark.slow), ("sm_80", "bf16"),
+                                        pytest.param("sm_86", "f16", marks=pytest.mark.slow),
+                                        pytest.param("sm_89", "bf16", marks=pytest.mark.slow),
                                         ("sm_90", "f16"), ("sm_90", "bf16"), ("sm_120", "f16")])
 def test_emulated_gemm_with_c0_matches_float64_and_the_rounding_model(arch, dtype, rng):
     art = None
@@ -117,7 +120,7 @@ def test_emulated_epilogue_and_batch(rng):
     assert rel_err(got, x / (1 + np.exp(-x))) < 1e-2
 
 
-@pytest.mark.parametrize("staging", [1, pytest.param(3, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("staging", [pytest.param(1, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.slow)])
 def test_other_pipeline_depths(staging, rng):
     a, b, c0 = inputs(rng, "f16", 70, 72, 160)
     art = _compile(gemm_acc, (a, b, c0), "sm_80", staging=staging, tile_m=64, tile_n=64)

@@ -97,7 +97,7 @@ def test_emulated_gemm_with_c0_matches_float64_and_the_rounding_model(arch, dtyp
         assert ulps.max() <= 1 and (ulps == 0).mean() > 0.999, (m, n, k, ulps.max())
 
 
-@pytest.mark.parametrize("arch", ["gfx1151", "gfx1201", "gfx942"])
+@pytest.mark.parametrize("arch", ["gfx1151", pytest.param("gfx1201", marks=pytest.mark.slow), "gfx942"])
 def test_emulated_bias_gelu_epilogue_in_f16(arch, rng):
     m, n, k = 70, 50, 40
     a, b, _ = inputs(rng, "f16", m, n, k)
@@ -109,7 +109,7 @@ def test_emulated_bias_gelu_epilogue_in_f16(arch, rng):
     assert rel_err(got, want) < 1e-2
 
 
-@pytest.mark.parametrize("arch", ["gfx1100", "gfx90a"])
+@pytest.mark.parametrize("arch", [pytest.param("gfx1100", marks=pytest.mark.slow), "gfx90a"])
 def test_emulated_batched_gemm(arch, rng):
     a, b, c0 = inputs(rng, "bf16", 37, 29, 23, batch=(3,))
     got = _compile(batched, (a, b, c0), arch).emulate(a, b, c0)
