@@ -37,7 +37,7 @@ def _compile(fn, args, arch, **schedule):
 
 
 # --------------------------------------------------------------------------- code objects
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", [pytest.param(a, marks=pytest.mark.slow) if a == "gfx1100" else a for a in ARCHS])
 def test_code_object_for_every_arch(arch, rng):
     a, b, c0 = inputs(rng, "f16", 70, 72, 48)
     art = _compile(gemm_acc, (a, b, c0), arch)

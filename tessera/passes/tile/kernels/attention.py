@@ -293,8 +293,9 @@ def generate(kop: s.KernelOp):
                                        bs.sub(nk, ir), NRW))
                 if fused_max:
                     def fold(bf: Builder):
-                        col = bf.op(t.ReduceOp.create(operands=[scaled], attributes={
-                            "kind": StringAttr("select_max"), "axis": i64_attr(0)}, result_types=[t.tile_type(1, NRW, f32)]))
+                        col = bf.op(t.ReduceOp.create(
+                            operands=[scaled], attributes={"kind": StringAttr("select_max"), "axis": i64_attr(0)},
+                            result_types=[t.tile_type(1, NRW, f32)]))
                         bmv = view(bf, ws["bm"], f32, "l1", (1, NRW), jr, 0, 1, 1, NRW)
                         store(bf, elementwise(bf, "select_max", [load(bf, bmv, (1, NRW)), col.results[0]]), bmv)
                     bs.if_(whole_keys(bs, ir, MR, nk), fold)
