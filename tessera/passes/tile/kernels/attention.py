@@ -41,8 +41,8 @@ from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr, str_array
 from tessera.ir.builder import Builder
 from tessera.mma.selector import record_by_id
-from tessera.passes.tile.kernels.common import (ALIGN, KernelSig, elementwise, for_claimed, illegal, tile_const,
-                                                trace_view)
+from tessera.passes.tile.kernels.common import (ALIGN, KernelSig, elementwise, for_claimed, illegal, mask_cols,
+                                                splat_row, tile_const, trace_view)
 from tessera.passes.tile.kernels.rows import broadcast_to
 
 MAX_HEAD_DIM = 256
@@ -264,7 +264,7 @@ def generate(kop: s.KernelOp):
         pack(bi, view(bi, buf[qv.arg], elem, "global", (Dp, BQ), off(bi, qv, h, q0), kf.size(qv.strides[3]),
                       kf.size(qv.strides[2]), nD, bq), ws["q"], "b_panel", NRW)
         # m = -inf, l = 0, O = 0
-        ninf = elementwise(bi, "add", [_const_row(bi, BQ, 0.0), tile_const(bi, float("-inf"))])
+        ninf = splat_row(bi, BQ, float("-inf"))
         store(bi, ninf, view(bi, ws["m"], f32, "l1", (1, BQ), 0, 0, 1, 1, BQ))
         store(bi, _const_row(bi, BQ, 0.0), view(bi, ws["l"], f32, "l1", (1, BQ), 0, 0, 1, 1, BQ))
         strip(bi, DVp, bqo, OCH, lambda bc, r, c0: store(
@@ -301,8 +301,7 @@ def generate(kop: s.KernelOp):
                     bs.if_(whole_keys(bs, ir, MR, nk), fold)
             if fused_max:
                 strip(bk, bqs, 1, NRW, lambda bc, _r, c0: store(
-                    bc, elementwise(bc, "add", [_const_row(bc, NRW, 0.0), tile_const(bc, float("-inf"))]),
-                    view(bc, ws["bm"], f32, "l1", (1, NRW), c0, 0, 1, 1, NRW)))
+                    bc, splat_row(bc, NRW, float("-inf")), view(bc, ws["bm"], f32, "l1", (1, NRW), c0, 0, 1, 1, NRW)))
             # causal: a tile whose every key is past its every query (key j0 + ir > query q0 + jr + NR*W - 1)
             # is not computed; the softmax below masks whatever its scratch holds
             col0 = (lambda bc, ir: bc.mul(bc.div(bc.max(bc.sub(bc.add(j0, ir), q0), 0), NRW), NRW)) if causal else None
@@ -367,7 +366,7 @@ def generate(kop: s.KernelOp):
                     if causal:   # bm holds unmasked scores: only for a strip whose every query sees every key
                         seen = sees_block(bc, q0, c0, j0, nk)
                         jlo = bc.select(seen, bc.c(nfull), bc.c(0))
-                        bmt = _mask(bc, bmt, bc.select(seen, bc.c(CW), bc.c(0)), float("-inf"))
+                        bmt = mask_cols(bc, bmt, bc.select(seen, bc.c(CW), bc.c(0)), float("-inf"))
                     else:
                         jlo = nfull
                     m_start = elementwise(bc, "max", [m_old, bmt])
@@ -462,12 +461,6 @@ def straddle(mr: int) -> int:
 def rescale(b: Builder, o_tile, alpha):
     """O * alpha: the accumulator follows the running maximum (flash attention's rescale)."""
     return elementwise(b, "mul", [o_tile, alpha])
-
-
-def _mask(b: Builder, x, cols, pad: float):
-    """x with its columns from ``cols`` on replaced by ``pad``."""
-    return b.op(t.MaskOp.create(operands=[x, b.c(cols)], attributes={"pad": FloatAttr(pad, f32)},
-                                result_types=[x.type])).results[0]
 
 
 def _const_row(b: Builder, n: int, value: float):

@@ -143,6 +143,20 @@ def tile_const(b: Builder, value: float, elem: Attribute = f32) -> SSAValue:
     return op.result
 
 
+def splat_row(b: Builder, n: int, value: float) -> SSAValue:
+    """A [1, n] f32 tile of ``value`` (a zero row plus the scalar)."""
+    z = t.ConstantOp.create(attributes={"value": FloatAttr(0.0, f32)}, result_types=[t.tile_type(1, n, f32)])
+    b.op(z)
+    return elementwise(b, "add", [z.result, tile_const(b, value)])
+
+
+def mask_cols(b: Builder, x: SSAValue, cols, pad: float) -> SSAValue:
+    """``x`` with its columns from ``cols`` on replaced by ``pad``."""
+    op = t.MaskOp.create(operands=[x, b.c(cols)], attributes={"pad": FloatAttr(pad, f32)}, result_types=[x.type])
+    b.op(op)
+    return op.result
+
+
 def elementwise(b: Builder, fn: str, operands: Sequence[SSAValue]) -> SSAValue:
     shape = operands[0].type.dims  # type: ignore[attr-defined]
     for o in operands[1:]:

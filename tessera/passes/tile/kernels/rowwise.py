@@ -20,7 +20,7 @@ thread count).
 """
 from __future__ import annotations
 
-from xdsl.dialects.builtin import FloatAttr, StringAttr, f32
+from xdsl.dialects.builtin import StringAttr, f32
 
 from tessera.errors import ScheduleIllegalError
 from tessera.ir import graph as g
@@ -28,7 +28,7 @@ from tessera.ir import schedule as s
 from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr
 from tessera.passes.tile.kernels import rows as R
-from tessera.passes.tile.kernels.common import KernelSig, elementwise, tile_const
+from tessera.passes.tile.kernels.common import KernelSig, elementwise, mask_cols, splat_row, tile_const
 
 NEG_INF = float("-inf")
 SCRATCH = 16384  # floats per slot of softmax's two per-thread scratch rows (128 KiB in all: L2)
@@ -49,20 +49,6 @@ def _reduce(b, kind: str, tile_v):
                            result_types=[t.tile_type(1, 1, f32)])
     b.op(op)
     return op.result
-
-
-def _mask(b, tile_v, cols, pad: float):
-    op = t.MaskOp.create(operands=[tile_v, b.c(cols)], attributes={"pad": FloatAttr(pad, f32)},
-                         result_types=[tile_v.type])
-    b.op(op)
-    return op.result
-
-
-def _splat(b, chunk: int, value: float):
-    c = tile_const(b, value)
-    z = t.ConstantOp.create(attributes={"value": FloatAttr(0.0, f32)}, result_types=[t.tile_type(1, chunk, f32)])
-    b.op(z)
-    return elementwise(b, "add", [z.result, c])
 
 
 def generate(kop: s.KernelOp):
@@ -125,14 +111,14 @@ def generate(kop: s.KernelOp):
 
     def accumulate(br, row, kind: str, pad: float, fn, prefetch: bool = False):
         """Sum (or max) over the row of fn(x chunk) -> [1, 1] tile."""
-        init = _splat(br, chunk, pad)
+        init = splat_row(br, chunk, pad)
 
         def body(bc, c, carried):
             if prefetch:
                 R.prefetch_leaves(kf, bc, leaves, row.nxt, c, chunk)
             xv, left = x_chunk(bc, row, c, pad if kind == "max" else 0.0)
             val = fn(bc, xv)
-            val = _mask(bc, val, left, pad)
+            val = mask_cols(bc, val, left, pad)
             # softmax's maximum need not carry a NaN: one in the row reaches the sum of exp(x - max)
             # whatever the maximum is, so every output is NaN as numpy's; select_max is one vmaxps
             return [elementwise(bc, "add" if kind == "add" else "select_max", [carried[0], val])]
@@ -199,7 +185,7 @@ def _softmax(kf, b, nrows, C, chunk, scratch, Row, x_chunk, finish_chunk, accumu
 
     def exp_of(bc, row, c, mx):
         xv, left = x_chunk(bc, row, c)
-        return _mask(bc, elementwise(bc, "exp_bounded", [elementwise(bc, "sub", [xv, mx])]), left, 0.0), left  # x - max <= 0
+        return mask_cols(bc, elementwise(bc, "exp_bounded", [elementwise(bc, "sub", [xv, mx])]), left, 0.0), left  # x - max <= 0
 
     def write_chunk(bc, row, c, e, inv):
         finish_chunk(bc, row, c, bc.sub(C, c), elementwise(bc, "mul", [e, inv]))
@@ -224,7 +210,7 @@ def _softmax(kf, b, nrows, C, chunk, scratch, Row, x_chunk, finish_chunk, accumu
                 write_chunk(bc, prev[1], c, from_slot(bc, prev[0], c), prev[2])
             return [elementwise(bc, "add", [carried[0], e])]
 
-        ssum = _reduce(br, "add", br.for_(0, C, chunk, body, [_splat(br, chunk, 0.0)])[0])
+        ssum = _reduce(br, "add", br.for_(0, C, chunk, body, [splat_row(br, chunk, 0.0)])[0])
         return elementwise(br, "recip", [ssum])
 
     def write_pass(br, r, row, inv):
