@@ -271,3 +271,18 @@ def test_softmax_nan_check_has_teeth(rng, monkeypatch):
     x = _softmax_special_rows(rng, 37)
     with np.errstate(all="ignore"), pytest.raises(AssertionError):
         _assert_softmax_like_numpy(ts.jit(ts.ops.softmax)(x), x)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_gemm_wider_than_its_b_block_runs_half_blocks(threads):
+    """A B with more columns than the schedule's NC is packed in blocks of half NC (each its own
+    shared panel, phase and barrier); with NC pinned to 192, 1000 columns run 6 blocks of 96 (AVX2)
+    and a last one of 40, and an epilogue reads each block's columns of the bias."""
+    rng = np.random.default_rng()
+    a = rng.standard_normal((131, 300)).astype(np.float32)
+    b = rng.standard_normal((300, 1000)).astype(np.float32)
+    bias = rng.standard_normal(1000).astype(np.float32)
+    f = ts.jit(lambda x, y, z: x @ y + z, schedule={"threads": threads, "tile_n": 192})
+    O.assert_close(f(a, b, bias), O.f64(a) @ O.f64(b) + bias, 1e-5)
+    small = ts.jit(lambda x, y: x @ y, schedule={"threads": threads, "tile_n": 192})
+    O.assert_close(small(a, b[:, :150]), O.f64(a) @ O.f64(b[:, :150]), 1e-5)   # one block

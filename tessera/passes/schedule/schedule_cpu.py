@@ -179,7 +179,12 @@ class ScheduleCpu(TesseraPass):
         panel, kmax = ((128 << 10), 2048) if rec.register_file else (min(caches["L2"] // 8, 128 << 10), 1024)
         kc = self.tile_k or _round_down(min(max(panel // (nrw * esize), 256), kmax), kp * 4)
         mc = self.tile_m or _round_down(caches["L2"] // 2 // (kc * esize), mrr)
-        nc = self.tile_n or _round_down(min(caches["L3"] // 4 // (kc * esize), 4096), nrw)
+        # NC: the widest shared B block (KC x NC) gets an eighth of L3, and a wider B is packed in blocks
+        # of half that (kernels/gemm.py).  A quarter was measured too much on a Zen 3 VM (32 MiB of L3
+        # reported, shared with cores this process does not see), pairwise against numpy at KC 1024 /
+        # MC 60, 1 thread: 2048^3 in blocks of 2048 columns 0.88, 1024 0.88, 768 0.94, 512 0.98, 256
+        # 1.01; 4096^3 2048 0.85, 512 1.01.
+        nc = self.tile_n or _round_down(min(caches["L3"] // 8 // (kc * esize), 4096), nrw)
         for label, v, mult in (("tile-m", mc, mrr), ("tile-n", nc, nrw), ("tile-k", kc, kp)):
             if v <= 0 or v % mult:
                 raise ScheduleIllegalError(f"kernel {name}: {label}={v} must be a positive multiple of {mult} "
