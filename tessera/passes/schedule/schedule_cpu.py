@@ -60,7 +60,8 @@ class ScheduleCpu(TesseraPass):
     arch: str = option(doc="x86 CPU name or ISA level (host resolved before lowering); required")
     threads: int = option(0, doc="threads per kernel (0: the CPUs this process may use)")
     tile_m: int = option(0, doc="gemm MC (rows per A block); 0: from the cache sizes")
-    tile_n: int = option(0, doc="gemm NC (columns per B panel); 0: from the cache sizes")
+    tile_n: int = option(0, doc="gemm NC (columns of the widest B block; a wider B runs blocks of half); "
+                                "0: from the cache sizes")
     tile_k: int = option(0, doc="gemm KC (k per panel); 0: from the cache sizes")
     register_tile: tuple[int, ...] = option((), doc="gemm MR,NR instructions per register tile; (): the selector's")
     mma_shape: tuple[int, ...] = option((), doc="gemm instruction shape M,N,K to prefer (selector-checked)")
