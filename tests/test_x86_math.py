@@ -191,14 +191,16 @@ def test_bounded_exp_window_branch_has_teeth(monkeypatch):
     assert N.ulp_errors(ts.jit(ts.ops.exp, arch="avx2")(x), want).max() > 1e3
 
 
+@pytest.mark.parametrize("arch", ["avx2", None])
 @pytest.mark.parametrize("name", ["silu", "gelu_tanh"])
-def test_sigmoid_edges_of_the_short_form(name):
-    """The AVX2 form clamps -y to [-80, 89.5] and lets exp overflow to inf past 88.72 (x / inf is
-    the signed zero y <= -110 needs); its branch covers y in (-110, -88.5).  Inputs on both sides
-    of every edge, against float64, and activations of large magnitude (mostly past the edges)."""
+def test_sigmoid_edges_of_the_short_form(name, arch):
+    """The sigmoid's form (every ISA) clamps -y to [-80, 89.5] and lets exp overflow to inf past
+    88.72 (x / inf is the signed zero y <= -110 needs); its branch covers y in (-110, -88.5).
+    Inputs on both sides of every edge, against float64, and activations of large magnitude
+    (mostly past the edges), on AVX2 and on the host's widest vectors."""
     import tessera as ts
     fn, ref = N.references()[name]
-    f = ts.jit(fn, arch="avx2")
+    f = ts.jit(fn, arch=arch)
     edges_y = np.array([-110.0, -89.5, -88.72, -88.5, -80.0, 80.0, 88.5, 89.5])
     if name == "silu":
         x = np.concatenate([np.linspace(e - 0.05, e + 0.05, 2001) for e in edges_y])
