@@ -171,3 +171,22 @@ def test_amx_transposed_operands(rng):
     a, b = rnd(rng, 70, 45), rnd(rng, 33, 70)        # (a^T) @ (b^T): 45 x 70 @ 70 x 33
     y = ts.jit(lambda x, w: mm32(x.T, w.T))(a, b)
     O.assert_close(y, O.f64(a).T @ O.f64(b).T, 1e-5)
+
+
+@pytest.mark.parametrize("made_for, family, arch, mnemonic, missing", [
+    ("znver4", "avx512_bf16", "x86-64-v4", "vdpbf16ps", "avx512bf16"),
+    ("sapphirerapids", "amx", "znver4", "tdpbf16ps", "amx-bf16, amx-tile")])
+def test_tile_ir_for_an_instruction_the_arch_lacks_is_refused(rng, made_for, family, arch, mnemonic, missing):
+    """lower-tile-to-x86 takes tile.mma's instruction and its required features from the selected
+    record: Tile IR made for a chip with the instruction (Sapphire Rapids: AMX; Zen 4: vdpbf16ps),
+    lowered for one without, is refused with the record's mnemonic and the missing features,
+    before LLVM (which aborts the process on such an intrinsic) sees it."""
+    from tessera.errors import MmaSelectorError
+    from tessera.ir.text import parse_module
+    from tessera.passes.pipeline import parse_pipeline, run_pipeline
+    x, w = rnd(rng, 64, 64), rnd(rng, 64, 64)
+    tile_ir = ts.compile(mm32, x, w, arch=made_for).ir("tile")
+    assert f", {family}>" in tile_ir
+    with pytest.raises(MmaSelectorError, match=f"{mnemonic} .* needs {missing}, which this arch lacks"):
+        run_pipeline(parse_module(tile_ir), parse_pipeline(f"lower-tile-to-x86{{arch={arch}}}"))
+    run_pipeline(parse_module(tile_ir), parse_pipeline(f"lower-tile-to-x86{{arch={made_for}}}"))   # the right arch

@@ -46,6 +46,7 @@ from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr, ival
 from tessera.ir.builder import INDEX, Builder
 from tessera.ir.target import x86 as x
+from tessera.mma import x86 as x86_records
 from tessera.mma.selector import get_isa
 from tessera.passes.base import TesseraPass, option, register
 from tessera.passes.target.lowering import OpLowerer
@@ -507,12 +508,10 @@ class _Lowerer(OpLowerer):
         bb: Regs = self.get(op.b)
         c: Regs = self.get(op.c)
         fam = op.a.type.family.data
-        if fam == "avx512_bf16" and "avx512bf16" not in self.features:
-            raise MmaSelectorError("vdpbf16ps needs AVX512-BF16, which this arch lacks")
+        if fam != "fma":   # vector FMA is the vector width's own instruction; the others are their record's
+            rec = self._instruction(op.a.type)
         if fam == "amx":
-            if not {"amx-tile", "amx-bf16"} <= self.features:
-                raise MmaSelectorError("tdpbf16ps needs AMX-TILE and AMX-BF16, which this arch lacks")
-            rows = [[b.op(x.TDpOp.create(operands=[ai, bj, acc], attributes={"instr": StringAttr("tdpbf16ps")},
+            rows = [[b.op(x.TDpOp.create(operands=[ai, bj, acc], attributes={"instr": StringAttr(rec.mnemonic)},
                                          result_types=[x.AmxTileType()])).result
                      for bj, acc in zip(bb.rows[0], crow)] for ai, crow in zip((r[0] for r in a.rows), c.rows)]
             self.vmap[op.result] = Regs(c.shape, rows, "amx")
@@ -529,6 +528,22 @@ class _Lowerer(OpLowerer):
                 row.append(new.results[0])
             rows.append(row)
         self.vmap[op.result] = Regs(c.shape, rows)
+
+    def _instruction(self, ft: t.FragmentType):
+        """The record whose instruction ``tile.mma`` of this fragment family and element type becomes
+        (one per pair in the table, lowered by this pass); refused, naming what is missing, where the
+        arch lacks its features: LLVM would abort the process on the intrinsic."""
+        elem = str(ft.elem)
+        recs = [r for r in x86_records.RECORDS if r.family == ft.family.data and r.a_dtype == elem
+                and r.lowered_by == self.lowering_name and r.widen is None]
+        if len(recs) != 1:
+            raise MmaSelectorError(f"{self.lowering_name} has no instruction for {ft.family.data} fragments of "
+                                   f"{elem}")
+        missing = sorted(set(recs[0].features) - self.features)
+        if missing:
+            raise MmaSelectorError(f"{recs[0].mnemonic} ({recs[0].id}) needs {', '.join(missing)}, which this arch "
+                                   f"lacks")
+        return recs[0]
 
     def op_tile_fragment_unpack(self, op, b: Builder) -> None:
         src: Regs = self.get(op.source)
