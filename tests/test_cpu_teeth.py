@@ -6,6 +6,7 @@ really runs), compiles a fresh kernel and shows the float64 oracle check rejects
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import oracle as O
 import tessera as ts
@@ -95,3 +96,23 @@ def test_a_mask_that_keeps_the_padding_columns_is_caught(rng, monkeypatch):
     O.assert_close(ts.jit(f)(x), want, 1e-5)
     monkeypatch.setattr(_Lowerer, "_keeps_every_column", staticmethod(lambda b, cols, C: b.cmp("sge", cols, 0)))
     assert not O.gate(ts.jit(f)(x), want, 1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_gemm_row_chunks_cover_every_row_once(rng, monkeypatch, threads):
+    """A shared-panel GEMM splits its row tiles into chunks of equal size (a multiple of the thread
+    count, differing by one tile at most); row counts that are and are not multiples of the
+    register tile, one compile for all of them.  Teeth: chunks that start one tile late leave the
+    first rows of C unwritten."""
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    b = rng.standard_normal((70, 90)).astype(np.float32)
+    f = ts.jit(lambda x, w: x @ w, schedule={"threads": threads})
+    for m in (1, 7, 13, 121, 1000, 1023, 1025):
+        a = rng.standard_normal((m, 70)).astype(np.float32)
+        O.assert_close(f(a, b), O.f64(a) @ b, 1e-5)
+    orig = gemm.chunk_start
+    monkeypatch.setattr(gemm, "chunk_start", lambda bb, item, tiles, chunks: bb.add(orig(bb, item, tiles, chunks), 1))
+    a = rng.standard_normal((1000, 70)).astype(np.float32)
+    bad = ts.jit(lambda x, w: x @ w, schedule={"threads": threads})(a, b)
+    with np.errstate(all="ignore"):   # unwritten rows hold whatever the output buffer held
+        assert not O.gate(bad, O.f64(a) @ b, 1e-5)

@@ -28,6 +28,12 @@ from pathlib import Path
 import numpy as np
 
 REPS = 7
+# A row whose rounds are cheap keeps adding rounds, up to MAX_REPS, while its timed rounds have taken
+# under ROUNDS_BUDGET_S: calls of a few milliseconds on this VM vary by 10-15 % from one call to the
+# next, and the ratio takes the best of three peers' medians, which seven rounds bias downwards
+# (sgemm 1024^3 on two threads, three runs of the same row: 0.91-1.02 at 7 rounds, 1.00-1.08 at 21).
+MAX_REPS = 21
+ROUNDS_BUDGET_S = 15.0
 # Peers' thread pools keep spinning after a call returns (OpenMP's GOMP_SPINCOUNT, OpenBLAS's
 # workers): whoever is timed next would share the cores with them.  Every measurement starts
 # after this pause, so no library is timed in another's spin-down.
@@ -152,7 +158,7 @@ def bandwidth() -> dict:
     x = np.random.default_rng().standard_normal((8192, 4096)).astype(np.float32)
     out = np.empty_like(x)
     cp = ts.jit(lambda a: a * 1.0)
-    t = _interleaved({"numpy": (np.copyto, [out, x]), "tessera": (cp, [x])})
+    t, _ = _interleaved({"numpy": (np.copyto, [out, x]), "tessera": (cp, [x])})
     t_np, t_ts = t["numpy"], t["tessera"]
     return {"numpy_copyto_1t": 2 * x.nbytes / t_np / 1e9, "tessera_copy": 2 * x.nbytes / t_ts / 1e9}
 
@@ -245,8 +251,9 @@ def _tessera_fn(kind: str, threads: int | None):
     return ts.jit(fns[kind], schedule={"threads": threads} if threads else None)
 
 
-def _interleaved(cands: dict, reps: int | None = None) -> dict[str, float]:
-    """Median seconds per call of each ``name -> (fn, args)``, measured in rounds: every round
+def _interleaved(cands: dict, reps: int | None = None) -> tuple[dict[str, float], int]:
+    """Median seconds per call of each ``name -> (fn, args)``, and the number of rounds, measured in
+    rounds (``reps``, else from REPS up to MAX_REPS within ROUNDS_BUDGET_S): every round
     times each candidate once (who goes first rotates), so a drift in the host's speed during
     the row reaches every library alike instead of whichever was measured in the slow moment.
     Each timing follows a pause (peers' thread pools spin after a call) and, for calls under
@@ -260,7 +267,10 @@ def _interleaved(cands: dict, reps: int | None = None) -> dict[str, float]:
         warm[name] = time.perf_counter() - t0
     names = list(cands)
     times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(reps or REPS):
+    least, most = (reps, reps) if reps else (REPS, MAX_REPS)
+    start = time.perf_counter()
+    r = 0
+    while r < least or r < most and time.perf_counter() - start < ROUNDS_BUDGET_S:
         for n in names[r % len(names):] + names[:r % len(names)]:
             fn, args = cands[n]
             time.sleep(QUIESCE_S)
@@ -269,7 +279,8 @@ def _interleaved(cands: dict, reps: int | None = None) -> dict[str, float]:
             t0 = time.perf_counter()
             fn(*args)
             times[n].append(time.perf_counter() - t0)
-    return {n: float(np.median(t)) for n, t in times.items()}
+        r += 1
+    return {n: float(np.median(t)) for n, t in times.items()}, r
 
 
 def paired_overhead(fn, args, base_fn, base_args, reps: int = 21) -> dict:
@@ -340,7 +351,8 @@ def run_workload(name: str, kind: str, inputs: list[np.ndarray], work: float, un
         jf = _jax_fn(jax, jnp, kind)
         cands["jax.jit"] = (lambda *a: jf(*a).block_until_ready(), jin)
     row["also_ms"] = {}
-    for n, t in _interleaved(cands).items():
+    timed, row["rounds"] = _interleaved(cands)
+    for n, t in timed.items():
         (row["also_ms"] if n in (also or {}) else row["times_ms"])[n] = t * 1e3
     peer_times = {k: v for k, v in row["times_ms"].items() if not k.startswith("tessera") and isinstance(v, float)}
     if peer_times:
@@ -367,9 +379,9 @@ def gemm_rows(threads: int | None, quick: bool, peers: dict) -> list[dict]:
 
 def main(args) -> int:
     quick = getattr(args, "quick", False)
-    global REPS
+    global REPS, MAX_REPS
     if quick:
-        REPS = 3
+        REPS = MAX_REPS = 3
     if os.environ.get("TESSERA_BENCH_CHILD") == "1thread":
         peers = _peers()
         if "torch" in peers:
@@ -499,7 +511,9 @@ def render(rows: list[dict], h: dict, quick: bool) -> str:
              f"(Tessera, all CPUs, streaming stores), {h['numpy_copyto_1t']:.1f} GB/s (numpy copyto, 1 thread).",
              "",
              "Method: fresh random inputs per workload; 2 warm-up calls per library, then "
-             f"{REPS} interleaved rounds, each timing one call of every library (who goes first rotates), each "
+             f"{REPS} interleaved rounds (a row keeps adding rounds, up to {MAX_REPS}, while they have taken under "
+             f"{ROUNDS_BUDGET_S:.0f} s: the `rounds` column), each timing one call of every library (who goes first "
+             "rotates), each "
              f"call after a {QUIESCE_S} s pause (peers' thread pools spin after a call) and, for calls under "
              f"{WAKE_BELOW_S} s, one untimed call that wakes the library's threads; the median per library; ratio = "
              "best peer time / Tessera time.  This host is a 2-vCPU VM whose speed drifts by up to about 1.5x "
@@ -507,14 +521,14 @@ def render(rows: list[dict], h: dict, quick: bool) -> str:
              "minutes apart can still differ, so ratios near 1.0 are ties.  Tessera results come from its reusing "
              "huge-page output pool; the `tessera (fresh outputs)` column re-runs memory-bound rows with fresh "
              "`numpy.empty` outputs, like the peers.  Bandwidth counts bytes read plus bytes written.",
-             "", "| workload | threads | " + " | ".join(cols) + " | best peer | ratio | Tessera rate |",
-             "|---|---|" + "---:|" * len(cols) + "---|---:|---:|"]
+             "", "| workload | threads | rounds | " + " | ".join(cols) + " | best peer | ratio | Tessera rate |",
+             "|---|---|---:|" + "---:|" * len(cols) + "---|---:|---:|"]
     for r in rows:
         cells = []
         for c in cols:
             v = r["times_ms"].get(c)
             cells.append("" if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v)))
-        lines.append(f"| {r['workload']} | {r['threads']} | " + " | ".join(cells) +
+        lines.append(f"| {r['workload']} | {r['threads']} | {r.get('rounds', '')} | " + " | ".join(cells) +
                      f" | {r.get('best_peer', '-')} | {r.get('ratio', float('nan')):.2f} | "
                      f"{r['tessera_rate']:.1f} {r['unit']} |")
     c = h["compile"]

@@ -259,11 +259,15 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
         # into the team's staging and shared after a barrier; the rows of each (batch, n, k) phase
         # are handed out in chunks from the team's work counter (a slower core takes fewer)
         b_lo, b_hi = 0, batch_total
-        # about four chunks per thread, whole row tiles, at most one A block (a lone thread
-        # takes whole A blocks: nothing to balance)
-        chunk = b.min(b.mul(b.ceil_div(b.ceil_div(M, b.mul(kf.nthreads, 4)), MR), MR), MC)
-        chunk = b.select(b.cmp("eq", kf.nthreads, 1), b.c(MC), b.c(b.max(chunk, MR)))
-        nchunks = b.ceil_div(M, chunk)
+        # chunks of whole row tiles, at most one A block each, as many for every thread (at least
+        # four: a slower core takes fewer) and of equal size (differing by one tile at most), so
+        # threads of equal speed finish a phase together.  Chunks of a fixed MC rows left the last
+        # one short and one thread a chunk ahead: 2048 rows in 120-row chunks gave 1080 rows to one
+        # thread and 968 to the other.  A lone thread takes equal A blocks (nothing to balance).
+        blocks = b.ceil_div(mtiles, MC // MR)          # A blocks the rows need
+        per_thread = b.select(b.cmp("eq", kf.nthreads, 1), b.c(blocks),
+                              b.c(b.max(b.ceil_div(blocks, kf.nthreads), 4)))
+        nchunks = b.select(b.cmp("eq", mtiles, 0), b.c(0), b.c(b.mul(per_thread, kf.nthreads)))
         njc = b.ceil_div(N, nstep)
     else:
         # contiguous ranges of (batch x row tiles) per thread, each packing its own panels
@@ -361,8 +365,12 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
 
                 if shared:
                     phase = bp.add(bp.mul(bp.add(bp.mul(bi, njc), bp.div(jc, nstep)), nkloop), bp.div(pc, kstep))
-                    for_claimed(bp, claimed_phase_base(bp, kf, phase, nchunks), nchunks,
-                                lambda bw, item: body_ic(bw, bw.mul(item, chunk), None, chunk))
+
+                    def chunk(bw: Builder, item):
+                        lo = bw.mul(chunk_start(bw, item, mtiles, nchunks), MR)
+                        hi = bw.mul(chunk_start(bw, bw.add(item, 1), mtiles, nchunks), MR)
+                        body_ic(bw, lo, None, bw.sub(hi, lo))
+                    for_claimed(bp, claimed_phase_base(bp, kf, phase, nchunks), nchunks, chunk)
                 else:
                     bp.for_(m_lo, m_hi, MC, body_ic)
                 if shared:
@@ -475,6 +483,12 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
     b.for_(b_lo, b_hi, 1, body_batch)
     fn = kf.finish()
     return fn, sig.dims, workspace, extra_outputs
+
+
+def chunk_start(b: Builder, item, tiles, chunks):
+    """The first row tile of chunk ``item`` when ``tiles`` row tiles are split into ``chunks``
+    chunks of equal size (differing by one tile at most): floor(item * tiles / chunks)."""
+    return b.div(b.mul(item, tiles), chunks)
 
 
 def register_sizes(sig: KernelSig, plan: GemmPlan) -> list[StridedView]:
