@@ -177,9 +177,10 @@ class ScheduleCpu(TesseraPass):
         # 4096^3 294 ms against 316, 1 thread 2048^3 71 against 82, 777x513x1029 on 2 threads a tie; with an
         # epilogue (2048x1024x4096 + bias + gelu) KC 1024 ran 39.1 ms against 43.4.  128 KiB is what
         # Emerald Rapids' L2 / 16 already gave, so hosts with 2 MiB of L2 keep their blocking.
-        # Vector records cap KC at 4 KiB of a packed A row (1024 f32, 2048 bf16 k): on Zen 4, vdpbf16ps
-        # 8x2 at 2048^3 on 2 threads, interleaved against torch: KC 2048 (one k-block, no f32 partial
-        # sums round trip) 349 GFLOP/s against 334 at KC 1024; 4096^3 358 against 340; 1024^3 a tie.
+        # Vector records cap KC so that a packed row of A holds at most 4 KiB (f32 1024, bf16 2048):
+        # Zen 4, vdpbf16ps 8x2 at 2048^3 on 2 threads, interleaved against torch: KC 2048 (one k-block,
+        # no f32 partial sums round trip) 349 GFLOP/s against 334 at KC 1024; 4096^3 358 against 340;
+        # 1024^3 a tie.
         panel, kmax = ((128 << 10), 2048) if rec.register_file else (min(caches["L2"] // 8, 128 << 10),
                                                                     4096 // esize)
         kc = self.tile_k or _round_down(min(max(panel // (nrw * esize), 256), kmax), kp * 4)

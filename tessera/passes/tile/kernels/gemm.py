@@ -13,9 +13,10 @@ Two ways to share the work among threads (the schedule's parallel loop):
 
 - ``m``: every thread walks every (batch, n-block, k-block) phase; the team packs the
   B panel together into shared staging (barrier), then the phase's rows are handed
-  out in chunks of about a quarter of a thread's share from the team's work counter
-  (``tile.claim``), so a core that runs slower (a busy sibling, a VM neighbour) takes
-  fewer chunks instead of holding everyone at the next barrier;
+  out from the team's work counter (``tile.claim``) in chunks of equal size, at least
+  four per thread, so threads of equal speed reach the next barrier together and a core
+  that runs slower (a busy sibling, a VM neighbour) takes fewer chunks instead of holding
+  everyone there;
 - ``b*m``: the (batch x row-tile) space is split into contiguous ranges; each thread
   packs its own panels and needs no barrier.
 
