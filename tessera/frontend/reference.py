@@ -13,10 +13,17 @@ import numpy as np
 from tessera.frontend.trace import TraceGraph
 
 _erf = np.frompyfunc(math.erf, 1, 1)
+_erfc = np.frompyfunc(math.erfc, 1, 1)
 
 
 def _erf64(x: np.ndarray) -> np.ndarray:
     return _erf(x).astype(np.float64)
+
+
+def sigmoid64(y: np.ndarray) -> np.ndarray:
+    """float64 sigmoid without cancellation or overflow (also the ULP sweep's reference)."""
+    e = np.exp(-np.abs(y))
+    return np.where(y >= 0, 1 / (1 + e), e / (1 + e))
 
 
 def attention64(q, k, v, mask, scale, causal, masked_rows="zero"):
@@ -69,13 +76,15 @@ def evaluate(graph: TraceGraph, arrays: list[np.ndarray]) -> list[np.ndarray]:
         elif op == "relu":
             r = np.maximum(x[0], 0)
         elif op == "silu":
-            r = x[0] / (1 + np.exp(-x[0]))
+            r = x[0] * sigmoid64(x[0])
         elif op == "gelu":
+            # 0.5 v (1 + tanh(y)) = v sigmoid(2 y) and 0.5 v (1 + erf(z)) = 0.5 v erfc(-z): the same
+            # functions without the cancellation of 1 + tanh / 1 + erf for v << 0
             v = x[0]
             if n.attrs["approximate"] == "tanh":
-                r = 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))
+                r = v * sigmoid64(2 * math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3))
             else:
-                r = 0.5 * v * (1 + _erf64(v / math.sqrt(2)))
+                r = 0.5 * v * _erfc(-v / math.sqrt(2)).astype(np.float64)
         elif op == "softmax":
             ax = n.attrs["axis"]
             e = np.exp(x[0] - x[0].max(axis=ax, keepdims=True))

@@ -40,14 +40,9 @@ def _erfc(x):
         return np.vectorize(math.erfc)(x)
 
 
-def _sigmoid(y):
-    """float64 sigmoid without cancellation or overflow."""
-    e = np.exp(-np.abs(y))
-    return np.where(y >= 0, 1 / (1 + e), e / (1 + e))
-
-
 def references():
     import tessera as ts
+    from tessera.frontend.reference import sigmoid64
     sq = math.sqrt(2 / math.pi)
     return {
         "exp": (ts.ops.exp, np.exp),
@@ -55,9 +50,9 @@ def references():
         "erf": (ts.ops.erf, _erf),
         # the same functions in float64, written without cancellation: 0.5(1 + tanh y) = sigmoid(2y) and
         # 0.5(1 + erf z) = 0.5 erfc(-z)
-        "gelu_tanh": (lambda a: ts.ops.gelu(a, "tanh"), lambda v: v * _sigmoid(2 * sq * (v + 0.044715 * v ** 3))),
+        "gelu_tanh": (lambda a: ts.ops.gelu(a, "tanh"), lambda v: v * sigmoid64(2 * sq * (v + 0.044715 * v ** 3))),
         "gelu_erf": (lambda a: ts.ops.gelu(a, "erf"), lambda v: 0.5 * v * _erfc(-v / math.sqrt(2))),
-        "silu": (ts.ops.silu, lambda v: v * _sigmoid(v)),
+        "silu": (ts.ops.silu, lambda v: v * sigmoid64(v)),
     }
 
 
