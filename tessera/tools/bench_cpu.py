@@ -256,6 +256,12 @@ def _tessera_fn(kind: str, threads: int | None):
     return ts.jit(fns[kind], schedule={"threads": threads} if threads else None)
 
 
+def _more_rounds(done: int, least: int, most: int, start: float, budget_s: float) -> bool:
+    """Whether to time another round: up to ``least`` always, then up to ``most`` while the rounds
+    since ``start`` have taken under ``budget_s``."""
+    return done < least or done < most and time.perf_counter() - start < budget_s
+
+
 def _interleaved(cands: dict, reps: int | None = None) -> tuple[dict[str, float], int]:
     """Median seconds per call of each ``name -> (fn, args)``, and the number of rounds, measured in
     rounds (``reps``, else from REPS up to MAX_REPS within ROUNDS_BUDGET_S): every round
@@ -275,7 +281,7 @@ def _interleaved(cands: dict, reps: int | None = None) -> tuple[dict[str, float]
     least, most = (reps, reps) if reps else (REPS, MAX_REPS)
     start = time.perf_counter()
     r = 0
-    while r < least or r < most and time.perf_counter() - start < ROUNDS_BUDGET_S:
+    while _more_rounds(r, least, most, start, ROUNDS_BUDGET_S):
         for n in names[r % len(names):] + names[:r % len(names)]:
             fn, args = cands[n]
             time.sleep(QUIESCE_S)
@@ -303,7 +309,7 @@ def paired_overhead(fn, args, base_fn, base_args, least: int = PAIR_LEAST, most:
         f(*a)
     ratios = []
     start = time.perf_counter()
-    while len(ratios) < least or len(ratios) < most and time.perf_counter() - start < budget_s:
+    while _more_rounds(len(ratios), least, most, start, budget_s):
         pair = [0.0, 0.0]
         for i in ((0, 1) if len(ratios) % 2 == 0 else (1, 0)):
             f, a = ((fn, args), (base_fn, base_args))[i]
@@ -427,14 +433,14 @@ def main(args) -> int:
     w = rng.standard_normal((1024, 4096)).astype(np.float32)
     bias = rng.standard_normal(4096).astype(np.float32)
     # the bare GEMM of the same shape is timed in the same rounds: the fused epilogue's cost
+    gelu_fn, gemm_fn = _tessera_fn("gelu", None), _tessera_fn("gemm", None)
     rows.append(run_workload("gelu(x@w+b) 2048x1024x4096", "gelu", [x, w, bias], 2 * 2048 * 1024 * 4096, "GFLOP/s",
-                             None, peers, also={"bare gemm": (_tessera_fn("gemm", None), [x, w])}))
+                             None, peers, also={"bare gemm": (gemm_fn, [x, w])}))
     # the epilogue's cost depends on the activations' scale: with x and w unit normals, x@w+b has a
     # standard deviation of 32 and 1.2 % of its elements fall where gelu's result is tiny or
     # subnormal (x in about (-11.2, -10.2)), whose exact tail runs in a branch that about a fifth
     # of the 16-lane vectors take, unpredictably; w / sqrt(K), the scale of an initialised layer,
     # gives unit-scale activations, which never take it
-    gelu_fn, gemm_fn = _tessera_fn("gelu", None), _tessera_fn("gemm", None)
     w_unit = (w / np.float32(np.sqrt(w.shape[0]))).astype(np.float32)
     rows[-1]["epilogue_paired"] = {
         "the row's inputs (activations of standard deviation 32)":
