@@ -13,6 +13,7 @@ retires a 16x16x32 bf16 product every 16 cycles).  Ranking only uses their ratio
 """
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 
 from tessera.mma.records import MmaRecord
@@ -113,7 +114,9 @@ def resolve(arch: str | None) -> tuple[str, str, frozenset[str]]:
     """``arch`` -> (resolved arch name, LLVM CPU name, feature set).  Raises KeyError if unknown."""
     if arch is None or arch == "host":
         name, feats = host_cpu()
-        return name, name, feats
+        # the host's CPU name stands for it only where that name's table holds on this machine (a
+        # virtual machine may hide features: a Zen 4 guest without AVX-512 is still called znver4)
+        return (name if name not in CPUS or CPUS[name] <= feats else "host"), name, feats
     if arch in ISA_LEVELS:
         cpu, extra = ISA_LEVELS[arch]
         return arch, cpu, CPUS[cpu] | extra
@@ -129,8 +132,25 @@ def known_archs() -> list[str]:
     return ["host"] + sorted(ISA_LEVELS) + sorted(CPUS)
 
 
+# LLVM's x86 vector and tile ISA features: a CPU name implies some of them, and a virtual
+# machine may hide them from the guest (a Zen 4 VM without AVX-512 reports the CPU name znver4).
+_VECTOR_ISA = re.compile(r"^(avx|amx|fma|f16c|gfni|vaes|vpclmulqdq|xop|evex512)")
+
+
+@lru_cache(maxsize=1)
+def _vector_isa_features() -> frozenset[str]:
+    """The vector ISA features this LLVM knows for x86 (empty on another host architecture)."""
+    import llvmlite.binding as llvm
+
+    return frozenset(f for f in llvm.get_host_cpu_features() if _VECTOR_ISA.match(f))
+
+
 def llvm_feature_string(features: frozenset[str]) -> str:
-    return ",".join(f"+{f}" for f in sorted(features))
+    """``+f`` for every feature in ``features`` and ``-f`` for every vector ISA feature not in it,
+    so LLVM never takes one from the CPU name that the feature set (the host's, or an arch's
+    table) does not grant."""
+    off = _vector_isa_features() - features
+    return ",".join([f"+{f}" for f in sorted(features)] + [f"-{f}" for f in sorted(off)])
 
 
 def register_budget(features: frozenset[str]) -> int:
