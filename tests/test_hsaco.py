@@ -1,10 +1,12 @@
-"""AMDGPU code objects: compile -> ld.lld -> inspect (pure-Python ELF + MessagePack) -> llvm-objdump."""
+"""AMDGPU code objects: compile -> ld.lld -> inspect (pure-Python ELF + MessagePack) -> disassembly
+(llvm-objdump when a system LLVM >= 19 has one, else LLVM's own listing checked against the object)."""
 from __future__ import annotations
 
 import struct
 
 import pytest
 
+from tessera.codegen import elf
 from tessera.codegen import hsaco as H
 from tessera.errors import CodegenError, ToolchainMissingError, UnknownArchError
 from tessera.toolchain import find_llvm_tool
@@ -32,13 +34,23 @@ define amdgpu_kernel void @tiny(ptr addrspace(1) %out, i64 %n) {{
 }}
 """
 
-_built: dict[str, bytes] = {}
+_built: dict[str, tuple[bytes, str]] = {}
+
+
+def _build(arch: str) -> tuple[bytes, str]:
+    """The linked code object and LLVM's assembly listing of the same optimised module."""
+    if arch not in _built:
+        oc = H.compile_object(KERNEL_IR, arch, want_asm=True)
+        _built[arch] = (H.link(oc.obj, arch), oc.asm)
+    return _built[arch]
 
 
 def built(arch: str) -> bytes:
-    if arch not in _built:
-        _built[arch] = H.link(H.compile_object(KERNEL_IR, arch).obj, arch)
-    return _built[arch]
+    return _build(arch)[0]
+
+
+def listing(arch: str) -> str:
+    return _build(arch)[1]
 
 
 # --------------------------------------------------------------------------- the arch table
@@ -82,12 +94,37 @@ def test_code_object(arch):
 @needs_lld
 @pytest.mark.parametrize("arch", ARCHS)
 def test_disassemble(arch):
-    if H.objdump_for(arch) is None:
-        with pytest.raises(ToolchainMissingError, match="llvm-objdump"):
-            H.disassemble(built(arch), arch)
-        pytest.skip(f"no llvm-objdump new enough for {arch}")
-    text = H.disassemble(built(arch), arch)
-    assert "<tiny>:" in text and "global_store" in text and "ds_" in text
+    text, source = H.disassembly(built(arch), arch, listing(arch))
+    assert source == ("llvm-objdump" if H.objdump_for(arch) else "llvm-listing")
+    label = "<tiny>:" if source == "llvm-objdump" else "\ntiny:\n"
+    assert label in text and "global_store" in text and "ds_" in text
+
+
+def test_disassemble_without_objdump_names_it(monkeypatch):
+    monkeypatch.setattr(H, "find_llvm_tool", lambda name, min_major=19: None)
+    with pytest.raises(ToolchainMissingError, match=r"llvm-objdump >= 20 .*gfx950.*apt-get install llvm-19"):
+        H.disassemble(b"\x7fELF", "gfx950")
+
+
+@needs_lld
+def test_listing_is_checked_against_the_object():
+    """The listing stands in for a disassembly only if it describes the object: another arch's,
+    another kernel's, or one with a different descriptor field is refused."""
+    blob, asm = built("gfx942"), listing("gfx942")
+    H.check_listing(H.inspect(blob), asm)
+    assert H.listing_kernels(asm)["tiny"]["group_segment_fixed_size"] == 4 * LDS_WORDS
+    with pytest.raises(CodegenError, match="targets amdgcn-amd-amdhsa--gfx90a.*object is for gfx942"):
+        H.check_listing(H.inspect(blob), listing("gfx90a"))
+    with pytest.raises(CodegenError, match=r"kernels \['tiny2'\], the code object \['tiny'\]"):
+        H.check_listing(H.inspect(blob), asm.replace(".amdhsa_kernel tiny\n", ".amdhsa_kernel tiny2\n"))
+    planted = asm.replace(f".amdhsa_group_segment_fixed_size {4 * LDS_WORDS}\n",
+                          f".amdhsa_group_segment_fixed_size {8 * LDS_WORDS}\n")
+    assert planted != asm
+    with pytest.raises(CodegenError, match="group_segment_fixed_size 2048, the code object's metadata 1024"):
+        H.check_listing(H.inspect(blob), planted)
+    if H.objdump_for("gfx942") is None:
+        with pytest.raises(CodegenError, match="targets"):
+            H.disassembly(blob, "gfx942", listing("gfx90a"))
 
 
 @needs_lld
@@ -241,24 +278,35 @@ def test_msgpack_malformed_is_a_codegen_error(data, message):
 
 
 @needs_lld
-@pytest.mark.skipif(find_llvm_tool("llvm-readelf") is None, reason="llvm-readelf >= 19 not installed")
 @pytest.mark.parametrize("arch", ["gfx90a", "gfx1201"])
-def test_inspect_agrees_with_llvm_readelf(arch, tmp_path):
+def test_inspect_agrees_with_llvm_listing(arch):
+    """What ``llvm-readelf -h -s --notes`` would show, read from LLVM's own listing of the module
+    the object came from: the target (-> e_flags), the kernel and descriptor symbols, and the
+    metadata note (the listing's ``.amdgpu_metadata`` is the YAML readelf prints for the note)."""
     import re
-    import subprocess
-    path = tmp_path / "k.hsaco"
-    path.write_bytes(built(arch))
-    out = subprocess.run([find_llvm_tool("llvm-readelf"), "-h", "-s", "--dyn-syms", "--notes", str(path)],
-                         capture_output=True, text=True, check=True).stdout
+    out = listing(arch)
     info = H.inspect(built(arch))
     (k,) = info.kernels
-    assert int(re.search(r"Flags:\s+0x([0-9A-Fa-f]+)", out).group(1), 16) == info.e_flags
-    names = set(re.findall(r"^\s+\d+: [0-9a-f]{16}\s+\d+ \w+\s+\w+\s+\w+\s+\S+ (\S+)$", out, re.M))
-    assert names == set(info.symbols)
+    target = re.search(r'\.amdgcn_target "amdgcn-amd-amdhsa--([^"]+)"', out).group(1)
+    name, *features = target.split(":")
+    assert name == info.arch == arch and info.e_flags & 0xFF == H.MACH[name]
+    feature = {f[:-1]: f[-1] for f in features}            # "xnack-" -> off, absent -> any/unsupported
+    gfx9 = arch.startswith("gfx9")
+    for setting, got in (("xnack", info.xnack), ("sramecc", info.sramecc)):
+        want = {"+": "on", "-": "off"}.get(feature.get(setting), "any" if gfx9 else "unsupported")
+        assert got == want, setting
+    names = set(re.findall(r"^\s*\.globl\s+(\S+)$", out, re.M))
+    names |= {f"{n}.kd" for n in re.findall(r"^\s*\.amdhsa_kernel (\S+)$", out, re.M)}
+    assert names == {s.name for s in elf.symbols(built(arch)) if s.bind == 1} == {"tiny", "tiny.kd"}
+    sets = set(re.findall(r"^\s*\.set (\S+),", out, re.M))       # resource symbols, absolute
+    assert {s.name for s in elf.symbols(built(arch)) if s.shndx == 0xFFF1} <= sets
+    assert set(info.symbols) <= names | sets | {"_DYNAMIC"}        # _DYNAMIC: made by the linker
+    metadata = out[out.index(".amdgpu_metadata"):out.index(".end_amdgpu_metadata")]
+    assert re.search(rf"\.name:\s+{k.name}\n", metadata) and re.search(rf"\.symbol:\s+{k.symbol}\n", metadata)
     for key, value in [("group_segment_fixed_size", k.group_segment), ("kernarg_segment_size", k.kernarg_size),
                        ("vgpr_count", k.vgpr_count), ("sgpr_count", k.sgpr_count),
                        ("wavefront_size", k.wavefront_size), ("max_flat_workgroup_size", k.max_workgroup_size)]:
-        assert re.search(rf"\.{key}:\s+{value}\n", out), key
+        assert re.search(rf"\.{key}:\s+{value}\n", metadata), key
 
 
 @needs_lld

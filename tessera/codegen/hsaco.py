@@ -14,14 +14,18 @@ ROCm install:
   LDS ("group segment") and scratch sizes, register counts and wavefront size.
 
 Values follow LLVM's ``llvm/BinaryFormat/ELF.h`` and the AMDGPUUsage document.
-``ld.lld`` and ``llvm-objdump`` (LLVM >= 19) are optional external tools: without
-them :func:`link` and :func:`disassemble` raise ``ToolchainMissingError``.
+``ld.lld`` (LLVM >= 19; the ziglang wheel's LLD 22 by default) and ``llvm-objdump`` (a
+system LLVM >= 19; no wheel ships it) are external tools found by ``tessera.toolchain``:
+without them :func:`link` and :func:`disassemble` raise ``ToolchainMissingError``.
+:func:`listing` is the disassembly that needs no tool: llvm-objdump's when there is one,
+else LLVM's own assembly listing of the module the object was emitted from.
 A malformed code object raises ``CodegenError`` saying what is wrong, never a bare
 ``IndexError``/``struct.error``.
 """
 from __future__ import annotations
 
 import os
+import re
 import struct
 import subprocess
 import tempfile
@@ -31,7 +35,7 @@ from tessera.codegen import elf
 from tessera.codegen.elf import slice_of as _slice
 from tessera.codegen.elf import unpack as _unpack
 from tessera.codegen.jit import emit_guarded
-from tessera.errors import CodegenError, ToolchainMissingError, UnknownArchError
+from tessera.errors import CodegenError, UnknownArchError
 from tessera.toolchain import find_llvm_tool, require
 
 TRIPLE = "amdgcn-amd-amdhsa"
@@ -293,12 +297,12 @@ def compile_object(llvm_ir: str, arch: str, features: str = "", *, opt: int = 3,
 def link(obj: bytes, arch: str) -> bytes:
     """``ld.lld -shared`` a relocatable AMDGPU object into code object bytes for ``arch``."""
     want = expected_e_flags_mach(arch)
-    lld = require("ld.lld", find_llvm_tool("ld.lld"), "link AMDGPU code objects")
+    lld = require("ld.lld", find_llvm_tool("ld.lld"), "link AMDGPU code objects", 19)
     with tempfile.TemporaryDirectory() as d:
         src, dst = os.path.join(d, "kernel.o"), os.path.join(d, "kernel.hsaco")
         with open(src, "wb") as f:
             f.write(obj)
-        _run([lld, "-shared", "-o", dst, src], "ld.lld")
+        _run([*lld, "-shared", "-o", dst, src], "ld.lld")
         with open(dst, "rb") as f:
             out = f.read()
     got = _unpack("I", out, 48, "e_flags")[0] & EF_AMDGPU_MACH
@@ -307,7 +311,7 @@ def link(obj: bytes, arch: str) -> bytes:
     return out
 
 
-def objdump_for(arch: str) -> str | None:
+def objdump_for(arch: str) -> tuple[str, ...] | None:
     """An llvm-objdump new enough to know ``arch`` (gfx950 arrived in LLVM 20), or None."""
     return find_llvm_tool("llvm-objdump", DISASSEMBLER_MIN_LLVM.get(arch, 19))
 
@@ -315,14 +319,58 @@ def objdump_for(arch: str) -> str | None:
 def disassemble(hsaco: bytes, arch: str) -> str:
     """``llvm-objdump -d --mcpu=<arch>`` of a code object."""
     need = DISASSEMBLER_MIN_LLVM.get(arch, 19)
-    objdump = objdump_for(arch)
-    if objdump is None and need > 19:
-        raise ToolchainMissingError(f"llvm-objdump >= {need} is needed to disassemble {arch} (older LLVM does "
-                                    f"not know it) but was not found; install it with: apt-get install -y "
-                                    f"llvm-{need}")
-    objdump = require("llvm-objdump", objdump, "disassemble AMDGPU code objects")
+    objdump = require("llvm-objdump", objdump_for(arch), f"disassemble {arch} code objects"
+                      + (f" (older LLVM does not know {arch})" if need > 19 else ""), need)
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "kernel.hsaco")
         with open(path, "wb") as f:
             f.write(hsaco)
-        return _run([objdump, "-d", f"--mcpu={arch}", path], "llvm-objdump").stdout
+        return _run([*objdump, "-d", f"--mcpu={arch}", path], "llvm-objdump").stdout
+
+
+# --------------------------------------------------------------------------- listings
+# LLVM's AMDGPU assembly listing names each kernel's descriptor fields in an .amdhsa_kernel block
+_LISTING_KERNEL = re.compile(r"^[ \t]*\.amdhsa_kernel (\S+)\n(.*?)^[ \t]*\.end_amdhsa_kernel", re.M | re.S)
+_LISTING_FIELD = re.compile(r"^[ \t]*\.amdhsa_(\w+) (-?\d+)[ \t]*$", re.M)
+_LISTING_TARGET = re.compile(r'^[ \t]*\.amdgcn_target "([^"]+)"', re.M)
+# descriptor fields the listing states and the metadata note repeats: (listing field, KernelMeta field)
+_LISTED = (("group_segment_fixed_size", "group_segment"), ("private_segment_fixed_size", "private_segment"),
+           ("kernarg_size", "kernarg_size"))
+
+
+def listing_kernels(asm: str) -> dict[str, dict[str, int]]:
+    """Each ``.amdhsa_kernel`` block of an AMDGPU assembly listing: kernel -> {field: value}."""
+    return {m.group(1): {f: int(v) for f, v in _LISTING_FIELD.findall(m.group(2))}
+            for m in _LISTING_KERNEL.finditer(asm)}
+
+
+def check_listing(info: HsacoInfo, asm: str) -> None:
+    """``CodegenError`` unless ``asm`` is a listing of the code object ``info`` describes: the
+    same target arch, the same kernels, and the descriptor fields the metadata note states."""
+    m = _LISTING_TARGET.search(asm)
+    target = m.group(1) if m else None
+    if target is None or not re.fullmatch(rf"{re.escape(TRIPLE)}--{re.escape(info.arch)}(:.*)?", target):
+        raise CodegenError(f"the assembly listing targets {target or 'no .amdgcn_target'}, but the code "
+                           f"object is for {info.arch}")
+    listed = listing_kernels(asm)
+    if set(listed) != {k.name for k in info.kernels}:
+        raise CodegenError(f"the assembly listing has kernels {sorted(listed)}, the code object "
+                           f"{sorted(k.name for k in info.kernels)}")
+    for k in info.kernels:
+        for field_, attr in _LISTED:
+            if listed[k.name].get(field_) != getattr(k, attr):
+                raise CodegenError(f"kernel {k.name}: the assembly listing has .amdhsa_{field_} "
+                                   f"{listed[k.name].get(field_)}, the code object's metadata {getattr(k, attr)}")
+
+
+def disassembly(hsaco: bytes, arch: str, llvm_asm: str) -> tuple[str, str]:
+    """A disassembly of the code object ``hsaco`` and what produced it.
+
+    ``llvm-objdump -d`` when one that knows ``arch`` is found (``"llvm-objdump"``); else
+    ``llvm_asm``, LLVM's own assembly listing of the optimised module the object was emitted
+    from by the same target machine (``"llvm-listing"``; no wheel ships llvm-objdump), after
+    :func:`check_listing` has matched it against the object's metadata."""
+    if objdump_for(arch) is not None:
+        return disassemble(hsaco, arch), "llvm-objdump"
+    check_listing(inspect(hsaco), llvm_asm)
+    return llvm_asm, "llvm-listing"
