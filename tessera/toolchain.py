@@ -52,6 +52,7 @@ ENABLES = {
 LLVM_TOOLS = ("ld.lld", "llvm-objdump", "llvm-readelf")
 NVIDIA_TOOLS = ("ptxas", "nvdisasm")
 ALL_TOOLS = ("ld.lld", "llvm-objdump", "llvm-readelf", "ptxas", "nvdisasm")
+MIN_MAJOR = {"ld.lld": 19, "llvm-objdump": 19, "llvm-readelf": 19}     # older LLVM lacks our archs
 
 # CUDA 12 wheels install nvidia/cuda_nvcc/bin/...; CUDA 13 wheels nvidia/cu13/bin/...
 NVIDIA_WHEEL_MODULES = ("nvidia.cu13", "nvidia.cu12", "nvidia.cuda_nvcc", "nvidia.cuda_nvdisasm")
@@ -147,9 +148,10 @@ def _wheel_tool(name: str) -> Tool | None:
 
 
 # --------------------------------------------------------------------------- PATH
-def _system_tool(name: str, path: str) -> Tool | None:
+def system_tool(name: str, path: str | None = None) -> Tool | None:
     """The newest ``name`` on ``path``: versioned LLVM binaries (``ld.lld-19``) and the plain one."""
     names = [f"{name}-{major}" for major in range(30, 13, -1)] if name in LLVM_TOOLS else []
+    path = os.environ.get("PATH", os.defpath) if path is None else path
     best: Tool | None = None
     for exe_name in [*names, name]:
         exe = shutil.which(exe_name, path=path)
@@ -166,7 +168,7 @@ def _find(name: str, min_major: int, how: str, path: str) -> Tool | None:
     wheel = _wheel_tool(name)
     if wheel is not None and wheel.version is not None and wheel.version[0] < min_major:
         wheel = None
-    system = None if how == "bundled" else _system_tool(name, path)
+    system = None if how == "bundled" else system_tool(name, path)
     if system is not None and (system.version is None or system.version[0] < min_major):
         system = None
     if wheel is None:
@@ -222,5 +224,4 @@ def require(tool: str, found, why: str, min_major: int | None = None):
 
 def status() -> dict[str, Tool | None]:
     """Every tool and what was found (None: absent) — for ``tessera doctor``, reports and docs."""
-    mins = {"ld.lld": 19, "llvm-objdump": 19, "llvm-readelf": 19}
-    return {name: find(name, mins.get(name, 0)) for name in ALL_TOOLS}
+    return {name: find(name, MIN_MAJOR.get(name, 0)) for name in ALL_TOOLS}

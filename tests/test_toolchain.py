@@ -12,6 +12,7 @@ import pytest
 from tessera import toolchain
 from tessera.codegen import hsaco
 from tessera.errors import CodegenError, ToolchainMissingError
+from tessera.tools import cli
 
 KERNEL_IR = """
 target triple = "amdgcn-amd-amdhsa"
@@ -154,3 +155,48 @@ def test_unknown_toolchain_setting_is_refused(monkeypatch):
     assert toolchain.mode() == "auto"
     with pytest.raises(ValueError, match="unknown tool 'lld'"):
         toolchain.find("lld")
+
+
+# --------------------------------------------------------------------------- tessera doctor
+def doctor(capsys) -> dict[str, str]:
+    assert cli.main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    rows = {}
+    for line in out.splitlines():
+        words = line.split()
+        if line.startswith("  ") and words and words[0] in toolchain.ALL_TOOLS:
+            rows[words[0]] = line
+    assert set(rows) == set(toolchain.ALL_TOOLS), out
+    return rows | {"text": out}
+
+
+def test_doctor_prints_every_tool_its_version_and_origin(capsys):
+    rows = doctor(capsys)
+    for name, tool in toolchain.status().items():
+        words = rows[name].split()
+        if tool is None:
+            assert words[1:3] == ["-", "absent"]
+        else:
+            assert words[1:4] == [tool.version_text, tool.source, tool.command[0]]
+        assert f"enables: {toolchain.ENABLES[name]}" in rows["text"]
+    assert "cpu-x86           compiles" in rows["text"] and "devices:" in rows["text"]
+
+
+def test_doctor_in_bundled_mode_names_the_ignored_system_tool(tmp_path, monkeypatch, capsys):
+    fake_tool(tmp_path, "ld.lld", "LLD 99.0.0")
+    with_path_first(monkeypatch, tmp_path)
+    rows = doctor(capsys)
+    assert rows["ld.lld"].split()[1:3] == ["99.0.0", "system"]
+    monkeypatch.setenv("TESSERA_TOOLCHAIN", "bundled")
+    rows = doctor(capsys)
+    assert "TESSERA_TOOLCHAIN=bundled" in rows["text"].splitlines()[0]
+    assert rows["ld.lld"].split()[2] == "wheel:ziglang"
+    assert f"ignored: {tmp_path / 'ld.lld'} (99.0.0) on PATH, as TESSERA_TOOLCHAIN=bundled says" in rows["text"]
+
+
+def test_doctor_with_ld_lld_missing_says_what_it_costs(monkeypatch, capsys, no_zig):
+    monkeypatch.setenv("TESSERA_TOOLCHAIN", "bundled")
+    rows = doctor(capsys)
+    assert rows["ld.lld"].split()[1:3] == ["-", "absent"]
+    assert "rocm-<gfx arch>   cannot compile: ld.lld missing" in rows["text"]
+    assert f"get it: {toolchain.INSTALL_HINT['ld.lld']}" in rows["text"]

@@ -1,4 +1,4 @@
-"""The ``tessera`` command: demo, bench, mma, lanes, docs."""
+"""The ``tessera`` command: demo, bench, mma, lanes, docs, doctor."""
 from __future__ import annotations
 
 import argparse
@@ -105,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     ln.add_argument("--markdown", action="store_true")
     ln.add_argument("--write", action="store_true", help="write docs/lanes.md (implies --run --markdown)")
     ln.set_defaults(func=_lanes)
+    dr = sub.add_parser("doctor", help="every external tool: version, where it was found, what it enables")
+    dr.set_defaults(func=lambda a: __import__("tessera.tools.doctor", fromlist=["main"]).main(a))
     args = ap.parse_args(argv)
     try:
         return args.func(args)
