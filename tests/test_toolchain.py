@@ -25,7 +25,9 @@ WHEELS_HERE = sys.platform == "linux" and platform.machine() == "x86_64"
 
 
 @pytest.fixture(autouse=True)
-def fresh_discovery():
+def fresh_discovery(monkeypatch):
+    """Each test starts from the default setting (CI runs the suite under bundled) and no cache."""
+    monkeypatch.setenv("TESSERA_TOOLCHAIN", "auto")
     toolchain.clear_cache()
     yield
     toolchain.clear_cache()
