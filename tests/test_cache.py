@@ -571,3 +571,43 @@ def test_refusals_leave_no_reproducer(cdir, rng):
         ts.compile(lambda x: x + 1.0, x, schedule={"bogus": 1})
     assert info.value.code == "SCHEDULE_ILLEGAL" and "reproducer" not in str(info.value)
     assert not (cdir / "repro").exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_child_of_a_fork_is_not_blocked_by_a_parent_compile(cdir, rng):
+    """A thread of the parent is inside a compile (holding its key's lock and the memory lock)
+    when another thread forks: the child compiles and runs that same graph."""
+    x, y = inputs(rng)
+    key = "k" * 64
+    held, release = threading.Event(), threading.Event()
+
+    def holder():
+        with C._key_lock(key):
+            with C._MEMORY_LOCK:
+                held.set()
+                release.wait(60)
+    t = threading.Thread(target=holder)
+    t.start()
+    held.wait(60)
+    pid = os.fork()
+    if pid == 0:                    # the child: must not touch pytest; report by exit status
+        code = 1
+        try:
+            done = threading.Event()
+
+            def child():
+                with C._key_lock(key):
+                    pass
+                out = ts.jit(prog_b)(x, y)
+                if np.allclose(f64(out), oracle_b(x, y), rtol=1e-5, atol=1e-5):
+                    done.set()
+            w = threading.Thread(target=child, daemon=True)
+            w.start()
+            w.join(120)
+            code = 0 if done.is_set() else 2
+        finally:
+            os._exit(code)
+    release.set()
+    t.join(60)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

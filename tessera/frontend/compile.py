@@ -198,6 +198,18 @@ def _key_lock(key: str):
                 del _KEY_LOCKS[key]
 
 
+def _reset_locks_in_child() -> None:
+    """After ``fork``: a lock some other parent thread held stays held forever in the child (that
+    thread does not exist there), so the child starts with fresh ones."""
+    global _MEMORY_LOCK
+    _MEMORY_LOCK = threading.Lock()
+    _KEY_LOCKS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_locks_in_child)
+
+
 def compile_key(graph_text: str, spec: str, isa, target: str) -> str:
     """The cache key: the graph, the pipeline, the CPU name and features the code is built for
     (a cache shared by two chips never hands one the other's instructions), the external
