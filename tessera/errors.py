@@ -253,6 +253,13 @@ class UnloweredOpsError(PassFailedError):
     code = "UNLOWERED_OPS"
 
 
+class CompilerInternalError(PassFailedError):
+    """The compiler failed on a program it accepted (a Python exception inside a pass or the
+    translation, not a refusal with its own code).  The message names a reproducer file: the
+    Graph IR, the pass pipeline and the target, replayable with ``tessera-opt``."""
+    code = "COMPILER_INTERNAL"
+
+
 # --------------------------------------------------------------------------- MMA selector
 class MmaSelectorError(TesseraError):
     """An MMA request is illegal for the target/arch; the message lists what is legal."""
@@ -368,6 +375,12 @@ class CacheError(TesseraError):
     """A compile-cache entry is unusable (it is discarded and recompiled; raised only if that fails)."""
     code = "CACHE"
     area = "runtime"
+
+
+class CacheUntrustedError(CacheError):
+    """The compile-cache directory or an entry in it is owned by another user (or the directory is
+    writable by others): entries are unpickled, so it is refused rather than read."""
+    code = "CACHE_UNTRUSTED"
 
 
 def all_error_classes() -> list[type[TesseraError]]:

@@ -5,18 +5,29 @@ is recorded), keeps the IR of each layer, translates the Target IR to LLVM IR,
 emits object code for the resolved CPU name and features, and loads it.  ``arch``
 None means the host: it is resolved to LLVM's host CPU name and feature set before
 any lowering runs, and those are what the cache key holds.
+
+Compiled graphs are kept in memory (least recently used evicted past ``MEMORY_MAX``) and on
+disk (``runtime/cache.py``).  Threads compiling the same key at once wait for the first.
+A disk entry that fails its field checks, or does not load, is discarded and recompiled.
+A failure inside the compiler (a Python exception, or ``PASS_FAILED``) writes a reproducer
+(``frontend/repro.py``) and names it in the error.
 """
 from __future__ import annotations
 
 import os
+import threading
 import time
+from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from xdsl.dialects.builtin import ModuleOp
 
 from tessera.codegen import jit as cj
 from tessera.codegen import x86 as cg
-from tessera.errors import ScheduleIllegalError, TesseraError, UnknownArchError
+from tessera.errors import (CompilerInternalError, PassFailedError, ScheduleIllegalError, TesseraError,
+                            UnknownArchError)
+from tessera.frontend import repro
 from tessera.ir import schedule as s
 from tessera.ir.attrs import ints, strs
 from tessera.ir.context import LAYERS, layer_of
@@ -146,7 +157,65 @@ class Compiled:
         return self._asm
 
 
-_MEMORY: dict[str, Compiled] = {}
+# Compiled graphs of this process by key, least recently used first; bounded so that a stream of
+# distinct graphs (e.g. distinct Python scalars baked into them) does not grow memory without end.
+MEMORY_MAX = 256
+_MEMORY: OrderedDict[str, Compiled] = OrderedDict()
+_MEMORY_LOCK = threading.Lock()
+_KEY_LOCKS: dict[str, list] = {}     # key -> [lock, threads using it]: one compile per key at a time
+
+
+def _memory_get(key: str) -> Compiled | None:
+    with _MEMORY_LOCK:
+        c = _MEMORY.get(key)
+        if c is not None:
+            _MEMORY.move_to_end(key)
+        return c
+
+
+def _memory_put(key: str, c: Compiled) -> None:
+    with _MEMORY_LOCK:
+        _MEMORY[key] = c
+        _MEMORY.move_to_end(key)
+        while len(_MEMORY) > max(MEMORY_MAX, 0):
+            _MEMORY.popitem(last=False)
+
+
+@contextmanager
+def _key_lock(key: str):
+    """Held while ``key`` is looked up on disk, compiled and stored: threads compiling the same
+    graph at once wait for the first and take its result from memory."""
+    with _MEMORY_LOCK:
+        slot = _KEY_LOCKS.setdefault(key, [threading.Lock(), 0])
+        slot[1] += 1
+    try:
+        with slot[0]:
+            yield
+    finally:
+        with _MEMORY_LOCK:
+            slot[1] -= 1
+            if slot[1] == 0:
+                del _KEY_LOCKS[key]
+
+
+def _reset_locks_in_child() -> None:
+    """After ``fork``: a lock some other parent thread held stays held forever in the child (that
+    thread does not exist there), so the child starts with fresh ones."""
+    global _MEMORY_LOCK
+    _MEMORY_LOCK = threading.Lock()
+    _KEY_LOCKS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_locks_in_child)
+
+
+def compile_key(graph_text: str, spec: str, isa, target: str) -> str:
+    """The cache key: the graph, the pipeline, the CPU name and features the code is built for
+    (a cache shared by two chips never hands one the other's instructions), the external
+    tools a GPU artifact passes through; ``cache.make_key`` adds the sources and versions."""
+    return cache.make_key(graph_text, spec, f"cpu={isa.llvm_cpu or ''}", f"features={isa.llvm_features}",
+                          cache.toolchain_identity(target))
 
 
 def compile_graph(module: ModuleOp, *, name: str, target: str = "cpu", arch: str | None = None,
@@ -157,21 +226,82 @@ def compile_graph(module: ModuleOp, *, name: str, target: str = "cpu", arch: str
     spec = pipeline_spec(isa.arch, pins, target)
     passes = parse_pipeline(spec)  # options are checked before any IR is touched
     graph_text = print_ir(module)
-    key = cache.make_key(graph_text, spec, isa.llvm_cpu or "", isa.llvm_features)
+    key = compile_key(graph_text, spec, isa, target)
     if os.environ.get("TESSERA_NO_CACHE"):  # tests that patch the compiler must not reuse old code
         use_disk, use_memory = False, False
     else:
         use_memory = True
-    hit = _MEMORY.get(key) if use_memory else None
+    hit = _memory_get(key) if use_memory else None
     if hit is not None:
         return hit
-    entry = cache.load(key) if use_disk else None
-    status = "disk"
-    if entry is None:
-        status = "compiled"
-        entry = (_build_gpu if target in GPU_TARGETS else _build)(module, passes, isa, spec, graph_text)
-        if use_disk:
-            cache.store(key, entry)
+    with _key_lock(key):
+        hit = _memory_get(key) if use_memory else None
+        if hit is not None:         # another thread compiled it while this one waited
+            return hit
+        c = _load_or_build(module, name, target, isa, spec, passes, graph_text, key, use_disk, t0)
+        if use_memory:
+            _memory_put(key, c)
+        return c
+
+
+def _load_or_build(module, name, target, isa, spec, passes, graph_text, key, use_disk, t0) -> Compiled:
+    if use_disk:
+        entry = cache.load(key, validate=lambda e: entry_ok(e, target))
+        if entry is not None:
+            try:
+                return _materialize(entry, name, target, isa, spec, key, "disk", t0)
+            except Exception:  # noqa: BLE001 - an entry that passed its checks but does not load
+                cache.discard(key)
+    builder = _build_gpu if target in GPU_TARGETS else _build
+    try:
+        entry = builder(module, passes, isa, spec, graph_text)
+    except Exception as e:  # noqa: BLE001 - a compiler failure: leave a reproducer, then raise
+        coded = _with_reproducer(e, graph_text, spec, target, isa, name, key)
+        if coded is e:
+            raise
+        raise coded from e
+    if use_disk:
+        cache.store(key, entry)
+    return _materialize(entry, name, target, isa, spec, key, "compiled", t0)
+
+
+def entry_ok(entry: dict, target: str) -> bool:
+    """The fields ``_materialize`` reads, with their types (an entry that fails is recompiled)."""
+    def strs(v):
+        return isinstance(v, list) and all(isinstance(i, str) for i in v)
+    meta, layers = entry.get("meta"), entry.get("layer_ir")
+    ok = (isinstance(entry.get("program"), HostProgram) and isinstance(entry.get("llvm_ir"), str)
+          and strs(entry.get("kernels")) and isinstance(meta, dict) and isinstance(meta.get("compile_ms"), dict)
+          and isinstance(meta.get("kernels"), list) and all(isinstance(k, dict) for k in meta["kernels"])
+          and isinstance(layers, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in layers.items())
+          and isinstance(entry.get("asm", ""), (str, type(None))))
+    if not ok:
+        return False
+    if target in GPU_TARGETS:
+        return (isinstance(entry.get("binary"), bytes) and isinstance(entry.get("abis"), list)
+                and isinstance(entry.get("ptx", ""), str) and "target" in layers)
+    return isinstance(entry.get("obj"), bytes)
+
+
+def _with_reproducer(e: Exception, graph_text, spec, target, isa, name, key) -> Exception:
+    """``e`` with the path of a reproducer in its message, for an internal failure (a Python
+    exception, or a pass that could not transform its input); other coded errors unchanged."""
+    if isinstance(e, TesseraError) and not isinstance(e, PassFailedError):
+        return e
+    reason = f"{e.code}: {e.message}" if isinstance(e, TesseraError) else f"{type(e).__name__}: {e}"
+    path, why = repro.write(graph_text, spec, target=target, arch=isa.arch, cpu=isa.llvm_cpu or "",
+                            features=isa.llvm_features, name=name, key=key, reason=reason)
+    where = (f"reproducer: {path} (replay: {repro.replay_command(path, spec)})" if path is not None
+             else f"no reproducer written ({why})")
+    if isinstance(e, TesseraError):
+        e.message = f"{e.message}; {where}"
+        e.args = (e.message,)
+        return e
+    return CompilerInternalError(f"compiling {name!r} for {target} ({isa.arch}) failed inside the compiler: "
+                                 f"{type(e).__name__}: {e}; {where}")
+
+
+def _materialize(entry: dict, name, target, isa, spec, key, status, t0) -> Compiled:
     t_load = time.perf_counter()
     program = entry["program"]
     if target in GPU_TARGETS:
@@ -189,12 +319,9 @@ def compile_graph(module: ModuleOp, *, name: str, target: str = "cpu", arch: str
     meta["compile_ms"]["load"] = round((time.perf_counter() - t_load) * 1e3, 2)
     if status == "disk":
         meta["compile_ms"] = {"disk_cache": round((time.perf_counter() - t0) * 1e3, 2)}
-    c = Compiled(name, target, isa.arch, isa.llvm_cpu or "", isa.llvm_features, spec, key, entry["layer_ir"],
-                 entry["llvm_ir"], meta, exe, status, entry["kernels"], binary=entry.get("binary", b""),
-                 ptx=entry.get("ptx", ""), abis=entry.get("abis", []), _asm=entry.get("asm"))
-    if use_memory:
-        _MEMORY[key] = c
-    return c
+    return Compiled(name, target, isa.arch, isa.llvm_cpu or "", isa.llvm_features, spec, key, entry["layer_ir"],
+                    entry["llvm_ir"], meta, exe, status, entry["kernels"], binary=entry.get("binary", b""),
+                    ptx=entry.get("ptx", ""), abis=entry.get("abis", []), _asm=entry.get("asm"))
 
 
 def _run_passes(module: ModuleOp, passes, graph_text: str):
