@@ -14,10 +14,11 @@ from tessera.errors import TesseraError
 from tessera.frontend import ops
 from tessera.frontend.jit import Artifact, JitFunction, compile, explain, jit
 from tessera.runtime.lanes import LOG as lane_log
+from tessera.runtime.threads import get_num_threads, set_num_threads
 
 bfloat16 = dtypes.bfloat16
 float32 = dtypes.float32
 
 __all__ = ["jit", "compile", "explain", "ops", "dtypes", "errors", "TesseraError", "JitFunction", "Artifact",
-           "lane_log", "bfloat16", "float32"]
+           "lane_log", "bfloat16", "float32", "set_num_threads", "get_num_threads"]
 __version__ = "0.1.0"

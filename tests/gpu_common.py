@@ -74,6 +74,24 @@ def drop_c0(monkeypatch) -> None:
     monkeypatch.setattr(simt.SimtLowerer, "op_tile_fragment_pack", zero_acc)
 
 
+def swap_acc_rows(monkeypatch) -> None:
+    """Plant a layout bug in the compiler: the NVIDIA lowering's mma.sync accumulator lane map
+    (MmaSyncMap.c) lists its entries c2, c3, c0, c1, so each lane's registers c0/c1 (row g of
+    the tile, per the PTX ISA's fragment layout) are read and written as row g + 8 and c2/c3 as
+    row g. C0 goes in and comes out through the same wrong map, so it survives; the products
+    the instruction put in rows g and g + 8 land in each other's rows."""
+    from tessera.passes.target.gpu.simt import OperandMap
+    from tessera.passes.target.nvidia import lower_tile_to_nvidia as NVL
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    orig = NVL.MmaSyncMap.build
+
+    def swapped(self, b_, lane):
+        orig(self, b_, lane)
+        items = list(self.c.items)
+        self.c = OperandMap(items[2:] + items[:2], self.c.parts)
+    monkeypatch.setattr(NVL.MmaSyncMap, "build", swapped)
+
+
 def check_relu_propagates_nan(rng, compile_fn) -> None:
     """relu(NaN) is NaN (numpy.maximum), in the emulator and in the generated code: the
     translation selects instead of calling llvm.maxnum, which would return 0."""

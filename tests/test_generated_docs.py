@@ -13,9 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.parametrize("name", sorted(docs.GENERATORS))
 def test_checked_in_doc_is_current(name):
-    path, _ = docs.GENERATORS[name]
-    current = (ROOT / path).read_text()
-    assert current == docs.generate(name), f"{path} drifted: run `tessera docs {name} --write`"
+    problem = docs.drift(name, ROOT)
+    assert problem is None, problem
 
 
 def test_error_codes_are_unique_and_documented():
@@ -27,7 +26,20 @@ def test_error_codes_are_unique_and_documented():
 
 
 def test_drift_check_has_teeth(tmp_path, monkeypatch):
-    """A stale copy is detected: regenerate into a temp tree, edit it, compare."""
+    """The check test_checked_in_doc_is_current runs (docs.drift) on a temp tree: a fresh copy
+    passes; an edited line, a lost trailing newline, an appended line, a missing file and a
+    generator whose output changed under an unchanged file are each reported."""
     p = docs.write("errors", tmp_path)
-    p.write_text(p.read_text().replace("IR_PARSE", "IR_PARSE_OLD"))
-    assert p.read_text() != docs.generate("errors")
+    fresh = p.read_text()
+    assert docs.drift("errors", tmp_path) is None
+    assert "`IR_PARSE`" in fresh
+    for stale in (fresh.replace("`IR_PARSE`", "`IR_PARSE_OLD`", 1), fresh.rstrip("\n"), fresh + "| extra |\n"):
+        p.write_text(stale)
+        problem = docs.drift("errors", tmp_path)
+        assert problem is not None and "docs/errors.md drifted" in problem, problem
+    p.write_text(fresh)
+    assert docs.drift("errors", tmp_path) is None
+    monkeypatch.setitem(docs.GENERATORS, "errors", ("docs/errors.md", lambda: fresh.replace("IR_PARSE", "IR_X")))
+    assert "drifted" in docs.drift("errors", tmp_path)
+    p.unlink()
+    assert "missing" in docs.drift("errors", tmp_path)

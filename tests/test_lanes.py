@@ -87,11 +87,52 @@ def test_run_view_flags_a_false_declaration(runs, monkeypatch):
     assert ("tessera-cpu", "lower-tile-to-x86", "produces", "tessera_x86.vfma") in flags["undeclared"]
 
 
-def test_run_view_flags_a_missing_layer():
-    broken = _broken("broken-skips-schedule", lambda o: P._cpu(o))
-    runs = lanes.run_map(named=broken)
-    runs[0].layers = ["graph", "tile", "target"]  # what a lane that skipped Schedule IR would record
-    assert any("not all four layers" in v for v in lanes.gate_violations(lanes.static_map(broken), runs))
+def _census_layers(run_record) -> set[str]:
+    """The layers whose ops appear in any census of a run, read from the pass records' survivors
+    (independent of layers_traversed)."""
+    from tessera.ir.context import layer_of
+    return {layer_of(o) for p in run_record.passes for o in p["survivors"]} - {None}
+
+
+def check_a_skipped_layer_is_reported() -> None:
+    """A real pipeline without the target lowering (Graph -> Schedule -> Tile, then stop): the
+    layers computed from its census stop at tile, and the gate says so; and a real run entering
+    at Tile IR traverses only tile and target. The normal compile path reports all four."""
+    broken = _broken("broken-no-target", lambda o: P._cpu(o).rsplit(",lower-tile-to-x86", 1)[0])
+    runs = [r for r in lanes.run_map(named=broken) if not r.refused]
+    assert runs
+    for r in runs:
+        assert r.layers == ["graph", "schedule", "tile"], (r.program, r.layers)
+        assert "target" not in _census_layers(r)
+    assert any("broken-no-target" in v and "not all four layers" in v
+               for v in lanes.gate_violations(lanes.static_map(broken), runs))
+    # entering at Tile IR: the census never holds a graph or schedule op
+    from tessera.frontend.compile import layers_traversed
+    tile_text = {}
+    run_pipeline(parse_module((ROOT / "examples" / "mlp.mlir").read_text()),
+                 parse_pipeline("tessera-cpu{arch=avx512_bf16}"),
+                 after_pass=lambda p, m, rec, t: tile_text.setdefault("t", t) if p.name == "lower-schedule-to-tile"
+                 else None)
+    records = []
+    run_pipeline(parse_module(tile_text["t"]), parse_pipeline("tessera-cpu{arch=avx512_bf16 input=tile}"),
+                 after_pass=lambda p, m, rec, t: records.append(rec))
+    assert layers_traversed(records[0].census_before, records) == ["tile", "target"]
+
+
+def test_a_pipeline_that_skips_a_layer_is_reported(rng):
+    check_a_skipped_layer_is_reported()
+    x = rng.standard_normal((5, 33)).astype(np.float32)
+    jf = ts.jit(lambda v: ts.ops.softmax(v) * 2.0)
+    assert ts.explain(jf, x).layers == ["graph", "schedule", "tile", "target"]
+
+
+def test_a_constant_layer_list_is_caught(monkeypatch):
+    """Planted: layers_traversed returns the four layers whatever the census holds."""
+    from tessera.frontend import compile as C
+    from tessera.ir.context import LAYERS
+    monkeypatch.setattr(C, "layers_traversed", lambda initial, records: list(LAYERS))
+    with pytest.raises(AssertionError):
+        check_a_skipped_layer_is_reported()
 
 
 def test_target_lowerings_need_an_explicit_arch():

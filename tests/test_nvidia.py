@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import tessera as ts
-from gpu_common import SHAPES, batched, check_relu_propagates_nan, drop_c0, gemm_acc, gemm_epilogue, gelu64, inputs, oracle_acc, rel_err, rounding_model
+from gpu_common import (SHAPES, batched, check_relu_propagates_nan, drop_c0, gemm_acc, gemm_epilogue, gelu64, inputs,
+                        oracle_acc, rel_err, rounding_model, swap_acc_rows)
 from tessera.codegen import ptx_tools
 from tessera.errors import EmulatorRaceError, LaneUnavailableError, MmaSelectorError, UnknownArchError
 from tessera.mma.selector import get_isa, select_mma
@@ -151,6 +152,17 @@ def test_teeth_a_lane_swap_in_the_lowering_fails(rng, monkeypatch):
     a, b, c0 = inputs(rng, "f16", 32, 32, 32)
     got = _compile(gemm_acc, (a, b, c0), "sm_90").emulate(a, b, c0)
     assert rel_err(got, oracle_acc(a, b, c0)) > 0.05
+
+
+def test_teeth_an_accumulator_lane_map_swap_fails(rng, monkeypatch):
+    """The plant test_nvidia_device.py's device check must catch (swap_acc_rows: a compiler
+    bug, not an edited result), caught here by the emulator on the same check."""
+    a, b, c0 = inputs(rng, "f16", 70, 72, 48)
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    assert rel_err(_compile(gemm_acc, (a, b, c0), "sm_90").emulate(a, b, c0), oracle_acc(a, b, c0)) < 1e-5
+    swap_acc_rows(monkeypatch)
+    got = _compile(gemm_acc, (a, b, c0), "sm_90").emulate(a, b, c0)
+    assert rel_err(got, oracle_acc(a, b, c0)) > 1e-2
 
 
 def test_teeth_a_wrong_ldmatrix_address_fails(rng, monkeypatch):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import tessera as ts
-from gpu_common import SHAPES, batched, gemm_acc, gemm_epilogue, gelu64, inputs, oracle_acc, rel_err
+from gpu_common import SHAPES, batched, gemm_acc, gemm_epilogue, gelu64, inputs, oracle_acc, rel_err, swap_acc_rows
 from tessera.runtime import cuda
 from tessera.toolchain import find_ptxas
 
@@ -39,13 +39,18 @@ def test_gemm_with_accumulator_on_the_device(dtype, shape, rng):
     assert rel_err(got, emulated.astype(np.float64)) < 1e-5
 
 
-def test_planted_layout_bug_is_caught_on_the_device(rng):
-    """Teeth: the same comparison fails for a result whose rows are permuted within an MMA tile."""
+def test_planted_layout_bug_is_caught_on_the_device(rng, monkeypatch):
+    """Teeth: a compiler whose mma.sync accumulator lane map lists rows g and g + 8 the wrong way
+    round (swap_acc_rows) builds a kernel the device runs without complaint; the float64 check
+    rejects it (the emulator catches the same plant in test_nvidia.py)."""
     a, b, c0 = inputs(rng, "f16", 70, 72, 48)
-    got = ts.jit(gemm_acc, target="nvidia", arch=ARCH)(a, b, c0)
-    bad = got.copy()
-    bad[[0, 8]] = bad[[8, 0]]
-    assert rel_err(bad, oracle_acc(a, b, c0)) > 1e-2
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    assert rel_err(ts.jit(gemm_acc, target="nvidia", arch=ARCH)(a, b, c0), oracle_acc(a, b, c0)) < 1e-5
+    swap_acc_rows(monkeypatch)
+    f = ts.jit(gemm_acc, target="nvidia", arch=ARCH)
+    got = f(a, b, c0)
+    assert _ran(f.name) == f"nvidia-{ARCH}"       # it really ran on the device
+    assert rel_err(got, oracle_acc(a, b, c0)) > 1e-2
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])

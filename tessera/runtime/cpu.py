@@ -19,7 +19,9 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+import os
 import threading
+import weakref
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -35,7 +37,7 @@ from xdsl.dialects.builtin import (
 )
 
 from tessera import host
-from tessera.runtime import memory, workers
+from tessera.runtime import memory, threads, workers
 from tessera.errors import ArgumentError, LaneUnavailableError, OutOfMemoryError, ShapeMismatchError
 from tessera.ir import dims as D
 from tessera.ir import graph as g
@@ -238,11 +240,13 @@ class CallPlan:
     argument shapes and dtypes, so a repeated call skips binding, size evaluation, thread
     choice and workspace lookup.  ``gen`` is the executable's buffer generation the words were
     built in: a later call that grew a workspace or the team buffer makes them stale, and the
-    plan is rebuilt before it runs."""
+    plan is rebuilt before it runs; so does a change of the thread setting (``threads_version``,
+    runtime/threads.py) since the plan chose its thread counts."""
 
     env: dict[str, int]
     steps: list[PlannedStep]
     gen: int
+    threads_version: int = 0
 
 
 class CpuExecutable:
@@ -266,6 +270,7 @@ class CpuExecutable:
         self._team: tuple[np.ndarray, int] = (np.zeros(0, np.uint8), 0)
         self._gen = 0      # bumped whenever a workspace or the team buffer moves (plans hold addresses)
         self._run_lock = threading.Lock()  # one call at a time uses the workspaces and the team buffer
+        _LIVE.add(self)
 
     def _workspace(self, tid: int, size: int) -> int:
         ent = self._ws_pool.get(tid)
@@ -284,7 +289,7 @@ class CpuExecutable:
 
     def threads_for(self, step: Step, env: dict[str, int], sizes: list[int]) -> int:
         n = step.threads or self.max_threads
-        n = min(n, self.max_threads)
+        n = min(n, self.max_threads, threads.get_num_threads() or n)   # TESSERA_NUM_THREADS / set_num_threads
         if step.parallel == "none":
             return 1
         work = 1
@@ -307,6 +312,7 @@ class CpuExecutable:
         """The launches for sizes ``env`` (the caller holds the run lock)."""
         self._refuse_here()
         prog = self.program
+        tver = threads.version()
         work = []
         for s in prog.steps:
             for expr, bound in self._limits[s.kernel]:
@@ -329,7 +335,7 @@ class CpuExecutable:
             steps.append(PlannedStep(
                 s, shapes, [t.np_dtype for t in s.out_types], need if need > CHECK_MEMORY_ABOVE else 0, nthreads,
                 any(math.prod(sh) == 0 for sh in shapes), words, words.ctypes.data, header))
-        return CallPlan(env, steps, self._gen)
+        return CallPlan(env, steps, self._gen, tver)
 
     def plan(self, env: dict[str, int]) -> CallPlan:
         with self._run_lock:
@@ -344,7 +350,8 @@ class CpuExecutable:
     def run_plan(self, plan: CallPlan, arrays: list[np.ndarray]) -> list[np.ndarray]:
         """Run a plan made by ``plan`` for arrays of the sizes it was made for."""
         with self._run_lock:
-            if plan.gen != self._gen:   # a buffer moved since: rebuild the words in place
+            if plan.gen != self._gen or plan.threads_version != threads.version():
+                # a buffer moved, or the thread setting changed, since: rebuild the words in place
                 fresh = self._plan(plan.env)
                 plan.steps, plan.gen = fresh.steps, fresh.gen
             elif self.amx or self.missing_features:
@@ -383,3 +390,17 @@ class CpuExecutable:
             else:
                 workers.pool(ps.nthreads - 1).run(self.entries[s.kernel], ps.words_addr, ps.nthreads, call)
         return [vals[i] for i in prog.results]
+
+
+# executables alive in this process: a forked child gets fresh run locks (the parent's may be
+# held by a thread that the child does not have)
+_LIVE: "weakref.WeakSet[CpuExecutable]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for e in list(_LIVE):
+        e._run_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _after_fork_in_child())   # looked up at fork time

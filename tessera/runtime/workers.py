@@ -13,10 +13,16 @@ threads is 5), so no Python runs between a job's publication and its end.  The c
 publishes a job by bumping a generation counter and waits for the workers' done counter
 the same way.  Every element is computed by the same instructions whatever the thread
 count, so which thread runs what never changes a result.
+
+After ``fork()`` only the forking thread exists in the child: the pool's workers are gone (a
+launch would wait for their done count forever) and a lock another thread held stays held.
+The child drops the pool (``os.register_at_fork``) and its first launch starts a new one,
+reusing the compiled helpers.
 """
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 import time
 
@@ -114,8 +120,8 @@ def _pauses_per_second(native: _Native) -> int:
 
 
 class WorkerPool:
-    def __init__(self, workers: int):
-        self.native = _Native()
+    def __init__(self, workers: int, native: _Native | None = None):
+        self.native = native or _Native()
         self.spins = int(SPIN_SECONDS * _pauses_per_second(self.native))
         self.ctl = np.zeros(24, np.int64)          # generation at [0], done count at [8], the job at [16..18]
         self.addr = self.ctl.ctypes.data
@@ -161,9 +167,25 @@ _pool: WorkerPool | None = None
 _pool_lock = threading.Lock()
 
 
+_native: _Native | None = None   # the helpers outlive a pool (a larger one, or the child's after fork)
+
+
 def pool(workers: int) -> WorkerPool:
-    global _pool
+    global _pool, _native
     with _pool_lock:
         if _pool is None or _pool.size < workers:
-            _pool = WorkerPool(workers)
+            _pool = WorkerPool(workers, _native)
+            _native = _pool.native
         return _pool
+
+
+def _after_fork_in_child() -> None:
+    """The child of a fork has none of the pool's threads: forget the pool (its launch lock
+    and condition may be held by a thread that is not there either); the next launch makes one."""
+    global _pool, _pool_lock
+    _pool = None
+    _pool_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _after_fork_in_child())   # looked up at fork time

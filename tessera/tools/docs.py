@@ -100,3 +100,21 @@ def write(name: str, root: Path) -> Path:
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(fn())
     return p
+
+
+def drift(name: str, root: Path) -> str | None:
+    """None when ``root/<path>`` holds exactly what ``generate(name)`` gives; otherwise one
+    line naming the file, the first line that differs and the command that rewrites it."""
+    path, _ = GENERATORS[name]
+    p = root / path
+    fix = f"run `tessera docs {name} --write`"
+    if not p.is_file():
+        return f"{path} is missing: {fix}"
+    have, want = p.read_text(), generate(name)
+    if have == want:
+        return None
+    a, b = have.splitlines(keepends=True), want.splitlines(keepends=True)
+    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    got = a[i].rstrip("\n") if i < len(a) else "<end of file>"
+    exp = b[i].rstrip("\n") if i < len(b) else "<end of file>"
+    return f"{path} drifted at line {i + 1}: has {got[:120]!r}, generated {exp[:120]!r}; {fix}"
