@@ -10,6 +10,7 @@ exact; any other mismatch of kind is reported as infinite error.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -155,3 +156,210 @@ def numerics_md() -> str:
                "NaN still reaches the row's sum, so the row is NaN wherever numpy's is (tested at every column "
                "position).\n")
     return "".join(out)
+
+
+# ------------------------------------------------------------------------------------------ op families
+# What each family of CPU kernels does with its sums, subnormals, NaN and infinities, and why its
+# result does not depend on the thread count: written here, beside the measurement that checks it
+# (``measure_families``), and rendered into docs/numerics.md.
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    kernels: str          # tessera/passes/tile/kernels/<file>
+    accumulation: str
+    subnormals: str
+    nan_inf: str
+    threads: str          # why the thread count and the run do not change a bit
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("elementwise", "elementwise.py, rows.py",
+           "none: every element in f32 registers (bf16/f16 operands widened exactly as loaded, rounded once as "
+           "stored)",
+           "kept (IEEE arithmetic; the transcendentals have exact subnormal tails)",
+           "IEEE, as numpy: NaN propagates through arithmetic and transcendentals; `maximum` returns NaN when "
+           "either operand is NaN (one `vmaxps` and a NaN select)",
+           "rows are split across threads; every element is computed by the same instructions wherever its row "
+           "runs"),
+    Family("softmax / layer_norm / rms_norm", "rowwise.py",
+           "f32: per row, lane-wise partial sums over a chunk of 4 vector registers (64 lanes on AVX-512, 32 on "
+           "AVX2; the `chunk` pin changes it), then one fixed halving tree; layer_norm's variance is a second pass "
+           "about the mean",
+           "kept",
+           "as numpy: a NaN anywhere in a row makes the row NaN (softmax's row maximum drops it, the sum does "
+           "not); +inf in a softmax row gives NaN (inf - inf); -inf entries get weight 0 and an all -inf row is "
+           "NaN; a layer_norm/rms_norm row holding an inf is NaN",
+           "a row belongs to one thread, and its order of summation is fixed by the chunk"),
+    Family("reduce_sum / reduce_mean / reduce_max", "reduce.py",
+           "f32.  Reduced axes last: per output, lane-wise partial sums over the chunk, then the halving tree "
+           "(a full reduction is one such row, on one thread).  Otherwise: each output column summed in order "
+           "over the reduced rows.  mean = sum / n",
+           "kept",
+           "as numpy: `reduce_max` is NaN when any element is NaN; sums follow IEEE (inf + -inf = NaN)",
+           "an output element is computed by one thread, in the same order"),
+    Family("matmul (f32, bf16)", "gemm.py",
+           "f32 FMA in k order; the partial sums of earlier k-blocks pass through C in f32, so the blocking changes "
+           "no bit.  bf16 follows its instruction record (below)",
+           "f32 and bf16 widened to f32: kept.  `vdpbf16ps` and AMX `tdpbf16ps` flush subnormal inputs and "
+           "outputs and ignore MXCSR (their records' semantics, below)",
+           "IEEE: NaN propagates, inf x 0 = NaN, infinite sums as numpy's",
+           "an element's whole k loop runs on one thread; threads take whole register tiles of rows"),
+    Family("attention", "attention.py",
+           "f32: S = Q K^T by FMA over the head dim; online softmax over key blocks (running maximum, weights "
+           "2^(s - m), sum l) and O += P V, all f32; out = O / l",
+           "a probability below 2^-126 is 0 (`exp2_bounded`), otherwise kept",
+           "as the composed softmax(Q K^T * scale + mask) V in float64: a NaN or +inf in a key row makes the "
+           "rows that see it NaN; a NaN or inf in V reaches every output that weighs it",
+           "a (batch, head, query block) item belongs to one thread, whichever claims it"),
+)
+
+MEASURE_THREADS = (1, 2)
+
+
+@dataclass(frozen=True)
+class Case:
+    family: str
+    label: str
+    fn: object            # a function of tessera tensors
+    ref: object           # the same in float64 numpy
+    shapes: tuple
+    dtype: str = "float32"
+    poison: int = 0       # the argument NaN / inf are planted in
+    tol: float = 0.0      # relative error bound against float64 (0: 1e-5, bf16 1e-2)
+
+    @property
+    def bound(self) -> float:
+        return self.tol or (1e-2 if self.dtype == "bfloat16" else 1e-5)
+
+
+def _softmax64(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _layer_norm64(x, s, eps=1e-5):
+    mu = x.mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps) * s
+
+
+def _rms_norm64(x, s, eps=1e-6):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * s
+
+
+def cases() -> list[Case]:
+    """One or more programs per family, large enough that every thread gets work."""
+    import tessera as ts
+    from tessera.frontend.reference import attention64, sigmoid64
+    sq = math.sqrt(2 / math.pi)
+
+    def gelu64(v):
+        return v * sigmoid64(2 * sq * (v + 0.044715 * v ** 3))
+
+    def attn64(q, k, v, causal=False):
+        return attention64(q, k, v, None, 1 / math.sqrt(q.shape[-1]), causal)
+
+    return [
+        Case("elementwise", "maximum(gelu(x * y + 1), y)", lambda x, y: ts.ops.maximum(ts.ops.gelu(x * y + 1.0), y),
+             lambda x, y: np.maximum(gelu64(x * y + 1), y), ((600, 777), (777,))),
+        Case("softmax / layer_norm / rms_norm", "softmax", ts.ops.softmax, _softmax64, ((300, 4097),)),
+        Case("softmax / layer_norm / rms_norm", "layer_norm", ts.ops.layer_norm, _layer_norm64, ((300, 4097), (4097,))),
+        Case("softmax / layer_norm / rms_norm", "rms_norm", ts.ops.rms_norm, _rms_norm64, ((300, 4097), (4097,))),
+        Case("reduce_sum / reduce_mean / reduce_max", "reduce_sum, last axis",
+             lambda x: ts.ops.reduce_sum(x, axis=-1), lambda x: x.sum(-1), ((40000, 67),)),
+        Case("reduce_sum / reduce_mean / reduce_max", "reduce_sum, first axis",
+             lambda x: ts.ops.reduce_sum(x, axis=0), lambda x: x.sum(0), ((64, 40001),)),
+        Case("reduce_sum / reduce_mean / reduce_max", "reduce_mean, middle axis",
+             lambda x: ts.ops.reduce_mean(x, axis=1), lambda x: x.mean(1), ((4, 64, 9001),)),
+        Case("reduce_sum / reduce_mean / reduce_max", "reduce_max, first axis",
+             lambda x: ts.ops.reduce_max(x, axis=0), lambda x: x.max(0), ((64, 40001),)),
+        Case("reduce_sum / reduce_mean / reduce_max", "reduce_sum, all of 2^21 + 3",
+             ts.ops.reduce_sum, lambda x: np.sum(x), (((1 << 21) + 3,),),
+             # 2^21 zero-mean terms cancel to about sqrt(n) = 1448 times their size, while each of the
+             # chunk's lanes adds up 2^15 of them in order: an error of ~1e-6 of sum |x| is 1e-4 of the sum
+             tol=1e-3),
+        Case("matmul (f32, bf16)", "513x777 @ 777x259", lambda a, b: a @ b, lambda a, b: a @ b,
+             ((513, 777), (777, 259))),
+        Case("matmul (f32, bf16)", "batched 4x129x333 @ 4x333x65", lambda a, b: a @ b, lambda a, b: a @ b,
+             ((4, 129, 333), (4, 333, 65))),
+        Case("matmul (f32, bf16)", "bf16 257x511 @ 511x130", lambda a, b: a @ b, lambda a, b: a @ b,
+             ((257, 511), (511, 130)), dtype="bfloat16"),
+        Case("attention", "2x4x300x64", lambda q, k, v: ts.ops.attention(q, k, v), attn64,
+             ((2, 4, 300, 64),) * 3, poison=1),
+        Case("attention", "causal 2x4x300x64", lambda q, k, v: ts.ops.attention(q, k, v, causal=True),
+             lambda q, k, v: attn64(q, k, v, True), ((2, 4, 300, 64),) * 3, poison=1),
+    ]
+
+
+def inputs(case: Case, rng: np.random.Generator) -> list[np.ndarray]:
+    import ml_dtypes
+    dt = np.dtype(ml_dtypes.bfloat16) if case.dtype == "bfloat16" else np.dtype(case.dtype)
+    return [rng.standard_normal(s).astype(np.float32).astype(dt) for s in case.shapes]
+
+
+def threads_used(jf, args) -> int:
+    """The most threads any launch of ``jf(*args)`` runs on."""
+    from tessera.runtime.cpu import bind_symbols
+    exe = jf.compile(*args).compiled.executable
+    plan = exe.plan(bind_symbols(exe.program.inputs, list(args)))
+    return max(s.nthreads for s in plan.steps)
+
+
+def bits(a) -> bytes:
+    a = np.ascontiguousarray(a)
+    return a.dtype.str.encode() + a.tobytes()
+
+
+def run_threads(case: Case, args, threads=MEASURE_THREADS, runs: int = 2, **jit_kw) -> dict:
+    """{thread count: (threads used, [the result of each run])}."""
+    import tessera as ts
+    out = {}
+    for n in threads:
+        jf = ts.jit(case.fn, schedule={"threads": n}, **jit_kw)
+        out[n] = (threads_used(jf, args), [np.asarray(jf(*args)) for _ in range(runs)])
+    return out
+
+
+def special_pattern_matches(got, ref) -> bool:
+    """NaN, +inf and -inf where the float64 reference has them, and nowhere else."""
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    return all(np.array_equal(f(got), f(ref)) for f in (np.isnan, np.isposinf, np.isneginf))
+
+
+def poisoned(case: Case, args, value: float) -> list[np.ndarray]:
+    """``args`` with ``value`` planted in argument ``case.poison``: one row at an odd column (a vector's
+    tail), one element of another row, and the last element."""
+    out = [a.copy() for a in args]
+    p = out[case.poison].reshape(-1, out[case.poison].shape[-1])
+    p[min(1, p.shape[0] - 1), min(37, p.shape[1] - 1)] = value
+    p[p.shape[0] // 2, 0] = value
+    p[-1, -1] = value
+    return out
+
+
+def f64(a) -> np.ndarray:
+    return np.asarray(a).astype(np.float64)
+
+
+def measure_families(seed: int = 0) -> list[dict]:
+    """Per case: the threads each thread-count pin ran on, whether every result (two runs per pin) has the
+    same bits, the relative error against float64, and whether NaN / +inf / -inf land where numpy's do."""
+    import tessera as ts
+    rng = np.random.default_rng(seed)
+    rows = []
+    with np.errstate(all="ignore"):
+        for c in cases():
+            args = inputs(c, rng)
+            res = run_threads(c, args)
+            first = res[MEASURE_THREADS[0]][1][0]
+            same = all(bits(r) == bits(first) for _, rs in res.values() for r in rs)
+            ref = c.ref(*[f64(a) for a in args])
+            err = float(np.linalg.norm(f64(first) - ref) / max(np.linalg.norm(ref), 1e-300))
+            jf = ts.jit(c.fn)
+            specials = {v: special_pattern_matches(jf(*pa), c.ref(*[f64(a) for a in pa]))
+                        for v in (np.nan, np.inf, -np.inf) for pa in [poisoned(c, args, v)]}
+            rows.append({"family": c.family, "case": c.label, "dtype": c.dtype,
+                         "threads": [res[n][0] for n in MEASURE_THREADS], "identical": same, "rel_err": err,
+                         "specials": {str(k): v for k, v in specials.items()}})
+    return rows
