@@ -128,6 +128,11 @@ def _section(level: str, title: str) -> str:
 def numerics_md() -> str:
     from tessera.tools.docs import HEADER
     out = [HEADER.format(cmd="tessera docs numerics --write"), "# Numerics of the CPU lane\n\n",
+           "Per op family: what it accumulates in, subnormals (FTZ/DAZ), NaN and infinities, and whether its "
+           "bits depend on the thread count; then the error of each transcendental.  Every table here is produced "
+           "by `tessera docs numerics --write` from data and measurements in `tessera/tools/numerics.py`.\n\n"]
+    out.append(_families_section(measure_families(), measure_fp_modes()))
+    out += ["## Transcendentals\n\n",
            f"Maximum and mean error in float32 ULPs of each transcendental, over every {STRIDE}th float32 bit "
            "pattern (both signs, every exponent, subnormals, infinities, NaN) plus special values; reference: "
            "float64 numpy (scipy for erf).  Algorithms: `tessera/codegen/x86_math.py`; coefficients: "
@@ -363,3 +368,118 @@ def measure_families(seed: int = 0) -> list[dict]:
                          "threads": [res[n][0] for n in MEASURE_THREADS], "identical": same, "rel_err": err,
                          "specials": {str(k): v for k, v in specials.items()}})
     return rows
+
+
+TINY = 2.0 ** -149
+
+
+def _has_subnormal(a) -> bool:
+    u = np.ascontiguousarray(a, np.float32).view(np.uint32)
+    return bool(np.any((u & 0x7F800000 == 0) & (u & 0x7FFFFF != 0)))
+
+
+def fp_mode_programs():
+    """Programs whose inputs or results are mostly subnormal float32: (label, fn, float64 ref, inputs)."""
+    import tessera as ts
+
+    def ew(rng):
+        return [(rng.standard_normal((2000, 500)) * 2.0 ** -130).astype(np.float32),
+                rng.standard_normal((2000, 500)).astype(np.float32)]
+
+    def mm(rng):
+        return [(rng.standard_normal((300, 257)) * 2.0 ** -133).astype(np.float32),
+                rng.standard_normal((257, 130)).astype(np.float32)]
+    return [("elementwise x * tanh(y) + x / 2", lambda x, y: x * ts.ops.tanh(y) + x * 0.5,
+             lambda x, y: x * np.tanh(y) + x * 0.5, ew),
+            ("matmul f32, subnormal A", lambda a, b: a @ b, lambda a, b: a @ b, mm)]
+
+
+def measure_fp_modes(seed: int = 0) -> list[dict]:
+    """Per program, calling thread's mode (default / FTZ+DAZ) and ``deterministic``: whether the results of
+    1 and 2 threads have the same bits, and whether subnormals were kept (within 2^-149 units of a float32
+    rounding of the float64 result, some result subnormal) or flushed (none).  The checks run after the
+    caller's mode is restored: numpy follows it too."""
+    import tessera as ts
+    from tessera.runtime import workers
+    rng = np.random.default_rng(seed)
+    ftz = workers.MXCSR_DEFAULT | workers.MXCSR_FTZ | workers.MXCSR_DAZ
+    rows = []
+    for label, fn, ref, make in fp_mode_programs():
+        args = make(rng)
+        r64 = ref(*[f64(a) for a in args])
+        for det in (False, True):
+            jfs = [ts.jit(fn, schedule={"threads": n}, deterministic=det) for n in MEASURE_THREADS]
+            for jf in jfs:
+                jf(*args)                         # compiled in the default mode
+            workers.pool(max(MEASURE_THREADS))    # the workers exist before the caller's mode changes
+            for mode_name, mode in (("default", workers.MXCSR_DEFAULT), ("FTZ+DAZ", ftz)):
+                saved = workers.get_mxcsr()
+                workers.set_mxcsr(mode)
+                try:
+                    outs = [jf(*args) for jf in jfs for _ in range(2)]
+                finally:
+                    workers.set_mxcsr(saved)
+                same = all(bits(o) == bits(outs[0]) for o in outs)
+                excess = np.abs(f64(outs[0]) - r64) - 2 * np.finfo(np.float32).eps * np.abs(r64)
+                if label.startswith("matmul"):
+                    k = args[0].shape[-1]
+                    excess = np.abs(f64(outs[0]) - r64) - k * np.finfo(np.float32).eps * (
+                        np.abs(f64(args[0])) @ np.abs(f64(args[1]))) - k * TINY
+                kept = _has_subnormal(outs[0]) and float(np.max(excess)) <= 2 * TINY
+                rows.append({"program": label, "caller": mode_name, "deterministic": det, "identical": same,
+                             "subnormals": "kept" if kept else "flushed" if not _has_subnormal(outs[0]) else
+                             "wrong"})
+    return rows
+
+
+def _families_section(measured: list[dict], modes: list[dict]) -> str:
+    from tessera.mma.x86 import RECORDS
+    out = ["## Op families\n\n",
+           "What each family of CPU kernels accumulates in, what it does with subnormals, NaN and infinities, "
+           "and why its bits do not depend on the thread count (`FAMILIES` in `tessera/tools/numerics.py`; "
+           "kernels in `tessera/passes/tile/kernels/`).  Float64 arrays are not covered here.\n\n",
+           "| family | kernels | accumulation | subnormals | NaN / inf | thread count |\n|---|---|---|---|---|---|\n"]
+    for f in FAMILIES:
+        out.append(f"| {f.name} | {f.kernels} | {f.accumulation} | {f.subnormals} | {f.nan_inf} | {f.threads} |\n")
+    out.append("\nThe x86 instruction records with a stated semantics (`tessera/mma/x86.py`):\n\n"
+               "| record | inputs | semantics |\n|---|---|---|\n")
+    for r in RECORDS:
+        if r.semantics:
+            out.append(f"| `{r.id}` | {r.a_dtype} x {r.b_dtype} -> {r.acc_dtype} | {r.semantics} |\n")
+    out.append(
+        "\n### Floating-point mode (FTZ / DAZ)\n\n"
+        "Nothing in Tessera sets flush-to-zero or denormals-are-zero.  MXCSR belongs to a thread, and a thread "
+        "inherits its creator's; so a launch copies the calling thread's MXCSR to its worker threads "
+        "(`runtime/workers.py`), and every kernel entry runs with round-to-nearest and all exceptions masked, "
+        "keeping the caller's FTZ/DAZ bits, and restores the thread's own MXCSR on return "
+        "(`codegen/x86.py: add_entry`).  By default a caller that flushes subnormals (as numpy does in that "
+        "thread too) gets them flushed on every thread.  `ts.jit(f, deterministic=True)` (also "
+        "`schedule={\"deterministic\": True}`, `tessera-cpu{deterministic=true}`) clears FTZ/DAZ for its "
+        "kernels whatever the caller set, so the same inputs give the same bits in any thread of any process.  "
+        "Every kernel already gives the same bits for every thread count and run (below), so that is the only "
+        "thing the setting changes.  `vdpbf16ps` and AMX flush subnormals whatever MXCSR says (records "
+        "above).\n\n")
+    out.append(f"Measured by `tessera docs numerics --write` (`measure_fp_modes`), threads "
+               f"{', '.join(map(str, MEASURE_THREADS))}, two runs each:\n\n"
+               "| program | caller's mode | deterministic | same bits for every thread count and run | subnormals |\n"
+               "|---|---|---|---|---|\n")
+    for m in modes:
+        out.append(f"| {m['program']} | {m['caller']} | {'yes' if m['deterministic'] else 'no'} | "
+                   f"{'yes' if m['identical'] else '**no**'} | {m['subnormals']} |\n")
+    out.append(f"\n### Measured per family\n\nEach case is compiled with the thread count pinned to "
+               f"{' and '.join(map(str, MEASURE_THREADS))} (`schedule={{\"threads\": n}}`) and run twice per pin on "
+               "random normal inputs (`measure_families`; `tests/test_determinism.py` also runs 3 threads).  "
+               "*threads* is what the launches ran on (small outputs run on one thread: a reduction's work is its "
+               "output; a full reduction is one row).  *NaN / +inf / -inf* plants the value at three places of the "
+               "poisoned argument and checks that NaN, +inf and -inf land exactly where the float64 numpy "
+               "reference has them.\n\n"
+               "| family | case | dtype | threads | same bits | error vs float64 | NaN | +inf | -inf |\n"
+               "|---|---|---|---|---|---|---|---|---|\n")
+    bound = {c.label: c.bound for c in cases()}
+    for m in measured:
+        ok = m["rel_err"] < bound[m["case"]]
+        sp = [("as numpy" if m["specials"][k] else "**differs**") for k in ("nan", "inf", "-inf")]
+        out.append(f"| {m['family']} | {m['case']} | {m['dtype']} | {', '.join(map(str, m['threads']))} | "
+                   f"{'yes' if m['identical'] else '**no**'} | {'<' if ok else '**>=**'} {bound[m['case']]:.0e} | "
+                   f"{' | '.join(sp)} |\n")
+    return "".join(out) + "\n"
