@@ -268,3 +268,6 @@ def test_deterministic_is_a_pipeline_option(rng):
     assert "32832" in plain.llvm_ir and "32832" not in det.llvm_ir   # 0x8040 = 32832
     with pytest.raises(ScheduleIllegalError, match="deterministic"):
         ts.jit(fn, schedule={"deterministic": 1})
+    # the GPU lanes have no such option yet: refused with a coded error, never dropped
+    with pytest.raises(ScheduleIllegalError, match="deterministic"):
+        ts.jit(fn, target="nvidia", arch="sm_90", deterministic=True)
