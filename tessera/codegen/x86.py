@@ -452,17 +452,30 @@ class _Fn(FnCodegen):
 class X86Codegen(ModuleCodegen):
     def add_kernel(self, fn: func.FuncOp) -> None:
         kernel = _Fn(self, fn).f
-        self.add_entry(kernel)
+        self.add_entry(kernel, deterministic=x.DETERMINISTIC in fn.attributes)
 
-    def add_entry(self, kernel: ir.Function) -> None:
+    def add_entry(self, kernel: ir.Function, deterministic: bool = False) -> None:
         """``<kernel>.entry(args, tid)``: the kernel called from a worker thread's native loop
         (runtime/workers.py) without Python.  ``args`` holds 64-bit words: the kernel's leading
         parameters (buffers, sizes), then the thread count, the team buffer and one workspace
-        per thread; the kernel's own tail is (tid, nthreads, workspace[tid], team)."""
+        per thread; the kernel's own tail is (tid, nthreads, workspace[tid], team).
+
+        The kernel runs with MXCSR = round to nearest, exceptions masked (its exp/tanh round
+        by adding 1.5 * 2^23), and the FTZ/DAZ bits of the thread's mode (a worker holds its
+        caller's: runtime/workers.py) — or, for a ``deterministic`` kernel, with FTZ and DAZ
+        off whatever the caller set; the thread's own MXCSR is restored on return."""
         entry = ir.Function(self.m, ir.FunctionType(ir.VoidType(), [PTR, I64]), kernel.name + x.ENTRY_SUFFIX)
         entry.attributes.add("nounwind")
         b = ir.IRBuilder(entry.append_basic_block("entry"))
         args, tid = entry.args
+        st = self.intrinsic("llvm.x86.sse.stmxcsr", ir.VoidType(), [PTR])
+        ld = self.intrinsic("llvm.x86.sse.ldmxcsr", ir.VoidType(), [PTR])
+        saved, mode = b.alloca(I32), b.alloca(I32)
+        b.call(st, [saved])
+        keep = 0 if deterministic else x.MXCSR_FTZ | x.MXCSR_DAZ
+        b.store(b.or_(b.and_(b.load(saved, typ=I32), ir.Constant(I32, keep)), ir.Constant(I32, x.MXCSR_DEFAULT)),
+                mode)
+        b.call(ld, [mode])
         types = [a.type for a in kernel.args]
         lead = len(types) - 4
 
@@ -474,6 +487,7 @@ class X86Codegen(ModuleCodegen):
         vals += [tid, word(lead, types[lead + 1]), word(b.add(tid, ir.Constant(I64, lead + 2)), types[lead + 2]),
                  word(lead + 1, types[lead + 3])]
         b.call(kernel, vals)
+        b.call(ld, [saved])
         b.ret_void()
 
 

@@ -41,7 +41,7 @@ from tessera.runtime import cache
 from tessera.runtime.cpu import CpuExecutable, HostProgram
 
 PIN_KEYS = {"tile_m": int, "tile_n": int, "tile_k": int, "register_tile": tuple, "mma_shape": tuple,
-            "parallel": str, "threads": int, "unroll": int, "chunk": int}
+            "parallel": str, "threads": int, "unroll": int, "chunk": int, "deterministic": bool}
 GPU_PIN_KEYS = {"tile_m": int, "tile_n": int, "tile_k": int, "register_tile": tuple, "mma_shape": tuple,
                 "staging": int, "mma_family": str}
 TARGETS = ("cpu", "rocm", "nvidia")
@@ -52,11 +52,16 @@ GPU_TARGETS = ("rocm", "nvidia")
 def check_pins(pins: dict | None, target: str = "cpu") -> dict:
     pins = dict(pins or {})
     keys = GPU_PIN_KEYS if target in GPU_TARGETS else PIN_KEYS
-    for k, v in pins.items():
+    for k, v in list(pins.items()):
         if k not in keys:
             raise ScheduleIllegalError(f"unknown schedule key {k!r} for target {target!r}; legal: {', '.join(keys)}")
         want = keys[k]
-        if want is tuple:
+        if want is bool:   # deterministic: the pipeline option of that name (docs/numerics.md)
+            if not isinstance(v, bool):
+                raise ScheduleIllegalError(f"schedule {k}={v!r}: expected True or False")
+            if not v:
+                del pins[k]   # the default: the same pipeline, the same cache key
+        elif want is tuple:
             if not (isinstance(v, (tuple, list)) and all(isinstance(i, int) and i > 0 for i in v)):
                 raise ScheduleIllegalError(f"schedule {k}={v!r}: expected a tuple of positive ints")
             pins[k] = tuple(v)

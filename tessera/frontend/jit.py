@@ -280,16 +280,31 @@ class Artifact:
         return self.fn(*args)
 
 
-def jit(fn=None, *, target: str = "cpu", arch: str | None = None, strict: bool = True, schedule: dict | None = None):
-    """Compile a Python function over arrays.  Usable as ``@jit`` or ``@jit(target=..., ...)``."""
+def _with_deterministic(schedule: dict | None, deterministic: bool) -> dict | None:
+    """``deterministic=True`` is the schedule pin of that name (docs/numerics.md)."""
+    return {**(schedule or {}), "deterministic": True} if deterministic else schedule
+
+
+def jit(fn=None, *, target: str = "cpu", arch: str | None = None, strict: bool = True, schedule: dict | None = None,
+        deterministic: bool = False):
+    """Compile a Python function over arrays.  Usable as ``@jit`` or ``@jit(target=..., ...)``.
+    ``deterministic=True``: results bit-identical whatever the calling thread's floating-point
+    mode too (kernels run with FTZ/DAZ off); every kernel already gives the same bits for every
+    thread count and run (docs/numerics.md)."""
+    schedule = _with_deterministic(schedule, deterministic)
+
     def wrap(f):
         return JitFunction(f, target=target, arch=arch, strict=strict, schedule=schedule)
     return wrap(fn) if fn is not None else wrap
 
 
-def compile(fn, *example_args, target: str = "cpu", arch: str | None = None, schedule: dict | None = None):  # noqa: A001
+def compile(fn, *example_args, target: str = "cpu", arch: str | None = None, schedule: dict | None = None,  # noqa: A001
+            deterministic: bool = False):
     """Compile ``fn`` for the example arguments without running it."""
-    jf = fn if isinstance(fn, JitFunction) else JitFunction(fn, target=target, arch=arch, schedule=schedule)
+    jf = fn if isinstance(fn, JitFunction) else JitFunction(fn, target=target, arch=arch,
+                                                            schedule=_with_deterministic(schedule, deterministic))
+    if deterministic and isinstance(fn, JitFunction):
+        jf = jf.with_schedule(deterministic=True)
     return jf.compile(*example_args)
 
 

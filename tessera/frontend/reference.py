@@ -47,7 +47,7 @@ def attention64(q, k, v, mask, scale, causal, masked_rows="zero"):
     with np.errstate(invalid="ignore", divide="ignore"):
         e = np.exp(s - np.where(np.isfinite(m), m, 0))
         out = np.matmul(e, v) / e.sum(-1, keepdims=True)
-    dead = ~np.isfinite(m[..., 0]) | (e.sum(-1) == 0)
+    dead = np.isneginf(m[..., 0]) | (e.sum(-1) == 0)   # every key masked (a NaN or +inf score is no mask)
     out[dead] = 0.0 if masked_rows == "zero" else np.nan
     return out
 

@@ -75,7 +75,8 @@ def _stages(o: dict, pipeline: str, schedule: str, pins: tuple[str, ...], tile: 
 
 def _cpu(o: dict) -> str:
     return _stages(o, "tessera-cpu", f"schedule-cpu{{arch={o['arch']}}}", SCHEDULE_PINS, "lower-schedule-to-tile",
-                   f"lower-tile-to-x86{{arch={o['arch']} threads={o.get('threads') or 0}}}")
+                   f"lower-tile-to-x86{{arch={o['arch']} threads={o.get('threads') or 0}"
+                   + (" deterministic=true" if o.get("deterministic") else "") + "}")
 
 
 _named(NamedPipeline(
@@ -89,6 +90,8 @@ _named(NamedPipeline(
      _opt("parallel", str, False, "", "parallel loop: m (gemm) / r (others) / none"),
      _opt("unroll", int, False, 0, "gemm k-loop unroll"),
      _opt("chunk", int, False, 0, "columns per step of row kernels"),
+     _opt("deterministic", bool, False, False, "kernels ignore the caller's FTZ/DAZ (bit-reproducible results "
+                                               "whatever the calling thread's floating-point mode; docs/numerics.md)"),
      _opt("input", str, False, "graph", "the layer the input is at: graph, schedule, tile or target")],
     _cpu, target="x86", example_arch="avx512_bf16",
     translation=("tessera_x86", "arith", "scf", "func", "builtin")))

@@ -18,6 +18,14 @@ After ``fork()`` only the forking thread exists in the child: the pool's workers
 launch would wait for their done count forever) and a lock another thread held stays held.
 The child drops the pool (``os.register_at_fork``) and its first launch starts a new one,
 reusing the compiled helpers.
+
+The floating-point environment (MXCSR: flush-to-zero, denormals-are-zero, rounding) is per
+thread, and a thread inherits its creator's when it starts.  So that it is the same on every
+thread of a launch, publishing a job records the caller's MXCSR (``tsr_publish``) and each
+worker loads it before it runs the job: a caller that set FTZ/DAZ (``torch.set_flush_denormal``,
+a library built with ``-ffast-math``) after the pool started would otherwise get flushed rows
+from thread 0 and unflushed ones from the workers, which differ from run to run as rows are
+claimed.  Each kernel's entry then sets the mode it runs in (codegen/x86.py: ``add_entry``).
 """
 from __future__ import annotations
 
@@ -27,6 +35,8 @@ import threading
 import time
 
 import numpy as np
+
+from tessera.ir.target.x86 import MXCSR_DAZ, MXCSR_DEFAULT, MXCSR_FTZ  # noqa: F401  (re-exported)
 
 SPIN_SECONDS = 0.002          # how long an idle worker keeps polling before it sleeps
 _GEN, _DONE = 0, 8            # int64 slots (64 bytes apart: separate cache lines)
@@ -58,6 +68,34 @@ define i64 @tsr_add(ptr %p, i64 %d) nounwind {
   ret i64 %old
 }
 
+declare void @llvm.x86.sse.stmxcsr(ptr)
+declare void @llvm.x86.sse.ldmxcsr(ptr)
+
+; publish a job: the caller's MXCSR into slot 19, then the next generation (release)
+define void @tsr_publish(ptr %ctl) nounwind {
+  %m = getelementptr i64, ptr %ctl, i64 19
+  store i64 0, ptr %m
+  call void @llvm.x86.sse.stmxcsr(ptr %m)
+  %old = atomicrmw add ptr %ctl, i64 1 acq_rel
+  ret void
+}
+
+define i64 @tsr_get_mxcsr() nounwind {
+  %p = alloca i32
+  call void @llvm.x86.sse.stmxcsr(ptr %p)
+  %v = load i32, ptr %p
+  %w = zext i32 %v to i64
+  ret i64 %w
+}
+
+define void @tsr_set_mxcsr(i64 %v) nounwind {
+  %p = alloca i32
+  %t = trunc i64 %v to i32
+  store i32 %t, ptr %p
+  call void @llvm.x86.sse.ldmxcsr(ptr %p)
+  ret void
+}
+
 ; run published jobs until none comes for ``limit`` pauses; returns the last generation seen
 define i64 @tsr_worker(ptr %ctl, i64 %tid, i64 %seen0, i64 %limit) {
 entry:
@@ -65,6 +103,7 @@ entry:
   %fnp = getelementptr i64, ptr %ctl, i64 16
   %argp = getelementptr i64, ptr %ctl, i64 17
   %np = getelementptr i64, ptr %ctl, i64 18
+  %mxp = getelementptr i64, ptr %ctl, i64 19
   br label %wait
 wait:
   %seen = phi i64 [%seen0, %entry], [%g, %ran]
@@ -78,6 +117,7 @@ run:
   %mine = icmp slt i64 %tid, %n
   br i1 %mine, label %call, label %ran
 call:
+  call void @llvm.x86.sse.ldmxcsr(ptr %mxp)   ; the caller's floating-point mode
   %f = inttoptr i64 %fn to ptr
   %a = inttoptr i64 %args to ptr
   call void %f(ptr %a, i64 %tid)
@@ -89,23 +129,27 @@ idle:
   ret i64 %seen
 }
 """)
-_FN, _ARGS, _NTHREADS = 16, 17, 18   # the job: an entry address, its argument words, the thread count
+_FN, _ARGS, _NTHREADS, _MXCSR = 16, 17, 18, 19   # the job: entry address, argument words, thread count, MXCSR
 
 
 class _Native:
-    """The three helpers, compiled once for the host."""
+    """The helpers, compiled once for the host."""
 
     def __init__(self):
         from tessera.codegen import jit
         from tessera.mma import x86 as X
         name, cpu, feats = X.resolve(None)
         oc = jit.emit(f'target triple = "{jit.host_triple()}"\n' + _IR, cpu, X.llvm_feature_string(feats))
-        self.loaded = jit.LoadedObject(oc.obj, ["tsr_spin_changed", "tsr_spin_reached", "tsr_add", "tsr_worker"])
+        self.loaded = jit.LoadedObject(oc.obj, ["tsr_spin_changed", "tsr_spin_reached", "tsr_add", "tsr_worker",
+                                                "tsr_publish", "tsr_get_mxcsr", "tsr_set_mxcsr"])
         a = self.loaded.addresses
         sig = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
         self.spin_changed = sig(a["tsr_spin_changed"])
         self.spin_reached = sig(a["tsr_spin_reached"])
         self.add = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)(a["tsr_add"])
+        self.publish = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(a["tsr_publish"])
+        self.get_mxcsr = ctypes.CFUNCTYPE(ctypes.c_int64)(a["tsr_get_mxcsr"])
+        self.set_mxcsr = ctypes.CFUNCTYPE(None, ctypes.c_int64)(a["tsr_set_mxcsr"])
         self.worker = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                        ctypes.c_int64)(a["tsr_worker"])
         self.entry = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)   # <kernel>.entry(args, tid)
@@ -155,7 +199,7 @@ class WorkerPool:
             target = int(self.ctl[_DONE]) + self.size
             self.ctl[_FN], self.ctl[_ARGS], self.ctl[_NTHREADS] = entry, args, nthreads
             with self.cond:
-                self.native.add(self.addr + 8 * _GEN, 1)   # publishes the job (release)
+                self.native.publish(self.addr)   # the caller's MXCSR, then the job (release)
                 self.cond.notify_all()
             (call or self.native.entry(entry))(args, 0)
             done_addr = self.addr + 8 * _DONE
@@ -189,3 +233,22 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=lambda: _after_fork_in_child())   # looked up at fork time
+
+
+def _helpers() -> _Native:
+    global _native
+    with _pool_lock:
+        if _native is None:
+            _native = _Native()
+        return _native
+
+
+def get_mxcsr() -> int:
+    """The calling thread's MXCSR (the x86 floating-point control and status register)."""
+    return int(_helpers().get_mxcsr())
+
+
+def set_mxcsr(value: int) -> None:
+    """Load ``value`` into the calling thread's MXCSR (e.g. ``MXCSR_DEFAULT | MXCSR_FTZ | MXCSR_DAZ``
+    to flush subnormals as ``torch.set_flush_denormal(True)`` does)."""
+    _helpers().set_mxcsr(int(value))

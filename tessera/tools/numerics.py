@@ -10,6 +10,7 @@ exact; any other mismatch of kind is reported as infinite error.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -127,6 +128,11 @@ def _section(level: str, title: str) -> str:
 def numerics_md() -> str:
     from tessera.tools.docs import HEADER
     out = [HEADER.format(cmd="tessera docs numerics --write"), "# Numerics of the CPU lane\n\n",
+           "Per op family: what it accumulates in, subnormals (FTZ/DAZ), NaN and infinities, and whether its "
+           "bits depend on the thread count; then the error of each transcendental.  Every table here is produced "
+           "by `tessera docs numerics --write` from data and measurements in `tessera/tools/numerics.py`.\n\n"]
+    out.append(_families_section(measure_families(), measure_fp_modes()))
+    out += ["## Transcendentals\n\n",
            f"Maximum and mean error in float32 ULPs of each transcendental, over every {STRIDE}th float32 bit "
            "pattern (both signs, every exponent, subnormals, infinities, NaN) plus special values; reference: "
            "float64 numpy (scipy for erf).  Algorithms: `tessera/codegen/x86_math.py`; coefficients: "
@@ -155,3 +161,325 @@ def numerics_md() -> str:
                "NaN still reaches the row's sum, so the row is NaN wherever numpy's is (tested at every column "
                "position).\n")
     return "".join(out)
+
+
+# ------------------------------------------------------------------------------------------ op families
+# What each family of CPU kernels does with its sums, subnormals, NaN and infinities, and why its
+# result does not depend on the thread count: written here, beside the measurement that checks it
+# (``measure_families``), and rendered into docs/numerics.md.
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    kernels: str          # tessera/passes/tile/kernels/<file>
+    accumulation: str
+    subnormals: str
+    nan_inf: str
+    threads: str          # why the thread count and the run do not change a bit
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("elementwise", "elementwise.py, rows.py",
+           "none: every element in f32 registers (bf16/f16 operands widened exactly as loaded, rounded once as "
+           "stored)",
+           "kept (IEEE arithmetic; the transcendentals have exact subnormal tails)",
+           "IEEE, as numpy: NaN propagates through arithmetic and transcendentals; `maximum` returns NaN when "
+           "either operand is NaN (one `vmaxps` and a NaN select)",
+           "rows are split across threads; every element is computed by the same instructions wherever its row "
+           "runs"),
+    Family("softmax / layer_norm / rms_norm", "rowwise.py",
+           "f32: per row, lane-wise partial sums over a chunk of 4 vector registers (64 lanes on AVX-512, 32 on "
+           "AVX2; the `chunk` pin changes it), then one fixed halving tree; layer_norm's variance is a second pass "
+           "about the mean",
+           "kept",
+           "as numpy: a NaN anywhere in a row makes the row NaN (softmax's row maximum drops it, the sum does "
+           "not); +inf in a softmax row gives NaN (inf - inf); -inf entries get weight 0 and an all -inf row is "
+           "NaN; a layer_norm/rms_norm row holding an inf is NaN",
+           "a row belongs to one thread, and its order of summation is fixed by the chunk"),
+    Family("reduce_sum / reduce_mean / reduce_max", "reduce.py",
+           "f32.  Reduced axes last: per output, lane-wise partial sums over the chunk, then the halving tree "
+           "(a full reduction is one such row, on one thread).  Otherwise: each output column summed in order "
+           "over the reduced rows.  mean = sum / n",
+           "kept",
+           "as numpy: `reduce_max` is NaN when any element is NaN; sums follow IEEE (inf + -inf = NaN)",
+           "an output element is computed by one thread, in the same order"),
+    Family("matmul (f32, bf16)", "gemm.py",
+           "f32 FMA in k order; the partial sums of earlier k-blocks pass through C in f32, so the blocking changes "
+           "no bit.  bf16 follows its instruction record (below)",
+           "f32 and bf16 widened to f32: kept.  `vdpbf16ps` and AMX `tdpbf16ps` flush subnormal inputs and "
+           "outputs and ignore MXCSR (their records' semantics, below)",
+           "IEEE: NaN propagates, inf x 0 = NaN, infinite sums as numpy's",
+           "an element's whole k loop runs on one thread; threads take whole register tiles of rows"),
+    Family("attention", "attention.py",
+           "f32: S = Q K^T by FMA over the head dim; online softmax over key blocks (running maximum, weights "
+           "2^(s - m), sum l) and O += P V, all f32; out = O / l",
+           "a probability below 2^-126 is 0 (`exp2_bounded`), otherwise kept",
+           "as the composed softmax(Q K^T * scale + mask) V in float64: a NaN or +inf in a key row makes the "
+           "rows that see it NaN; a NaN or inf in V reaches every output that weighs it",
+           "a (batch, head, query block) item belongs to one thread, whichever claims it"),
+)
+
+MEASURE_THREADS = (1, 2)
+
+
+@dataclass(frozen=True)
+class Case:
+    family: str
+    label: str
+    fn: object            # a function of tessera tensors
+    ref: object           # the same in float64 numpy
+    shapes: tuple
+    dtype: str = "float32"
+    poison: int = 0       # the argument NaN / inf are planted in
+    tol: float = 0.0      # relative error bound against float64 (0: 1e-5, bf16 1e-2)
+
+    @property
+    def bound(self) -> float:
+        return self.tol or (1e-2 if self.dtype == "bfloat16" else 1e-5)
+
+
+def _softmax64(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _layer_norm64(x, s, eps=1e-5):
+    mu = x.mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps) * s
+
+
+def _rms_norm64(x, s, eps=1e-6):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * s
+
+
+def cases() -> list[Case]:
+    """One or more programs per family, large enough that every thread gets work."""
+    import tessera as ts
+    from tessera.frontend.reference import attention64, sigmoid64
+    sq = math.sqrt(2 / math.pi)
+
+    def gelu64(v):
+        return v * sigmoid64(2 * sq * (v + 0.044715 * v ** 3))
+
+    def attn64(q, k, v, causal=False):
+        return attention64(q, k, v, None, 1 / math.sqrt(q.shape[-1]), causal)
+
+    return [
+        Case("elementwise", "maximum(gelu(x * y + 1), y)", lambda x, y: ts.ops.maximum(ts.ops.gelu(x * y + 1.0), y),
+             lambda x, y: np.maximum(gelu64(x * y + 1), y), ((600, 777), (777,))),
+        Case("softmax / layer_norm / rms_norm", "softmax", ts.ops.softmax, _softmax64, ((300, 4097),)),
+        Case("softmax / layer_norm / rms_norm", "layer_norm", ts.ops.layer_norm, _layer_norm64, ((300, 4097), (4097,))),
+        Case("softmax / layer_norm / rms_norm", "rms_norm", ts.ops.rms_norm, _rms_norm64, ((300, 4097), (4097,))),
+        Case("reduce_sum / reduce_mean / reduce_max", "reduce_sum, last axis",
+             lambda x: ts.ops.reduce_sum(x, axis=-1), lambda x: x.sum(-1), ((40000, 67),)),
+        Case("reduce_sum / reduce_mean / reduce_max", "reduce_sum, first axis",
+             lambda x: ts.ops.reduce_sum(x, axis=0), lambda x: x.sum(0), ((64, 40001),)),
+        Case("reduce_sum / reduce_mean / reduce_max", "reduce_mean, middle axis",
+             lambda x: ts.ops.reduce_mean(x, axis=1), lambda x: x.mean(1), ((4, 64, 9001),)),
+        Case("reduce_sum / reduce_mean / reduce_max", "reduce_max, first axis",
+             lambda x: ts.ops.reduce_max(x, axis=0), lambda x: x.max(0), ((64, 40001),)),
+        Case("reduce_sum / reduce_mean / reduce_max", "reduce_sum, all of 2^21 + 3",
+             ts.ops.reduce_sum, lambda x: np.sum(x), (((1 << 21) + 3,),),
+             # 2^21 zero-mean terms cancel to about sqrt(n) = 1448 times their size, while each of the
+             # chunk's lanes adds up 2^15 of them in order: an error of ~1e-6 of sum |x| is 1e-4 of the sum
+             tol=1e-3),
+        Case("matmul (f32, bf16)", "513x777 @ 777x259", lambda a, b: a @ b, lambda a, b: a @ b,
+             ((513, 777), (777, 259))),
+        Case("matmul (f32, bf16)", "batched 4x129x333 @ 4x333x65", lambda a, b: a @ b, lambda a, b: a @ b,
+             ((4, 129, 333), (4, 333, 65))),
+        Case("matmul (f32, bf16)", "bf16 257x511 @ 511x130", lambda a, b: a @ b, lambda a, b: a @ b,
+             ((257, 511), (511, 130)), dtype="bfloat16"),
+        Case("attention", "2x4x300x64", lambda q, k, v: ts.ops.attention(q, k, v), attn64,
+             ((2, 4, 300, 64),) * 3, poison=1),
+        Case("attention", "causal 2x4x300x64", lambda q, k, v: ts.ops.attention(q, k, v, causal=True),
+             lambda q, k, v: attn64(q, k, v, True), ((2, 4, 300, 64),) * 3, poison=1),
+    ]
+
+
+def inputs(case: Case, rng: np.random.Generator) -> list[np.ndarray]:
+    import ml_dtypes
+    dt = np.dtype(ml_dtypes.bfloat16) if case.dtype == "bfloat16" else np.dtype(case.dtype)
+    return [rng.standard_normal(s).astype(np.float32).astype(dt) for s in case.shapes]
+
+
+def threads_used(jf, args) -> int:
+    """The most threads any launch of ``jf(*args)`` runs on."""
+    from tessera.runtime.cpu import bind_symbols
+    exe = jf.compile(*args).compiled.executable
+    plan = exe.plan(bind_symbols(exe.program.inputs, list(args)))
+    return max(s.nthreads for s in plan.steps)
+
+
+def bits(a) -> bytes:
+    a = np.ascontiguousarray(a)
+    return a.dtype.str.encode() + a.tobytes()
+
+
+def run_threads(case: Case, args, threads=MEASURE_THREADS, runs: int = 2, **jit_kw) -> dict:
+    """{thread count: (threads used, [the result of each run])}."""
+    import tessera as ts
+    out = {}
+    for n in threads:
+        jf = ts.jit(case.fn, schedule={"threads": n}, **jit_kw)
+        out[n] = (threads_used(jf, args), [np.asarray(jf(*args)) for _ in range(runs)])
+    return out
+
+
+def special_pattern_matches(got, ref) -> bool:
+    """NaN, +inf and -inf where the float64 reference has them, and nowhere else."""
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    return all(np.array_equal(f(got), f(ref)) for f in (np.isnan, np.isposinf, np.isneginf))
+
+
+def poisoned(case: Case, args, value: float) -> list[np.ndarray]:
+    """``args`` with ``value`` planted in argument ``case.poison``: one row at an odd column (a vector's
+    tail), one element of another row, and the last element."""
+    out = [a.copy() for a in args]
+    p = out[case.poison].reshape(-1, out[case.poison].shape[-1])
+    p[min(1, p.shape[0] - 1), min(37, p.shape[1] - 1)] = value
+    p[p.shape[0] // 2, 0] = value
+    p[-1, -1] = value
+    return out
+
+
+def f64(a) -> np.ndarray:
+    return np.asarray(a).astype(np.float64)
+
+
+def measure_families(seed: int = 0) -> list[dict]:
+    """Per case: the threads each thread-count pin ran on, whether every result (two runs per pin) has the
+    same bits, the relative error against float64, and whether NaN / +inf / -inf land where numpy's do."""
+    import tessera as ts
+    rng = np.random.default_rng(seed)
+    rows = []
+    with np.errstate(all="ignore"):
+        for c in cases():
+            args = inputs(c, rng)
+            res = run_threads(c, args)
+            first = res[MEASURE_THREADS[0]][1][0]
+            same = all(bits(r) == bits(first) for _, rs in res.values() for r in rs)
+            ref = c.ref(*[f64(a) for a in args])
+            err = float(np.linalg.norm(f64(first) - ref) / max(np.linalg.norm(ref), 1e-300))
+            jf = ts.jit(c.fn)
+            specials = {v: special_pattern_matches(jf(*pa), c.ref(*[f64(a) for a in pa]))
+                        for v in (np.nan, np.inf, -np.inf) for pa in [poisoned(c, args, v)]}
+            rows.append({"family": c.family, "case": c.label, "dtype": c.dtype,
+                         "threads": [res[n][0] for n in MEASURE_THREADS], "identical": same, "rel_err": err,
+                         "specials": {str(k): v for k, v in specials.items()}})
+    return rows
+
+
+TINY = 2.0 ** -149
+
+
+def _has_subnormal(a) -> bool:
+    u = np.ascontiguousarray(a, np.float32).view(np.uint32)
+    return bool(np.any((u & 0x7F800000 == 0) & (u & 0x7FFFFF != 0)))
+
+
+def fp_mode_programs():
+    """Programs whose inputs or results are mostly subnormal float32: (label, fn, float64 ref, inputs)."""
+    import tessera as ts
+
+    def ew(rng):
+        return [(rng.standard_normal((2000, 500)) * 2.0 ** -130).astype(np.float32),
+                rng.standard_normal((2000, 500)).astype(np.float32)]
+
+    def mm(rng):
+        return [(rng.standard_normal((300, 257)) * 2.0 ** -133).astype(np.float32),
+                rng.standard_normal((257, 130)).astype(np.float32)]
+    return [("elementwise x * tanh(y) + x / 2", lambda x, y: x * ts.ops.tanh(y) + x * 0.5,
+             lambda x, y: x * np.tanh(y) + x * 0.5, ew),
+            ("matmul f32, subnormal A", lambda a, b: a @ b, lambda a, b: a @ b, mm)]
+
+
+def measure_fp_modes(seed: int = 0) -> list[dict]:
+    """Per program, calling thread's mode (default / FTZ+DAZ) and ``deterministic``: whether the results of
+    1 and 2 threads have the same bits, and whether subnormals were kept (within 2^-149 units of a float32
+    rounding of the float64 result, some result subnormal) or flushed (none).  The checks run after the
+    caller's mode is restored: numpy follows it too."""
+    import tessera as ts
+    from tessera.runtime import workers
+    rng = np.random.default_rng(seed)
+    ftz = workers.MXCSR_DEFAULT | workers.MXCSR_FTZ | workers.MXCSR_DAZ
+    rows = []
+    for label, fn, ref, make in fp_mode_programs():
+        args = make(rng)
+        r64 = ref(*[f64(a) for a in args])
+        for det in (False, True):
+            jfs = [ts.jit(fn, schedule={"threads": n}, deterministic=det) for n in MEASURE_THREADS]
+            for jf in jfs:
+                jf(*args)                         # compiled in the default mode
+            workers.pool(max(MEASURE_THREADS))    # the workers exist before the caller's mode changes
+            for mode_name, mode in (("default", workers.MXCSR_DEFAULT), ("FTZ+DAZ", ftz)):
+                saved = workers.get_mxcsr()
+                workers.set_mxcsr(mode)
+                try:
+                    outs = [jf(*args) for jf in jfs for _ in range(2)]
+                finally:
+                    workers.set_mxcsr(saved)
+                same = all(bits(o) == bits(outs[0]) for o in outs)
+                excess = np.abs(f64(outs[0]) - r64) - 2 * np.finfo(np.float32).eps * np.abs(r64)
+                if label.startswith("matmul"):
+                    k = args[0].shape[-1]
+                    excess = np.abs(f64(outs[0]) - r64) - k * np.finfo(np.float32).eps * (
+                        np.abs(f64(args[0])) @ np.abs(f64(args[1]))) - k * TINY
+                kept = _has_subnormal(outs[0]) and float(np.max(excess)) <= 2 * TINY
+                rows.append({"program": label, "caller": mode_name, "deterministic": det, "identical": same,
+                             "subnormals": "kept" if kept else "flushed" if not _has_subnormal(outs[0]) else
+                             "wrong"})
+    return rows
+
+
+def _families_section(measured: list[dict], modes: list[dict]) -> str:
+    from tessera.mma.x86 import RECORDS
+    out = ["## Op families\n\n",
+           "What each family of CPU kernels accumulates in, what it does with subnormals, NaN and infinities, "
+           "and why its bits do not depend on the thread count (`FAMILIES` in `tessera/tools/numerics.py`; "
+           "kernels in `tessera/passes/tile/kernels/`).  Float64 arrays are not covered here.\n\n",
+           "| family | kernels | accumulation | subnormals | NaN / inf | thread count |\n|---|---|---|---|---|---|\n"]
+    for f in FAMILIES:
+        out.append(f"| {f.name} | {f.kernels} | {f.accumulation} | {f.subnormals} | {f.nan_inf} | {f.threads} |\n")
+    out.append("\nThe x86 instruction records with a stated semantics (`tessera/mma/x86.py`):\n\n"
+               "| record | inputs | semantics |\n|---|---|---|\n")
+    for r in RECORDS:
+        if r.semantics:
+            out.append(f"| `{r.id}` | {r.a_dtype} x {r.b_dtype} -> {r.acc_dtype} | {r.semantics} |\n")
+    out.append(
+        "\n### Floating-point mode (FTZ / DAZ)\n\n"
+        "Nothing in Tessera sets flush-to-zero or denormals-are-zero.  MXCSR belongs to a thread, and a thread "
+        "inherits its creator's; so a launch copies the calling thread's MXCSR to its worker threads "
+        "(`runtime/workers.py`), and every kernel entry runs with round-to-nearest and all exceptions masked, "
+        "keeping the caller's FTZ/DAZ bits, and restores the thread's own MXCSR on return "
+        "(`codegen/x86.py: add_entry`).  By default a caller that flushes subnormals (as numpy does in that "
+        "thread too) gets them flushed on every thread.  `ts.jit(f, deterministic=True)` (also "
+        "`schedule={\"deterministic\": True}`, `tessera-cpu{deterministic=true}`) clears FTZ/DAZ for its "
+        "kernels whatever the caller set, so the same inputs give the same bits in any thread of any process.  "
+        "Every kernel already gives the same bits for every thread count and run (below), so that is the only "
+        "thing the setting changes.  `vdpbf16ps` and AMX flush subnormals whatever MXCSR says (records "
+        "above).\n\n")
+    out.append(f"Measured by `tessera docs numerics --write` (`measure_fp_modes`), threads "
+               f"{', '.join(map(str, MEASURE_THREADS))}, two runs each:\n\n"
+               "| program | caller's mode | deterministic | same bits for every thread count and run | subnormals |\n"
+               "|---|---|---|---|---|\n")
+    for m in modes:
+        out.append(f"| {m['program']} | {m['caller']} | {'yes' if m['deterministic'] else 'no'} | "
+                   f"{'yes' if m['identical'] else '**no**'} | {m['subnormals']} |\n")
+    out.append(f"\n### Measured per family\n\nEach case is compiled with the thread count pinned to "
+               f"{' and '.join(map(str, MEASURE_THREADS))} (`schedule={{\"threads\": n}}`) and run twice per pin on "
+               "random normal inputs (`measure_families`; `tests/test_determinism.py` also runs 3 threads).  "
+               "*threads* is what the launches ran on (small outputs run on one thread: a reduction's work is its "
+               "output; a full reduction is one row).  *NaN / +inf / -inf* plants the value at three places of the "
+               "poisoned argument and checks that NaN, +inf and -inf land exactly where the float64 numpy "
+               "reference has them.\n\n"
+               "| family | case | dtype | threads | same bits | error vs float64 | NaN | +inf | -inf |\n"
+               "|---|---|---|---|---|---|---|---|---|\n")
+    bound = {c.label: c.bound for c in cases()}
+    for m in measured:
+        ok = m["rel_err"] < bound[m["case"]]
+        sp = [("as numpy" if m["specials"][k] else "**differs**") for k in ("nan", "inf", "-inf")]
+        out.append(f"| {m['family']} | {m['case']} | {m['dtype']} | {', '.join(map(str, m['threads']))} | "
+                   f"{'yes' if m['identical'] else '**no**'} | {'<' if ok else '**>=**'} {bound[m['case']]:.0e} | "
+                   f"{' | '.join(sp)} |\n")
+    return "".join(out) + "\n"

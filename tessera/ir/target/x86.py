@@ -181,6 +181,11 @@ class BarrierOp(IRDLOperation):
 TEAM_HEADER = 192   # bytes at the start of the team buffer: barrier count @0, generation @64, work counter @128
 WORK_COUNTER = 128
 ENTRY_SUFFIX = ".entry"  # <kernel>.entry(args, tid): the kernel as worker threads call it (codegen/x86.py)
+# The floating-point mode a kernel's entry sets (codegen/x86.py: add_entry): MXCSR_DEFAULT (round to
+# nearest, every exception masked, no FTZ/DAZ) with the caller's FTZ/DAZ bits, or without them on a
+# kernel function that carries DETERMINISTIC (lower-tile-to-x86{deterministic=true})
+MXCSR_DEFAULT, MXCSR_FTZ, MXCSR_DAZ = 0x1F80, 0x8000, 0x0040
+DETERMINISTIC = "deterministic"
 
 
 @irdl_op_definition

@@ -994,6 +994,8 @@ class LowerTileToX86(TesseraPass):
                 "tessera_x86.workspace", "tessera_x86.launch")
     arch: str = option(doc="x86 CPU name or ISA level (host resolved before lowering); required")
     threads: int = option(0, doc="most threads a launch may use (0: the CPUs this process may use)")
+    deterministic: bool = option(False, doc="kernels run with FTZ/DAZ off whatever the caller's MXCSR holds "
+                                            "(default: the caller's FTZ/DAZ, on every thread)")
 
     def apply(self, ctx: Context, module: ModuleOp) -> None:
         try:
@@ -1012,6 +1014,8 @@ class LowerTileToX86(TesseraPass):
                     raise PassFailedError(f"lower-tile-to-x86: kernel @{op.sym_name.data} is laid out for {kw}-lane "
                                           f"vectors; {self.arch} has {w}")
                 new = lower_kernel(op, kw, isa.features)
+                if self.deterministic:   # read by the entry's floating-point mode (codegen/x86.py)
+                    new.attributes[x.DETERMINISTIC] = UnitAttr()
                 module.body.block.insert_op_before(new, op)
                 op.detach()
                 op.erase()
