@@ -185,6 +185,7 @@ def test_planted_worker_that_keeps_its_own_mode_is_caught(rng, monkeypatch):
     assert planted != workers._IR
     monkeypatch.setattr(workers, "_IR", planted)
     monkeypatch.setattr(workers, "_pool", None)
+    monkeypatch.setattr(workers, "_native", None)   # the helpers outlive a pool: rebuild them planted
     fn, _, make = _subnormal_program()
     x, y = make(rng)
     jfs = [ts.jit(fn, schedule={"threads": n}) for n in (1, 2)]
