@@ -242,9 +242,10 @@ def test_unknown_names_are_attribute_errors_for_hasattr():
 
 
 # --------------------------------------------------------------------------- 4. suggested parameters
-SUGGESTION = re.compile(r"\b(?:pass|set|use|with|give)\s+`?([a-z_][a-z0-9_]*)=")
+SUGGESTION = re.compile(r"\b(?:pass|set|use|with|give|for)\s+`?([a-z_][a-z0-9_]*)=")
 # the public entry point each suggested parameter belongs to
-SUGGESTED_IN = {"math_mode": "tessera.mma.selector.select_mma", "arch": "tessera.jit"}
+SUGGESTED_IN = {"math_mode": "tessera.mma.selector.select_mma", "arch": "tessera.jit",
+                "family": "tessera.emulate.layouts.instr_layout", "num": "tessera.emulate.layouts.ldmatrix_layout"}
 
 
 def _suggestions() -> dict[str, list[str]]:
