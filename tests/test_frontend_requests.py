@@ -442,6 +442,34 @@ def test_variant_cache_is_bounded_lru(rng, monkeypatch):
     np.testing.assert_allclose(f(x, 3.5), O.f64(x) * 3.5, rtol=1e-6)
 
 
+def test_variant_eviction_under_threads(rng, monkeypatch):
+    """Calls on the planned path reorder the LRU without the lock while others evict."""
+    import threading
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    monkeypatch.setattr(J, "MAX_VARIANTS", 3)
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    f = ts.jit(lambda t, s: t - s)
+    errors = []
+
+    def work(k):
+        try:
+            for i in range(5):
+                s = 1.0 + (k * 5 + i) / 8
+                for _ in range(20):
+                    np.testing.assert_allclose(f(x, s), O.f64(x) - s, rtol=1e-6, atol=1e-6)
+                    f(x, 0.5)   # a shared one, mostly on the planned path
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert f._nvariants == sum(len(v) for v in f._variants.values()) <= 3
+
+
 def test_variant_bound_has_teeth(rng, monkeypatch):
     """Planted: eviction off; the count check fails."""
     monkeypatch.setenv("TESSERA_NO_CACHE", "1")

@@ -239,11 +239,13 @@ class JitFunction:
         (the caller holds the lock)."""
         gone = []
         while self._nvariants > max(1, MAX_VARIANTS):
-            key, vs = next(iter(self._variants.items()))
+            # single dict operations: a call's move_to_end (no lock) may run between any two
+            key, vs = self._variants.popitem(last=False)
             gone.append(vs.pop(0))
             self._nvariants -= 1
-            if not vs:
-                del self._variants[key]
+            if vs:
+                self._variants[key] = vs
+                self._variants.move_to_end(key, last=False)
         if gone:
             ids = {id(v) for v in gone}
             self._plans = {s: p for s, p in self._plans.items() if id(p[0]) not in ids}
