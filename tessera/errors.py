@@ -290,6 +290,12 @@ class UnsupportedConstructError(FrontendError):
     code = "UNSUPPORTED_CONSTRUCT"
 
 
+class UnknownNameError(UnsupportedConstructError, AttributeError):
+    """A name looked up on ``tessera.ops`` or on a traced tensor does not exist; the message names
+    the nearest existing ones.  It is also an ``AttributeError``, so ``hasattr`` answers False."""
+    code = "UNKNOWN_NAME"
+
+
 class ShapeMismatchError(FrontendError):
     """Argument or operand shapes are incompatible."""
     code = "SHAPE_MISMATCH"

@@ -10,21 +10,34 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
 from tessera import dtypes as dt
-from tessera.errors import ArgumentError, DtypeError, FrontendError, SpecializeRequest, TesseraError
+from tessera import host
+from tessera.errors import (
+    ArgumentError,
+    DtypeError,
+    FrontendError,
+    OutOfMemoryError,
+    SpecializeRequest,
+    TesseraError,
+    UnsupportedConstructError,
+)
 from tessera.frontend import graphgen, reference
 from tessera.frontend.compile import Compiled, check_pins, compile_graph, feature_list, resolve_arch
 from tessera.frontend.report import LaneReport
-from tessera.frontend.trace import trace
-from tessera.runtime.cpu import bind_symbols
+from tessera.frontend.trace import Tensor, current_lane, trace
+from tessera.runtime.cpu import CHECK_MEMORY_ABOVE, bind_symbols
 from tessera.runtime.lanes import LOG, LaneDecision
 
 _ACCEPTED: set = set()   # argument dtypes already checked by dtypes.as_dtype
 MAX_PLANS = 64           # call plans kept per function (a shape sweep replaces them)
+# compiled specialisations kept per function, least recently used first out: each distinct Python
+# float is one (the kernel bakes it in), and each holds its machine code (~1 MB)
+MAX_VARIANTS = 64
 
 
 def _scalar_key(a) -> tuple:
@@ -57,6 +70,7 @@ class Variant:
     reason: str = ""                         # why the reference lane is used (strict=False only)
     copies: tuple[str, ...] = ()
     decision: LaneDecision | None = None     # what a compiled call records (one immutable entry)
+    key: tuple = ()                          # its key in JitFunction._variants
 
     def matches(self, arrays: list[np.ndarray]) -> dict | None:
         """The bound sizes if this specialisation serves ``arrays``, else None."""
@@ -72,8 +86,11 @@ class Variant:
 
 
 class JitFunction:
-    def __init__(self, fn, *, target: str = "cpu", arch: str | None = None, strict: bool = True,
+    def __init__(self, fn, *, target: str | None = None, arch: str | None = None, strict: bool = True,
                  schedule: dict | None = None):
+        # what the caller asked for (None: not given), which tessera.compile's own settings may not contradict
+        self.requested = {"target": target, "arch": arch, "schedule": dict(schedule or {})}
+        target = "cpu" if target is None else target
         if target in ("rocm", "nvidia") and arch is None:
             resolve_arch(target, None)   # GPU lanes have no default chip: this raises, naming the known ones
         self.fn = fn
@@ -82,7 +99,9 @@ class JitFunction:
         self.strict = strict
         self.schedule = check_pins(schedule, target)
         self.name = getattr(fn, "__name__", "fn")
-        self._variants: dict[tuple, list[Variant]] = {}
+        # key -> its specialisations; least recently used key first (bounded by MAX_VARIANTS in all)
+        self._variants: OrderedDict[tuple, list[Variant]] = OrderedDict()
+        self._nvariants = 0
         # signature -> (variant, CallPlan): a repeated call goes straight to its launches
         self._plans: dict[tuple, tuple] = {}
         self._lock = threading.Lock()
@@ -90,8 +109,56 @@ class JitFunction:
 
     def with_schedule(self, **pins) -> "JitFunction":
         """The same function with schedule choices pinned (per-call overrides)."""
-        return JitFunction(self.fn, target=self.target, arch=self.arch, strict=self.strict,
+        return JitFunction(self.fn, target=self.requested["target"], arch=self.arch, strict=self.strict,
                            schedule={**self.schedule, **pins})
+
+    def retarget(self, target: str | None = None, arch: str | None = None, schedule: dict | None = None,
+                 what: str = "tessera.compile") -> "JitFunction":
+        """This function for the settings ``what`` was given: each one not given keeps this function's;
+        one this function was decorated with and ``what`` contradicts is refused, naming both."""
+        req = self.requested
+        clash = []
+        if target is not None and req["target"] is not None and target != req["target"]:
+            clash.append(f"target={req['target']!r} vs target={target!r}")
+        if arch is not None and req["arch"] is not None and arch != req["arch"]:
+            clash.append(f"arch={req['arch']!r} vs arch={arch!r}")
+        for k, v in (schedule or {}).items():
+            if k in req["schedule"] and req["schedule"][k] != v:
+                clash.append(f"schedule {k}={req['schedule'][k]!r} vs {k}={v!r}")
+        if clash:
+            raise ArgumentError(f"{self.name} is decorated with tessera.jit({_settings(req)}) and {what} asks for "
+                                f"{_settings({'target': target, 'arch': arch, 'schedule': schedule})}: "
+                                f"{'; '.join(clash)}; give the setting in one place (or pass the undecorated "
+                                f"function, {self.name}.fn)")
+        new_target = req["target"] if target is None else target
+        same_target = (new_target or "cpu") == self.target
+        new_arch = arch if arch is not None else (self.arch if same_target else None)
+        pins = {**req["schedule"], **(schedule or {})}
+        if same_target and new_arch == self.arch and pins == req["schedule"]:
+            return self
+        return JitFunction(self.fn, target=new_target, arch=new_arch, strict=self.strict, schedule=pins)
+
+    # ------------------------------------------------------------------ called while tracing
+    def _inline(self, args):
+        """Called inside another jitted function: trace ``fn`` into the caller's graph.  Its settings
+        must agree with the caller's (they cannot apply to part of one compiled graph)."""
+        lane = current_lane()
+        if lane is not None:
+            target, arch, pins = lane
+            req = self.requested
+            clash = []
+            if req["target"] not in (None, target):
+                clash.append(f"target={req['target']!r} (the caller compiles for {target!r})")
+            if req["arch"] not in (None, arch):
+                clash.append(f"arch={req['arch']!r} (the caller's is {arch!r})")
+            clash += [f"schedule {k}={v!r} (the caller's: {pins.get(k, 'unpinned')!r})"
+                      for k, v in req["schedule"].items() if pins.get(k) != v]
+            if clash:
+                raise UnsupportedConstructError(
+                    f"{self.name} is called inside a traced function, so its graph is compiled as part of the "
+                    f"caller's, but it was decorated with {'; '.join(clash)}; put the setting on the outermost "
+                    "tessera.jit, or drop it here")
+        return self.fn(*args)
 
     # ------------------------------------------------------------------ arguments
     def _split_args(self, args) -> tuple[list, list[bool], list[np.ndarray], list[str]]:
@@ -106,7 +173,7 @@ class JitFunction:
                     raise DtypeError(f"argument {i} of {self.name}: dtype {a.dtype} is not supported "
                                      f"(supported: {', '.join(dt.SUPPORTED)})") from None
                 if not a.flags.c_contiguous:
-                    a = np.ascontiguousarray(a)
+                    a = self._contiguous(a, i)
                     copies.append(f"argument {i} copied to C-contiguous layout")
                 is_t.append(True)
                 arrays.append(a)
@@ -118,6 +185,19 @@ class JitFunction:
                 raise ArgumentError(f"argument {i} of {self.name}: expected a numpy array or a Python number, got "
                                     f"{type(a).__name__}")
         return prepared, is_t, arrays, copies
+
+    def _contiguous(self, a: np.ndarray, i: int) -> np.ndarray:
+        """A C-contiguous copy of argument ``i`` (a broadcast view may stand for far more memory)."""
+        need = a.size * a.itemsize
+        if need > CHECK_MEMORY_ABOVE and need > host.memory_available():
+            raise OutOfMemoryError(f"argument {i} of {self.name} ({a.shape}, {a.dtype}, strides {a.strides}) must be "
+                                   f"copied to C-contiguous layout: {need / 2**20:.1f} MiB; "
+                                   f"{host.memory_available() / 2**20:.1f} MiB available")
+        try:
+            return np.ascontiguousarray(a)
+        except MemoryError:
+            raise OutOfMemoryError(f"argument {i} of {self.name} ({a.shape}, {a.dtype}) must be copied to "
+                                   f"C-contiguous layout: {need / 2**20:.1f} MiB could not be allocated") from None
 
     def _key(self, prepared, is_t) -> tuple:
         parts = []
@@ -133,20 +213,45 @@ class JitFunction:
         prepared, is_t, arrays, copies = self._split_args(args)
         key = self._key(prepared, is_t)
         with self._lock:
-            for v in self._variants.get(key, []):
+            vs = self._variants.get(key)
+            for v in vs or ():
                 env = v.matches(arrays)
                 if env is not None:
                     if copies:
                         v.copies = tuple(copies)
+                    self._variants.move_to_end(key)
+                    if vs[-1] is not v:
+                        vs.remove(v)
+                        vs.append(v)
                     return v, arrays, env
         v = self._build(prepared, is_t, arrays)
         v.copies = tuple(copies)
+        v.key = key
         with self._lock:
             self._variants.setdefault(key, []).append(v)
+            self._variants.move_to_end(key)
+            self._nvariants += 1
+            self._evict()
         return v, arrays, None
 
+    def _evict(self) -> None:
+        """Drop the least recently used specialisations beyond MAX_VARIANTS, and their call plans
+        (the caller holds the lock)."""
+        gone = []
+        while self._nvariants > max(1, MAX_VARIANTS):
+            # single dict operations: a call's move_to_end (no lock) may run between any two
+            key, vs = self._variants.popitem(last=False)
+            gone.append(vs.pop(0))
+            self._nvariants -= 1
+            if vs:
+                self._variants[key] = vs
+                self._variants.move_to_end(key, last=False)
+        if gone:
+            ids = {id(v) for v in gone}
+            self._plans = {s: p for s, p in self._plans.items() if id(p[0]) not in ids}
+
     def _build(self, prepared, is_t, arrays) -> Variant:
-        graph = trace(self.fn, prepared, is_t)
+        graph = trace(self.fn, prepared, is_t, lane=(self.target, self.arch, self.schedule))
         # arrays index -> position among traced args
         pos = [i for i, t in enumerate(is_t) if t]
         try:
@@ -180,13 +285,21 @@ class JitFunction:
         hit = self._plans.get(sig) if sig is not None else None
         if hit is not None:
             v, plan = hit
+            try:
+                self._variants.move_to_end(v.key)   # recently used (one C call; evicted meanwhile: no matter)
+            except KeyError:
+                pass
             outs = v.compiled.executable.run_plan(plan, [a for a in args if type(a) is np.ndarray])
             LOG.record(v.decision)
             return tuple(outs) if v.graph.tuple_output else outs[0]
+        if sig is None and any(isinstance(a, Tensor) for a in args):
+            return self._inline(args)   # called by a function being traced: compose
         v, arrays, env = self._variant(args)
         if v.compiled is None:
             LOG.record(LaneDecision(self.name, "reference", v.reason, requested_fallback=True))
-            outs = reference.evaluate(v.graph, arrays)
+            # a result never aliases an argument (numpy's transpose and reshape are views)
+            outs = [o.copy() if any(np.may_share_memory(o, a) for a in arrays) else o
+                    for o in reference.evaluate(v.graph, arrays)]
         else:
             exe = v.compiled.executable
             if sig is not None and hasattr(exe, "run_plan"):   # the CPU lane: keep this call's plan
@@ -222,6 +335,7 @@ class Artifact:
     def __init__(self, fn: JitFunction, variant: Variant):
         self.fn = fn
         self.variant = variant
+        self._obj: bytes | None = None
 
     @property
     def compiled(self) -> Compiled:
@@ -242,8 +356,15 @@ class Artifact:
         return self.compiled.asm()
 
     def binary(self) -> bytes:
-        """GPU: the code object (.hsaco) or cubin bytes; CPU: the object code."""
-        return self.compiled.binary or self.compiled.meta.get("obj", b"") or b""
+        """GPU: the code object (.hsaco) or cubin bytes; CPU: the object code (an x86-64 ELF
+        relocatable object holding every kernel and its ``.entry``)."""
+        c = self.compiled
+        if c.target != "cpu":
+            return c.binary
+        if self._obj is None:   # the object the lane loaded is LLVM's output for this IR, CPU and features
+            from tessera.codegen import jit as cj
+            self._obj = cj.emit_cpu(c.llvm_ir, c.cpu, c.features).obj
+        return self._obj
 
     def ptx(self) -> str:
         if self.compiled.target != "nvidia":
@@ -285,9 +406,14 @@ def _with_deterministic(schedule: dict | None, deterministic: bool) -> dict | No
     return {**(schedule or {}), "deterministic": True} if deterministic else schedule
 
 
-def jit(fn=None, *, target: str = "cpu", arch: str | None = None, strict: bool = True, schedule: dict | None = None,
-        deterministic: bool = False):
-    """Compile a Python function over arrays.  Usable as ``@jit`` or ``@jit(target=..., ...)``.
+def _settings(d: dict) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in d.items() if v) or "no settings"
+
+
+def jit(fn=None, *, target: str | None = None, arch: str | None = None, strict: bool = True,
+        schedule: dict | None = None, deterministic: bool = False):
+    """Compile a Python function over arrays.  Usable as ``@jit`` or ``@jit(target=..., ...)``;
+    ``target`` None is the CPU (``"cpu"``), ``arch`` None its host chip (GPU targets need one).
     ``deterministic=True``: results bit-identical whatever the calling thread's floating-point
     mode too (kernels run with FTZ/DAZ off); every kernel already gives the same bits for every
     thread count and run (docs/numerics.md)."""
@@ -298,16 +424,24 @@ def jit(fn=None, *, target: str = "cpu", arch: str | None = None, strict: bool =
     return wrap(fn) if fn is not None else wrap
 
 
-def compile(fn, *example_args, target: str = "cpu", arch: str | None = None, schedule: dict | None = None,  # noqa: A001
-            deterministic: bool = False):
-    """Compile ``fn`` for the example arguments without running it."""
-    jf = fn if isinstance(fn, JitFunction) else JitFunction(fn, target=target, arch=arch,
-                                                            schedule=_with_deterministic(schedule, deterministic))
-    if deterministic and isinstance(fn, JitFunction):
-        jf = jf.with_schedule(deterministic=True)
-    return jf.compile(*example_args)
+def _resolve(fn, target, arch, schedule, what: str) -> JitFunction:
+    if isinstance(fn, Artifact):
+        fn = fn.fn
+    if isinstance(fn, JitFunction):   # its own settings hold where these are not given; a contradiction is refused
+        return fn.retarget(target, arch, schedule, what)
+    return JitFunction(fn, target=target, arch=arch, schedule=schedule)
 
 
-def explain(fn, *args) -> LaneReport:
-    jf = fn if isinstance(fn, JitFunction) else JitFunction(fn)
-    return jf.explain(*args)
+def compile(fn, *example_args, target: str | None = None, arch: str | None = None,  # noqa: A001
+            schedule: dict | None = None, deterministic: bool = False) -> Artifact:
+    """Compile ``fn`` for the example arguments without running it.  ``fn`` may be a
+    ``tessera.jit`` function: settings given here apply to it, and one that contradicts its
+    decorator's is refused (``BAD_ARGUMENT``, naming both)."""
+    return _resolve(fn, target, arch, _with_deterministic(schedule, deterministic),
+                    "tessera.compile").compile(*example_args)
+
+
+def explain(fn, *args, target: str | None = None, arch: str | None = None,
+            schedule: dict | None = None) -> LaneReport:
+    """The lane report of ``fn`` compiled for ``args`` (settings as in ``tessera.compile``)."""
+    return _resolve(fn, target, arch, schedule, "tessera.explain").explain(*args)

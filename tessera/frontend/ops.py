@@ -6,12 +6,14 @@ rules (1-D operands included), ``axis``/``keepdims`` on reductions.
 """
 from __future__ import annotations
 
+import difflib
 import math
+import numbers
 
 import numpy as np
 
 from tessera import dtypes as dt
-from tessera.errors import DtypeError, RankMismatchError, ShapeMismatchError
+from tessera.errors import DtypeError, RankMismatchError, ShapeMismatchError, UnknownNameError
 from tessera.frontend.trace import (
     Tensor,
     _err,
@@ -20,6 +22,7 @@ from tessera.frontend.trace import (
     broadcast_shapes,
     normalize_axis,
     require_float,
+    require_int,
     same_dtype,
 )
 
@@ -146,7 +149,7 @@ def _reduce(op: str, x, axis, keepdims: bool) -> Tensor:
     require_float(x, op)
     if axis is None:
         axes = tuple(range(x.ndim))
-    elif isinstance(axis, int):
+    elif not isinstance(axis, (tuple, list)):
         axes = (normalize_axis(axis, x.ndim, op),)
     else:
         axes = tuple(normalize_axis(a, x.ndim, op) for a in axis)
@@ -185,7 +188,9 @@ def transpose(x, axes=None) -> Tensor:
 
 def reshape(x, shape) -> Tensor:
     x = _t(x, "reshape")
-    shape = tuple(int(s) for s in ((shape,) if isinstance(shape, int) else shape))
+    if isinstance(shape, numbers.Number) or not isinstance(shape, (tuple, list)):
+        shape = (shape,)
+    shape = tuple(require_int(s, f"reshape: size {i} of {shape}") for i, s in enumerate(shape))
     if shape.count(-1) > 1:
         raise _err(ShapeMismatchError, "reshape: at most one -1")
     total = x.size
@@ -283,6 +288,29 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, mask
     s = float(scale) if scale is not None else None  # None: 1/sqrt(head dim), from the size at run time
     return add_node("attention", inputs, {"causal": bool(causal), "scale": s, "masked_rows": "zero",
                                           "mask": mask is not None}, (b, h, sq, dv), q.dtype)
+
+
+# names users reach for that tessera.ops spells differently, or that are spelled as operators
+_SPELLED = {"abs": "abs(x)", "absolute": "abs(x)", "pow": "x ** n (small integer n, or +-0.5)",
+            "power": "x ** n (small integer n, or +-0.5)", "square": "x ** 2", "sum": "reduce_sum or x.sum()",
+            "mean": "reduce_mean or x.mean()", "max": "maximum (elementwise) or reduce_max / x.max()",
+            "amax": "reduce_max", "negative": "neg or -x", "multiply": "mul or *", "subtract": "sub or -",
+            "divide": "div or /", "true_divide": "div or /", "astype": "cast or x.astype()", "T": "transpose or x.T",
+            "permute": "transpose", "view": "reshape"}
+
+
+def __getattr__(name: str):
+    """``tessera.ops.<name>`` that does not exist: the error names the nearest ops."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    known = [n for n in __all__ if n != "np"]
+    near = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+    msg = f"tessera.ops has no {name!r}"
+    if name in _SPELLED:
+        msg += f"; write {_SPELLED[name]}"
+    elif near:
+        msg += f"; nearest: {', '.join(near)}"
+    raise _err(UnknownNameError, f"{msg} (ops: {', '.join(sorted(known))})")
 
 
 __all__ = ["attention", "add", "sub", "mul", "div", "maximum", "neg", "exp", "tanh", "erf", "relu", "silu", "sqrt", "gelu", "softmax",

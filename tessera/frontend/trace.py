@@ -8,7 +8,9 @@ loop bound is fine, ``float(x)`` is not) raises ``UNSUPPORTED_CONSTRUCT``.
 """
 from __future__ import annotations
 
+import difflib
 import math
+import numbers
 import os
 import sys
 import threading
@@ -24,6 +26,7 @@ from tessera.errors import (
     ShapeMismatchError,
     SourceLocation,
     TesseraError,
+    UnknownNameError,
     UnsupportedConstructError,
 )
 
@@ -69,6 +72,16 @@ class TraceGraph:
     tuple_output: bool = False
 
 
+def tracing() -> bool:
+    """Whether a function is being traced in this thread."""
+    return getattr(_state, "graph", None) is not None
+
+
+def current_lane() -> tuple | None:
+    """(target, arch, schedule pins) of the function being traced, when its tracer said."""
+    return getattr(_state, "lane", None)
+
+
 def _graph() -> TraceGraph:
     g = getattr(_state, "graph", None)
     if g is None:
@@ -87,7 +100,12 @@ def add_node(op: str, inputs: list[Node], attrs: dict, shape, dtype) -> "Tensor"
 
 
 def constant(value: float, dtype) -> "Tensor":
-    n = Node("constant", [], {}, (), dt.as_dtype(dtype), user_location(), value=float(value))
+    """A scalar in ``dtype``: a Python number converts as numpy converts it (NEP 50: the array's
+    dtype wins), so one beyond the dtype's range is +-inf, as ``x * 70000.0`` is in numpy for f16."""
+    d = dt.as_dtype(dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        v = float(np.asarray(float(value), np.float64).astype(d)) if d.kind in "fV" else float(value)
+    n = Node("constant", [], {}, (), d, user_location(), value=v)
     _graph().nodes.append(n)
     return Tensor(n)
 
@@ -190,6 +208,35 @@ class Tensor:
     def __pos__(self):
         return self
 
+    def __pow__(self, o):
+        return _power(self, o)
+
+    def __rpow__(self, o):
+        raise _err(UnsupportedConstructError, f"{o!r} ** x with a traced exponent has no op yet; for e ** x use "
+                                              "tessera.ops.exp(x), for b ** x tessera.ops.exp(x * math.log(b))")
+
+    def __abs__(self):
+        from tessera.frontend import ops
+        return ops.maximum(self, ops.neg(self))   # exact; NaN stays NaN
+
+    def __lt__(self, o):
+        _refuse_comparison("<")
+
+    def __le__(self, o):
+        _refuse_comparison("<=")
+
+    def __gt__(self, o):
+        _refuse_comparison(">")
+
+    def __ge__(self, o):
+        _refuse_comparison(">=")
+
+    def __eq__(self, o):
+        _refuse_comparison("==")
+
+    def __ne__(self, o):
+        _refuse_comparison("!=")
+
     # --- methods numpy users reach for
     @property
     def T(self) -> "Tensor":
@@ -263,7 +310,78 @@ class Tensor:
         raise _err(UnsupportedConstructError, f"numpy.{func.__name__} on a traced tensor: use tessera.ops "
                                               "instead")
 
+    def __getattr__(self, name: str):
+        if name.startswith("_"):   # protocol probes (copy, pickle, numpy's __array_*__) get the plain answer
+            raise AttributeError(name)
+        from tessera.frontend import ops
+        known = sorted(n for n in dir(Tensor) if not n.startswith("_"))
+        near = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+        msg = f"a traced tensor has no attribute {name!r}"
+        if name in ops.__all__:
+            msg += f"; it is a function: tessera.ops.{name}(x)"
+        elif near:
+            msg += f"; nearest: {', '.join(near)}"
+        raise _err(UnknownNameError, f"{msg} (tensor attributes: {', '.join(known)}; "
+                                     "other ops are in tessera.ops)")
+
     __hash__ = object.__hash__
+
+
+def _refuse_operator(symbol: str):
+    def refuse(self, *_):
+        raise _err(UnsupportedConstructError, f"the {symbol} operator on a traced tensor has no op; elementwise "
+                                              f"operators: {', '.join(ELEMENTWISE_OPERATORS)}; other ops are in "
+                                              "tessera.ops")
+    refuse.__name__ = f"refuse_{symbol}"
+    return refuse
+
+
+ELEMENTWISE_OPERATORS = ("+", "-", "*", "/", "@", "unary -", "abs()", "** n (small integer n, or +-0.5)")
+for _names, _symbol in ((("__floordiv__", "__rfloordiv__"), "//"), (("__mod__", "__rmod__"), "%"),
+                        (("__divmod__", "__rdivmod__"), "divmod()"), (("__and__", "__rand__"), "&"),
+                        (("__or__", "__ror__"), "|"), (("__xor__", "__rxor__"), "^"), (("__invert__",), "~"),
+                        (("__lshift__", "__rlshift__"), "<<"), (("__rshift__", "__rrshift__"), ">>"),
+                        (("__round__",), "round()"), (("__trunc__",), "math.trunc()"),
+                        (("__floor__",), "math.floor()"), (("__ceil__",), "math.ceil()")):
+    for _name in _names:
+        setattr(Tensor, _name, _refuse_operator(_symbol))
+
+
+def _refuse_comparison(symbol: str):
+    raise _err(UnsupportedConstructError, f"x {symbol} y on traced tensors: comparisons have no op yet (boolean "
+                                          "results and a where() come later); what exists: tessera.ops.maximum "
+                                          "(elementwise max), tessera.ops.relu (max with 0), reduce_max / .max()")
+
+
+POW_INTEGER_MAX = 8   # x ** n for 1 <= |n| <= this traces as multiplications (by squaring)
+_POW_HELP = (f"traced exponents: integers +-1..+-{POW_INTEGER_MAX} (multiplications), 0.5 (sqrt) and -0.5 "
+             "(1/sqrt); a general pow op comes later (e ** y: tessera.ops.exp)")
+
+
+def _power(x: Tensor, o) -> Tensor:
+    from tessera.frontend import ops
+    if isinstance(o, Tensor):
+        raise _err(UnsupportedConstructError, f"x ** y with a traced exponent has no op yet; {_POW_HELP}")
+    if isinstance(o, bool) or not isinstance(o, numbers.Real):
+        raise _err(UnsupportedConstructError, f"x ** {type(o).__name__}: {_POW_HELP}")
+    e = float(o)
+    if e == 0.5:
+        return ops.sqrt(x)
+    if e == -0.5:
+        return ops.div(1.0, ops.sqrt(x))
+    if not (e.is_integer() and 1 <= abs(e) <= POW_INTEGER_MAX):
+        what = "x ** 0 is all ones (write the constant)" if e == 0 else f"x ** {o!r} has no op yet"
+        raise _err(UnsupportedConstructError, f"{what}; {_POW_HELP}")
+    n = int(abs(e))
+    result, base = None, x
+    while True:
+        if n & 1:
+            result = base if result is None else ops.mul(result, base)
+        n >>= 1
+        if not n:
+            break
+        base = ops.mul(base, base)
+    return result if e > 0 else ops.div(1.0, result)
 
 
 def require_float(t: Tensor, what: str) -> None:
@@ -277,17 +395,26 @@ def same_dtype(a: Tensor, b: Tensor, what: str) -> None:
                                "cast one with .astype()")
 
 
+def require_int(v, what: str, cls=ShapeMismatchError) -> int:
+    """A size or axis: a Python or numpy integer (numpy refuses 4.9, and 4.0, too)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise _err(cls, f"{what} must be an integer, got {v!r} ({type(v).__name__})")
+    return int(v)
+
+
 def normalize_axis(axis: int, rank: int, what: str) -> int:
+    axis = require_int(axis, f"{what}: an axis", RankMismatchError)
     if not -rank <= axis < rank:
         raise _err(RankMismatchError, f"{what}: axis {axis} is out of range for rank {rank}")
     return axis % rank
 
 
-def trace(fn, args: list, arg_is_tensor: list[bool]) -> TraceGraph:
-    """Run ``fn`` on Tensors standing for the array arguments."""
+def trace(fn, args: list, arg_is_tensor: list[bool], lane: tuple | None = None) -> TraceGraph:
+    """Run ``fn`` on Tensors standing for the array arguments.  ``lane``: (target, arch, schedule
+    pins) the graph is compiled for, which a jitted function called inside checks against."""
     graph = TraceGraph()
-    prev = getattr(_state, "graph", None)
-    _state.graph = graph
+    prev, prev_lane = getattr(_state, "graph", None), getattr(_state, "lane", None)
+    _state.graph, _state.lane = graph, lane
     try:
         call_args = []
         for i, (a, is_t) in enumerate(zip(args, arg_is_tensor)):
@@ -322,4 +449,4 @@ def trace(fn, args: list, arg_is_tensor: list[bool]) -> TraceGraph:
             graph.outputs.append(o._node)
         return graph
     finally:
-        _state.graph = prev
+        _state.graph, _state.lane = prev, prev_lane

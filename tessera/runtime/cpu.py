@@ -253,6 +253,7 @@ class CpuExecutable:
     def __init__(self, program: HostProgram, addresses: dict[str, int], max_threads: int, amx: bool = False,
                  missing_features: tuple[str, ...] = ()):
         self.program = program
+        self._ninputs = len(program.input_ids)   # value ids below this are the arguments
         self.max_threads = max_threads
         self.amx = amx   # its kernels run AMX tile instructions: the process needs the tile state
         # features the code was compiled for that this CPU lacks (an arch= other than the host's):
@@ -389,7 +390,15 @@ class CpuExecutable:
                 call(ps.words_addr, 0)
             else:
                 workers.pool(ps.nthreads - 1).run(self.entries[s.kernel], ps.words_addr, ps.nthreads, call)
-        return [vals[i] for i in prog.results]
+        return [self._fresh(vals[i]) if i < self._ninputs else vals[i] for i in prog.results]
+
+    @staticmethod
+    def _fresh(a: np.ndarray) -> np.ndarray:
+        """A result that is an argument returned as is (``lambda x: x``, ``-(-x)`` simplified away):
+        a new array, so writing to the result never changes the argument."""
+        out = memory.empty(a.shape, a.dtype)
+        np.copyto(out, a)
+        return out
 
 
 # executables alive in this process: a forked child gets fresh run locks (the parent's may be
