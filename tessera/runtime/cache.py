@@ -84,9 +84,13 @@ def tool_versions() -> str:
     return f"xdsl={getattr(xdsl, '__version__', '?')};llvmlite={llvmlite.__version__};llvm={llvm_version}"
 
 
-def _file_identity(path: str | None) -> str:
-    if path is None:
+def _file_identity(found: str | tuple[str, ...] | None) -> str:
+    """``found``: a tool's path, or its command (the program, then its arguments: ``zig ld.lld``)."""
+    if found is None:
         return "absent"
+    path, *rest = (found,) if isinstance(found, str) else found
+    if rest:
+        return _file_identity(path) + ":" + " ".join(rest)
     try:
         st = os.stat(path)
     except OSError:
