@@ -49,6 +49,7 @@ from tessera.ir.target import x86 as x
 from tessera.mma import x86 as x86_records
 from tessera.mma.selector import get_isa
 from tessera.passes.base import TesseraPass, option, register
+from tessera.passes.schedule import bounds
 from tessera.passes.target.lowering import OpLowerer
 from tessera.passes.util import swap_op
 
@@ -1011,6 +1012,7 @@ class LowerTileToX86(TesseraPass):
                 if kw > w or w % kw:
                     raise PassFailedError(f"lower-tile-to-x86: kernel @{op.sym_name.data} is laid out for {kw}-lane "
                                           f"vectors; {self.arch} has {w}")
+                bounds.check_code_size(op, f"@{op.sym_name.data}")   # before the expansion, not after
                 new = lower_kernel(op, kw, isa.features)
                 module.body.block.insert_op_before(new, op)
                 op.detach()
