@@ -59,6 +59,17 @@ class IRParseError(TesseraError):
     area = "ir"
 
 
+class IRNestingError(IRParseError):
+    """IR text nests regions, blocks or types deeper than the parser follows (a few hundred levels)."""
+    code = "IR_NESTING"
+
+
+class FileAccessError(TesseraError):
+    """A file named on the command line could not be read or written (missing, a directory, no permission)."""
+    code = "FILE_ACCESS"
+    area = "ir"
+
+
 class IRVerifyError(TesseraError):
     """An op failed a structural verifier that has no more specific code."""
     code = "IR_VERIFY"
@@ -375,6 +386,13 @@ class OutOfMemoryError(TesseraError):
     """A result or workspace is larger than the memory this process may use."""
     code = "OUT_OF_MEMORY"
     area = "runtime"
+
+
+class InternalError(TesseraError):
+    """A defect in Tessera: an exception no check anticipated (its type and message follow). Please
+    report it with the input that caused it; the input may be valid."""
+    code = "INTERNAL"
+    area = "general"
 
 
 class CacheError(TesseraError):

@@ -367,6 +367,8 @@ class _Fn(FnCodegen):
         a = self.v(op.input)
         if isinstance(src.element, ir.IntType):
             self.set(op, self.b.uitofp(a, dst))  # bool masks (one byte each) -> 0.0 / 1.0
+        elif isinstance(dst.element, ir.IntType):  # -> bool bytes: nonzero is true (numpy's astype(bool))
+            self.set(op, self.b.zext(self.b.fcmp_unordered("une", a, ir.Constant(src, None)), dst))
         elif isinstance(dst.element, ir.FloatType) and not isinstance(src.element, ir.FloatType):
             self.set(op, self._extf(a, dst))
         else:

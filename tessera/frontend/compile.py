@@ -74,6 +74,8 @@ def check_pins(pins: dict | None, target: str = "cpu") -> dict:
         elif not isinstance(v, str) or v not in ("m", "b*m", "r", "none"):
             raise ScheduleIllegalError(f"schedule parallel={v!r}; legal: 'm' (gemm rows, shared B), 'b*m' (gemm "
                                        "batch x rows), 'r' (rows of other kernels), 'none'")
+    from tessera.passes.schedule.bounds import check_static   # the ranges the schedule passes enforce too
+    check_static(pins, target)
     return pins
 
 

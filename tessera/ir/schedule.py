@@ -79,6 +79,10 @@ class KernelOp(IRDLOperation):
         def bad(msg: str) -> ScheduleVerifyError:
             return ScheduleVerifyError(f"schedule.kernel @{self.sym_name.data}: {msg}", op=self)
 
+        for label, arr, kind in (("loops", self.loops, StringAttr), ("order", self.order, StringAttr),
+                                 ("tiles", self.tiles, IntegerAttr), ("register_tile", self.register_tile, IntegerAttr)):
+            if not all(isinstance(a, kind) for a in arr.data):
+                raise bad(f"{label} must be a list of {'strings' if kind is StringAttr else 'integers'}")
         if self.kind.data not in KINDS:
             raise bad(f"kind {self.kind.data!r}; legal: {', '.join(KINDS)}")
         loops = self.loop_names

@@ -37,7 +37,10 @@ class StridedView:
 
     def reshape(self, new: Sequence[D.Dim]) -> "StridedView | None":
         """Only when expressible as strides: groups of old dims merge (if they are
-        contiguous with each other) or split into new dims."""
+        contiguous with each other) or split into new dims.  A tensor with no elements reads
+        nothing: any reshape of it is the contiguous view of the new shape."""
+        if any(isinstance(d, int) and d == 0 for d in (*self.dims, *new)):
+            return StridedView.contiguous(self.arg, new)
         old = [(d, s) for d, s in zip(self.dims, self.strides) if d != 1]
         new_nz = [d for d in new if d != 1]
         out: list[D.Dim] = []

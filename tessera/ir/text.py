@@ -17,7 +17,7 @@ from xdsl.printer import Printer
 from xdsl.traits import NoTerminator
 from xdsl.utils.exceptions import ParseError, VerifyException
 
-from tessera.errors import IRParseError, IRVerifyError, SourceLocation, TesseraError
+from tessera.errors import IRNestingError, IRParseError, IRVerifyError, SourceLocation, TesseraError
 from tessera.ir.context import make_context
 
 
@@ -49,25 +49,39 @@ def location_of(op: Operation | None) -> SourceLocation | None:
 
 
 def parse_module(text: str, filename: str = "<input>") -> ModuleOp:
-    """Parse MLIR text into a module (not yet verified); errors are ``IRParseError``."""
-    parser = LocatingParser(make_context(), text, name=filename)
-    parser.filename = filename
+    """Parse MLIR text into a module (not yet verified); errors are ``IRParseError``.  A leading
+    byte-order mark is dropped (editors on some systems write one)."""
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    parser = None
     try:
+        parser = LocatingParser(make_context(), text, name=filename)
+        parser.filename = filename
         return parser.parse_module()
     except ParseError as e:
         line, col = _line_col(text, e.span.start)
         raise IRParseError(e.msg, location=SourceLocation(filename, line, col)) from None
+    except RecursionError:
+        raise IRNestingError("the IR nests deeper than the parser can follow (regions, blocks, types or "
+                             "attributes nested hundreds of levels)", location=SourceLocation(filename, 1, 1)) from None
     except TesseraError as e:  # a type or attribute verifier of ours, raised while parsing
-        line, col = _line_col(text, parser.last_op_start)
+        line, col = _line_col(text, parser.last_op_start if parser else 0)
         raise e.with_location(SourceLocation(filename, line, col)) from None
     except (VerifyException, ValueError, TypeError) as e:
-        line, col = _line_col(text, parser._current_token.span.start)
+        line, col = _line_col(text, parser._current_token.span.start if parser else 0)
         raise IRParseError(str(e).splitlines()[0] if str(e) else type(e).__name__,
                            location=SourceLocation(filename, line, col)) from None
 
 
 def verify(module: Operation) -> None:
     """Verify every op; the first failure is raised as a coded ``TesseraError``."""
+    try:
+        _verify_ops(module)
+    except RecursionError:
+        raise IRNestingError("the IR nests deeper than the verifier can follow") from None
+
+
+def _verify_ops(module: Operation) -> None:
     for op in module.walk():
         try:
             op.verify(verify_nested_ops=False)
@@ -78,6 +92,10 @@ def verify(module: Operation) -> None:
         except (VerifyException, ValueError) as e:
             msg = str(e).strip().splitlines()
             raise IRVerifyError(f"{op.name}: {msg[0] if msg else type(e).__name__}", op=op,
+                                location=location_of(op)) from None
+        except (AttributeError, TypeError, KeyError, IndexError) as e:
+            # a verifier that met an attribute of the wrong kind (a string where it reads integers)
+            raise IRVerifyError(f"{op.name}: malformed attributes ({type(e).__name__}: {e})", op=op,
                                 location=location_of(op)) from None
         _verify_structure(op)
 

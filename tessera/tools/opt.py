@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tessera.errors import TesseraError
+from tessera.errors import (FileAccessError, InternalError, IRNestingError, IRParseError, SourceLocation,
+                            TesseraError)
 
 
 def _list_passes(out) -> None:
@@ -50,11 +51,42 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except RecursionError:
+        sys.stderr.write(f"{IRNestingError('the IR nests deeper than tessera-opt can follow')}\n")
+        return 1
     except BaseException as e:  # noqa: BLE001 - the promise is: no traceback, ever
         if isinstance(e, SystemExit):
             raise
-        sys.stderr.write(f"error[INTERNAL]: {type(e).__name__}: {e}\n")
+        sys.stderr.write(f"{InternalError(f'{type(e).__name__}: {e}')}\n")   # a defect (docs/errors.md)
         return 1
+
+
+def _read(path: str) -> tuple[str, str]:
+    """The text of ``path`` ('-': stdin) as UTF-8 (a leading byte-order mark is dropped by the parser)."""
+    if path == "-":
+        data, filename = sys.stdin.buffer.read(), "<stdin>"
+    else:
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise FileAccessError(f"cannot read {path}: {e.strerror or e}") from None
+        filename = path
+    try:
+        return data.decode("utf-8"), filename
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise IRParseError(f"the file is not UTF-8 text (byte 0x{data[e.start]:02x})",
+                           location=SourceLocation(filename, line, col)) from None
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise FileAccessError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 def _run(args) -> int:
@@ -65,15 +97,7 @@ def _run(args) -> int:
     from tessera.passes.pipeline import parse_pipeline, run_pipeline
 
     passes = parse_pipeline(args.pass_pipeline)  # options checked before any IR is read
-    if args.input == "-":
-        text, filename = sys.stdin.read(), "<stdin>"
-    else:
-        try:
-            with open(args.input, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as e:
-            raise TesseraError(f"cannot read {args.input}: {e.strerror}") from None
-        filename = args.input
+    text, filename = _read(args.input)
     module = parse_module(text, filename)
     verify(module)
 
@@ -86,8 +110,7 @@ def _run(args) -> int:
     if args.output == "-":
         sys.stdout.write(out)
     else:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(out)
+        _write(args.output, out)
     return 0
 
 

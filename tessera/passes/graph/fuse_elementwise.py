@@ -15,15 +15,22 @@ from tessera.passes.util import function_blocks
 
 
 def _grow(op, shape, group: list, block) -> None:
-    for v in op.operands:
-        p = v.owner
-        if getattr(p, "parent", None) is not block:
-            continue
-        if isinstance(p, g.ConstantOp) and single_use(v):
-            group.append(p)
-        elif is_elementwise(p) and single_use(v) and p.results[0].type.dims == shape and p not in group:
-            group.append(p)
-            _grow(p, shape, group, block)
+    """Add the tree of producers feeding ``op`` (an explicit work list: a chain of thousands of
+    ops must not recurse once per op)."""
+    seen = set(group)
+    work = [op]
+    while work:
+        cur = work.pop()
+        for v in cur.operands:
+            p = v.owner
+            if getattr(p, "parent", None) is not block:
+                continue
+            if isinstance(p, g.ConstantOp) and single_use(v):
+                group.append(p)
+            elif is_elementwise(p) and single_use(v) and p.results[0].type.dims == shape and p not in seen:
+                seen.add(p)
+                group.append(p)
+                work.append(p)
 
 
 @register

@@ -27,21 +27,25 @@ def _is_last_axis(op) -> bool:
 
 
 def _prologue(v, shape, group: list) -> None:
-    """Elementwise producers of ``v`` of the same shape, used only here."""
-    op = v.owner
-    if not (isinstance(op, g.ELEMENTWISE_UNARY + g.ELEMENTWISE_BINARY) and single_use(v)
-            and op.results[0].type.dims == shape and op.parent is not None
-            and not isinstance(op.parent.parent_op(), g.FusionOp)):
-        return
-    group.append(op)
-    if isinstance(op, g.ELEMENTWISE_UNARY):
-        _prologue(op.input, shape, group)
-        return
-    for o in (op.lhs, op.rhs):
-        if isinstance(o.owner, g.ConstantOp) and single_use(o):
-            group.append(o.owner)
-        elif o.type.dims == shape:
-            _prologue(o, shape, group)
+    """Elementwise producers of ``v`` of the same shape, used only here (a work list, not
+    recursion: a prologue may be a chain of thousands of ops)."""
+    work = [v]
+    while work:
+        v = work.pop()
+        op = v.owner
+        if not (isinstance(op, g.ELEMENTWISE_UNARY + g.ELEMENTWISE_BINARY) and single_use(v)
+                and op.results[0].type.dims == shape and op.parent is not None
+                and not isinstance(op.parent.parent_op(), g.FusionOp)):
+            continue
+        group.append(op)
+        if isinstance(op, g.ELEMENTWISE_UNARY):
+            work.append(op.input)
+            continue
+        for o in (op.rhs, op.lhs):
+            if isinstance(o.owner, g.ConstantOp) and single_use(o):
+                group.append(o.owner)
+            elif o.type.dims == shape:
+                work.append(o)
 
 
 def _epilogue(v, group: list) -> None:

@@ -30,6 +30,7 @@ from tessera.ir import schedule as s
 from tessera.ir.attrs import i64_attr, int_array, str_array
 from tessera.mma.selector import get_isa, register_tile, require_lowering, select_mma
 from tessera.passes.base import TesseraPass, option, register
+from tessera.passes.schedule import bounds
 from tessera.passes.util import function_blocks, swap_op
 
 DTYPE = {Float32Type: "f32", BFloat16Type: "bf16", Float16Type: "f16"}
@@ -69,13 +70,18 @@ class ScheduleCpu(TesseraPass):
     unroll: int = option(4, doc="unroll of the gemm k loop")
     chunk: int = option(0, doc="columns per step of row/elementwise kernels (0: 4 vector registers)")
 
+    def __post_init__(self) -> None:
+        """Options out of their legal range are refused when the pipeline is parsed (bounds.py)."""
+        bounds.check_static({k: getattr(self, k) for k in ("threads", "tile_m", "tile_n", "tile_k", "register_tile",
+                                                           "mma_shape", "unroll", "chunk")}, "cpu", "schedule-cpu: ")
+
     def apply(self, ctx: Context, module: ModuleOp) -> None:
         try:
             isa = get_isa("x86", self.arch)
         except UnknownArchError:
             raise
         w = 16 if "avx512f" in isa.features else 8
-        threads = self.threads or host.usable_cpus()
+        threads = self.threads or min(host.usable_cpus(), bounds.THREADS_MAX)
         if threads < 1:
             raise ScheduleIllegalError("threads must be >= 1")
         n = 0
@@ -97,13 +103,12 @@ class ScheduleCpu(TesseraPass):
                  "unroll": i64_attr(1), "mma": StringAttr(""), "register_tile": int_array([]),
                  "vector": i64_attr(w)}
         if kind == "gemm":
-            attrs.update(self._gemm(fop, isa, w, name))
+            attrs.update(self._gemm(fop, isa, w, name, threads if par != "none" else 1))
         elif kind == "attention":
             attrs.update(self._attention(isa, w, name))
         else:
             chunk = self.chunk or 4 * w
-            if chunk % w:
-                raise ScheduleIllegalError(f"kernel {name}: chunk {chunk} must be a multiple of the vector width {w}")
+            bounds.check_chunk(chunk, w, isa.register_budget, name)
             attrs.update({"loops": str_array(["r", "c"]), "tiles": int_array([1, chunk]),
                           "order": str_array(["r", "c"])})
         region = fop.detach_region(fop.body)
@@ -147,7 +152,7 @@ class ScheduleCpu(TesseraPass):
         mm = next(o for o in fop.body.block.ops if isinstance(o, g.MatmulOp))
         return "b*m" if mm.result.type.rank > 2 else "m"
 
-    def _gemm(self, fop: g.FusionOp, isa, w: int, name: str) -> dict:
+    def _gemm(self, fop: g.FusionOp, isa, w: int, name: str, threads: int) -> dict:
         mm = next(o for o in fop.body.block.ops if isinstance(o, g.MatmulOp))
         dtype = _dtype(mm.lhs.type.element_type)
         try:
@@ -196,8 +201,9 @@ class ScheduleCpu(TesseraPass):
                 raise ScheduleIllegalError(f"kernel {name}: {label}={v} must be a positive multiple of {mult} "
                                            f"(register tile {rt.mr}x{rt.nr} of {sel.record.id}, "
                                            f"{mrr}x{nrw} elements)")
-        if self.unroll < 1:
-            raise ScheduleIllegalError(f"kernel {name}: unroll must be >= 1")
+        if not 1 <= self.unroll <= bounds.UNROLL_MAX:
+            raise ScheduleIllegalError(f"kernel {name}: schedule unroll={self.unroll}; legal: 1..{bounds.UNROLL_MAX}")
+        bounds.check_workspace(name, threads, mc, nc, kc, esize)
         return {"vector": i64_attr(w),
                 "loops": str_array(["b", "m", "n", "k"]), "tiles": int_array([1, mc, nc, kc]),
                 "order": str_array(["b", "n", "k", "m"]), "mma": StringAttr(sel.record.id),

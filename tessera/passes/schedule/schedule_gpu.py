@@ -31,6 +31,7 @@ from tessera.ir import schedule as s
 from tessera.ir.attrs import i64_attr, int_array, str_array
 from tessera.mma.selector import get_isa, require_lowering, select_mma
 from tessera.passes.base import TesseraPass, option, register
+from tessera.passes.schedule import bounds
 from tessera.passes.schedule.schedule_cpu import _dtype
 from tessera.passes.util import function_blocks, swap_op
 
@@ -85,6 +86,11 @@ class ScheduleGpu(TesseraPass):
     staging: int = option(0, doc="k-blocks in flight in shared memory (0: the default)")
     mma_shape: tuple[int, ...] = option((), doc="instruction shape M,N,K to prefer (selector-checked)")
     mma_family: str = option("", doc="instruction family to require (wmma, mfma, mma_sync; selector-checked)")
+
+    def __post_init__(self) -> None:
+        """Options out of their legal range are refused when the pipeline is parsed (bounds.py)."""
+        bounds.check_static({k: getattr(self, k) for k in ("tile_m", "tile_n", "tile_k", "register_tile", "staging",
+                                                           "mma_shape")}, self.target, "schedule-gpu: ")
 
     def apply(self, ctx: Context, module: ModuleOp) -> None:
         if self.target not in GPU_TARGETS:

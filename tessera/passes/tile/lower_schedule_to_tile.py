@@ -16,9 +16,10 @@ from xdsl.dialects.builtin import FlatSymbolRefAttr, ModuleOp, StringAttr
 from tessera.errors import ScheduleIllegalError
 from tessera.ir import schedule as s
 from tessera.ir import tile as t
-from tessera.ir.attrs import i64_attr, str_array
+from tessera.ir.attrs import i64_attr, ival, str_array
 from tessera.mma.selector import record_by_id, MmaSelection, accumulator_regs_per_lane
 from tessera.passes.base import TesseraPass, option, register
+from tessera.passes.schedule import bounds
 from tessera.passes.util import function_blocks, swap_op
 from tessera.passes.tile.kernels import (attention, elementwise, gemm, gpu_attention, gpu_gemm, reduce, rowwise,
                                         transpose)
@@ -39,7 +40,28 @@ ALL_PRODUCED = ("func.func", "tile.launch", "tile.alloc", "tile.view", "tile.asy
                 "tile.program_id", "tile.wave_id")
 
 
+def check_bounds(kop: s.KernelOp, target: str) -> None:
+    """A schedule.kernel read from a file carries any sizes: hold them to the ranges the schedule
+    passes enforce on their options (bounds.py), before a generator expands them into code."""
+    tiles = kop.tile_sizes
+    kind = kop.kind.data
+    vals = {"unroll": ival(kop.unroll), "register_tile": kop.reg_tile}
+    if target in GPU:
+        vals.update(staging=ival(kop.staging), tile_m=tiles.get("m") or tiles.get("q", 0),
+                    tile_n=tiles.get("n") or tiles.get("kv", 0), tile_k=tiles.get("k", 0))
+    else:
+        vals.update(threads=ival(kop.threads))
+        if kind == "gemm":
+            vals.update(tile_m=tiles.get("m", 0), tile_n=tiles.get("n", 0), tile_k=tiles.get("k", 0))
+        elif kind == "attention":
+            vals.update(tile_m=tiles.get("q", 0), tile_n=tiles.get("kv", 0))
+        else:
+            vals.update(chunk=tiles.get("c", 0))
+    bounds.check_static(vals, "cpu" if target == "x86" else target, f"kernel {kop.sym_name.data}: ")
+
+
 def generate(kop: s.KernelOp, target: str = "x86"):
+    check_bounds(kop, target)
     kind = kop.kind.data
     if target in GPU and kind not in ("gemm", "attention"):
         raise ScheduleIllegalError(f"kernel {kop.sym_name.data}: no {target} generator for {kind} kernels")

@@ -49,6 +49,7 @@ from tessera.ir.target import x86 as x
 from tessera.mma import x86 as x86_records
 from tessera.mma.selector import get_isa
 from tessera.passes.base import TesseraPass, option, register
+from tessera.passes.schedule import bounds
 from tessera.passes.target.lowering import OpLowerer
 from tessera.passes.util import swap_op
 
@@ -1013,6 +1014,7 @@ class LowerTileToX86(TesseraPass):
                 if kw > w or w % kw:
                     raise PassFailedError(f"lower-tile-to-x86: kernel @{op.sym_name.data} is laid out for {kw}-lane "
                                           f"vectors; {self.arch} has {w}")
+                bounds.check_code_size(op, f"@{op.sym_name.data}")   # before the expansion, not after
                 new = lower_kernel(op, kw, isa.features)
                 if self.deterministic:   # read by the entry's floating-point mode (codegen/x86.py)
                     new.attributes[x.DETERMINISTIC] = UnitAttr()

@@ -7,7 +7,7 @@ tree; otherwise each (outer index, column chunk) work item sums rows of
 by ``canonicalize``."""
 from __future__ import annotations
 
-from xdsl.dialects.builtin import FloatAttr, StringAttr, f32
+from xdsl.dialects.builtin import BFloat16Type, Float16Type, FloatAttr, StringAttr, f32
 
 from tessera.errors import ScheduleIllegalError
 from tessera.ir import dims as D
@@ -40,6 +40,8 @@ def generate(kop: s.KernelOp):
     pad = float("-inf") if kind == "max" else 0.0
     chunk = R.chunk_of(kop)
     elem = op.input.type.element_type
+    # 16-bit floats are widened as they are loaded and accumulate in f32 (rounded once, when stored)
+    reg = f32 if isinstance(elem, (Float16Type, BFloat16Type)) else elem
     out_elem = op.result.type.element_type
     sig = KernelSig(kop.sym_name.data)
     for v in kop.inputs:
@@ -61,7 +63,7 @@ def generate(kop: s.KernelOp):
     def load(bb, off, cols, width):
         attrs = {"pad": FloatAttr(pad, f32)} if pad != 0.0 else {}
         ld = t.LoadOp.create(operands=[view_at(bb, xb, off, width, cols, elem)], attributes=attrs,
-                             result_types=[t.tile_type(1, width, elem)])
+                             result_types=[t.tile_type(1, width, reg)])
         bb.op(ld)
         return ld.result
 

@@ -92,10 +92,16 @@ def generate(kop: s.KernelOp):
             self.nxt = R.RowCtx(kf, br, br.add(r, 2), dims, leaves).offsets
             self.out_off = br.mul(r, C)
 
+    # the leaves each side reads: x (and the prologue's inputs) as the row is read; the epilogue's
+    # inputs as it is written, which may be x itself or the norm's scale/bias (a residual such as
+    # softmax(x) + x or layer_norm(x, s) * s)
+    pro_leaves = [v for v in leaves if v == x or any(v in o.operands for o in prologue)]
+    epi_leaves = [v for v in leaves if any(v in o.operands for o in epilogue + [yield_op])]
+
     def x_chunk(bc, row, c, pad: float = 0.0):
         left = bc.sub(C, c)
-        vals = {v: R.load_leaf(kf, bc, lf, row.ctx.offsets[v], c, left, chunk, pad if v == x else None)
-                for v, lf in leaves.items() if v not in vec_operands}
+        vals = {v: R.load_leaf(kf, bc, leaves[v], row.ctx.offsets[v], c, left, chunk, pad if v == x else None)
+                for v in pro_leaves}
         R.emit_ops(bc, prologue, vals)
         xv = vals[x]
         if xv.type.dims != (1, chunk):
@@ -103,8 +109,7 @@ def generate(kop: s.KernelOp):
         return xv, left
 
     def finish_chunk(bc, row, c, left, yv):
-        vals = {v: R.load_leaf(kf, bc, lf, row.ctx.offsets[v], c, left, chunk)
-                for v, lf in leaves.items() if v not in vec_operands and v != x}
+        vals = {v: R.load_leaf(kf, bc, leaves[v], row.ctx.offsets[v], c, left, chunk) for v in epi_leaves}
         vals[norm.result] = yv
         R.emit_ops(bc, epilogue, vals)
         R.store_row(kf, bc, out_buf, out.type.element_type, vals[out], bc.add(row.out_off, c), left, chunk, stream)
