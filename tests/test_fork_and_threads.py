@@ -86,13 +86,30 @@ def _executables(jf) -> list:
     return [v.compiled.executable for vs in jf._variants.values() for v in vs if v.compiled is not None]
 
 
+def _held_locks() -> list:
+    """Every lock Tessera keeps across calls that a call or a compile takes: the executables' run
+    locks, the pool's launch lock and its table's, the function's variant lock, the buffer pool's,
+    the compile cache's and LLVM's."""
+    from tessera.codegen import jit as cj
+    from tessera.frontend import compile as compile_mod
+    from tessera.runtime import memory
+    return ([e._run_lock for e in _executables(_JF)] + [workers._pool.lock, workers._pool_lock, _JF._lock,
+            memory.POOL.lock, compile_mod._MEMORY_LOCK, cj._lock])
+
+
+def _child_calls_and_compiles() -> bool:
+    x = np.random.default_rng(11).standard_normal((200, 129)).astype(np.float32)
+    g = ts.jit(lambda v: ts.ops.rms_norm(v) * 3.0)
+    return _child_ok(7) and O.gate(g(x), O.rms_norm(x) * 3.0, TOL32)
+
+
 def _fork_with_locks_held(rng, timeout: float = CHILD_TIMEOUT) -> int | None:
-    """Another thread of the parent holds the executable's run lock and the pool's launch lock
-    at the moment of the fork (as it does during a call); the child calls."""
+    """Another thread of the parent holds every lock (as it may during a call or a compile) at
+    the moment of the fork; the child calls a compiled function and compiles a new one."""
     import threading
     _uses_the_pool(rng)
-    locks = [e._run_lock for e in _executables(_JF)] + [workers._pool.lock]
-    assert len(locks) >= 2
+    locks = _held_locks()
+    assert len(locks) >= 7
     held, release = threading.Event(), threading.Event()
 
     def holder():
@@ -106,7 +123,7 @@ def _fork_with_locks_held(rng, timeout: float = CHILD_TIMEOUT) -> int | None:
     t.start()
     try:
         assert held.wait(10)
-        return _fork_and_wait(lambda: _child_ok(7), timeout)
+        return _fork_and_wait(_child_calls_and_compiles, timeout)
     finally:
         release.set()
         t.join()
@@ -118,12 +135,12 @@ def test_fork_while_another_thread_is_inside_a_call(rng):
     assert _child_ok(8)
 
 
-@pytest.mark.parametrize("hook", ["workers", "cpu"])
+@pytest.mark.parametrize("hook", ["workers", "forksafe"])
 def test_teeth_without_the_at_fork_reset_the_child_hangs(rng, monkeypatch, hook):
-    """Planted: one of the two after-fork hooks (runtime/workers.py: the pool; runtime/cpu.py:
-    the executables' run locks) does nothing; the child waits forever (killed after 5 s)."""
-    from tessera.runtime import cpu
-    monkeypatch.setattr({"workers": workers, "cpu": cpu}[hook], "_after_fork_in_child", lambda: None)
+    """Planted: one of the two after-fork hooks (runtime/workers.py: the pool; tessera/forksafe.py:
+    every registered lock) does nothing; the child waits forever (killed after 5 s)."""
+    from tessera import forksafe
+    monkeypatch.setattr({"workers": workers, "forksafe": forksafe}[hook], "_after_fork_in_child", lambda: None)
     if hook == "workers":
         _uses_the_pool(rng)
         assert _fork_and_wait(lambda: _child_ok(9), 5.0) is None

@@ -12,14 +12,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
 
+from tessera import forksafe
 from tessera.errors import CodegenError, LLVMAbortError
 
-_lock = threading.Lock()
+_lock = forksafe.lock(sys.modules[__name__], "_lock")   # renewed in a forked child
 _initialised: set[str] = set()
 
 

@@ -15,6 +15,7 @@ A failure inside the compiler (a Python exception, or ``PASS_FAILED``) writes a 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 
 from xdsl.dialects.builtin import ModuleOp
 
+from tessera import forksafe
 from tessera.codegen import jit as cj
 from tessera.codegen import x86 as cg
 from tessera.errors import (CompilerInternalError, PassFailedError, ScheduleIllegalError, TesseraError,
@@ -168,7 +170,7 @@ class Compiled:
 # distinct graphs (e.g. distinct Python scalars baked into them) does not grow memory without end.
 MEMORY_MAX = 256
 _MEMORY: OrderedDict[str, Compiled] = OrderedDict()
-_MEMORY_LOCK = threading.Lock()
+_MEMORY_LOCK = forksafe.lock(sys.modules[__name__], "_MEMORY_LOCK")
 _KEY_LOCKS: dict[str, list] = {}     # key -> [lock, threads using it]: one compile per key at a time
 
 
@@ -207,9 +209,8 @@ def _key_lock(key: str):
 
 def _reset_locks_in_child() -> None:
     """After ``fork``: a lock some other parent thread held stays held forever in the child (that
-    thread does not exist there), so the child starts with fresh ones."""
-    global _MEMORY_LOCK
-    _MEMORY_LOCK = threading.Lock()
+    thread does not exist there), so the child starts with fresh ones (``_MEMORY_LOCK`` is
+    renewed by ``tessera.forksafe``)."""
     _KEY_LOCKS.clear()
 
 

@@ -9,14 +9,13 @@ the lane log records it.
 from __future__ import annotations
 
 import functools
-import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
 from tessera import dtypes as dt
-from tessera import host
+from tessera import forksafe, host
 from tessera.errors import (
     ArgumentError,
     DtypeError,
@@ -104,7 +103,7 @@ class JitFunction:
         self._nvariants = 0
         # signature -> (variant, CallPlan): a repeated call goes straight to its launches
         self._plans: dict[tuple, tuple] = {}
-        self._lock = threading.Lock()
+        forksafe.lock(self, "_lock")
         functools.update_wrapper(self, fn)
 
     def with_schedule(self, **pins) -> "JitFunction":

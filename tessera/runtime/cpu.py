@@ -19,9 +19,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
-import os
-import threading
-import weakref
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -36,7 +33,7 @@ from xdsl.dialects.builtin import (
     ModuleOp,
 )
 
-from tessera import host
+from tessera import forksafe, host
 from tessera.runtime import memory, threads, workers
 from tessera.errors import ArgumentError, LaneUnavailableError, OutOfMemoryError, ShapeMismatchError
 from tessera.ir import dims as D
@@ -270,8 +267,7 @@ class CpuExecutable:
         self._ws_pool: dict[int, tuple[np.ndarray, int]] = {}   # tid -> (buffer, 64-byte aligned address)
         self._team: tuple[np.ndarray, int] = (np.zeros(0, np.uint8), 0)
         self._gen = 0      # bumped whenever a workspace or the team buffer moves (plans hold addresses)
-        self._run_lock = threading.Lock()  # one call at a time uses the workspaces and the team buffer
-        _LIVE.add(self)
+        forksafe.lock(self, "_run_lock")   # one call at a time uses the workspaces and the team buffer
 
     def _workspace(self, tid: int, size: int) -> int:
         ent = self._ws_pool.get(tid)
@@ -400,16 +396,3 @@ class CpuExecutable:
         np.copyto(out, a)
         return out
 
-
-# executables alive in this process: a forked child gets fresh run locks (the parent's may be
-# held by a thread that the child does not have)
-_LIVE: "weakref.WeakSet[CpuExecutable]" = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for e in list(_LIVE):
-        e._run_lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=lambda: _after_fork_in_child())   # looked up at fork time

@@ -16,11 +16,10 @@ import math
 import mmap
 import os
 import sys
-import threading
 
 import numpy as np
 
-from tessera import host
+from tessera import forksafe, host
 
 MIN_POOLED = 1 << 20
 GRAIN = 2 << 20  # huge-page size classes
@@ -30,7 +29,7 @@ class BufferPool:
     def __init__(self, cap_bytes: int | None = None):
         self.cap = cap_bytes if cap_bytes is not None else min(4 << 30, host.memory_available() // 4)
         self.maps: list[mmap.mmap] = []
-        self.lock = threading.Lock()
+        forksafe.lock(self, "lock")
         self.total = 0
         self.enabled = os.environ.get("TESSERA_POOL", "1") != "0"
 

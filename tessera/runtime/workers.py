@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 import time
 
 import numpy as np
 
+from tessera import forksafe
 from tessera.ir.target.x86 import MXCSR_DAZ, MXCSR_DEFAULT, MXCSR_FTZ  # noqa: F401  (re-exported)
 
 SPIN_SECONDS = 0.002          # how long an idle worker keeps polling before it sleeps
@@ -208,7 +210,7 @@ class WorkerPool:
 
 
 _pool: WorkerPool | None = None
-_pool_lock = threading.Lock()
+_pool_lock = forksafe.lock(sys.modules[__name__], "_pool_lock")   # renewed in a forked child
 
 
 _native: _Native | None = None   # the helpers outlive a pool (a larger one, or the child's after fork)
@@ -226,9 +228,8 @@ def pool(workers: int) -> WorkerPool:
 def _after_fork_in_child() -> None:
     """The child of a fork has none of the pool's threads: forget the pool (its launch lock
     and condition may be held by a thread that is not there either); the next launch makes one."""
-    global _pool, _pool_lock
+    global _pool
     _pool = None
-    _pool_lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
