@@ -45,7 +45,9 @@ def fake_tool(directory, name: str, version_line: str):
 
 
 def with_path_first(monkeypatch, directory):
-    monkeypatch.setenv("PATH", f"{directory}:/usr/bin:/bin")
+    """PATH is ``directory`` alone: a machine that has LLVM installed (``/usr/bin/ld.lld-19``) must
+    not change what these tests see (the fake tools' ``#!/bin/sh`` needs no PATH)."""
+    monkeypatch.setenv("PATH", str(directory))
 
 
 @pytest.fixture
