@@ -509,9 +509,11 @@ def test_memory_stays_flat_over_1000_distinct_floats(rng, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="native memory: each compile leaves ~90 KB in LLVM (llvmlite 0.50's "
-                   "new pass manager run in codegen/jit.py optimise(), measured with closed builders too); "
-                   "with it fixed and compile.py's cache bounded this passes, and strict=True says so")
+@pytest.mark.xfail(strict=True, reason="native memory: each compile leaves ~90-130 KB in LLVM (llvmlite 0.50, "
+                   "codegen/jit.py optimise(): PassBuilder.getModulePassManager() alone leaks ~60 KB per call "
+                   "and running it ~70 KB more, pass managers and builders closed; an empty module pass "
+                   "manager run leaks nothing); with it fixed and compile.py's cache bounded this passes, "
+                   "and strict=True says so")
 def test_rss_stays_flat_over_1000_distinct_floats(rng):
     x = rng.standard_normal((8, 8)).astype(np.float32)
     f = ts.jit(lambda t, s: t * s)
