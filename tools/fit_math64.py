@@ -9,7 +9,9 @@ exact or 70-digit arithmetic, each rounded once to float64.  Reproduce with:
   for |z| < 0.5;
 - ``ERFC64_MAP``, ``ERFC64_H``: H(a) = a erfc(a) exp(a^2) on a in [0.5, 30] as a power series
   in s = (alpha a - beta) / (a + 3) in [-1, 1] (Chebyshev interpolation at 64 nodes, truncated
-  where the terms fall below 2^-58 of min H, then converted to powers of s).
+  where the terms fall below 2^-58 of min H, then converted to powers of s);
+- ``GELU_K0``, ``GELU_K1``, ``LN2``, ``RSQRT2``: 2 sqrt(2/pi), 2 sqrt(2/pi) 0.044715, ln 2 and
+  1/sqrt(2) as (high, low) pairs; ``TWO_OVER_SQRT_PI``.
 
 erfc itself is evaluated here by its Taylor series (a < 4, 100 digits) or Laplace's continued
 fraction (a >= 4, 400 terms).  ``tests/test_f64.py`` checks that the module's tuples are these.
@@ -159,8 +161,17 @@ def erfc_poly(nodes: int = ERFC_NODES) -> tuple[float, ...]:
     return tuple(float(c) for c in _monomial(cs[:last + 1]))
 
 
+def split(v: D) -> tuple[float, float]:
+    """v as (high, low) float64s: high = v rounded, low = the rest rounded (106 bits in all)."""
+    hi = float(v)
+    return hi, float(v - D(hi))
+
+
 def constants() -> dict[str, tuple[float, ...]]:
-    return {"TANH64_P": tanh_coeffs(), "ERF64_P": erf_coeffs(), "ERFC64_MAP": erfc_map(), "ERFC64_H": erfc_poly()}
+    k0 = 2 * (2 / PI).sqrt()
+    return {"TANH64_P": tanh_coeffs(), "ERF64_P": erf_coeffs(), "ERFC64_MAP": erfc_map(), "ERFC64_H": erfc_poly(),
+            "GELU_K0": split(k0), "GELU_K1": split(k0 * D("0.044715")), "LN2": split(D(2).ln()),
+            "RSQRT2": split(1 / D(2).sqrt()), "TWO_OVER_SQRT_PI": (float(2 / SQRT_PI),)}
 
 
 if __name__ == "__main__":

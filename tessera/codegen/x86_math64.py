@@ -11,7 +11,7 @@ recorded in ``docs/numerics.md``.
         r = x - n ln2 in two FMA steps, exp(r) = 1 + (r + r^2 Q(r)) with Q Taylor's terms up
         to r^11 / 13! (truncation below 2^-57 on |r| <= ln2 / 2), then two exact exponent
         steps 2^(n - n/2) 2^(n/2): one rounding into a subnormal result, inf past 709.78, 0
-        below -745.13 (x clamped to [-750, 712] first; NaN kept)
+        below -745.13 (x clamped to [-800, 712] first; NaN kept)
   exp2_bounded  2^x for x <= 1023 (attention's probabilities in log2 units): n = round(x),
         the same polynomial at r = (x - n) ln2; 0 below -1022
   tanh  x + x^3 P(x^2) (Taylor, 18 terms) for |x| < 0.55, else sign(x) (1 - 2 / (exp(2|x|) + 1))
@@ -20,8 +20,10 @@ recorded in ``docs/numerics.md``.
         s = (alpha a - beta) / (a + 3) (degree 22 on [0.5, 30]); a^2 = hi + lo exactly (FMA),
         exp(-hi) (1 - lo); an input known to more bits (gelu's x / sqrt 2 as z + dz) is
         corrected to first order, erfc(a + d) = erfc(a) - d 2/sqrt(pi) exp(-a^2)
-  silu  x sigmoid(x) = x / (1 + e) or x e / (1 + e), e = exp(-|x|) (no overflow)
-  gelu_tanh  x sigmoid(2y), 2y = x (K0 + K1 x^2), as silu's form
+  silu  x sigmoid(x) = x / (1 + e) or x e / (1 + e), e = exp(-|x|) = p 2^n (no overflow), x e
+        as (x p) 2^n: one rounding where the result is subnormal
+  gelu_tanh  x sigmoid(2y), 2y = x (K0 + K1 x^2) in double-double arithmetic (a rounded 2y would
+        cost |2y| ULPs), its low part applied to first order; as silu's form
   gelu_erf  0.5 x erfc(-z) for z = x / sqrt 2 <= -0.5 (z carried as z + dz), else
         0.5 x (1 + erf(z))
 """
@@ -36,14 +38,15 @@ I64 = ir.IntType(64)
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
-LN2_HI, LN2_LO = 0.6931471805599453, 2.3190468138462996e-17   # ln 2 = HI + LO to 106 bits
+LN2_HI, LN2_LO = 0.6931471805599453, 2.3190468138462996e-17   # ln 2 = HI + LO to 106 bits (fit_math64)
 MAGIC = 1.5 * 2.0 ** 52          # x + MAGIC rounds x to an integer held in the low mantissa bits
 MAGIC_BITS = 0x4338000000000000  # the bit pattern of MAGIC
 EXP_Q = tuple(1.0 / math.factorial(k) for k in range(2, 14))   # 1/2!, ..., 1/13!: exp(r) = 1 + r + r^2 Q(r)
 TWO_OVER_SQRT_PI = 1.1283791670955126
-RSQRT2_HI, RSQRT2_LO = 0.7071067811865476, -4.833646656726457e-17   # 1/sqrt(2) = HI + LO
-GELU_K0 = 2.0 * math.sqrt(2.0 / math.pi)
-GELU_K1 = GELU_K0 * 0.044715
+RSQRT2_HI, RSQRT2_LO = 0.7071067811865476, -4.833646656726457e-17   # 1/sqrt(2) = HI + LO (fit_math64)
+# 2 sqrt(2/pi) and 2 sqrt(2/pi) 0.044715 as (high, low) pairs, to 106 bits (tools/fit_math64.py)
+GELU_K0 = (1.5957691216057308, -9.96930880911092e-17)
+GELU_K1 = (0.07135481627260025, -6.175149918155315e-19)
 TANH_SMALL, ERF_SMALL, ERFC_CLAMP = 0.55, 0.5, 28.0
 
 # tools/fit_math64.py
@@ -151,13 +154,19 @@ class VectorMath64:
         _, t2 = self._round(b, h)
         return b.fmul(b.fmul(p, self._pow2(b, t1)), self._pow2(b, t2))
 
-    def _exp(self, b: ir.IRBuilder, x) -> ir.Value:
-        xs = b.select(self._lt(b, x, -750.0), self.splat(-750.0), x)     # NaN kept (compares false)
+    def _exp_parts(self, b: ir.IRBuilder, x) -> tuple[ir.Value, ir.Value]:
+        """(p, n) with exp(x) = p 2^n, p in [0.7, 1.42] (0.6 ULP), n integral; x clamped to
+        [-800, 712] first (NaN kept), so 2^n is inf or 0 past exp's range (and x 2^n too for the
+        |x| <= 800 of silu's tail: 800 exp(-800) is far below the smallest subnormal)."""
+        xs = b.select(self._lt(b, x, -800.0), self.splat(-800.0), x)     # NaN kept (compares false)
         xs = b.select(self._gt(b, xs, 712.0), self.splat(712.0), xs)
         n, _ = self._round(b, b.fmul(xs, self.splat(LOG2E)))
         r = self.fma(b, n, self.splat(-LN2_HI), xs)
         r = self.fma(b, n, self.splat(-LN2_LO), r)
-        return self._scale(b, self._expm_poly(b, r), n)
+        return self._expm_poly(b, r), n
+
+    def _exp(self, b: ir.IRBuilder, x) -> ir.Value:
+        return self._scale(b, *self._exp_parts(b, x))
 
     def _exp_bounded(self, b: ir.IRBuilder, x) -> ir.Value:
         return self._exp(b, x)
@@ -181,10 +190,11 @@ class VectorMath64:
         return self._copysign(b, b.select(self._lt(b, a, TANH_SMALL), small, big), x)
 
     # ------------------------------------------------------------------ erf, erfc
-    def _erfc_big(self, b: ir.IRBuilder, a, da=None) -> ir.Value:
-        """erfc(a + da) for a >= 0.5 (NaN kept), da a small correction (or none): exp(-a^2) H(a) / a
-        with a^2 = hi + lo (exact), exp(-(hi + lo)) = exp(-hi) (1 - lo), and da's first-order term;
-        0 past a = 28 (erfc(27.3) is below the smallest subnormal)."""
+    def _erfc_big(self, b: ir.IRBuilder, a, da=None, factor=None) -> ir.Value:
+        """erfc(a + da) (times ``factor``) for a >= 0.5 (NaN kept), da a small correction (or none):
+        exp(-a^2) H(a) / a with a^2 = hi + lo (exact), exp(-(hi + lo)) = exp(-hi) (1 - lo), and
+        da's first-order term; exp(-hi) = p 2^n is scaled last, so a subnormal result (gelu's tail)
+        rounds once.  0 past a = 28 (erfc(27.3) is below the smallest subnormal)."""
         big = self._gt(b, a, ERFC_CLAMP)
         ac = b.select(big, self.splat(ERFC_CLAMP), a)          # NaN kept
         alpha, beta = ERFC64_MAP
@@ -195,8 +205,12 @@ class VectorMath64:
         q = self.fma(b, b.fsub(self.splat(0.0), q), lo, q)      # q (1 - lo)
         if da is not None:
             q = self.fma(b, da, self.splat(-TWO_OVER_SQRT_PI), q)
-        res = b.fmul(self._exp(b, b.fsub(self.splat(0.0), hi)), q)
-        return b.select(big, self.splat(0.0), res)
+        zero = self.splat(0.0)
+        if factor is not None:
+            q = b.fmul(q, factor)
+            zero = b.fmul(factor, zero)                          # the signed zero of factor * 0
+        p, n = self._exp_parts(b, b.fsub(self.splat(0.0), hi))
+        return b.select(big, zero, self._scale(b, b.fmul(p, q), n))
 
     def _erf_small(self, b: ir.IRBuilder, z) -> ir.Value:
         return b.fmul(z, self.poly(b, b.fmul(z, z), ERF64_P))
@@ -207,19 +221,54 @@ class VectorMath64:
         return b.select(self._lt(b, a, ERF_SMALL), self._erf_small(b, x), big)   # NaN: the big path
 
     # ------------------------------------------------------------------ sigmoid forms
-    def _sigmoid_times(self, b: ir.IRBuilder, x, u) -> ir.Value:
-        """x sigmoid(u) as x / (1 + e) for u >= 0, x e / (1 + e) for u < 0, e = exp(-|u|) <= 1."""
-        e = self._exp(b, b.fsub(self.splat(0.0), self._abs(b, u)))
-        num = b.select(self._lt(b, u, 0.0), b.fmul(x, e), x)
-        return b.fdiv(num, b.fadd(self.splat(1.0), e))
+    def _sigmoid_times(self, b: ir.IRBuilder, x, u, ul=None) -> ir.Value:
+        """x sigmoid(u + ul) as x / (1 + e) for u >= 0 and x e / (1 + e) for u < 0, e = exp(-|u|)
+        <= 1 = p 2^n; x e is formed as (x p) 2^n (one rounding where it is subnormal), and is the
+        signed zero past u = -800 (where exp's argument is clamped).  ``ul``: the low part of a
+        double-double argument, applied to first order: sigmoid(u + d) = sigmoid(u) (1 + d (1 - sigmoid(u)))."""
+        na = b.fsub(self.splat(0.0), self._abs(b, u))
+        p, n = self._exp_parts(b, na)
+        e = self._scale(b, p, n)
+        tiny = b.select(self._lt(b, na, -800.0), b.fmul(x, self.splat(0.0)), self._scale(b, b.fmul(x, p), n))
+        neg = self._lt(b, u, 0.0)
+        den = b.fadd(self.splat(1.0), e)
+        res = b.fdiv(b.select(neg, tiny, x), den)
+        if ul is None:
+            return res
+        one_minus = b.fdiv(b.select(neg, self.splat(1.0), e), den)     # 1 - sigmoid(u)
+        corr = b.fmul(ul, one_minus)
+        # no correction is no change (an infinite result times a zero one would be NaN; a zero result
+        # keeps its sign, which res + res corr could flip)
+        keep = b.or_(b.fcmp_ordered("==", corr, self.splat(0.0)), b.fcmp_ordered("==", res, self.splat(0.0)))
+        return b.select(keep, res, self.fma(b, res, corr, res))
 
     def _silu(self, b: ir.IRBuilder, x) -> ir.Value:
         return self._sigmoid_times(b, x, x)
 
     def _gelu_tanh(self, b: ir.IRBuilder, x) -> ir.Value:
-        # 0.5 x (1 + tanh(y)) = x sigmoid(2y), 2y = 2 sqrt(2/pi) (x + 0.044715 x^3)
-        u = b.fmul(x, self.fma(b, self.splat(GELU_K1), b.fmul(x, x), self.splat(GELU_K0)))
-        return self._sigmoid_times(b, x, u)
+        """x sigmoid(2y), 2y = x (K0 + K1 x^2) = u + ul in double-double arithmetic (error-free
+        products and sums, K0 and K1 to 106 bits): a rounded 2y costs |2y| ULPs in the tail."""
+        def two_prod(p, q):
+            h = b.fmul(p, q)
+            return h, self.fma(b, p, q, b.fsub(self.splat(0.0), h))
+        # past |x| = 1e50 the result is x or -0 whatever the low part is: a plain 2y there (and no
+        # infinities inside the error-free transformations, whose low parts would be NaN)
+        small = self._lt(b, self._abs(b, x), 1e50)
+        xs = b.select(small, x, self.splat(0.0))
+        x2h, x2l = two_prod(xs, xs)
+        ph, pl = two_prod(self.splat(GELU_K1[0]), x2h)
+        sh = b.fadd(ph, self.splat(GELU_K0[0]))                     # two-sum of ph and K0
+        bb = b.fsub(sh, ph)
+        sl = b.fadd(b.fsub(ph, b.fsub(sh, bb)), b.fsub(self.splat(GELU_K0[0]), bb))
+        vl = b.fadd(sl, b.fadd(pl, self.fma(b, self.splat(GELU_K1[0]), x2l,
+                                            self.fma(b, self.splat(GELU_K1[1]), x2h, self.splat(GELU_K0[1])))))
+        vh = b.fadd(sh, vl)                                         # renormalise (fast two-sum)
+        vl = b.fsub(vl, b.fsub(vh, sh))
+        uh, ul = two_prod(xs, vh)
+        ul = self.fma(b, xs, vl, ul)
+        plain = b.fmul(x, self.fma(b, self.splat(GELU_K1[0]), b.fmul(x, x), self.splat(GELU_K0[0])))
+        uh = b.select(small, uh, plain)
+        return self._sigmoid_times(b, x, uh, ul)
 
     def _gelu_erf(self, b: ir.IRBuilder, x) -> ir.Value:
         # 0.5 x (1 + erf(z)), z = x / sqrt 2 = zh + zl (two products: a rounded z would cost up to
@@ -228,10 +277,11 @@ class VectorMath64:
         zl = self.fma(b, x, self.splat(RSQRT2_HI), b.fsub(self.splat(0.0), zh))
         zl = self.fma(b, x, self.splat(RSQRT2_LO), zl)
         neg_zh = b.fsub(self.splat(0.0), zh)
+        half_x = b.fmul(self.splat(0.5), x)
         tail = self._erfc_big(b, b.select(self._lt(b, zh, -ERF_SMALL), neg_zh, self.splat(1.0)),
-                              b.fsub(self.splat(0.0), zl))
+                              b.fsub(self.splat(0.0), zl), half_x)      # 0.5 x erfc(-z), scaled last
         upper = b.fsub(self.splat(2.0), self._erfc_big(b, b.select(self._lt(b, zh, ERF_SMALL),
                                                                     self.splat(1.0), zh)))
         mid = b.fadd(self.splat(1.0), self._erf_small(b, zh))
-        f = b.select(self._lt(b, zh, -ERF_SMALL), tail, b.select(self._lt(b, zh, ERF_SMALL), mid, upper))
-        return b.fmul(b.fmul(self.splat(0.5), x), f)
+        f = b.fmul(half_x, b.select(self._lt(b, zh, ERF_SMALL), mid, upper))
+        return b.select(self._lt(b, zh, -ERF_SMALL), tail, f)
