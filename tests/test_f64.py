@@ -109,6 +109,57 @@ def test_special_values_propagate_like_numpy():
         np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
 
 
+# --------------------------------------------------------------------------- the issue's programs
+def test_python_operators_and_methods_on_f64(rng):
+    """What a user writes with float64 numpy arrays (the issue's reproducers: ``x * 2`` with an int,
+    ``softmax``, ``astype``, ``.sum()``), each against numpy in float64."""
+    x, y, w = rnd(rng, 7, 13, scale=3.0), rnd(rng, 13), rnd(rng, 13, 5)
+    exact = [(lambda a: a * 2, lambda a: a * 2), (lambda a: 2 * a + 1, lambda a: 2 * a + 1),
+             (lambda a: a / 2 - 1, lambda a: a / 2 - 1), (lambda a: 1 - a / 3, lambda a: 1 - a / 3),
+             (lambda a: -a * 0.1, lambda a: -a * 0.1), (lambda a: a.T * 1.5, lambda a: a.T * 1.5),
+             (lambda a: a.max(axis=-1), lambda a: a.max(axis=-1)), (lambda a: a.max(), lambda a: a.max()),
+             (lambda a: a.astype(np.float32), lambda a: a.astype(np.float32)),
+             (lambda a: a.astype("float64") * 3, lambda a: a * 3)]
+    for f, ref in exact:
+        got, want = run(f, x), ref(x)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    got = run(lambda a, b: a * b + b, x, y)                    # broadcast of a row vector
+    np.testing.assert_array_equal(got, x * y + y)
+    x32 = x.astype(np.float32)
+    got = run(lambda a: a.astype(np.float64) / 3, x32)       # f32 -> f64 widens exactly, then f64 math
+    assert_f64(got, x.shape)
+    np.testing.assert_array_equal(got, x32.astype(np.float64) / 3)
+    for f, ref, axis in [(lambda a: a.sum(), np.sum, None), (lambda a: a.sum(axis=0), np.sum, 0),
+                         (lambda a: a.mean(axis=-1), np.mean, -1)]:
+        got, want = run(f, x), ref(x, axis=axis)
+        n = x.size // np.size(want)
+        assert_f64(got, np.shape(want))
+        assert_sum_close(got, want, 2 * (n + 2) * U * np.sum(np.abs(x), axis=axis) / (n if ref is np.mean else 1))
+    assert_sum_close(run(lambda a, b: a @ b, x, w), x @ w, _gemm_bound(x, w))
+    O.assert_close(run(ts.ops.softmax, x), _softmax64(x), 1e-14, "softmax")
+
+
+# --------------------------------------------------------------------------- unary math on tensors
+@pytest.mark.parametrize("name", sorted(ULP_BOUND))
+@pytest.mark.parametrize("shape", [(7, 13), (3, 31, 9), (1,), (517,)])
+def test_unary_math_on_shapes(rng, name, shape):
+    """Each transcendental on odd shapes (vector bodies and tails), alone and fused behind an
+    elementwise prologue with a broadcast operand, within its ULP bound of the exact value (the
+    60-digit references: numpy's float64 gelu formulas are themselves tens of ULPs off in the
+    tails)."""
+    f = N64.functions()[name]
+    x, b = rnd(rng, *shape, scale=3.0), rnd(rng, shape[-1])
+    got = run(f, x)
+    assert_f64(got, shape)
+    e = N64.ulp_errors(got.ravel(), x.ravel(), name)
+    assert e.max() <= ULP_BOUND[name], (x.ravel()[np.argmax(e)], e.max())
+    got = run(lambda a, c: f(a * 0.5 + c), x, b)
+    arg = x * 0.5 + b                          # x * 0.5 is exact: a fused multiply-add rounds the same
+    e = N64.ulp_errors(got.ravel(), arg.ravel(), name)
+    assert e.max() <= ULP_BOUND[name], (arg.ravel()[np.argmax(e)], e.max())
+
+
 # --------------------------------------------------------------------------- casts
 @pytest.mark.parametrize("to", ["f32", "bf16", "f16"])
 def test_cast_from_f64_rounds_once(rng, to):
@@ -416,3 +467,69 @@ def test_lane_width_plant_is_refused(rng, monkeypatch):
     with pytest.raises(TesseraError) as e:
         ts.jit(lambda a: a * 2.0)(rnd(rng, 3, 7))
     assert "f64 vectors" in str(e.value)
+
+
+# --------------------------------------------------------------------------- teeth: f64 computed in f32
+def _family_checks(rng) -> dict:
+    """One check per op family, each the same comparison the tests above make."""
+    x, b, g = rnd(rng, 6, 37, scale=3.0), rnd(rng, 37), rnd(rng, 37)
+    x32 = x.astype(np.float32)
+
+    def elementwise():
+        np.testing.assert_array_equal(run(lambda a: a * 2, x), x * 2)
+
+    def broadcast():
+        np.testing.assert_array_equal(run(lambda a, c: a * c + c, x, b), x * b + b)
+
+    def astype():
+        np.testing.assert_array_equal(run(lambda a: a.astype(np.float64) / 3, x32), x32.astype(np.float64) / 3)
+
+    def unary():
+        e = N64.ulp_errors(run(ts.ops.exp, x).ravel(), x.ravel(), "exp")
+        assert e.max() <= ULP_BOUND["exp"], e.max()
+
+    def reduction():
+        assert_sum_close(run(lambda a: a.sum(axis=-1), x), x.sum(-1), 2 * 39 * U * np.abs(x).sum(-1))
+
+    def softmax():
+        O.assert_close(run(ts.ops.softmax, x), _softmax64(x), 1e-14, "softmax")
+
+    def norms():
+        mu = x.mean(-1, keepdims=True)
+        want = (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * g
+        O.assert_close(run(lambda a, s: ts.ops.layer_norm(a, s), x, g), want, 1e-12, "layer_norm")
+        want = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * g
+        O.assert_close(run(lambda a, s: ts.ops.rms_norm(a, s), x, g), want, 1e-13, "rms_norm")
+
+    return {f.__name__: f for f in (elementwise, broadcast, astype, unary, reduction, softmax, norms)}
+
+
+@pytest.mark.parametrize("family", ["elementwise", "broadcast", "astype", "unary", "reduction", "softmax", "norms"])
+def test_f32_compute_plant_fails_each_family(rng, monkeypatch, family):
+    """Teeth: every kernel generator and the schedule told that f64 kernels compute in f32 (the bug
+    the issue reported, made consistent so that it runs: f64 loads round to f32, stores widen) gives
+    float64 arrays of float32 accuracy; each family's check passes before the plant and fails with it."""
+    from xdsl.dialects.builtin import f32
+    from tessera.passes.schedule import schedule_cpu
+    from tessera.passes.tile.kernels import elementwise, reduce, rowwise, transpose
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    check = _family_checks(rng)[family]
+    check()
+    for mod in (schedule_cpu, elementwise, reduce, rowwise, transpose):
+        monkeypatch.setattr(mod, "register_elem", lambda op: f32)
+    with pytest.raises(AssertionError):
+        check()
+
+
+def test_f32_gemm_plant_does_not_pass(rng, monkeypatch):
+    """Teeth for matmul: a schedule that picks the f32 FMA record for float64 operands never yields
+    a result (the x86 IR verifier refuses f64 panels in an f32 FMA), so it cannot pass the gate."""
+    from tessera.errors import TesseraError
+    from tessera.passes.schedule import schedule_cpu
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    a, b = rnd(rng, 33, 64), rnd(rng, 64, 31)
+    assert_sum_close(run(lambda x, w: x @ w, a, b), a @ b, _gemm_bound(a, b))
+    real = schedule_cpu._dtype
+    monkeypatch.setattr(schedule_cpu, "_dtype", lambda e: "f32" if real(e) == "f64" else real(e))
+    with pytest.raises((AssertionError, TesseraError)):
+        assert_sum_close(run(lambda x, w: x @ w, a, b), a @ b, _gemm_bound(a, b))
