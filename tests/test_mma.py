@@ -54,7 +54,7 @@ def test_prefer_shape_is_checked_for_the_dtype():
     ("rocm", "gfx1151", "f8e4m3fn", {}, ["gfx1151", "legal dtypes there: f16, bf16"]),
     ("rocm", "gfx90a", "f16", {"wave": 32}, ["wave64 only"]),
     ("x86", "znver4", "bogus", {}, ["unknown dtype 'bogus'", "known dtypes"]),
-    ("x86", "haswell", "s8", {}, ["haswell", "s8", "legal dtypes there: f32, bf16"]),
+    ("x86", "haswell", "s8", {}, ["haswell", "s8", "legal dtypes there: f32, f64, bf16"]),
     ("nvidia", "sm_80", "bf16", {"out_dtype": "f16"}, ["accumulate into f32"]),
 ])
 def test_illegal_requests_say_what_is_legal(target, arch, dtype, kw, words):
@@ -80,7 +80,7 @@ def test_isa_level_names_map_to_llvm_cpus_with_features():
         isa = get_isa("x86", name)
         assert isa.llvm_cpu in ("x86-64-v3", "x86-64-v4") and isa.arch == name
     assert "+avx512bf16" in get_isa("x86", "avx512_bf16").llvm_features
-    assert [r.id for r in get_isa("x86", "avx2").records] == ["x86.avx2.fma.f32", "x86.avx2.fma.bf16"]
+    assert [r.id for r in get_isa("x86", "avx2").records] == ["x86.avx2.fma.f32", "x86.avx2.fma.f64", "x86.avx2.fma.bf16"]
 
 
 def test_accumulator_footprint_counts_bytes_and_blocks():

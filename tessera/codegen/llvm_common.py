@@ -294,17 +294,23 @@ class ModuleCodegen:
         self.m = ir.Module(name)
         self.m.triple = triple
         self.avx512 = avx512
-        self._math: dict[int, VectorMath] = {}
+        self._math: dict[tuple[int, str], object] = {}
 
     def intrinsic(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
         if name in self.m.globals:
             return self.m.globals[name]
         return ir.Function(self.m, ir.FunctionType(ret, args), name)
 
-    def math(self, w: int) -> VectorMath:
-        if w not in self._math:
-            self._math[w] = VectorMath(self.m, w, self.avx512)
-        return self._math[w]
+    def math(self, w: int, elem: ir.Type = F32):
+        """The vector math library for ``<w x elem>`` (f32, or f64 from :mod:`x86_math64`)."""
+        key = (w, str(elem))
+        if key not in self._math:
+            if elem == F64:
+                from tessera.codegen.x86_math64 import VectorMath64
+                self._math[key] = VectorMath64(self.m, w, self.avx512)
+            else:
+                self._math[key] = VectorMath(self.m, w, self.avx512)
+        return self._math[key]
 
     def text(self) -> str:
         return str(self.m)

@@ -17,6 +17,7 @@ from tessera.codegen.llvm_common import (  # noqa: F401  (BF16, llvm_type: re-ex
     BF16,
     F16,
     F32,
+    F64,
     I1,
     I8,
     I16,
@@ -299,11 +300,12 @@ class _Fn(FnCodegen):
         ``store(select(a > c, a, c), p)`` with c loaded from p into a compare and a masked store,
         which AMD cores before Zen 3 run in microcode."""
         vt = a.type
-        name = {8: "llvm.x86.avx.max.ps.256", 16: "llvm.x86.avx512.max.ps.512"}.get(
-            getattr(vt, "count", 0)) if getattr(vt, "element", None) == F32 else None
+        names = {F32: {8: "llvm.x86.avx.max.ps.256", 16: "llvm.x86.avx512.max.ps.512"},
+                 F64: {4: "llvm.x86.avx.max.pd.256", 8: "llvm.x86.avx512.max.pd.512"}}
+        name = names.get(getattr(vt, "element", None), {}).get(getattr(vt, "count", 0))
         if name is None:
             return self.b.select(self.b.fcmp_ordered(">", a, c), a, c)
-        if vt.count == 16:
+        if "avx512" in name:
             return self.b.call(self.gen.intrinsic(name, vt, [vt, vt, I32]), [a, c, ir.Constant(I32, 4)])
         return self.b.call(self.gen.intrinsic(name, vt, [vt, vt]), [a, c])
 
@@ -333,7 +335,7 @@ class _Fn(FnCodegen):
             f = self.gen.intrinsic(f"llvm.maximum.{self._vec_suffix(vt)}", vt, [vt, vt])
             r = b.call(f, [a, ir.Constant(vt, None)])
         else:
-            r = self.gen.math(vt.count).call(b, fn, a)
+            r = self.gen.math(vt.count, vt.element).call(b, fn, a)
         self.set(op, r)
 
     def op_tessera_x86_vreduce(self, op):
@@ -369,7 +371,7 @@ class _Fn(FnCodegen):
             self.set(op, self.b.uitofp(a, dst))  # bool masks (one byte each) -> 0.0 / 1.0
         elif isinstance(dst.element, ir.IntType):  # -> bool bytes: nonzero is true (numpy's astype(bool))
             self.set(op, self.b.zext(self.b.fcmp_unordered("une", a, ir.Constant(src, None)), dst))
-        elif isinstance(dst.element, ir.FloatType) and not isinstance(src.element, ir.FloatType):
+        elif _bytes(dst.element) > _bytes(src.element):
             self.set(op, self._extf(a, dst))
         else:
             self.set(op, self._truncf(a, dst))
@@ -393,8 +395,10 @@ class _Fn(FnCodegen):
         b = self.b
         if getattr(a.type, "element", a.type) is not BF16:
             return b.fpext(a, dst)
+        f32 = self._ints(dst, F32) if isinstance(dst, ir.VectorType) else F32
         i32 = self._ints(dst, I32)
-        return b.bitcast(b.shl(b.zext(b.bitcast(a, self._ints(dst, I16)), i32), self._ic(i32, 16)), dst)
+        wide = b.bitcast(b.shl(b.zext(b.bitcast(a, self._ints(dst, I16)), i32), self._ic(i32, 16)), f32)
+        return wide if getattr(dst, "element", dst) == F32 else b.fpext(wide, dst)   # bf16 -> f64: exact
 
     def op_arith_truncf(self, op):
         self.set(op, self._truncf(self.v(op.input), self.lt(op.result.type)))
@@ -406,6 +410,8 @@ class _Fn(FnCodegen):
         subnormal inputs; this form is ml_dtypes' conversion bit for bit on every chip: NaN
         becomes the quiet NaN of its sign (0x7fc0 / 0xffc0)."""
         b = self.b
+        if getattr(a.type, "element", a.type) == F64 and getattr(dst, "element", dst) != F32:
+            a = self._round_to_odd_f32(a)   # f64 -> bf16 / f16 through f32, rounded once
         if getattr(dst, "element", dst) is not BF16:
             return b.fptrunc(a, dst)
         i32 = self._ints(dst, I32)
@@ -416,11 +422,32 @@ class _Fn(FnCodegen):
         out = b.select(b.fcmp_unordered("uno", a, a), qnan, rounded)
         return b.bitcast(b.trunc(out, self._ints(dst, I16)), dst)
 
+    def _round_to_odd_f32(self, a):
+        """f64 -> f32 rounded to odd (truncated, the lowest bit set where any bit was dropped): a
+        second rounding of that to bf16 or f16 (8 or 11 bits, far fewer than f32's 24) is the
+        single correct rounding of the f64 value, as numpy's and ml_dtypes' direct conversions
+        give.  A direct ``fptrunc`` from double to half would be a libcall (``__truncdfhf2``)
+        on chips without AVX512-FP16, and a two-step round to nearest rounds twice."""
+        b = self.b
+        f32 = self._ints(a.type, F32) if isinstance(a.type, ir.VectorType) else F32
+        i32 = self._ints(a.type, I32)
+        r = b.fptrunc(a, f32)                                    # round to nearest even
+        back = b.fpext(r, a.type)
+        inexact = b.fcmp_ordered("!=", back, a)                  # false for NaN: kept as is
+        fabs = self.gen.intrinsic(f"llvm.fabs.{self._vec_suffix(a.type)}" if isinstance(a.type, ir.VectorType)
+                                  else "llvm.fabs.f64", a.type, [a.type])
+        away = b.fcmp_ordered(">", b.call(fabs, [back]), b.call(fabs, [a]))   # rounded up in magnitude
+        bits = b.bitcast(r, i32)
+        bits = b.select(b.and_(inexact, away), b.sub(bits, self._ic(i32, 1)), bits)   # toward zero
+        bits = b.select(inexact, b.or_(bits, self._ic(i32, 1)), bits)                  # sticky bit
+        return b.bitcast(bits, f32)
+
     def op_tessera_x86_vtranspose(self, op):
         vt = llvm_type(op.inputs[0].type)
         bits = vt.count * _bytes(vt.element) * 8
-        units = bits // 32
-        ut = ir.VectorType(I32, units)
+        ubits = max(32, _bytes(vt.element) * 8)   # 32-bit units (bf16 pairs), or whole f64 elements
+        units = bits // ubits
+        ut = ir.VectorType(ir.IntType(ubits), units)
         vecs = [self.b.bitcast(self.v(v), ut) for v in op.inputs]
         r = len(vecs)
         width = 1

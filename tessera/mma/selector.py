@@ -67,7 +67,9 @@ def accumulator_regs_per_lane(record: MmaRecord) -> float | None:
     """32-bit registers each lane holds for one instruction's accumulator:
     M*N*blocks*bytes(acc) / (4*lanes).  CPU vector records count a vector's 32-bit
     lanes as the lanes (one f32 accumulator vector -> 1).  AMX (tile registers) -> None."""
-    lanes = record.lanes if record.lanes is not None else record.vector_width
+    lanes = record.lanes
+    if lanes is None and record.vector_width is not None:
+        lanes = record.vector_width * DTYPE_BYTES[record.acc_dtype] / 4   # the vector's 32-bit lanes
     if lanes is None:
         return None
     return record.m * record.n * record.blocks * DTYPE_BYTES[record.acc_dtype] / (4 * lanes)
@@ -271,7 +273,7 @@ def _model_score(sel: MmaSelection, mr: int, nr: int, ghz: float = 3.6) -> float
         cycles = max(mr * nr * r.cycles, 12.0 * (mr + nr)) + 0.25 * (mr + nr)
         return _flops(r) * mr * nr / cycles * ghz
     w = r.vector_width or 1
-    halves = max(1, w * 32 // 256)
+    halves = max(1, int(w * DTYPE_BYTES[r.acc_dtype] * 8) // 256)   # 256-bit halves of one vector
     fma_cycles = mr * nr * halves / 2
     load_cycles = (nr * halves + mr) / 2
     cycles = max(fma_cycles, load_cycles, 4.0) + 1.0

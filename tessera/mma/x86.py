@@ -6,7 +6,7 @@ an ISA-level name from :data:`ISA_LEVELS`, which maps to ``x86-64-v3``/``x86-64-
 plus a feature string — it never reaches LLVM as a CPU name (LLVM aborts the
 process at codegen on a CPU name it does not know).
 
-Sources: Intel SDM vol. 2 (VFMADD231PS, VDPBF16PS, VPDPBUSD, TDPBF16PS, TDPBSSD),
+Sources: Intel SDM vol. 2 (VFMADD231PS/PD, VDPBF16PS, VPDPBUSD, TDPBF16PS, TDPBSSD),
 LLVM ``IntrinsicsX86.td``; ``cycles`` (reciprocal throughput on one core) from the Intel
 optimization reference manual (Sapphire Rapids: two 512-bit FMA ports, one TMUL that
 retires a 16x16x32 bf16 product every 16 cycles).  Ranking only uses their ratio.
@@ -30,6 +30,16 @@ RECORDS: tuple[MmaRecord, ...] = (
               "llvm.fma.v16f32", features=("avx512f",), vector_width=16, lowered_by=LOWERING,
               a_layout="col_major", b_layout="row_major", llvm_ret="<16 x float>", llvm_args=("<16 x float>",) * 3,
               asm_regex=r"vfmadd\d{3}ps\s+%zmm", cycles=0.5),
+    # float64: the same broadcast-A x vector-B register tile in f64 vectors (half the lanes)
+    MmaRecord("x86.avx2.fma.f64", "x86", "fma", (1, 4, 1), "f64", "f64", "f64", "vfmadd231pd ymm",
+              "llvm.fma.v4f64", features=("avx2", "fma"), vector_width=4, lowered_by=LOWERING,
+              a_layout="col_major", b_layout="row_major", llvm_ret="<4 x double>", llvm_args=("<4 x double>",) * 3,
+              asm_regex=r"vfmadd\d{3}pd\s+%ymm", cycles=0.5,
+              note="one broadcast A element x 4 B lanes; f64 products and sums (numpy's float64 matmul)"),
+    MmaRecord("x86.avx512.fma.f64", "x86", "fma", (1, 8, 1), "f64", "f64", "f64", "vfmadd231pd zmm",
+              "llvm.fma.v8f64", features=("avx512f",), vector_width=8, lowered_by=LOWERING,
+              a_layout="col_major", b_layout="row_major", llvm_ret="<8 x double>", llvm_args=("<8 x double>",) * 3,
+              asm_regex=r"vfmadd\d{3}pd\s+%zmm", cycles=0.5),
     # bf16 on chips without a bf16 instruction: both panels are packed as f32 (a bf16 value widens
     # exactly), then the f32 FMA kernel runs; ranked below any bf16 instruction the chip has
     MmaRecord("x86.avx2.fma.bf16", "x86", "fma", (1, 8, 1), "bf16", "bf16", "f32", "vfmadd231ps ymm",

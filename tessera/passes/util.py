@@ -41,3 +41,20 @@ def erase_dead(block: Block, is_removable) -> bool:
             op.erase()
             changed = True
     return changed
+
+
+def register_elem(op: Operation):
+    """The element type a CPU kernel computes in (the type of its vector registers): ``f64``
+    when any tensor the fusion group ``op`` reads, writes or computes is float64, else ``f32``
+    (narrower floats widen to f32 exactly).  The schedule sizes the vectors by it (half the
+    lanes for f64) and the kernel generators type their register tiles with it."""
+    from xdsl.dialects.builtin import Float64Type, f32, f64
+
+    def is64(v) -> bool:
+        return isinstance(getattr(v.type, "element_type", None), Float64Type)
+
+    values = list(op.operands) + list(op.results)
+    for region in op.regions:
+        for inner in region.walk():
+            values += list(inner.results)
+    return f64 if any(is64(v) for v in values) else f32

@@ -11,6 +11,9 @@ Every decision lands on the kernel op and is read by schedule -> tile:
 - rowwise / elementwise / reduce / transpose: rows in parallel, a vector width of
   the arch's register, a column chunk of several registers.
 
+A kernel that touches a float64 tensor computes in f64 (``register_elem``): its vectors
+hold half the lanes (8 with AVX-512, 4 with AVX2), its GEMM takes the f64 FMA record.
+
 Options pin choices (``tessera.jit(schedule=...)``); an illegal pin is a
 ``SCHEDULE_ILLEGAL`` error naming what is legal.
 """
@@ -21,7 +24,7 @@ import math
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import BFloat16Type, Float16Type, Float32Type, ModuleOp, StringAttr
+from xdsl.dialects.builtin import BFloat16Type, Float16Type, Float32Type, ModuleOp, StringAttr, f32
 
 from tessera import host
 from tessera.errors import MmaSelectorError, ScheduleIllegalError, UnknownArchError
@@ -31,7 +34,7 @@ from tessera.ir.attrs import i64_attr, int_array, str_array
 from tessera.mma.selector import get_isa, register_tile, require_lowering, select_mma
 from tessera.passes.base import TesseraPass, option, register
 from tessera.passes.schedule import bounds
-from tessera.passes.util import function_blocks, swap_op
+from tessera.passes.util import function_blocks, register_elem, swap_op
 
 DTYPE = {Float32Type: "f32", BFloat16Type: "bf16", Float16Type: "f16"}
 PARALLEL_LEGAL = {"gemm": ("m", "b*m", "none"), "rowwise": ("r", "none"), "elementwise": ("r", "none"),
@@ -93,6 +96,8 @@ class ScheduleCpu(TesseraPass):
 
     def _schedule(self, fop: g.FusionOp, isa, w: int, threads: int, name: str) -> None:
         kind = fop.kind.data
+        if register_elem(fop) != f32:
+            w //= 2   # f64 registers: the same vector bits, half the lanes
         par = self.parallel or (self._gemm_parallel(fop) if kind == "gemm" else "bh*q" if kind == "attention"
                                 else "r")
         if par not in PARALLEL_LEGAL.get(kind, ()):
@@ -105,7 +110,7 @@ class ScheduleCpu(TesseraPass):
         if kind == "gemm":
             attrs.update(self._gemm(fop, isa, w, name, threads if par != "none" else 1))
         elif kind == "attention":
-            attrs.update(self._attention(isa, w, name))
+            attrs.update(self._attention(isa, w, name, _dtype(register_elem(fop))))
         else:
             chunk = self.chunk or 4 * w
             bounds.check_chunk(chunk, w, isa.register_budget, name)
@@ -129,9 +134,10 @@ class ScheduleCpu(TesseraPass):
         fits = [n for n in self.ATTENTION_TILES if n <= budget]
         return self.ATTENTION_TILES[max(fits)] if fits else (1, 1)
 
-    def _attention(self, isa, w: int, name: str) -> dict:
-        """Flash attention on f32 register tiles: query blocks of about 128 rows, key blocks of 128 columns."""
-        sel = select_mma(isa, "f32", out_dtype="f32")
+    def _attention(self, isa, w: int, name: str, acc: str = "f32") -> dict:
+        """Flash attention on f32 (f64 for float64 tensors) register tiles: query blocks of about
+        128 rows, key blocks of 128 columns."""
+        sel = select_mma(isa, acc, out_dtype=acc)
         require_lowering(sel, "lower-tile-to-x86")
         rt = register_tile(isa, sel, prefer_tile=tuple(self.register_tile) if self.register_tile
                            else self._attention_tile(isa.register_budget))
@@ -156,7 +162,7 @@ class ScheduleCpu(TesseraPass):
         mm = next(o for o in fop.body.block.ops if isinstance(o, g.MatmulOp))
         dtype = _dtype(mm.lhs.type.element_type)
         try:
-            sel = select_mma(isa, dtype, out_dtype="f32",
+            sel = select_mma(isa, dtype, out_dtype="f64" if dtype == "f64" else "f32",
                              prefer_shape=tuple(self.mma_shape) if self.mma_shape else None)
             require_lowering(sel, "lower-tile-to-x86")
         except MmaSelectorError as e:

@@ -30,6 +30,7 @@ from xdsl.dialects.builtin import (
     BFloat16Type,
     Float16Type,
     Float32Type,
+    Float64Type,
     FloatAttr,
     IntegerType,
     ModuleOp,
@@ -37,6 +38,7 @@ from xdsl.dialects.builtin import (
     UnitAttr,
     VectorType,
     f32,
+    f64,
     i1 as I1,
 )
 from xdsl.ir import Attribute, Block, Region, SSAValue
@@ -92,6 +94,8 @@ def _is_half(elem: Attribute) -> bool:
 
 
 def _elem_bytes(elem: Attribute) -> int:
+    if isinstance(elem, Float64Type):
+        return 8
     return 2 if _is_half(elem) else 1 if isinstance(elem, IntegerType) and elem.width.data == 8 else 4
 
 
@@ -104,11 +108,13 @@ class _Lowerer(OpLowerer):
     used_nt: bool = False
     vmap: dict = field(default_factory=dict)
     amx_scratch: dict = field(default_factory=dict)
+    reg: Attribute = f32   # the element type of every register (f64 in a kernel of f64 tiles)
     lowering_name = "lower-tile-to-x86"
 
     @property
-    def vf32(self) -> VectorType:
-        return VectorType(f32, [self.w])
+    def vreg(self) -> VectorType:
+        """A register: W lanes of the kernel's compute type."""
+        return VectorType(self.reg, [self.w])
 
     # ------------------------------------------------------------------ values
     def get(self, v: SSAValue):
@@ -126,7 +132,7 @@ class _Lowerer(OpLowerer):
         if isinstance(ty, t.FragmentType) and ty.family.data == "amx":
             return [x.AmxTileType()] * self._nregs(ty)
         if isinstance(ty, (t.TileType, t.FragmentType)):
-            return [self.vf32] * self._nregs(ty)
+            return [self.vreg] * self._nregs(ty)
         if isinstance(ty, t.BufferType):
             return [PTR]
         if isinstance(ty, t.TokenType):
@@ -249,7 +255,7 @@ class _Lowerer(OpLowerer):
         return VectorType(elem, [n or self.w])
 
     def _load_vec(self, b: Builder, base, off, elem, count=None, pad: float = 0.0, stride=None) -> SSAValue:
-        """Load W elements (converted to f32); with count: masked, missing lanes = pad; with
+        """Load W elements (converted to the register type); with count: masked, missing lanes = pad; with
         stride: lane l from base[off + l * stride] (a gather)."""
         operands = [base, b.c(off)] + ([b.c(stride)] if stride is not None else []) + (
             [b.c(count)] if count is not None else [])
@@ -257,23 +263,23 @@ class _Lowerer(OpLowerer):
                                                                        result_types=[self.vtype(elem)])
         b.op(ld)
         v = ld.result
-        if not isinstance(elem, Float32Type):
-            cv = x.VCvtOp.create(operands=[v], result_types=[self.vf32])
+        if elem != self.reg:
+            cv = x.VCvtOp.create(operands=[v], result_types=[self.vreg])
             b.op(cv)
             v = cv.result
         if count is not None and pad != 0.0:
-            sel = x.VLaneSelectOp.create(operands=[v, self.vconst(b, pad), b.c(count)], result_types=[self.vf32])
+            sel = x.VLaneSelectOp.create(operands=[v, self.vconst(b, pad), b.c(count)], result_types=[self.vreg])
             b.op(sel)
             v = sel.result
         return v
 
     def vconst(self, b: Builder, value: float) -> SSAValue:
-        op = x.VConstantOp.create(attributes={"value": FloatAttr(value, f32)}, result_types=[self.vf32])
+        op = x.VConstantOp.create(attributes={"value": FloatAttr(value, self.reg)}, result_types=[self.vreg])
         b.op(op)
         return op.result
 
     def _store_vec(self, b: Builder, v, base, off, elem, count=None, nontemporal: bool = False) -> None:
-        if not isinstance(elem, Float32Type):
+        if elem != self.reg:
             cv = x.VCvtOp.create(operands=[v], result_types=[self.vtype(elem)])
             b.op(cv)
             v = cv.result
@@ -287,8 +293,8 @@ class _Lowerer(OpLowerer):
                                        result_types=[self.vtype(elem)])
             b.op(op)
             v = op.result
-            if not isinstance(elem, Float32Type):
-                cv = x.VCvtOp.create(operands=[v], result_types=[self.vf32])
+            if elem != self.reg:
+                cv = x.VCvtOp.create(operands=[v], result_types=[self.vreg])
                 b.op(cv)
                 v = cv.result
             return v
@@ -370,7 +376,7 @@ class _Lowerer(OpLowerer):
         if full is None:
             vals = full_path(b)
         else:
-            vals = b.if_(full, full_path, edge_path, [self.vf32] * (R * nv))
+            vals = b.if_(full, full_path, edge_path, [self.vreg] * (R * nv))
         return Regs((R, C), [vals[i * nv:(i + 1) * nv] for i in range(R)])
 
     def _store_tile(self, b: Builder, regs: Regs, vv: ViewVal, stream: SSAValue | None = None) -> None:
@@ -465,7 +471,7 @@ class _Lowerer(OpLowerer):
         for _ in range(m):
             row = []
             for _ in range(nv):
-                z = x.VZeroOp.create(result_types=[self.vf32])
+                z = x.VZeroOp.create(result_types=[self.vreg])
                 b.op(z)
                 row.append(z.result)
             rows.append(row)
@@ -522,9 +528,9 @@ class _Lowerer(OpLowerer):
             row = []
             for v, acc in enumerate(crow):
                 if fam == "fma":
-                    new = x.VFmaOp.create(operands=[a.rows[i][0], bb.rows[0][v], acc], result_types=[self.vf32])
+                    new = x.VFmaOp.create(operands=[a.rows[i][0], bb.rows[0][v], acc], result_types=[self.vreg])
                 else:
-                    new = x.VDpbf16psOp.create(operands=[a.rows[i][0], bb.rows[0][v], acc], result_types=[self.vf32])
+                    new = x.VDpbf16psOp.create(operands=[a.rows[i][0], bb.rows[0][v], acc], result_types=[self.vreg])
                 b.op(new)
                 row.append(new.results[0])
             rows.append(row)
@@ -624,10 +630,10 @@ class _Lowerer(OpLowerer):
             for v in range(nv):
                 if len(ins) == 1:
                     new = x.VUnaryOp.create(operands=[ins[0][i][v]], attributes={"fn": StringAttr(fn)},
-                                            result_types=[self.vf32])
+                                            result_types=[self.vreg])
                 else:
                     new = x.VBinaryOp.create(operands=[ins[0][i][v], ins[1][i][v]],
-                                             attributes={"fn": StringAttr(fn)}, result_types=[self.vf32])
+                                             attributes={"fn": StringAttr(fn)}, result_types=[self.vreg])
                 b.op(new)
                 row.append(new.results[0])
             rows.append(row)
@@ -635,8 +641,8 @@ class _Lowerer(OpLowerer):
 
     def op_tile_splat_index(self, op, b: Builder) -> None:
         i = b.op(arith.IndexCastOp(self.scalar(op.input), IntegerType(64))).results[0]
-        fv = b.op(arith.SIToFPOp(i, f32)).results[0]
-        sp = x.VSplatOp.create(operands=[fv], result_types=[self.vf32])
+        fv = b.op(arith.SIToFPOp(i, self.reg)).results[0]
+        sp = x.VSplatOp.create(operands=[fv], result_types=[self.vreg])
         b.op(sp)
         self.vmap[op.result] = Regs((1, 1), [[sp.result]])
 
@@ -656,7 +662,7 @@ class _Lowerer(OpLowerer):
             # vector) run only where some column is dropped (softmax's max and exp passes
             # spent about a seventh of their time on them)
             flat = b.if_(self._keeps_every_column(b, cols, C), lambda bb: [v for row in src for v in row],
-                         lambda bb: [v for row in masked(bb) for v in row], [self.vf32] * (R * nv))
+                         lambda bb: [v for row in masked(bb) for v in row], [self.vreg] * (R * nv))
             rows = [flat[i * nv:(i + 1) * nv] for i in range(R)]
         else:
             rows = masked(b)
@@ -671,7 +677,7 @@ class _Lowerer(OpLowerer):
         of column row + diag) replaced by ``padv``."""
         def select(keep, drop, count):
             return b.op(x.VLaneSelectOp.create(operands=[keep, drop, b.c(count)],
-                                               result_types=[self.vf32])).results[0]
+                                               result_types=[self.vreg])).results[0]
 
         col_counts = [self._count(b, cols, v) for v in range(nv)]  # the same for every row
         rows = []
@@ -694,7 +700,7 @@ class _Lowerer(OpLowerer):
         fn = kind   # tile.reduce's kinds are elementwise fns of the same names
 
         def comb(x0, x1):
-            new = x.VBinaryOp.create(operands=[x0, x1], attributes={"fn": StringAttr(fn)}, result_types=[self.vf32])
+            new = x.VBinaryOp.create(operands=[x0, x1], attributes={"fn": StringAttr(fn)}, result_types=[self.vreg])
             b.op(new)
             return new.results[0]
 
@@ -707,7 +713,7 @@ class _Lowerer(OpLowerer):
                 if C > 1:
                     red = x.VReduceOp.create(operands=[acc], attributes={"kind": StringAttr(
                         "max" if kind == "select_max" else kind)},
-                                             result_types=[self.vf32])
+                                             result_types=[self.vreg])
                     b.op(red)
                     acc = red.result
                 out.append([acc])
@@ -1010,12 +1016,14 @@ class LowerTileToX86(TesseraPass):
             if not isinstance(op, func.FuncOp):
                 continue
             if _is_kernel(op):
-                kw = ival(op.attributes["vector"]) if "vector" in op.attributes else w
-                if kw > w or w % kw:
+                reg = kernel_register_elem(op)
+                lanes = w * 4 // _elem_bytes(reg)   # the arch's vector bits in lanes of the register type
+                kw = ival(op.attributes["vector"]) if "vector" in op.attributes else lanes
+                if kw > lanes or lanes % kw:
                     raise PassFailedError(f"lower-tile-to-x86: kernel @{op.sym_name.data} is laid out for {kw}-lane "
-                                          f"vectors; {self.arch} has {w}")
+                                          f"{reg} vectors; {self.arch} has {lanes}")
                 bounds.check_code_size(op, f"@{op.sym_name.data}")   # before the expansion, not after
-                new = lower_kernel(op, kw, isa.features)
+                new = lower_kernel(op, kw, isa.features, reg)
                 if self.deterministic:   # read by the entry's floating-point mode (codegen/x86.py)
                     new.attributes[x.DETERMINISTIC] = UnitAttr()
                 module.body.block.insert_op_before(new, op)
@@ -1033,8 +1041,27 @@ def _is_kernel(fn: func.FuncOp) -> bool:
     return bool(ins) and isinstance(ins[-1], t.BufferType) and ins[-1].space.data == "team"
 
 
-def lower_kernel(fn: func.FuncOp, w: int, features: frozenset[str]) -> func.FuncOp:
-    low = _Lowerer(w, features)
+def kernel_register_elem(fn: func.FuncOp) -> Attribute:
+    """The kernel's register type: f64 where its tiles are f64 (the generator's ``register_elem``),
+    else f32 (every narrower tile widens into f32 registers).  A kernel with f64 tiles whose other
+    register tiles are f32 is refused: its generator mixed the two."""
+    regs = set()
+    for op in fn.walk():
+        for v in op.results:
+            ty = v.type
+            if isinstance(ty, t.TileType) or isinstance(ty, t.FragmentType) and ty.role.data == "acc":
+                regs.add(ty.element_type if isinstance(ty, t.TileType) else ty.acc)
+    if not any(isinstance(r, Float64Type) for r in regs):
+        return f32
+    mixed = sorted(str(r) for r in regs if isinstance(r, (Float32Type, BFloat16Type, Float16Type)))
+    if mixed:
+        raise CodegenError(f"kernel @{fn.sym_name.data} mixes f64 register tiles with {', '.join(mixed)} ones; a "
+                           "kernel computes in one register type")
+    return f64
+
+
+def lower_kernel(fn: func.FuncOp, w: int, features: frozenset[str], reg: Attribute = f32) -> func.FuncOp:
+    low = _Lowerer(w, features, reg=reg)
     src = fn.body.block
     arg_types = []
     for a in src.args:

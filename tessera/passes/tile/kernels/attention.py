@@ -25,14 +25,15 @@ the A operand of O += P V.  Per item, in the thread's workspace (all O(block)):
   O tile's k loop at its own last query's key)
   out[r] = O[r] * (1 / l[r])  (0, or NaN when standing in for the composed form, if l = 0)
 
-Everything accumulates in f32; bf16 inputs are converted while packing.
+Everything accumulates in f32 (float64 tensors: f64, on the f64 FMA record); bf16 inputs are
+converted while packing.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from xdsl.dialects.builtin import FloatAttr, IntegerType, StringAttr, f32
+from xdsl.dialects.builtin import FloatAttr, IntegerType, StringAttr, f32, f64
 
 from tessera.ir import dims as D
 from tessera.ir import graph as g
@@ -101,6 +102,8 @@ def generate(kop: s.KernelOp):
     rec = record_by_id(kop.mma.data)
     MR, NR = kop.reg_tile
     W = rec.vector_width or 16
+    F = f64 if rec.acc_dtype == "f64" else f32   # registers and scratch: f32 (float64 tensors: f64)
+    esz = 8 if F == f64 else 4
     NRW = NR * W
     U = kop.unroll.value.data
     QUNIT = math.lcm(MR, NRW)  # query columns come in whole S^T tiles (NR*W) and whole O tiles (MR)
@@ -129,7 +132,7 @@ def generate(kop: s.KernelOp):
     # still compute the masked maximum from the scores
     fused_max = mask_view is None
 
-    sig = KernelSig(name)
+    sig = KernelSig(name, reg=F)
     for v in kop.inputs:
         sig.buffer(v.type.element_type)
     out_buf = sig.buffer(out_elem)
@@ -147,8 +150,8 @@ def generate(kop: s.KernelOp):
     sizes = {"q": Dp * BQ, "k": BKV * Dp, "s": BKV * BQ, "v": BKV * DVp, "o": BQ * DVp, "m": BQ, "l": BQ, "a": BQ,
              "bm": BQ}
     spaces = {"s": "l1", "m": "l1", "l": "l1", "a": "l1", "bm": "l1"}
-    ws = {k: kf.alloc(b, n, f32, spaces.get(k, "l2")) for k, n in sizes.items()}
-    workspace = sum(-(-n * 4 // ALIGN) * ALIGN for n in sizes.values())
+    ws = {k: kf.alloc(b, n, F, spaces.get(k, "l2")) for k, n in sizes.items()}
+    workspace = sum(-(-n * esz // ALIGN) * ALIGN for n in sizes.values())
 
     # query blocks of equal size (at most BQ, whole S^T tiles): 1024 queries run 8 blocks of 128,
     # not 7 of 144 and one of 16 that computes 48 columns
@@ -164,8 +167,8 @@ def generate(kop: s.KernelOp):
         return v.result
 
     def load(bb: Builder, v, shape, pad: float = 0.0):
-        attrs = {"pad": FloatAttr(pad, f32)} if pad != 0.0 else {}
-        ld = t.LoadOp.create(operands=[v], attributes=attrs, result_types=[t.tile_type(shape[0], shape[1], f32)])
+        attrs = {"pad": FloatAttr(pad, F)} if pad != 0.0 else {}
+        ld = t.LoadOp.create(operands=[v], attributes=attrs, result_types=[t.tile_type(shape[0], shape[1], F)])
         bb.op(ld)
         return ld.result
 
@@ -186,9 +189,9 @@ def generate(kop: s.KernelOp):
             return []
         bb.for_(0, rows, 1, r_body)
 
-    frag_a = t.fragment((MR, NRW, 1), f32, f32, "a", "col_major", rec.family)
+    frag_a = t.fragment((MR, NRW, 1), F, F, "a", "col_major", rec.family)
     frag_b = frag_a.with_role("b", "row_major")
-    frag_c = t.fragment((MR, NRW, 1), f32, f32, "acc", "row_major", rec.family)
+    frag_c = t.fragment((MR, NRW, 1), F, F, "acc", "row_major", rec.family)
 
     def micro_gemm(bb: Builder, a_at, b_at, rows, cols, kext, finish, col0=None, ahead=None):
         """For every MR x NR*W tile of a rows x cols result: finish(acc = sum over k < kext of
@@ -208,9 +211,9 @@ def generate(kop: s.KernelOp):
 
                 def step(bk: Builder, kk, acc):
                     buf_a, space_a, off_a, rs_a = a_at(bk, ir, kk)
-                    av = view(bk, buf_a, f32, space_a, (MR, 1), off_a, rs_a, 1, MR, 1)
+                    av = view(bk, buf_a, F, space_a, (MR, 1), off_a, rs_a, 1, MR, 1)
                     buf_b, space_b, off_b = b_at(bk, jr, kk)
-                    bv = view(bk, buf_b, f32, space_b, (1, NRW), off_b, 1, 1, 1, NRW)
+                    bv = view(bk, buf_b, F, space_b, (1, NRW), off_b, 1, 1, 1, NRW)
                     fa = bk.op(t.FragmentPackOp.create(operands=[av], result_types=[frag_a])).results[0]
                     fb = bk.op(t.FragmentPackOp.create(operands=[bv], result_types=[frag_b])).results[0]
                     return bk.op(t.MmaOp.create(operands=[fa, fb, acc], result_types=[frag_c])).results[0]
@@ -225,7 +228,7 @@ def generate(kop: s.KernelOp):
 
                 acc = bj.for_(0, kmain, U, unrolled, [acc0])[0]
                 acc = bj.for_(kmain, ke, 1, lambda bk, kk, c: [step(bk, kk, c[0])], [acc])[0]
-                un = bj.op(t.FragmentUnpackOp.create(operands=[acc], result_types=[t.tile_type(MR, NRW, f32)]))
+                un = bj.op(t.FragmentUnpackOp.create(operands=[acc], result_types=[t.tile_type(MR, NRW, F)]))
                 finish(bj, ir, jr, un.results[0])
                 return []
             bi.for_(col0(bi, ir) if col0 is not None else 0, cols, NRW, tile_jr)
@@ -256,7 +259,7 @@ def generate(kop: s.KernelOp):
 
         def zero_q(bz: Builder):  # a block of bq < bqs queries: query columns up to bqs read zeros
             strip(bz, BQ, nD, OCH, lambda bc, r, c0: store(
-                bc, _const_row(bc, OCH, 0.0), view(bc, ws["q"], f32, "l2", (1, OCH), bc.add(bc.mul(r, BQ), c0),
+                bc, _const_row(bc, OCH, 0.0, F), view(bc, ws["q"], F, "l2", (1, OCH), bc.add(bc.mul(r, BQ), c0),
                                                    0, 1, 1, OCH)))
             return []
         bi.if_(bi.cmp("slt", bq, bqs), zero_q)
@@ -264,19 +267,19 @@ def generate(kop: s.KernelOp):
         pack(bi, view(bi, buf[qv.arg], elem, "global", (Dp, BQ), off(bi, qv, h, q0), kf.size(qv.strides[3]),
                       kf.size(qv.strides[2]), nD, bq), ws["q"], "b_panel", NRW)
         # m = -inf, l = 0, O = 0
-        ninf = splat_row(bi, BQ, float("-inf"))
-        store(bi, ninf, view(bi, ws["m"], f32, "l1", (1, BQ), 0, 0, 1, 1, BQ))
-        store(bi, _const_row(bi, BQ, 0.0), view(bi, ws["l"], f32, "l1", (1, BQ), 0, 0, 1, 1, BQ))
+        ninf = splat_row(bi, BQ, float("-inf"), F)
+        store(bi, ninf, view(bi, ws["m"], F, "l1", (1, BQ), 0, 0, 1, 1, BQ))
+        store(bi, _const_row(bi, BQ, 0.0, F), view(bi, ws["l"], F, "l1", (1, BQ), 0, 0, 1, 1, BQ))
         strip(bi, DVp, bqo, OCH, lambda bc, r, c0: store(
-            bc, _const_row(bc, OCH, 0.0), view(bc, ws["o"], f32, "l2", (1, OCH), bc.add(bc.mul(r, DVp), c0),
+            bc, _const_row(bc, OCH, 0.0, F), view(bc, ws["o"], F, "l2", (1, OCH), bc.add(bc.mul(r, DVp), c0),
                                                0, 1, 1, bc.sub(DVp, c0))))
 
         kv_end = bi.min(nSK, bi.add(q0, bq)) if causal else nSK
         if scale is None:
-            dtile = bi.op(t.SplatIndexOp.create(operands=[bi.c(nD)], result_types=[t.tile_type(1, 1, f32)])).results[0]
-            scale_tile = elementwise(bi, "mul", [elementwise(bi, "rsqrt", [dtile]), tile_const(bi, LOG2E)])
+            dtile = bi.op(t.SplatIndexOp.create(operands=[bi.c(nD)], result_types=[t.tile_type(1, 1, F)])).results[0]
+            scale_tile = elementwise(bi, "mul", [elementwise(bi, "rsqrt", [dtile]), tile_const(bi, LOG2E, F)])
         else:
-            scale_tile = tile_const(bi, scale * LOG2E)
+            scale_tile = tile_const(bi, scale * LOG2E, F)
 
         def kv_block(bk: Builder, j0, _c2):
             nk = bk.min(BKV, bk.sub(kv_end, j0))
@@ -289,19 +292,19 @@ def generate(kop: s.KernelOp):
 
             def s_store(bs, ir, jr, val):
                 scaled = elementwise(bs, "mul", [val, scale_tile])
-                store(bs, scaled, view(bs, ws["s"], f32, "l1", (MR, NRW), bs.add(bs.mul(ir, BQ), jr), BQ, 1,
+                store(bs, scaled, view(bs, ws["s"], F, "l1", (MR, NRW), bs.add(bs.mul(ir, BQ), jr), BQ, 1,
                                        bs.sub(nk, ir), NRW))
                 if fused_max:
                     def fold(bf: Builder):
                         col = bf.op(t.ReduceOp.create(
                             operands=[scaled], attributes={"kind": StringAttr("select_max"), "axis": i64_attr(0)},
-                            result_types=[t.tile_type(1, NRW, f32)]))
-                        bmv = view(bf, ws["bm"], f32, "l1", (1, NRW), jr, 0, 1, 1, NRW)
+                            result_types=[t.tile_type(1, NRW, F)]))
+                        bmv = view(bf, ws["bm"], F, "l1", (1, NRW), jr, 0, 1, 1, NRW)
                         store(bf, elementwise(bf, "select_max", [load(bf, bmv, (1, NRW)), col.results[0]]), bmv)
                     bs.if_(whole_keys(bs, ir, MR, nk), fold)
             if fused_max:
                 strip(bk, bqs, 1, NRW, lambda bc, _r, c0: store(
-                    bc, splat_row(bc, NRW, float("-inf")), view(bc, ws["bm"], f32, "l1", (1, NRW), c0, 0, 1, 1, NRW)))
+                    bc, splat_row(bc, NRW, float("-inf"), F), view(bc, ws["bm"], F, "l1", (1, NRW), c0, 0, 1, 1, NRW)))
             # causal: a tile whose every key is past its every query (key j0 + ir > query q0 + jr + NR*W - 1)
             # is not computed; the softmax below masks whatever its scratch holds
             col0 = (lambda bc, ir: bc.mul(bc.div(bc.max(bc.sub(bc.add(j0, ir), q0), 0), NRW), NRW)) if causal else None
@@ -310,7 +313,7 @@ def generate(kop: s.KernelOp):
                 # block computes: its packing then reads the cache, not memory (one thread,
                 # 4 x 1024 x 64: 1.5 % faster; a prefetch past the data is harmless).  One prefetch
                 # per cache line of each row: the head dims may be symbolic.
-                line = 64 // (4 if elem == f32 else 2)
+                line = 64 // {"f64": 8, "F": 4}.get(str(elem), 2)
                 for vw, n in ((kv_, nD), (vv, nDV)):
                     def lines(bl: Builder, c, _c3, vw=vw):
                         for r in range(MR):
@@ -323,7 +326,7 @@ def generate(kop: s.KernelOp):
                        prefetch_next)
 
             def s_row(bj: Builder, j, c0):
-                return view(bj, ws["s"], f32, "l1", (1, CW), bj.add(bj.mul(j, BQ), c0), 0, 1, 1, CW)
+                return view(bj, ws["s"], F, "l1", (1, CW), bj.add(bj.mul(j, BQ), c0), 0, 1, 1, CW)
 
             def logits(br: Builder, j, c0):
                 """Scores of key j0 + j for queries q0 + c0 .. + CW, masked."""
@@ -337,16 +340,16 @@ def generate(kop: s.KernelOp):
                     mt = load(br, view(br, buf[mv.arg], op.mask.type.element_type, "global", (1, width), moff, 0,
                                        ms[2], 1, br.sub(bq, c0)), (1, width))  # a bool reads as 0.0 / 1.0
                     x = (elementwise(br, "mask_select", [x, mt]) if bool_mask else
-                         elementwise(br, "add", [x, elementwise(br, "mul", [mt, tile_const(br, LOG2E)])]))
+                         elementwise(br, "add", [x, elementwise(br, "mul", [mt, tile_const(br, LOG2E, F)])]))
                 if causal:  # top-left alignment: query i sees key j when j <= i, i.e. column c >= j0 + j - q0
                     diag = br.sub(br.add(j0, j), br.add(q0, c0))
                     x = br.op(t.MaskOp.create(operands=[x, br.c(CW), br.c(diag)], attributes={
-                        "pad": FloatAttr(float("-inf"), f32), "side": StringAttr("ge")},
+                        "pad": FloatAttr(float("-inf"), F), "side": StringAttr("ge")},
                         result_types=[x.type])).results[0]
                 return x
 
             def column_strip(bc: Builder, c0, _c3):
-                stat = (lambda k: view(bc, ws[k], f32, "l1", (1, CW), c0, 0, 1, 1, CW))
+                stat = (lambda k: view(bc, ws[k], F, "l1", (1, CW), c0, 0, 1, 1, CW))
                 m_old = load(bc, stat("m"), (1, CW))
                 # causal: keys past the strip's last query are masked for all of it; the strip
                 # still covers MR more (masked: P = 0 there), which O's row tiles that straddle
@@ -362,7 +365,7 @@ def generate(kop: s.KernelOp):
                 m_start, jlo = m_old, 0
                 if fused_max:
                     nfull = bc.mul(bc.div(nk, MR), MR)   # keys in whole S^T tiles: their maxima are in bm
-                    bmt = load(bc, view(bc, ws["bm"], f32, "l1", (1, CW), c0, 0, 1, 1, CW), (1, CW))
+                    bmt = load(bc, view(bc, ws["bm"], F, "l1", (1, CW), c0, 0, 1, 1, CW), (1, CW))
                     if causal:   # bm holds unmasked scores: only for a strip whose every query sees every key
                         seen = sees_block(bc, q0, c0, j0, nk)
                         jlo = bc.select(seen, bc.c(nfull), bc.c(0))
@@ -380,7 +383,7 @@ def generate(kop: s.KernelOp):
                                     [elementwise(bj, "sub", [load(bj, s_row(bj, j, c0), (1, CW)), m_safe])])
                     store(bj, p, s_row(bj, j, c0))
                     return [elementwise(bj, "add", [c[0], p])]
-                psum = bc.for_(0, kn, 1, p_row, [_const_row(bc, CW, 0.0)])[0]
+                psum = bc.for_(0, kn, 1, p_row, [_const_row(bc, CW, 0.0, F)])[0]
                 alpha = elementwise(bc, "exp2_bounded", [elementwise(bc, "sub", [m_old, m_safe])])
                 store(bc, m_new, stat("m"))
                 store(bc, alpha, stat("a"))
@@ -400,8 +403,8 @@ def generate(kop: s.KernelOp):
                 return ws["s"], "l1", ba.add(ba.mul(kk, BQ), ir), 1  # P[i, j] = S^T[j, i]
 
             def o_finish(bo, ir, jr, val):
-                o_v = view(bo, ws["o"], f32, "l2", (MR, NRW), bo.add(bo.mul(ir, DVp), jr), DVp, 1, MR, NRW)
-                alpha = load(bo, view(bo, ws["a"], f32, "l1", (MR, 1), ir, 1, 0, MR, 1), (MR, 1))
+                o_v = view(bo, ws["o"], F, "l2", (MR, NRW), bo.add(bo.mul(ir, DVp), jr), DVp, 1, MR, NRW)
+                alpha = load(bo, view(bo, ws["a"], F, "l1", (MR, 1), ir, 1, 0, MR, 1), (MR, 1))
                 store(bo, elementwise(bo, "add", [rescale(bo, load(bo, o_v, (MR, NRW)), alpha), val]), o_v)
             # causal: query row tile ir needs the keys up to its last query (the rest of P is 0)
             kext = (lambda bo, ir: causal_keys(bo, q0, j0, bo.add(ir, MR), nk)) if causal else nk
@@ -411,14 +414,14 @@ def generate(kop: s.KernelOp):
         bi.for_(0, kv_end, BKV, kv_block)
 
         def finish(bf: Builder, r, _c2):
-            lr = load(bf, view(bf, ws["l"], f32, "l1", (1, 1), r, 0, 0, 1, 1), (1, 1))
+            lr = load(bf, view(bf, ws["l"], F, "l1", (1, 1), r, 0, 0, 1, 1), (1, 1))
             # one division per row, then products (1/0 = inf keeps 0 * inf = NaN for a row with no keys)
-            inv = elementwise(bf, "safe_div" if zero_rows else "div", [tile_const(bf, 1.0), lr])
+            inv = elementwise(bf, "safe_div" if zero_rows else "div", [tile_const(bf, 1.0, F), lr])
             out_row = bf.mul(bf.add(bf.mul(bf.add(bf.mul(bidx, nH), h), nSQ), bf.add(q0, r)), nDV)
 
             def chunk(bc, c0, _c3):
                 left = bc.sub(nDV, c0)
-                orow = load(bc, view(bc, ws["o"], f32, "l2", (1, OCH), bc.add(bc.mul(r, DVp), c0), 0, 1, 1, left),
+                orow = load(bc, view(bc, ws["o"], F, "l2", (1, OCH), bc.add(bc.mul(r, DVp), c0), 0, 1, 1, left),
                             (1, OCH))
                 res = elementwise(bc, "mul", [orow, inv])
                 store(bc, res, view(bc, buf[out_buf], out_elem, "global", (1, OCH), bc.add(out_row, c0), 0, 1, 1,
@@ -463,8 +466,8 @@ def rescale(b: Builder, o_tile, alpha):
     return elementwise(b, "mul", [o_tile, alpha])
 
 
-def _const_row(b: Builder, n: int, value: float):
-    op = t.ConstantOp.create(attributes={"value": FloatAttr(value, f32)}, result_types=[t.tile_type(1, n, f32)])
+def _const_row(b: Builder, n: int, value: float, elem=f32):
+    op = t.ConstantOp.create(attributes={"value": FloatAttr(value, elem)}, result_types=[t.tile_type(1, n, elem)])
     b.op(op)
     return op.result
 

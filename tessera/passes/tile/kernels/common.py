@@ -49,6 +49,7 @@ class KernelSig:
     workspace: int = 0
     allocs: list[tuple[int, int]] = field(default_factory=list)
     gpu: bool = False
+    reg: Attribute = f32   # the element type of the kernel's register tiles (f64 for float64 kernels)
 
     def buffer(self, elem: Attribute) -> int:
         self.buffers.append(t.buffer(elem, "global"))
@@ -88,6 +89,11 @@ class KernelFn:
         self.nthreads = self.block.args[nb + len(self.sig.dims) + 1]
         self.ws = self.block.args[-2]
         self.team = self.block.args[-1]
+
+    @property
+    def reg(self) -> Attribute:
+        """The element type the kernel computes in (``register_elem`` of its schedule.kernel)."""
+        return self.sig.reg
 
     def size(self, expr: D.Dim) -> SSAValue | int:
         expr = D.canon(expr)
@@ -138,16 +144,16 @@ def scalar_constant(op) -> float | None:
 
 
 def tile_const(b: Builder, value: float, elem: Attribute = f32) -> SSAValue:
-    op = t.ConstantOp.create(attributes={"value": FloatAttr(value, f32)}, result_types=[t.tile_type(1, 1, elem)])
+    op = t.ConstantOp.create(attributes={"value": FloatAttr(value, elem)}, result_types=[t.tile_type(1, 1, elem)])
     b.op(op)
     return op.result
 
 
-def splat_row(b: Builder, n: int, value: float) -> SSAValue:
-    """A [1, n] f32 tile of ``value`` (a zero row plus the scalar)."""
-    z = t.ConstantOp.create(attributes={"value": FloatAttr(0.0, f32)}, result_types=[t.tile_type(1, n, f32)])
+def splat_row(b: Builder, n: int, value: float, elem: Attribute = f32) -> SSAValue:
+    """A [1, n] tile of ``value`` (a zero row plus the scalar) in registers of ``elem``."""
+    z = t.ConstantOp.create(attributes={"value": FloatAttr(0.0, elem)}, result_types=[t.tile_type(1, n, elem)])
     b.op(z)
-    return elementwise(b, "add", [z.result, tile_const(b, value)])
+    return elementwise(b, "add", [z.result, tile_const(b, value, elem)])
 
 
 def mask_cols(b: Builder, x: SSAValue, cols, pad: float) -> SSAValue:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from xdsl.dialects.builtin import Float32Type, StringAttr, f32
+from xdsl.dialects.builtin import Float32Type, Float64Type, StringAttr, f32, f64
 from xdsl.ir import Attribute, BlockArgument, SSAValue
 
 from tessera.ir import dims as D
@@ -150,7 +150,8 @@ def analyse(kop: s.KernelOp) -> GemmPlan:
                     ov = _broadcast_view(view, out_dims)
                     operand = Operand(view.arg, ov.strides[-2] == 0, ov.strides[-1] == 0, ov)
                     if (not plan.epilogue and op.FN == "add" and not operand.row_bcast and not operand.col_bcast
-                            and plan.c0 is None and isinstance(plan.out_elem, Float32Type)):
+                            and plan.c0 is None and isinstance(plan.out_elem, (Float32Type, Float64Type))
+                            and kop.inputs[view.arg].type.element_type == plan.out_elem):
                         plan.c0 = operand  # the real incoming accumulator: C = A @ B + C0
                     else:
                         plan.epilogue.append(("bin", g.elementwise_fn(op), operand, lhs_is_chain))
@@ -216,15 +217,19 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
     bkpack = 4 // esize if tiles_amx else kp
     MC, NC, KC, U = cfg.mc, cfg.nc, cfg.kc, cfg.unroll
     out_elem = plan.out_elem
-    acc_elem = f32
-    partial_needed = not isinstance(out_elem, Float32Type)
+    # the record's accumulator (f32, or f64 for the f64 FMA records) is also the epilogue's register
+    # type: the epilogue computes in the matmul's dtype, and a cast (to f64 too) ends it at the store
+    acc_elem = f64 if rec.acc_dtype == "f64" else f32
+    reg = acc_elem
+    partial_needed = out_elem != acc_elem
+    esz = 8 if acc_elem == f64 else 4
 
-    sig = KernelSig(kop.sym_name.data)
+    sig = KernelSig(kop.sym_name.data, reg=reg)
     for v in kop.inputs:
         sig.buffer(v.type.element_type)
     out_buf = sig.buffer(out_elem)
-    part_buf = sig.buffer(f32) if partial_needed else out_buf
-    extra_outputs = [g.TensorType.of((*plan.batch, plan.m, plan.n), f32)] if partial_needed else []
+    part_buf = sig.buffer(acc_elem) if partial_needed else out_buf
+    extra_outputs = [g.TensorType.of((*plan.batch, plan.m, plan.n), acc_elem)] if partial_needed else []
     views = register_sizes(sig, plan)
     kf = sig.build()
     b = kf.b
@@ -241,8 +246,8 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
     # copy of its code per tile shape instead of one per register (LLVM compile time)
     heavy = any(st[0] in ("un", "self") and st[1] in HEAVY_FNS for st in plan.epilogue)
     if heavy:
-        escratch = kf.alloc(b, MR * NRW, f32, "l1")
-        workspace += _round(MR * NRW * 4)
+        escratch = kf.alloc(b, MR * NRW, acc_elem, "l1")
+        workspace += _round(MR * NRW * esz)
 
     # ---- n-blocks: a B whose columns fit in NC is packed as one block (as before: one phase and
     # barrier per k-block); a wider one in blocks of half NC.  On a Zen 3 VM (NC = 1024, an eighth of
@@ -393,14 +398,14 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
         vr = br.sub(mc, ir)
         vc = br.sub(nc, jr)
         c_off = br.add(off_c, br.add(br.mul(row, N), col))
-        part_view = view(br, buf[part_buf], f32, "global", (MR, cols), c_off, N, 1, vr, vc)
+        part_view = view(br, buf[part_buf], acc_elem, "global", (MR, cols), c_off, N, 1, vr, vc)
 
         def init_first(bf: Builder):
             if plan.c0 is not None:
                 v = plan.c0.view
                 off = bf.add(epi_offs[id(v)], bf.add(bf.mul(row, kf.size(v.strides[-2])),
                                                      bf.mul(col, kf.size(v.strides[-1]))))
-                cv = view(bf, buf[plan.c0.arg], f32, "global", (MR, cols), off, kf.size(v.strides[-2]),
+                cv = view(bf, buf[plan.c0.arg], acc_elem, "global", (MR, cols), off, kf.size(v.strides[-2]),
                           kf.size(v.strides[-1]), vr, vc)
                 op = t.FragmentPackOp.create(operands=[cv], result_types=[frag_c])
             else:
@@ -451,19 +456,19 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
         accs[0] = br.for_(kmain if U > 1 else 0, kcp, kp, lambda bk, kk, c: [step(bk, kk, c[0])], [accs[0]])[0]
         unpacked = []
         for a_ in accs:
-            up = t.FragmentUnpackOp.create(operands=[a_], result_types=[t.tile_type(MR, cols, f32)])
+            up = t.FragmentUnpackOp.create(operands=[a_], result_types=[t.tile_type(MR, cols, acc_elem)])
             br.op(up)
             unpacked.append(up.result)
         unpack = unpacked[0] if chains == 1 else elementwise(br, "add", unpacked)
 
         def finish(bf: Builder):
             if heavy:
-                bf.op(t.StoreOp.create(operands=[unpack, view(bf, escratch, f32, "l1", (MR, cols), 0, cols, 1,
+                bf.op(t.StoreOp.create(operands=[unpack, view(bf, escratch, acc_elem, "l1", (MR, cols), 0, cols, 1,
                                                               MR, cols)]))
 
                 def one_row(bw: Builder, r, _c):
-                    ld = bw.op(t.LoadOp.create(operands=[view(bw, escratch, f32, "l1", (1, cols), bw.mul(r, cols), 0,
-                                                              1, 1, cols)], result_types=[t.tile_type(1, cols, f32)]))
+                    ld = bw.op(t.LoadOp.create(operands=[view(bw, escratch, acc_elem, "l1", (1, cols), bw.mul(r, cols),
+                                                              0, 1, 1, cols)], result_types=[t.tile_type(1, cols, acc_elem)]))
                     val = apply_epilogue(bw, kf, kop, plan, ld.results[0], (1, cols), bw.add(row, r), col, 1, vc,
                                          epi_offs)
                     out_row = view(bw, buf[out_buf], out_elem, "global", (1, cols), bw.add(c_off, bw.mul(r, N)), N, 1,
@@ -545,7 +550,7 @@ def apply_epilogue(bf: Builder, kf: KernelFn, kop: s.KernelOp, plan: GemmPlan, v
         else:
             _, fn, operand, chain_lhs = st
             if isinstance(operand, float):
-                other = tile_const(bf, operand)
+                other = tile_const(bf, operand, kf.reg)
             else:
                 ov = operand.view
                 r = 1 if operand.row_bcast else R
@@ -556,7 +561,7 @@ def apply_epilogue(bf: Builder, kf: KernelFn, kop: s.KernelOp, plan: GemmPlan, v
                 elem = kop.inputs[operand.arg].type.element_type
                 vw = view(bf, buf[operand.arg], elem, "global", (r, c), off, rs, cs,
                           1 if r == 1 else vr, 1 if c == 1 else vc)
-                ld = t.LoadOp.create(operands=[vw], result_types=[t.tile_type(r, c, f32)])  # f32 in registers
+                ld = t.LoadOp.create(operands=[vw], result_types=[t.tile_type(r, c, kf.reg)])  # the registers' type
                 bf.op(ld)
                 other = ld.result
             val = elementwise(bf, fn, [val, other] if chain_lhs else [other, val])

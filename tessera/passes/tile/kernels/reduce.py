@@ -17,6 +17,7 @@ from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr, ints
 from tessera.passes.tile.kernels import rows as R
 from tessera.passes.tile.kernels.common import KernelSig, elementwise, row_major_strides, trace_view
+from tessera.passes.util import register_elem
 
 
 def generate(kop: s.KernelOp):
@@ -43,7 +44,7 @@ def generate(kop: s.KernelOp):
     # 16-bit floats are widened as they are loaded and accumulate in f32 (rounded once, when stored)
     reg = f32 if isinstance(elem, (Float16Type, BFloat16Type)) else elem
     out_elem = op.result.type.element_type
-    sig = KernelSig(kop.sym_name.data)
+    sig = KernelSig(kop.sym_name.data, reg=register_elem(kop))
     for v in kop.inputs:
         sig.buffer(v.type.element_type)
     out_buf = sig.buffer(out_elem)
@@ -51,6 +52,7 @@ def generate(kop: s.KernelOp):
         sig.dim(d)
     kf = sig.build()
     b = kf.b
+    reg = kf.reg   # registers: f32 (f64 kernels: f64)
     O, Rn, I = kf.size(outer), kf.size(rlen), kf.size(inner)
     xb = view.arg
 
@@ -68,13 +70,13 @@ def generate(kop: s.KernelOp):
         return ld.result
 
     def splat(bb, value):
-        z = t.ConstantOp.create(attributes={"value": FloatAttr(value, f32)}, result_types=[t.tile_type(1, chunk, f32)])
+        z = t.ConstantOp.create(attributes={"value": FloatAttr(value, reg)}, result_types=[t.tile_type(1, chunk, reg)])
         bb.op(z)
         return z.result
 
     def finish(bb, acc):
         if isinstance(op, g.ReduceMeanOp):
-            n = t.SplatIndexOp.create(operands=[bb.c(Rn)], result_types=[t.tile_type(1, 1, f32)])
+            n = t.SplatIndexOp.create(operands=[bb.c(Rn)], result_types=[t.tile_type(1, 1, reg)])
             bb.op(n)
             acc = elementwise(bb, "div", [acc, n.result])
         return acc
@@ -90,7 +92,7 @@ def generate(kop: s.KernelOp):
 
             acc = br.for_(0, Rn, chunk, body, [splat(br, pad)])[0]
             red_op = t.ReduceOp.create(operands=[acc], attributes={"kind": StringAttr(kind), "axis": i64_attr(1)},
-                                       result_types=[t.tile_type(1, 1, f32)])
+                                       result_types=[t.tile_type(1, 1, reg)])
             br.op(red_op)
             res = finish(br, red_op.result)
             br.op(t.StoreOp.create(operands=[res, view_at(br, out_buf, r, 1, 1, out_elem)]))

@@ -161,7 +161,8 @@ def load_leaf(kf: KernelFn, b: Builder, lf: Leaf, row_off, c, cols_left, chunk: 
                            result_types=[t.view_type(1, width, lf.elem, "global")])
     b.op(view)
     attrs = {"pad": FloatAttr(pad, f32)} if pad is not None and pad != 0.0 else {}
-    ld = t.LoadOp.create(operands=[view.result], attributes=attrs, result_types=[t.tile_type(1, width, f32)])  # f32 in registers
+    ld = t.LoadOp.create(operands=[view.result], attributes=attrs,
+                         result_types=[t.tile_type(1, width, kf.reg)])  # registers: f32 (f64 kernels: f64)
     b.op(ld)
     return ld.result
 
@@ -188,14 +189,14 @@ def store_row(kf: KernelFn, b: Builder, buf_index: int, elem, value, off, cols_l
 
 
 def _widen(b: Builder, value, chunk: int):
-    zero = t.ConstantOp.create(attributes={"value": FloatAttr(0.0, f32)},
+    zero = t.ConstantOp.create(attributes={"value": FloatAttr(0.0, value.type.element_type)},
                                result_types=[t.tile_type(1, chunk, value.type.element_type)])
     b.op(zero)
     return elementwise(b, "add", [zero.result, value])
 
 
-def emit_ops(b: Builder, ops, vals: dict) -> None:
-    """Graph IR elementwise ops -> tile.elementwise on already-mapped values."""
+def emit_ops(b: Builder, ops, vals: dict, reg=f32) -> None:
+    """Graph IR elementwise ops -> tile.elementwise on already-mapped values (registers of ``reg``)."""
     for op in ops:
         if isinstance(op, (g.ReshapeOp, g.TransposeOp)):
             continue
@@ -203,7 +204,7 @@ def emit_ops(b: Builder, ops, vals: dict) -> None:
             c = scalar_constant(op)
             if c is None:
                 raise ScheduleIllegalError("only scalar constants are supported inside kernels")
-            vals[op.result] = tile_const(b, c)
+            vals[op.result] = tile_const(b, c, reg)
         elif isinstance(op, g.CastOp):
             vals[op.result] = vals[op.input]
         elif isinstance(op, g.ELEMENTWISE_UNARY):

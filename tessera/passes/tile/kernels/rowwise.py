@@ -20,7 +20,7 @@ thread count).
 """
 from __future__ import annotations
 
-from xdsl.dialects.builtin import StringAttr, f32
+from xdsl.dialects.builtin import StringAttr, f32, f64
 
 from tessera.errors import ScheduleIllegalError
 from tessera.ir import graph as g
@@ -29,6 +29,7 @@ from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr
 from tessera.passes.tile.kernels import rows as R
 from tessera.passes.tile.kernels.common import KernelSig, elementwise, mask_cols, splat_row, tile_const
+from tessera.passes.util import register_elem
 
 NEG_INF = float("-inf")
 SCRATCH = 16384  # floats per slot of softmax's two per-thread scratch rows (128 KiB in all: L2)
@@ -46,7 +47,7 @@ def _split(block):
 
 def _reduce(b, kind: str, tile_v):
     op = t.ReduceOp.create(operands=[tile_v], attributes={"kind": StringAttr(kind), "axis": i64_attr(1)},
-                           result_types=[t.tile_type(1, 1, f32)])
+                           result_types=[t.tile_type(1, 1, tile_v.type.element_type)])
     b.op(op)
     return op.result
 
@@ -68,7 +69,7 @@ def generate(kop: s.KernelOp):
     for v in vec_operands:
         leaves.update(R.find_leaves(block, dims, [_Use(v)]))
     leaves.pop(norm.result, None)
-    sig = KernelSig(kop.sym_name.data)
+    sig = KernelSig(kop.sym_name.data, reg=register_elem(kop))
     for v in kop.inputs:
         sig.buffer(v.type.element_type)
     out_buf = sig.buffer(out.type.element_type)
@@ -76,7 +77,8 @@ def generate(kop: s.KernelOp):
     kf = sig.build()
     b = kf.b
     C = kf.size(dims[-1])
-    scratch = kf.alloc(b, 2 * SCRATCH, f32, "l2") if isinstance(norm, g.SoftmaxOp) else None
+    reg = kf.reg   # registers and softmax's scratch: f32 (f64 kernels: f64)
+    scratch = kf.alloc(b, 2 * SCRATCH, reg, "l2") if isinstance(norm, g.SoftmaxOp) else None
     nrows = 1
     for d in dims[:-1]:
         nrows = b.mul(nrows, kf.size(d))
@@ -102,7 +104,7 @@ def generate(kop: s.KernelOp):
         left = bc.sub(C, c)
         vals = {v: R.load_leaf(kf, bc, leaves[v], row.ctx.offsets[v], c, left, chunk, pad if v == x else None)
                 for v in pro_leaves}
-        R.emit_ops(bc, prologue, vals)
+        R.emit_ops(bc, prologue, vals, reg)
         xv = vals[x]
         if xv.type.dims != (1, chunk):
             xv = R._widen(bc, xv, chunk)
@@ -111,12 +113,12 @@ def generate(kop: s.KernelOp):
     def finish_chunk(bc, row, c, left, yv):
         vals = {v: R.load_leaf(kf, bc, leaves[v], row.ctx.offsets[v], c, left, chunk) for v in epi_leaves}
         vals[norm.result] = yv
-        R.emit_ops(bc, epilogue, vals)
+        R.emit_ops(bc, epilogue, vals, reg)
         R.store_row(kf, bc, out_buf, out.type.element_type, vals[out], bc.add(row.out_off, c), left, chunk, stream)
 
     def accumulate(br, row, kind: str, pad: float, fn, prefetch: bool = False):
         """Sum (or max) over the row of fn(x chunk) -> [1, 1] tile."""
-        init = splat_row(br, chunk, pad)
+        init = splat_row(br, chunk, pad, reg)
 
         def body(bc, c, carried):
             if prefetch:
@@ -134,11 +136,11 @@ def generate(kop: s.KernelOp):
     if isinstance(norm, g.SoftmaxOp):
         _softmax(kf, b, nrows, C, chunk, scratch, Row, x_chunk, finish_chunk, accumulate,
                  lambda bc, row, c: R.prefetch_leaves(kf, bc, leaves, row.nxt, c, chunk))
-        return kf.finish(), sig.dims, SCRATCH * 2 * 4, []
+        return kf.finish(), sig.dims, SCRATCH * 2 * (8 if reg == f64 else 4), []
 
     def row_step(br, r, _c):
         row = Row(br, r)
-        ncols = _count_tile(br, C)
+        ncols = _count_tile(br, C, reg)
         inv_n = elementwise(br, "recip", [ncols])
         if isinstance(norm, g.LayerNormOp):
             mean = elementwise(br, "mul", [accumulate(br, row, "add", 0.0, lambda bc, xv: xv), inv_n])
@@ -148,7 +150,7 @@ def generate(kop: s.KernelOp):
             mean = None
             var = elementwise(br, "mul", [accumulate(br, row, "add", 0.0, lambda bc, xv: elementwise(
                 bc, "mul", [xv, xv])), inv_n])
-        rstd = elementwise(br, "rsqrt", [elementwise(br, "add", [var, tile_const(br, eps)])])
+        rstd = elementwise(br, "rsqrt", [elementwise(br, "add", [var, tile_const(br, eps, reg)])])
 
         def write(bc, c, _c2):
             if mean is None:   # rms_norm: its only pass from the cache
@@ -181,10 +183,11 @@ def _softmax(kf, b, nrows, C, chunk, scratch, Row, x_chunk, finish_chunk, accumu
     slot, so the output's streaming stores leave while exp is computed instead of in a burst of
     their own.  Longer rows take three passes and recompute e for the write."""
     fits = b.cmp("sle", C, SCRATCH)
+    reg = kf.reg
 
     def slot_view(bc, r, c, left):
         v = t.ViewOp.create(operands=[scratch, bc.c(bc.add(_slot(bc, r), c)), bc.c(0), bc.c(1),
-                                      bc.c(1), bc.c(left)], result_types=[t.view_type(1, chunk, f32, "l2")])
+                                      bc.c(1), bc.c(left)], result_types=[t.view_type(1, chunk, reg, "l2")])
         bc.op(v)
         return v.result
 
@@ -196,7 +199,7 @@ def _softmax(kf, b, nrows, C, chunk, scratch, Row, x_chunk, finish_chunk, accumu
         finish_chunk(bc, row, c, bc.sub(C, c), elementwise(bc, "mul", [e, inv]))
 
     def from_slot(bc, r, c):
-        ld = t.LoadOp.create(operands=[slot_view(bc, r, c, bc.sub(C, c))], result_types=[t.tile_type(1, chunk, f32)])
+        ld = t.LoadOp.create(operands=[slot_view(bc, r, c, bc.sub(C, c))], result_types=[t.tile_type(1, chunk, reg)])
         bc.op(ld)
         return ld.result
 
@@ -215,7 +218,7 @@ def _softmax(kf, b, nrows, C, chunk, scratch, Row, x_chunk, finish_chunk, accumu
                 write_chunk(bc, prev[1], c, from_slot(bc, prev[0], c), prev[2])
             return [elementwise(bc, "add", [carried[0], e])]
 
-        ssum = _reduce(br, "add", br.for_(0, C, chunk, body, [splat_row(br, chunk, 0.0)])[0])
+        ssum = _reduce(br, "add", br.for_(0, C, chunk, body, [splat_row(br, chunk, 0.0, reg)])[0])
         return elementwise(br, "recip", [ssum])
 
     def write_pass(br, r, row, inv):
@@ -256,8 +259,8 @@ class _Use:
         self.operands = [v]
 
 
-def _count_tile(b, C):
-    """The row length as a [1, 1] f32 tile (C is an index value)."""
-    op = t.SplatIndexOp.create(operands=[b.c(C)], result_types=[t.tile_type(1, 1, f32)])
+def _count_tile(b, C, reg=f32):
+    """The row length as a [1, 1] tile of ``reg`` (C is an index value)."""
+    op = t.SplatIndexOp.create(operands=[b.c(C)], result_types=[t.tile_type(1, 1, reg)])
     b.op(op)
     return op.result

@@ -9,6 +9,7 @@ from tessera.ir import schedule as s
 from tessera.ir import tile as t
 from tessera.passes.tile.kernels import rows as R
 from tessera.passes.tile.kernels.common import KernelSig, trace_view
+from tessera.passes.util import register_elem
 
 
 def generate(kop: s.KernelOp):
@@ -23,7 +24,7 @@ def generate(kop: s.KernelOp):
     dims = tuple(out.type.dims)
     elem = out.type.element_type
     lf = R.Leaf(out, view, "general", 1, elem)
-    sig = KernelSig(kop.sym_name.data)
+    sig = KernelSig(kop.sym_name.data, reg=register_elem(kop))
     for v in kop.inputs:
         sig.buffer(v.type.element_type)
     out_buf = sig.buffer(elem)
