@@ -1,6 +1,7 @@
 """float64 on the CPU lane: every op computes in f64 vectors (4 lanes with AVX2, 8 with AVX-512)
-and is checked against a float64 numpy oracle (or 50-digit Decimal references for the
-transcendentals) on fresh random data; every call must have run on ``cpu-x86``.
+and is checked against a float64 numpy oracle (or, for the transcendentals, 60-digit Decimal
+references: tessera/tools/numerics64) on fresh random data; every call must have run on
+``cpu-x86``.  The AVX-512 schedules run here too (``avx512_here``).
 
 Bounds: add/sub/mul/div/maximum/neg/relu/sqrt, casts and copies are correctly rounded, so they
 equal numpy bit for bit; sums (reductions, rows, GEMM) differ from numpy's only in the order of
@@ -27,7 +28,7 @@ import fit_math64 as FIT  # noqa: E402
 
 U = 2.0 ** -53
 BF16 = ml_dtypes.bfloat16
-# maximum error in float64 ULPs against 50-digit references; the largest seen over 24 000 random
+# maximum error in float64 ULPs against 60-digit references; the largest seen over 24 000 random
 # points each (the sweeps below, at three seeds): exp 0.93, tanh 1.33, erf 2.71, silu 2.76,
 # gelu_tanh 2.57, gelu_erf 4.56
 ULP_BOUND = {"exp": 1.1, "tanh": 1.5, "erf": 3.0, "silu": 3.0, "gelu_tanh": 3.0, "gelu_erf": 5.0}
