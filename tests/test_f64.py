@@ -340,6 +340,7 @@ def test_matmul_uses_the_f64_fma_record(rng):
     assert "vfmadd" in art.asm() and "pd" in art.asm() and "vfmadd231ps" not in art.asm()
 
 
+@pytest.mark.slow   # ~24 s of compiles; run by CI with -m slow, and test_avx512_schedule_runs_here runs the code
 def test_avx512_f64_compiles_to_zmm_pd(rng):
     """The AVX-512 forms (8 x f64) compile to zmm instructions and an object with no undefined
     symbol (no libm calls), whether or not this host can run them."""
