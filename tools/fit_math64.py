@@ -13,14 +13,16 @@ exact or 70-digit arithmetic, each rounded once to float64.  Reproduce with:
 - ``GELU_K0``, ``GELU_K1``, ``LN2``, ``RSQRT2``: 2 sqrt(2/pi), 2 sqrt(2/pi) 0.044715, ln 2 and
   1/sqrt(2) as (high, low) pairs; ``TWO_OVER_SQRT_PI``.
 
-erfc itself is evaluated here by its Taylor series (a < 4, 100 digits) or Laplace's continued
-fraction (a >= 4, 400 terms).  ``tests/test_f64.py`` checks that the module's tuples are these.
+erfc itself is ``tessera.tools.numerics64.erfc`` (the tests' reference): its Taylor series (a < 4,
+100 digits) or Laplace's continued fraction (a >= 4, 400 terms).  ``tests/test_f64.py`` checks that the module's tuples are these.
 """
 from __future__ import annotations
 
 from decimal import Decimal as D, getcontext
 from fractions import Fraction
 from math import comb, factorial
+
+from tessera.tools import numerics64 as N64
 
 getcontext().prec = 70
 TANH_TERMS = 18
@@ -29,20 +31,7 @@ ERFC_CENTER, ERFC_LO, ERFC_HI = 3, D("0.5"), D(30)
 ERFC_NODES = 64
 
 
-def _pi() -> D:
-    def atan_inv(k: int) -> D:
-        x = D(1) / k
-        x2, s, term, n = x * x, x, x, 1
-        while True:
-            term, n = -term * x2, n + 2
-            if abs(term / n) < D(10) ** -80:
-                return s
-            s += term / n
-    return 4 * (4 * atan_inv(5) - atan_inv(239))
-
-
-PI = _pi()
-SQRT_PI = PI.sqrt()
+PI, SQRT_PI = N64.PI, N64.SQRT_PI
 
 
 def bernoulli(n: int) -> list[Fraction]:
@@ -68,28 +57,7 @@ def erf_coeffs(terms: int = ERF_TERMS) -> tuple[float, ...]:
     return tuple(float(two * (-1) ** n / (factorial(n) * (2 * n + 1))) for n in range(terms))
 
 
-def _erf_series(a: D) -> D:
-    a2, term, s, n = a * a, a, a, 0
-    while True:
-        n += 1
-        term = -term * a2 / n
-        d = term / (2 * n + 1)
-        s += d
-        if abs(d) < D(10) ** -95:
-            return 2 * s / SQRT_PI
-
-
-def erfc(a: D) -> D:
-    if a < 4:
-        with_prec = getcontext().prec
-        getcontext().prec = 100
-        r = 1 - _erf_series(a)
-        getcontext().prec = with_prec
-        return +r
-    f = a
-    for k in range(400, 0, -1):
-        f = a + (D(k) / 2) / f
-    return (-(a * a)).exp() / SQRT_PI / f
+erfc = N64.erfc
 
 
 def erfc_scaled(a: D) -> D:

@@ -1,4 +1,5 @@
-"""ULP error of the CPU lane's transcendentals over their whole float32 input range.
+"""ULP error of the CPU lane's transcendentals over their whole float32 input range (float64:
+``numerics64``).
 
 The sweep takes every ``STRIDE``-th float32 bit pattern (both signs, all exponents,
 subnormals, infinities and NaNs included), runs each function through a compiled
@@ -153,5 +154,7 @@ def numerics_md() -> str:
                "output by less than 2^-126 times the values it weighs): its reduction x - round(x) is exact, so the "
                "Cody-Waite steps go; within 1 ULP over its domain, tested the same way.  Softmax's row maximum drops a NaN (`select_max`: one `vmaxps`); the "
                "NaN still reaches the row's sum, so the row is NaN wherever numpy's is (tested at every column "
-               "position).\n")
+               "position).\n\n")
+    from tessera.tools.numerics64 import section
+    out.append(section())
     return "".join(out)
