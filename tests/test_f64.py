@@ -166,6 +166,50 @@ def test_mixed_kernel_f32_in_f64_out(rng):
     np.testing.assert_array_equal(back, (b * 3.0).astype(np.float32))
 
 
+NARROW_IN_KERNEL = {
+    # a cast the kernel computes on after it (it used to pass the f64 value through unrounded)
+    "f64->f32->f64": (lambda a, b: ts.ops.cast(ts.ops.cast(a, "f32"), "f64") * 1.0,
+                      lambda a, b: a.astype(np.float32).astype(np.float64)),
+    "f64->bf16->f64": (lambda a, b: ts.ops.cast(ts.ops.cast(a, "bf16"), "f64") + b,
+                       lambda a, b: a.astype(BF16).astype(np.float64) + b),
+    "f64->f16->f64": (lambda a, b: ts.ops.cast(ts.ops.cast(a, "f16"), "f64") - b,
+                      lambda a, b: a.astype(np.float16).astype(np.float64) - b),
+    # f32 ops (and an f32 constant) inside a kernel that has f64 registers: each result is f32's
+    "f32 chain": (lambda a, b: ts.ops.cast(a, "f32") * 0.1 + 1e-9,
+                  lambda a, b: a.astype(np.float32) * np.float32(0.1) + np.float32(1e-9)),
+    "f32 adds": (lambda a, b: (ts.ops.cast(a, "f32") + ts.ops.cast(b, "f32")) + ts.ops.cast(b, "f32"),
+                 lambda a, b: (a.astype(np.float32) + b.astype(np.float32)) + b.astype(np.float32)),
+    "softmax of f32": (lambda a, b: ts.ops.cast(ts.ops.softmax(ts.ops.cast(ts.ops.cast(a, "f32"), "f64")), "f32"),
+                       lambda a, b: _softmax64(a.astype(np.float32).astype(np.float64)).astype(np.float32)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NARROW_IN_KERNEL))
+def test_narrow_values_inside_an_f64_kernel_round_like_numpy(rng, name):
+    """A kernel that touches f64 computes in f64 registers; a narrower value it goes on computing
+    with holds what numpy holds: a cast rounds to its type, and f32 ops round to f32."""
+    f, ref = NARROW_IN_KERNEL[name]
+    a, b = rnd(rng, 7, 45, scale=3.0), rnd(rng, 45)
+    got, want = run(f, a, b), ref(a, b)
+    assert got.dtype == want.dtype
+    if name.startswith("softmax"):
+        O.assert_close(got, want, 1e-7, name)   # the f32 input is exact; softmax then runs in f64
+        assert not np.array_equal(got, _softmax64(a).astype(np.float32)), "the f32 rounding of the input was lost"
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+def test_narrow_rounding_plant_fails(rng, monkeypatch):
+    """Teeth: without the in-register rounding (round_fn planted to None) the checks above fail."""
+    from tessera.passes.tile.kernels import rows
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    monkeypatch.setattr(rows, "round_fn", lambda elem, reg: None)
+    a, b = rnd(rng, 7, 45, scale=3.0), rnd(rng, 45)
+    for name in ("f64->f32->f64", "f64->bf16->f64", "f32 chain", "f32 adds"):
+        f, ref = NARROW_IN_KERNEL[name]
+        assert not np.array_equal(run(f, a, b), ref(a, b)), name
+
+
 # --------------------------------------------------------------------------- reductions, copies
 @pytest.mark.parametrize("shape, axis", [((7, 13), -1), ((7, 13), 0), ((3, 31, 127), -1), ((3, 31, 127), (1, 2)),
                                          ((1025,), None), ((5, 1), -1), ((1,), 0), ((2, 3, 5), 1)])
