@@ -114,6 +114,69 @@ def test_special_values_propagate_like_numpy():
         np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
 
 
+def test_the_issue_forms_run_in_f64(rng):
+    """What issue 26 reported dying in codegen, written as a user writes it on a float64 array:
+    ``x * 2`` (a Python int), ``softmax``, ``x.astype(...)`` both ways, ``.sum()`` / ``.mean()`` /
+    ``.max()`` and ``x.T``; each ran on cpu-x86 and matches float64 numpy."""
+    x = rnd(rng, 9, 37, scale=3.0)
+    np.testing.assert_array_equal(run(lambda a: a * 2, x), x * 2)
+    np.testing.assert_array_equal(run(lambda a: 2 * a - 1, x), 2 * x - 1)
+    np.testing.assert_array_equal(run(lambda a: a.T * 1.0, x), x.T)
+    O.assert_close(run(ts.ops.softmax, x), _softmax64(x), 1e-14, "softmax")
+    np.testing.assert_array_equal(run(lambda a: a.astype(np.float32), x), x.astype(np.float32))
+    np.testing.assert_array_equal(run(lambda a: a.astype("f32").astype(np.float64) * 1.0, x),
+                                  x.astype(np.float32).astype(np.float64))
+    x32 = x.astype(np.float32)
+    got = run(lambda a: a.astype("f64") * 3.0, x32)
+    assert_f64(got)
+    np.testing.assert_array_equal(got, x32.astype(np.float64) * 3.0)
+    scale = np.sum(np.abs(x))
+    for method, ref, s in [("sum", np.sum, scale), ("mean", np.mean, scale / x.size)]:
+        got = run(lambda a: getattr(a, method)(), x)
+        assert_f64(got, ())
+        assert_sum_close(got, ref(x), 2 * (x.size + 2) * U * s)
+        got = run(lambda a: getattr(a, method)(-1), x)
+        assert_sum_close(got, ref(x, -1), 2 * (x.shape[-1] + 2) * U * np.sum(np.abs(x), -1))
+    np.testing.assert_array_equal(run(lambda a: a.max(), x), x.max())
+    np.testing.assert_array_equal(run(lambda a: a.max(0), x), x.max(0))
+
+
+def _plant_f32_registers(monkeypatch):
+    """The planted bug: every generator and the schedule compute a float64 kernel in f32
+    registers (loads round to f32, stores widen back), so results are float64 arrays holding
+    float32 arithmetic -- what a silent downcast would look like."""
+    import importlib
+
+    from xdsl.dialects.builtin import f32
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    for m in ("tessera.passes.schedule.schedule_cpu", "tessera.passes.tile.kernels.elementwise",
+              "tessera.passes.tile.kernels.reduce", "tessera.passes.tile.kernels.rowwise",
+              "tessera.passes.tile.kernels.transpose"):
+        monkeypatch.setattr(importlib.import_module(m), "register_elem", lambda op: f32)
+
+
+def test_f32_compute_plant_fails_the_checks(rng, monkeypatch):
+    """Teeth: with float64 kernels computing in f32 (the plant above) the elementwise, reduction and
+    softmax checks of this file fail, though every result is still a float64 array."""
+    x = rnd(rng, 7, 300, scale=3.0)
+    checks = {
+        "x * 2 + 0.1": lambda: np.testing.assert_array_equal(run(lambda a: a * 2 + 0.1, x), x * 2 + 0.1),
+        "sum": lambda: assert_sum_close(run(lambda a: a.sum(-1), x), x.sum(-1),
+                                        2 * (x.shape[-1] + 2) * U * np.sum(np.abs(x), -1)),
+        "softmax": lambda: O.assert_close(run(ts.ops.softmax, x), _softmax64(x), 1e-14, "softmax"),
+    }
+    for check in checks.values():
+        check()
+    _plant_f32_registers(monkeypatch)
+    assert_f64(run(lambda a: a * 2 + 0.1, x))
+    for name, check in checks.items():
+        try:
+            check()
+        except AssertionError:
+            continue
+        pytest.fail(f"{name}: the f32 plant passed its check")
+
+
 # --------------------------------------------------------------------------- casts
 @pytest.mark.parametrize("to", ["f32", "bf16", "f16"])
 def test_cast_from_f64_rounds_once(rng, to):
