@@ -168,7 +168,15 @@ def section() -> str:
            "`tests/test_f64.py` holds each to its bound (`ULP_BOUND` there) on fresh random samples of the same "
            "kind.  The composites keep these bounds in their tails: gelu_tanh forms 2y in double-double "
            "arithmetic, gelu_erf carries x / sqrt(2) to 106 bits, and results that are subnormal are scaled "
-           "into place last (one rounding).\n\n",
+           "into place last (one rounding).\n\n"
+           "A kernel that touches float64 computes in f64 registers.  Elementwise f64 ops (add, sub, mul, div, "
+           "maximum, neg, relu, sqrt), casts and copies are correctly rounded, so they equal numpy bit for bit; "
+           "sums (reductions, softmax and norm rows, GEMM with `vfmadd231pd`) accumulate in f64 and differ from "
+           "numpy's only in the order of the additions.  A narrower value such a kernel goes on computing with "
+           "is rounded in registers to what numpy holds (`round_f32` / `round_bf16` / `round_f16`: a cast to its "
+           "type, any f32 / bf16 / f16 op to f32); a row op (softmax, layer_norm, rms_norm) on such a value runs in "
+           "f64, its result rounded only by the ops after it or by its store (closer to the exact value than an "
+           "f32 kernel's).\n\n",
            "| function | max ULP | mean ULP | worst input | points |\n|---|---:|---:|---:|---:|\n"]
     for name, r in rows.items():
         out.append(f"| {name} | {r['max_ulp']:.2f} | {r['mean_ulp']:.3f} | {r['worst_input']:.6g} | {r['points']} |\n")
