@@ -523,3 +523,29 @@ def test_lane_width_plant_is_refused(rng, monkeypatch):
     with pytest.raises(TesseraError) as e:
         ts.jit(lambda a: a * 2.0)(rnd(rng, 3, 7))
     assert "f64 vectors" in str(e.value)
+
+
+# --------------------------------------------------------------------------- the selector
+@pytest.mark.parametrize("arch, rec", [("avx2", "x86.avx2.fma.f64"), ("haswell", "x86.avx2.fma.f64"),
+                                       ("avx512", "x86.avx512.fma.f64"), ("sapphirerapids", "x86.avx512.fma.f64")])
+def test_selector_takes_the_f64_fma_record(arch, rec):
+    """f64 inputs select the f64 FMA record of the widest vectors the chip has: f64 products and
+    f64 sums (never an f32 or bf16 record), and nothing accumulates f64 into a narrower type."""
+    from tessera.errors import MmaSelectorError
+    from tessera.mma.selector import get_isa, select_mma
+    isa = get_isa("x86", arch)
+    sel = select_mma(isa, "f64")
+    assert sel.record.id == rec and sel.acc_dtype == "f64"
+    assert (sel.record.a_dtype, sel.record.b_dtype, sel.record.widen) == ("f64", "f64", None)
+    with pytest.raises(MmaSelectorError):
+        select_mma(isa, "f64", out_dtype="f32")
+
+
+def test_gpu_lanes_refuse_f64_matmul_with_a_code():
+    """No GPU record takes f64: compiling an f64 matmul for them is refused with MMA_SELECTOR."""
+    from tessera.errors import MmaSelectorError
+    a = np.ones((16, 16))
+    for target, arch in [("nvidia", "sm_90"), ("rocm", "gfx942")]:
+        with pytest.raises(MmaSelectorError) as e:
+            ts.compile(lambda x, w: x @ w, a, a, target=target, arch=arch)
+        assert "f64" in str(e.value)
