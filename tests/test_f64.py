@@ -667,3 +667,74 @@ def test_avx512_harness_runs_what_it_compiled(rng, avx512_here, monkeypatch):
     monkeypatch.setattr(me, "_MAX512_AS_HALVES", me._MAX512_AS_HALVES.replace("max.pd.256", "min.pd.256"))
     with pytest.raises(AssertionError):
         check()
+
+
+# --------------------------------------------------------------------------- narrow values in f64 kernels
+NARROW_IN_KERNEL = {
+    # a cast the kernel computes on after it (it used to pass the f64 value through unrounded)
+    "f64->f32->f64": (lambda a, b: ts.ops.cast(ts.ops.cast(a, "f32"), "f64") * 1.0,
+                      lambda a, b: a.astype(np.float32).astype(np.float64)),
+    "f64->bf16->f64": (lambda a, b: ts.ops.cast(ts.ops.cast(a, "bf16"), "f64") + b,
+                       lambda a, b: a.astype(BF16).astype(np.float64) + b),
+    "f64->f16->f64": (lambda a, b: ts.ops.cast(ts.ops.cast(a, "f16"), "f64") - b,
+                      lambda a, b: a.astype(np.float16).astype(np.float64) - b),
+    # f32 ops (and an f32 constant) inside a kernel that has f64 registers: each result is f32's
+    "f32 chain": (lambda a, b: ts.ops.cast(a, "f32") * 0.1 + 1e-9,
+                  lambda a, b: a.astype(np.float32) * np.float32(0.1) + np.float32(1e-9)),
+    "f32 adds": (lambda a, b: (ts.ops.cast(a, "f32") + ts.ops.cast(b, "f32")) + ts.ops.cast(b, "f32"),
+                 lambda a, b: (a.astype(np.float32) + b.astype(np.float32)) + b.astype(np.float32)),
+    "softmax of f32": (lambda a, b: ts.ops.cast(ts.ops.softmax(ts.ops.cast(ts.ops.cast(a, "f32"), "f64")), "f32"),
+                       lambda a, b: _softmax64(a.astype(np.float32).astype(np.float64)).astype(np.float32)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NARROW_IN_KERNEL))
+def test_narrow_values_inside_an_f64_kernel_round_like_numpy(rng, name):
+    """A kernel that touches f64 computes in f64 registers; a narrower value it goes on computing
+    with holds what numpy holds: a cast rounds to its type, and f32 ops round to f32."""
+    f, ref = NARROW_IN_KERNEL[name]
+    a, b = rnd(rng, 7, 45, scale=3.0), rnd(rng, 45)
+    got, want = run(f, a, b), ref(a, b)
+    assert got.dtype == want.dtype
+    if name.startswith("softmax"):
+        O.assert_close(got, want, 1e-7, name)   # the f32 input is exact; softmax then runs in f64
+        assert not np.array_equal(got, _softmax64(a).astype(np.float32)), "the f32 rounding of the input was lost"
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+def test_narrow_rounding_plant_fails(rng, monkeypatch):
+    """Teeth: without the in-register rounding (round_fn planted to None) the checks above fail."""
+    from tessera.passes.tile.kernels import rows
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    monkeypatch.setattr(rows, "round_fn", lambda elem, reg: None)
+    a, b = rnd(rng, 7, 45, scale=3.0), rnd(rng, 45)
+    for name in ("f64->f32->f64", "f64->bf16->f64", "f32 chain", "f32 adds"):
+        f, ref = NARROW_IN_KERNEL[name]
+        assert not np.array_equal(run(f, a, b), ref(a, b)), name
+
+
+# --------------------------------------------------------------------------- the selector
+@pytest.mark.parametrize("arch, rec", [("avx2", "x86.avx2.fma.f64"), ("haswell", "x86.avx2.fma.f64"),
+                                       ("avx512", "x86.avx512.fma.f64"), ("sapphirerapids", "x86.avx512.fma.f64")])
+def test_selector_takes_the_f64_fma_record(arch, rec):
+    """f64 inputs select the f64 FMA record of the widest vectors the chip has: f64 products and
+    f64 sums (never an f32 or bf16 record), and nothing accumulates f64 into a narrower type."""
+    from tessera.errors import MmaSelectorError
+    from tessera.mma.selector import get_isa, select_mma
+    isa = get_isa("x86", arch)
+    sel = select_mma(isa, "f64")
+    assert sel.record.id == rec and sel.acc_dtype == "f64"
+    assert (sel.record.a_dtype, sel.record.b_dtype, sel.record.widen) == ("f64", "f64", None)
+    with pytest.raises(MmaSelectorError):
+        select_mma(isa, "f64", out_dtype="f32")
+
+
+def test_gpu_lanes_refuse_f64_matmul_with_a_code():
+    """No GPU record takes f64: compiling an f64 matmul for them is refused with MMA_SELECTOR."""
+    from tessera.errors import MmaSelectorError
+    a = np.ones((16, 16))
+    for target, arch in [("nvidia", "sm_90"), ("rocm", "gfx942")]:
+        with pytest.raises(MmaSelectorError) as e:
+            ts.compile(lambda x, w: x @ w, a, a, target=target, arch=arch)
+        assert "f64" in str(e.value)

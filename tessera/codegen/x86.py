@@ -334,6 +334,9 @@ class _Fn(FnCodegen):
         elif fn == "relu":
             f = self.gen.intrinsic(f"llvm.maximum.{self._vec_suffix(vt)}", vt, [vt, vt])
             r = b.call(f, [a, ir.Constant(vt, None)])
+        elif fn.startswith("round_"):   # to the narrower type (one rounding) and back, exactly
+            narrow = {"round_f32": F32, "round_bf16": BF16, "round_f16": F16}[fn]
+            r = a if narrow == vt.element else self._extf(self._truncf(a, ir.VectorType(narrow, vt.count)), vt)
         else:
             r = self.gen.math(vt.count, vt.element).call(b, fn, a)
         self.set(op, r)

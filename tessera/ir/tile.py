@@ -582,8 +582,12 @@ class SplatIndexOp(IRDLOperation):
 # exp2_bounded: 2^x for x <= 127, 0 below -126: attention's probabilities with the scores in log2 units
 # (beside the row maximum's weight of 1, a probability below 2^-126 moves an output by less than
 # 2^-126 times the values it weighs).
+# round_f32 / round_bf16 / round_f16: the value rounded (once, to nearest even) to that narrower type
+# and widened back exactly: a cast inside a kernel whose registers are wider than its result
+# (tensor.cast(x, f32) in an f64 kernel, then more f64 math) keeps numpy's rounding.
+ROUND_FNS = ("round_f32", "round_bf16", "round_f16")
 UNARY_FNS = ("neg", "exp", "exp_bounded", "exp2_bounded", "tanh", "erf", "relu", "silu", "gelu_tanh", "gelu_erf", "sqrt", "rsqrt", "recip",
-             "copy", "abs", "finite_or_zero")
+             "copy", "abs", "finite_or_zero") + ROUND_FNS
 # safe_div: a / b, or 0 where b == 0.  mask_select: a where b != 0, else -inf.  select_max:
 # a > b ? a : b (one vmaxps; a NaN in a is dropped, so only for a consumer whose result is NaN
 # anyway when an operand was: softmax's row maximum, since the NaN reaches the row's sum).

@@ -61,7 +61,7 @@ from tessera.ir.attrs import ival
 PTR = LLVMPointerType()  # x86 code addresses one flat space
 
 UNARY = ("neg", "exp", "exp_bounded", "exp2_bounded", "tanh", "erf", "relu", "silu", "gelu_tanh", "gelu_erf", "sqrt", "rsqrt", "recip", "copy",
-         "abs", "finite_or_zero")
+         "abs", "finite_or_zero", "round_f32", "round_bf16", "round_f16")
 BINARY = ("add", "sub", "mul", "div", "max", "min", "safe_div", "mask_select", "select_max")
 
 

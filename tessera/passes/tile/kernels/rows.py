@@ -195,8 +195,20 @@ def _widen(b: Builder, value, chunk: int):
     return elementwise(b, "add", [zero.result, value])
 
 
+def round_fn(elem, reg) -> str | None:
+    """The ``round_*`` tile function that gives a value in ``reg`` registers the rounding of a
+    cast to ``elem``, or None where ``elem`` holds every ``reg`` value (or is not a float)."""
+    order = {"bf16": 1, "f16": 1, "f32": 2, "f64": 3}
+    e, r = str(elem), str(reg)
+    return f"round_{e}" if e in order and order[e] < order.get(r, 0) else None
+
+
 def emit_ops(b: Builder, ops, vals: dict, reg=f32) -> None:
-    """Graph IR elementwise ops -> tile.elementwise on already-mapped values (registers of ``reg``)."""
+    """Graph IR elementwise ops -> tile.elementwise on already-mapped values (registers of ``reg``).
+
+    A value narrower than the registers that the kernel goes on computing with is rounded to
+    what numpy holds (a value only stored is rounded by its store): a cast to its type, and in
+    f64 registers any f32 / bf16 / f16 op's result to f32 -- the value an f32 kernel computes."""
     for op in ops:
         if isinstance(op, (g.ReshapeOp, g.TransposeOp)):
             continue
@@ -213,6 +225,12 @@ def emit_ops(b: Builder, ops, vals: dict, reg=f32) -> None:
             vals[op.result] = elementwise(b, g.elementwise_fn(op), [vals[op.lhs], vals[op.rhs]])
         else:
             raise ScheduleIllegalError(f"{op.name} is not an elementwise op")
+        narrow = round_fn(op.result.type.element_type, reg)
+        # a cast rounds to its type; an op of a narrower type to f32 (in f64 registers; in f32 ones
+        # bf16 / f16 ops keep computing in f32, as before)
+        fn = narrow if isinstance(op, g.CastOp) else narrow and round_fn(f32, reg)
+        if fn is not None and not all(isinstance(u.operation, g.YieldOp) for u in op.result.uses):
+            vals[op.result] = elementwise(b, fn, [vals[op.result]])
 
 
 def chunk_of(kop: s.KernelOp) -> int:
@@ -230,4 +248,4 @@ def check_rows_schedule(kop: s.KernelOp) -> None:
 
 
 __all__ = ["Leaf", "find_leaves", "register_dims", "for_row_runs", "for_rows", "RowCtx", "load_leaf", "prefetch_leaves", "store_row",
-           "emit_ops", "chunk_of", "check_rows_schedule", "StringAttr"]
+           "emit_ops", "round_fn", "chunk_of", "check_rows_schedule", "StringAttr"]
