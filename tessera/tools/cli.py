@@ -12,6 +12,16 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 
 def _docs(args) -> int:
     from tessera.tools import docs
+    if getattr(args, "since", False):
+        if args.name != "gpu":
+            raise TesseraError("--since applies to `tessera docs gpu` only")
+        from tessera.tools import gpu_doc
+        if args.write:
+            print(f"wrote {gpu_doc.write_since()}")
+            print(f"wrote {docs.write('gpu', ROOT)}")
+        else:
+            sys.stdout.write(gpu_doc.since_md())
+        return 0
     names = list(docs.GENERATORS) if args.name == "all" else [args.name]
     for n in names:
         if n not in docs.GENERATORS:
@@ -78,8 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="tessera")
     sub = ap.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("docs", help="print or --write a generated document")
-    d.add_argument("name", help="errors | mma | lanes | numerics | all")
+    d.add_argument("name", help="errors | mma | lanes | numerics | abi | gpu | benchmarks | all")
     d.add_argument("--write", action="store_true")
+    d.add_argument("--since", action="store_true",
+                   help="gpu: the commits that changed GPU code after each recorded run, from git history as of now "
+                        "(--write: record them in benchmarks/gpu/results/since.json, which docs/gpu.md renders)")
     d.set_defaults(func=_docs)
     demo = sub.add_parser("demo", help="compile and run a transformer block on the CPU lane")
     demo.add_argument("--seq", type=int, default=256)
