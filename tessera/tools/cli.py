@@ -44,6 +44,10 @@ def _bench(args) -> int:
             bench_tiles.write(res)
             print("calibration.json updated")
         return 0
+    if args.what == "render":
+        from tessera.tools import bench_doc
+        sys.stdout.write(bench_doc.render_doc(Path(args.log_dir) if args.log_dir else bench_doc.LOG_DIR))
+        return 0
     from tessera.tools import bench_cpu
     return bench_cpu.main(args)
 
@@ -98,11 +102,18 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--seq", type=int, default=256)
     demo.add_argument("--dim", type=int, default=256)
     demo.set_defaults(func=lambda a: __import__("tessera.tools.demo", fromlist=["main"]).main(a))
-    bt = sub.add_parser("bench", help="benchmarks: cpu (the performance table), tiles (register-tile calibration)")
-    bt.add_argument("what", choices=["cpu", "tiles"])
-    bt.add_argument("--write", action="store_true", help="tiles: update calibration.json; cpu: docs/benchmarks.md")
+    bt = sub.add_parser("bench", help="benchmarks: cpu (the performance table), render (docs/benchmarks.md from "
+                                      "the raw logs), tiles (register-tile calibration)")
+    bt.add_argument("what", choices=["cpu", "render", "tiles"])
+    bt.add_argument("--write", action="store_true",
+                    help="tiles: update calibration.json; cpu: keep the run's raw log as "
+                         "benchmarks/results/cpu/<host>/<date>-<commit>.json and re-render docs/benchmarks.md")
     bt.add_argument("--dtype", default="f32")
-    bt.add_argument("--quick", action="store_true", help="cpu: fewer repeats and sizes")
+    bt.add_argument("--quick", action="store_true",
+                    help="cpu: small sizes, three rounds (a smoke test; its log is marked quick)")
+    bt.add_argument("--log-dir", default=None,
+                    help="cpu/render: the raw logs' folder (default benchmarks/results/cpu; elsewhere, --write "
+                         "also writes DIR/benchmarks.md)")
     bt.set_defaults(func=_bench)
     mm = sub.add_parser("mma", help="the MMA selector: ranked candidates and the selection, or the whole table")
     mm.add_argument("--target", default="x86")
