@@ -119,3 +119,16 @@ def test_malformed_logs_get_a_clear_error(rng, tmp_path):
     (tmp_path / "h" / "x.json").write_text(json.dumps(run))
     with pytest.raises(BenchLogError, match="folder"):
         bench_doc.load_logs(tmp_path)
+
+
+def test_committed_cpu_logs_render_with_matched_ratios():
+    logs = bench_doc.load_logs(bench_doc.LOG_DIR)
+    assert logs, "no raw CPU log is committed under benchmarks/results/cpu/"
+    for host, runs in logs.items():
+        assert len(runs) <= 2, f"{host}: the repository keeps the latest run per host (and a later quick one)"
+        for run in runs:
+            for row in run["rows"]:
+                s = bench_doc.row_stats(row)
+                if s["best_peer"]:
+                    med = {n: float(np.median(v["times_s"])) for n, v in row["libraries"].items()}
+                    assert s["matched"] == pytest.approx(med[s["best_peer"]] / med[bench_doc.FRESH], rel=1e-12)
