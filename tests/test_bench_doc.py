@@ -132,3 +132,10 @@ def test_committed_cpu_logs_render_with_matched_ratios():
                 if s["best_peer"]:
                     med = {n: float(np.median(v["times_s"])) for n, v in row["libraries"].items()}
                     assert s["matched"] == pytest.approx(med[s["best_peer"]] / med[bench_doc.FRESH], rel=1e-12)
+
+
+def test_bench_render_command_prints_the_doc_of_a_log_dir(rng, tmp_path, capsys):
+    from tessera.tools import cli
+    bench_doc.write_run(tmp_path, _run(rng))
+    assert cli.main(["bench", "render", "--log-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == bench_doc.render_doc(tmp_path)

@@ -76,3 +76,9 @@ def test_readme_says_what_checked_the_gpu_numerics():
     named = set(re.findall(r"H200 at commit `([0-9a-f]{7,40})`", text))
     assert named and all(c[:7] in commits for c in named), (named, commits)
     assert "emulator written from the vendor documentation" in text
+
+
+def test_since_applies_to_the_gpu_doc_only(capsys):
+    from tessera.tools import cli
+    assert cli.main(["docs", "errors", "--since"]) == 1
+    assert "--since applies to `tessera docs gpu` only" in capsys.readouterr().err
