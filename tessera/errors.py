@@ -407,6 +407,12 @@ class CacheUntrustedError(CacheError):
     code = "CACHE_UNTRUSTED"
 
 
+class BenchLogError(TesseraError):
+    """A benchmark log (``benchmarks/results/cpu/<host>/*.json``) is unreadable or malformed."""
+    code = "BENCH_LOG"
+    area = "tools"
+
+
 def all_error_classes() -> list[type[TesseraError]]:
     """Every TesseraError class defined in Tessera, in definition order, base first."""
     seen: list[type[TesseraError]] = []

@@ -108,7 +108,11 @@ def main(argv=None) -> int:
         (out / f"{name}.cubin").write_bytes(art.binary())
         cases.append({"name": name, "kind": "bench", "cubin": f"{name}.cubin", "dtype": "f16", "m": s, "n": s, "k": s,
                       "flops": 2 * s ** 3, **launch_record(art, [a, a])})
-    manifest = {"arch": args.arch, "built_with": "tessera.compile(target='nvidia')", "cases": cases}
+    # the commit the cubins were built from: device_run.sh copies it into the run's commit.json
+    from tessera.tools.bench_doc import git_state  # noqa: E402
+    commit, dirty = git_state(ROOT)
+    manifest = {"arch": args.arch, "built_with": "tessera.compile(target='nvidia')", "commit": commit,
+                "dirty": dirty, "cases": cases}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     print(f"wrote {len(cases)} cases to {out}")
     return 0

@@ -3,7 +3,8 @@
 #   the device tests (tessera.jit(target="nvidia") launched on the GPU, checked against float64
 #   and the warp emulator; the CUDA launcher), then nvidia_check.py over the prebuilt bundle
 #   (numerics of every check cubin, GEMM timing against torch.matmul / cuBLAS), then
-#   attention_bench.py (flash attention against torch's SDPA).
+#   attention_bench.py (flash attention against torch's SDPA).  $OUT/commit.json records the commit
+#   the run's code is (docs/gpu.md names it beside the figures).
 # Prepare here first:  ./dev python benchmarks/gpu/build_nvidia_bundle.py --arch sm_90
 # Where the machine lacks xDSL / llvmlite 0.50, carry them in .whl/ as wheels, or as an xz-packed
 # site-packages tree (*.tar.xz; llvmlite's wheel alone nearly fills a 64 MiB transfer).
@@ -11,6 +12,26 @@ set -uo pipefail
 OUT=${OUT:-/tmp/tessera-gpu-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PATH="/usr/local/cuda/bin:$PATH"
 py=${PYTHON:-python3}
+# the commit this run's code is: git's where the copy has .git, else the bundle's (built here, from this tree)
+$py - "$OUT/commit.json" <<'PY'
+import datetime, json, pathlib, subprocess, sys
+rec = {"commit": "unknown", "dirty": None, "recorded": True,
+       "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+try:
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode == 0:
+        st = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+        rec.update(commit=head.stdout.strip(), dirty=bool(st.stdout.strip()), how="recorded by device_run.sh (git)")
+except OSError:
+    pass
+m = pathlib.Path("benchmarks/gpu/bundle/manifest.json")
+if rec["commit"] == "unknown" and m.exists():
+    man = json.loads(m.read_text())
+    rec.update(commit=man.get("commit", "unknown"), dirty=man.get("dirty"),
+               how="recorded by device_run.sh from the bundle's manifest (build_nvidia_bundle.py, same tree)")
+pathlib.Path(sys.argv[1]).write_text(json.dumps(rec, indent=1) + "\n")
+print("commit", rec["commit"], "dirty" if rec["dirty"] else "")
+PY
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>&1 | tee "$OUT/gpu.txt"
 if [ -d .whl ]; then
   $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3

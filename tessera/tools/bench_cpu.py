@@ -1,18 +1,24 @@
 """``tessera bench cpu``: Tessera's CPU lane against its peers, in one run, on the same random inputs.
 
-Method: every workload gets fresh random inputs (never zeros); each implementation is
-called twice to warm up, then timed in ``REPS`` interleaved rounds (one call of each
-implementation per round); the median is reported.  ratio =
-best peer time / Tessera time (above 1: Tessera is faster).  Peers: numpy (OpenBLAS),
-and, when installed (the ``bench`` extra), torch eager, ``torch.compile`` and
-``jax.jit``.  Single-thread rows run in a child process pinned to one CPU
-(affinity, OPENBLAS/OMP threads 1, torch threads 1); the others use every CPU this
-process may use.
+Method: every workload gets fresh random inputs (never zeros); each implementation is called twice
+to warm up, then timed in interleaved rounds (one call of each implementation per round); the
+document reports medians.  Peers: numpy (OpenBLAS) and, when installed (the ``bench`` extra), torch
+eager, ``torch.compile`` and ``jax.jit``.  Single-thread rows run in a child process pinned to one
+CPU (affinity, OPENBLAS/OMP threads 1, torch threads 1); the others use every CPU this process may
+use.
 
-Allocation: Tessera returns results from its reusing huge-page pool (``runtime/memory.py``);
-peers allocate fresh outputs as they normally do.  Memory-bound rows are therefore also
-run with ``TESSERA_POOL=0`` (fresh ``numpy.empty`` outputs) and reported as a second
-Tessera column, so both like-with-like and as-used figures are visible.
+Allocation: Tessera's default call path returns results from its reusing huge-page pool
+(``runtime/memory.py``); the peers return fresh outputs.  Every row therefore times Tessera twice:
+``tessera`` (its default path, the pool) and ``tessera (fresh outputs)`` (the pool switched off: a
+fresh ``numpy.empty`` per result, the peers' policy), and counts the minor page faults of every
+timed call (``getrusage`` before and after).  ``tessera/tools/bench_doc.py`` computes both ratios
+from the raw timings (the headline one with the same policy for everyone).
+
+Raw log: ``--write`` keeps the run (host, commit, date, versions, load, every timing and fault
+count of every round) as ``benchmarks/results/cpu/<host>/<date>-<commit>.json`` and re-renders
+``docs/benchmarks.md`` from the logs; ``--log-dir DIR`` writes the log (and DIR/benchmarks.md)
+elsewhere.  ``--quick`` (small sizes, three rounds) is a smoke test of the same path; its log is
+marked quick and the document shows it only for a host without a full run.
 """
 from __future__ import annotations
 
@@ -20,12 +26,16 @@ import json
 import math
 import os
 import platform
+import resource
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
+
+from tessera.tools import bench_doc
 
 REPS = 7
 # A row whose rounds are cheap keeps adding rounds, up to MAX_REPS, while its timed rounds have taken
@@ -46,9 +56,40 @@ WAKE_BELOW_S = 0.25
 PAIR_PAUSE_S = 0.05
 # ... and its rounds: at least PAIR_LEAST, more while under PAIR_BUDGET_S, at most PAIR_MOST
 PAIR_LEAST, PAIR_MOST, PAIR_BUDGET_S = 41, 201, 30.0
+# the peak loops' iteration counts are divided by this (``--quick``: 10)
+PEAK_DIVISOR = 1
 
 
-# --------------------------------------------------------------------------- host peaks
+def set_quick() -> None:
+    """``--quick``: three rounds per row, short pauses, short peak loops."""
+    global REPS, MAX_REPS, QUIESCE_S, PAIR_LEAST, PAIR_MOST, PEAK_DIVISOR
+    REPS = MAX_REPS = 3
+    QUIESCE_S = 0.02
+    PAIR_LEAST = PAIR_MOST = 5
+    PEAK_DIVISOR = 10
+
+
+def method() -> dict:
+    return {"reps": REPS, "max_reps": MAX_REPS, "rounds_budget_s": ROUNDS_BUDGET_S, "quiesce_s": QUIESCE_S,
+            "wake_below_s": WAKE_BELOW_S, "pair_pause_s": PAIR_PAUSE_S, "pair_least": PAIR_LEAST,
+            "pair_most": PAIR_MOST, "pair_budget_s": PAIR_BUDGET_S}
+
+
+def sizes(quick: bool) -> dict:
+    """Every workload's shape: the full run's, or ``--quick``'s small ones."""
+    if quick:
+        return {"gemm": [(256, 256, 256), (200, 150, 300)], "bf16": 256, "gelu": (256, 128, 512),
+                "rows": (4096, 2048), "seqs": (128,), "copy": (1024, 1024), "touch_mib": 32}
+    return {"gemm": [(1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (1000, 1000, 1000),
+                     (777, 513, 1029)], "bf16": 2048, "gelu": (2048, 1024, 4096), "rows": (8192, 4096),
+            "seqs": (1024, 4096), "copy": (8192, 4096), "touch_mib": 128}
+
+
+def minflt() -> int:
+    """Minor page faults of this process so far (every thread)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def _peak_loop(threads: int, decls: str, entry: str, phis: str, body: str, done: str, iters: int,
                flops_per_iter: int, out_floats: int, inp: np.ndarray) -> float:
     """GFLOP/s of ``void @peak(i64 iters, ptr out, ptr in)``: ``entry``, then a loop of ``body``
@@ -122,7 +163,7 @@ def fma_peak(threads: int, bf16: bool = False) -> float:
     done = "\n  ".join([f"%s0 = fadd {vt} %b0, %b0"] +
                        [f"%s{i} = fadd {vt} %s{i - 1}, %b{i}" for i in range(1, n)] +
                        [f"store {vt} %s{n - 1}, ptr %out, align 4"])
-    return _peak_loop(threads, decl, entry, phis, body, done, 20_000_000, n * flops, 16,
+    return _peak_loop(threads, decl, entry, phis, body, done, 20_000_000 // PEAK_DIVISOR, n * flops, 16,
                       np.full(16, 1e-3, np.float32))
 
 
@@ -147,7 +188,7 @@ def amx_peak(threads: int) -> float:
     done = "\n  ".join(f"call void @llvm.x86.tilestored64.internal({sh}, ptr %out, i64 64, x86_amx %b{i})"
                        for i in range(4))
     # inputs: bf16 0.0078125 (no overflow over the loop)
-    return _peak_loop(threads, decls, entry, phis, body, done, 500_000, 4 * 2 * 16 * 16 * 32, 256,
+    return _peak_loop(threads, decls, entry, phis, body, done, 500_000 // PEAK_DIVISOR, 4 * 2 * 16 * 16 * 32, 256,
                       np.full(512, 0x3C00, np.uint16))
 
 
@@ -155,17 +196,6 @@ def bf16_instruction() -> str:
     """The instruction the selector picks for a bf16 GEMM on this host."""
     from tessera.mma.selector import get_isa, select_mma
     return select_mma(get_isa("x86", None), "bf16", out_dtype="f32", lowering="lower-tile-to-x86").record.mnemonic.split()[0]
-
-
-def bandwidth() -> dict:
-    """Bytes read + written per second for a large copy: numpy (1 thread) and Tessera (all CPUs)."""
-    import tessera as ts
-    x = np.random.default_rng().standard_normal((8192, 4096)).astype(np.float32)
-    out = np.empty_like(x)
-    cp = ts.jit(lambda a: a * 1.0)
-    t, _ = _interleaved({"numpy": (np.copyto, [out, x]), "tessera": (cp, [x])})
-    t_np, t_ts = t["numpy"], t["tessera"]
-    return {"numpy_copyto_1t": 2 * x.nbytes / t_np / 1e9, "tessera_copy": 2 * x.nbytes / t_ts / 1e9}
 
 
 # --------------------------------------------------------------------------- peers
@@ -256,19 +286,22 @@ def _tessera_fn(kind: str, threads: int | None):
     return ts.jit(fns[kind], schedule={"threads": threads} if threads else None)
 
 
+
 def _more_rounds(done: int, least: int, most: int, start: float, budget_s: float) -> bool:
     """Whether to time another round: up to ``least`` always, then up to ``most`` while the rounds
     since ``start`` have taken under ``budget_s``."""
     return done < least or done < most and time.perf_counter() - start < budget_s
 
 
-def _interleaved(cands: dict, reps: int | None = None) -> tuple[dict[str, float], int]:
-    """Median seconds per call of each ``name -> (fn, args)``, and the number of rounds, measured in
-    rounds (``reps``, else from REPS up to MAX_REPS within ROUNDS_BUDGET_S): every round
-    times each candidate once (who goes first rotates), so a drift in the host's speed during
-    the row reaches every library alike instead of whichever was measured in the slow moment.
-    Each timing follows a pause (peers' thread pools spin after a call) and, for calls under
-    ``WAKE_BELOW_S``, one untimed call that wakes the library's threads."""
+def _interleaved(cands: dict, reps: int | None = None) -> tuple[dict[str, dict], int]:
+    """Every timing of each ``name -> (fn, args)`` and the number of rounds, measured in rounds
+    (``reps``, else from REPS up to MAX_REPS within ROUNDS_BUDGET_S): every round times each
+    candidate once (who goes first rotates), so a drift in the host's speed during the row reaches
+    every library alike instead of whichever was measured in the slow moment.  Each timing follows
+    a pause (peers' thread pools spin after a call) and, for calls under ``WAKE_BELOW_S``, one
+    untimed call that wakes the library's threads.  Returns ``name -> {"warm_s", "times_s",
+    "minflt"}``: the second warm-up call's time, then per round the call's seconds and the minor
+    page faults the process took during it."""
     warm = {}
     for name, (fn, args) in cands.items():
         time.sleep(QUIESCE_S)
@@ -277,7 +310,7 @@ def _interleaved(cands: dict, reps: int | None = None) -> tuple[dict[str, float]
         fn(*args)
         warm[name] = time.perf_counter() - t0
     names = list(cands)
-    times: dict[str, list[float]] = {n: [] for n in names}
+    out = {n: {"warm_s": warm[n], "times_s": [], "minflt": []} for n in names}
     least, most = (reps, reps) if reps else (REPS, MAX_REPS)
     start = time.perf_counter()
     r = 0
@@ -287,65 +320,74 @@ def _interleaved(cands: dict, reps: int | None = None) -> tuple[dict[str, float]
             time.sleep(QUIESCE_S)
             if warm[n] < WAKE_BELOW_S:
                 fn(*args)
+            f0 = minflt()
             t0 = time.perf_counter()
             fn(*args)
-            times[n].append(time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            out[n]["minflt"].append(minflt() - f0)
+            out[n]["times_s"].append(t1 - t0)
         r += 1
-    return {n: float(np.median(t)) for n, t in times.items()}, r
+    return out, r
 
 
-def paired_overhead(fn, args, base_fn, base_args, least: int = PAIR_LEAST, most: int = PAIR_MOST,
-                    budget_s: float = PAIR_BUDGET_S) -> dict:
+def paired_overhead(fn, args, base_fn, base_args, least: int | None = None, most: int | None = None,
+                    budget_s: float | None = None) -> dict:
     """The cost of ``fn`` over ``base_fn`` from calls timed back to back: each round times both
-    (who goes first alternates), and the median of the rounds' ratios is reported with a
-    bootstrap 95 % interval.  The two calls of a round are a fraction of a second apart, so the
-    VM's drift (up to about 1.5x over minutes) cancels in each ratio, where a ratio of medians
-    taken over a row of peers would not resolve the few per cent this measures.  Rounds are added
-    (``least`` to ``most``, within ``budget_s``) because single calls of the same kernel vary by
-    about 5 % here: 21 rounds of the gelu(x@w+b) pair, run four times in one process, read +0.2 to
-    +4.6 % (81 rounds: +1.3 to +3.0 %).  Both callables are Tessera's, whose workers sleep after
-    ``SPIN_SECONDS`` of polling, so the pause before each call is ``PAIR_PAUSE_S``."""
+    (who goes first alternates); the log keeps every pair and the document reports the median of
+    the rounds' ratios with a bootstrap 95 % interval.  The two calls of a round are a fraction of
+    a second apart, so the VM's drift (up to about 1.5x over minutes) cancels in each ratio, where a
+    ratio of medians taken over a row of peers would not resolve the few per cent this measures.
+    Rounds are added (``least`` to ``most``, within ``budget_s``) because single calls of the same
+    kernel vary by about 5 % here: 21 rounds of the gelu(x@w+b) pair, run four times in one process,
+    read +0.2 to +4.6 % (81 rounds: +1.3 to +3.0 %).  Both callables are Tessera's, whose workers
+    sleep after ``SPIN_SECONDS`` of polling, so the pause before each call is ``PAIR_PAUSE_S``."""
+    least = PAIR_LEAST if least is None else least
+    most = PAIR_MOST if most is None else most
+    budget_s = PAIR_BUDGET_S if budget_s is None else budget_s
     for f, a in ((fn, args), (base_fn, base_args)):
         f(*a)
-    ratios = []
+    pairs = []
     start = time.perf_counter()
-    while _more_rounds(len(ratios), least, most, start, budget_s):
+    while _more_rounds(len(pairs), least, most, start, budget_s):
         pair = [0.0, 0.0]
-        for i in ((0, 1) if len(ratios) % 2 == 0 else (1, 0)):
+        for i in ((0, 1) if len(pairs) % 2 == 0 else (1, 0)):
             f, a = ((fn, args), (base_fn, base_args))[i]
             time.sleep(PAIR_PAUSE_S)
             t0 = time.perf_counter()
             f(*a)
             pair[i] = time.perf_counter() - t0
-        ratios.append(pair[0] / pair[1])
-    r = np.array(ratios)
-    q1, med, q3 = np.percentile(r, [25, 50, 75])
-    boot = np.median(r[np.random.default_rng(0).integers(0, len(r), (2000, len(r)))], axis=1)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    pct = lambda v: float((v - 1) * 100)   # noqa: E731
-    return {"median_pct": pct(med), "q1_pct": pct(q1), "q3_pct": pct(q3), "ci95_pct": (pct(lo), pct(hi)),
-            "rounds": len(r)}
+        pairs.append(pair)
+    return {"times_s": pairs, "ratios": [p[0] / p[1] for p in pairs]}
+
+
+def with_pool(fn, enabled: bool):
+    """``fn`` called with Tessera's output pool on (its default call path) or off (a fresh
+    ``numpy.empty`` for every result and intermediate, the peers' policy), whatever the setting
+    outside (``TESSERA_POOL``)."""
+    from tessera.runtime import memory
+
+    def call(*a):
+        before = memory.POOL.enabled
+        memory.POOL.enabled = enabled
+        try:
+            return fn(*a)
+        finally:
+            memory.POOL.enabled = before
+    return call
 
 
 def run_workload(name: str, kind: str, inputs: list[np.ndarray], work: float, unit: str, threads: int | None,
-                 peers: dict, use_compile: bool = True, fresh_alloc_column: bool = False,
-                 also: dict | None = None) -> dict:
-    """One row.  ``also``: more Tessera callables ``name -> (fn, args)`` timed in the same rounds
-    (reported in ``row["also_ms"]``, not as peers)."""
-    row = {"workload": name, "threads": threads or "all", "unit": unit, "times_ms": {}}
+                 peers: dict, use_compile: bool = True, also: dict | None = None, reps: int | None = None,
+                 with_numpy: bool = True) -> dict:
+    """One row: the raw timings and fault counts of every library.  ``also``: more Tessera
+    callables ``name -> (fn, args)`` timed in the same rounds (logged in ``row["also"]``, not as
+    peers)."""
+    row = {"workload": name, "kind": kind, "threads": threads or "all", "unit": unit, "work": work, "failed": {}}
     tf = _tessera_fn(kind, threads)
-    cands = {"tessera": (tf, inputs), **(also or {})}
-    if fresh_alloc_column:
-        from tessera.runtime import memory
-
-        def fresh(*a):
-            memory.POOL.enabled = False
-            try:
-                return tf(*a)
-            finally:
-                memory.POOL.enabled = True
-        cands["tessera (fresh outputs)"] = (fresh, inputs)
-    if inputs[0].dtype == np.float32:
+    cands = {bench_doc.POOLED: (with_pool(tf, True), inputs),
+             bench_doc.FRESH: (with_pool(tf, False), inputs),
+             **{n: (with_pool(f, True), a) for n, (f, a) in (also or {}).items()}}
+    if with_numpy and inputs[0].dtype == np.float32:
         cands["numpy"] = (_numpy_fn(kind), inputs)
     if "torch" in peers:
         torch = peers["torch"]
@@ -365,33 +407,23 @@ def run_workload(name: str, kind: str, inputs: list[np.ndarray], work: float, un
                 cf(*tin)   # compiles here: a peer that cannot compile is reported, not fatal
                 cands["torch.compile"] = (cf, tin)
             except Exception as e:  # noqa: BLE001
-                row["times_ms"]["torch.compile"] = f"failed: {type(e).__name__}"
+                row["failed"]["torch.compile"] = f"failed: {type(e).__name__}"
     if "jax" in peers:
         jax, jnp = peers["jax"]
         jin = [jnp.asarray(np.asarray(a, np.float32)).astype(jnp.bfloat16) if a.dtype != np.float32 else
                jnp.asarray(a) for a in inputs]
         jf = _jax_fn(jax, jnp, kind)
         cands["jax.jit"] = (lambda *a: jf(*a).block_until_ready(), jin)
-    row["also_ms"] = {}
-    timed, row["rounds"] = _interleaved(cands)
-    for n, t in timed.items():
-        (row["also_ms"] if n in (also or {}) else row["times_ms"])[n] = t * 1e3
-    peer_times = {k: v for k, v in row["times_ms"].items() if not k.startswith("tessera") and isinstance(v, float)}
-    if peer_times:
-        best = min(peer_times, key=peer_times.get)
-        row["best_peer"] = best
-        row["ratio"] = peer_times[best] / row["times_ms"]["tessera"]
-    row["tessera_rate"] = work / (row["times_ms"]["tessera"] / 1e3) / 1e9
+    timed, row["rounds"] = _interleaved(cands, reps)
+    row["libraries"] = {n: v for n, v in timed.items() if n not in (also or {})}
+    row["also"] = {n: v for n, v in timed.items() if n in (also or {})}
     return row
 
 
 def gemm_rows(threads: int | None, quick: bool, peers: dict) -> list[dict]:
     rng = np.random.default_rng()
-    shapes = [(1024, 1024, 1024), (2048, 2048, 2048), (1000, 1000, 1000), (777, 513, 1029)]
-    if not quick:
-        shapes.insert(2, (4096, 4096, 4096))
     rows = []
-    for m, n, k in shapes:
+    for m, n, k in sizes(quick)["gemm"]:
         a = rng.standard_normal((m, k)).astype(np.float32)
         b = rng.standard_normal((k, n)).astype(np.float32)
         rows.append(run_workload(f"sgemm {m}x{n}x{k}", "gemm", [a, b], 2 * m * n * k, "GFLOP/s", threads, peers,
@@ -399,98 +431,65 @@ def gemm_rows(threads: int | None, quick: bool, peers: dict) -> list[dict]:
     return rows
 
 
-def main(args) -> int:
-    quick = getattr(args, "quick", False)
-    global REPS, MAX_REPS
-    if quick:
-        REPS = MAX_REPS = 3
-    if os.environ.get("TESSERA_BENCH_CHILD") == "1thread":
-        peers = _peers()
-        if "torch" in peers:
-            peers["torch"].set_num_threads(1)
-        rows = gemm_rows(1, quick, peers)
-        print(json.dumps({"rows": rows, "fma_peak_1t": fma_peak(1)}))
-        return 0
+def bandwidth(shape) -> dict:
+    """A large copy, raw: numpy's ``copyto`` into a preallocated array (1 thread) and Tessera's
+    ``x * 1.0`` (all CPUs, its pooled output: both write into memory already mapped)."""
+    import tessera as ts
+    x = np.random.default_rng().standard_normal(shape).astype(np.float32)
+    out = np.empty_like(x)
+    cp = ts.jit(lambda a: a * 1.0)
+    t, _ = _interleaved({"numpy copyto": (np.copyto, [out, x]), bench_doc.POOLED: (with_pool(cp, True), [x])})
+    return {"bytes": x.nbytes, "libraries": t}
+
+
+def first_touch(mib: int, rounds: int = 5) -> dict:
+    """What a fresh output costs on this host: the first write to a fresh ``numpy.empty`` array of
+    ``mib`` MiB (the kernel maps and zeroes its pages: minor faults) against writing it again."""
+    n = mib * 2 ** 20 // 4
+    out = {"bytes": n * 4, "first_s": [], "first_minflt": [], "rewrite_s": [], "rewrite_minflt": []}
+    for _ in range(rounds):
+        a = np.empty(n, np.float32)
+        for key, v in (("first", 1.0), ("rewrite", 2.0)):
+            f0 = minflt()
+            t0 = time.perf_counter()
+            a.fill(v)
+            out[f"{key}_s"].append(time.perf_counter() - t0)
+            out[f"{key}_minflt"].append(minflt() - f0)
+        del a
+    return out
+
+
+def host_record() -> dict:
+    """The host as the log names it: CPU model, LLVM's CPU name and features, usable CPUs, THP mode."""
     from tessera import host
-    peers = _peers()
-    env = dict(os.environ, TESSERA_BENCH_CHILD="1thread", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
-               MKL_NUM_THREADS="1", XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
-    child = subprocess.run(["taskset", "-c", str(min(os.sched_getaffinity(0))), sys.executable, "-m",
-                            "tessera.tools.cli", "bench", "cpu"] + (["--quick"] if quick else []),
-                           env=env, capture_output=True, text=True)
-    if child.returncode != 0:
-        print(child.stderr, file=sys.stderr)
-        return 1
-    one = json.loads(child.stdout.strip().splitlines()[-1])
-    rows = one["rows"] + gemm_rows(None, quick, peers)
-    rng = np.random.default_rng()
-    from tessera import bfloat16
-    a16 = rng.standard_normal((2048, 2048)).astype(bfloat16)
-    b16 = rng.standard_normal((2048, 2048)).astype(bfloat16)
-    rows.append(run_workload(f"bf16 gemm 2048^3 ({bf16_instruction()})", "gemm", [a16, b16], 2 * 2048 ** 3, "GFLOP/s", None, peers,
-                             use_compile=False))
-    x = rng.standard_normal((2048, 1024)).astype(np.float32)
-    w = rng.standard_normal((1024, 4096)).astype(np.float32)
-    bias = rng.standard_normal(4096).astype(np.float32)
-    # the bare GEMM of the same shape is timed in the same rounds: the fused epilogue's cost
-    gelu_fn, gemm_fn = _tessera_fn("gelu", None), _tessera_fn("gemm", None)
-    rows.append(run_workload("gelu(x@w+b) 2048x1024x4096", "gelu", [x, w, bias], 2 * 2048 * 1024 * 4096, "GFLOP/s",
-                             None, peers, also={"bare gemm": (gemm_fn, [x, w])}))
-    # the epilogue's cost depends on the activations' scale: with x and w unit normals, x@w+b has a
-    # standard deviation of 32 and 1.2 % of its elements fall where gelu's result is tiny or
-    # subnormal (x in about (-11.2, -10.2)), whose exact tail runs in a branch that about a fifth
-    # of the 16-lane vectors take, unpredictably; w / sqrt(K), the scale of an initialised layer,
-    # gives unit-scale activations, which never take it
-    w_unit = (w / np.float32(np.sqrt(w.shape[0]))).astype(np.float32)
-    rows[-1]["epilogue_paired"] = {
-        "the row's inputs (activations of standard deviation 32)":
-            paired_overhead(gelu_fn, [x, w, bias], gemm_fn, [x, w]),
-        "w / sqrt(K) (unit-scale activations)": paired_overhead(gelu_fn, [x, w_unit, bias], gemm_fn, [x, w_unit])}
-    rows.append(run_workload("bare gemm 2048x1024x4096", "gemm", [x, w], 2 * 2048 * 1024 * 4096, "GFLOP/s", None, peers,
-                             use_compile=False))
-    big = rng.standard_normal((8192, 4096)).astype(np.float32)
-    g, bb = rng.standard_normal(4096).astype(np.float32), rng.standard_normal(4096).astype(np.float32)
-    traffic = 2 * big.nbytes
-    for kind, ins in (("softmax", [big]), ("layer_norm", [big, g, bb]), ("rms_norm", [big, g])):
-        rows.append(run_workload(f"{kind} 8192x4096", kind, ins, traffic, "GB/s", None, peers,
-                                 fresh_alloc_column=True))
-    for seq in ((1024,) if quick else (1024, 4096)):
-        q, k, v = (rng.standard_normal((1, 16, seq, 64)).astype(np.float32) for _ in range(3))
-        flops = 4 * 16 * seq * seq * 64
-        for kind in ("attention", "attention_causal"):
-            rows.append(run_workload(f"{kind.replace('_', ' ')} 16x{seq}x64", kind, [q, k, v],
-                                     flops / (2 if kind.endswith("causal") else 1), "GFLOP/s", None, peers,
-                                     use_compile=seq == 1024))
-    host_info = {"cpu": cpu_description(), "usable_cpus": host.usable_cpus(),
-                 "fma_peak_1t": one["fma_peak_1t"], "fma_peak_all": fma_peak(host.usable_cpus()),
-                 "vdpbf16ps_peak_all": fma_peak(host.usable_cpus(), bf16=True),
-                 "amx_peak_all": amx_peak(host.usable_cpus()), **bandwidth()}
-    host_info["compile"] = compile_times()
-    host_info["gpu"] = gpu_status()
-    text = render(rows, host_info, quick)
-    print(text)
-    if getattr(args, "write", False):
-        root = Path(__file__).resolve().parent.parent.parent
-        (root / "docs" / "benchmarks.md").write_text(text)
-        print("wrote docs/benchmarks.md")
-    return 0
-
-
-def cpu_description() -> str:
-    """The model name, LLVM's name for it, and the matrix units a peer library may use (AMX)."""
-    import llvmlite.binding as llvm
-    model, flags = platform.processor() or platform.machine(), []
+    from tessera.mma.x86 import host_cpu
+    llvm_cpu, feats = host_cpu()
+    model = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model in ("", platform.machine(), platform.processor()):
+            if line.startswith("model name"):
                 model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = line.split(":", 1)[1].split()
                 break
     except OSError:
         pass
-    amx = [f for f in ("amx_bf16", "amx_int8") if f in flags]
-    return f"{model} (LLVM: {llvm.get_host_cpu_name()}{'; ' + ', '.join(amx) if amx else ''})"
+    try:
+        thp = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().strip()
+    except OSError:
+        thp = "unknown"
+    return {"slug": bench_doc.host_slug(model, llvm_cpu, feats), "cpu_model": model, "llvm_cpu": llvm_cpu,
+            "isa": bench_doc.isa_summary(feats), "features": sorted(feats), "usable_cpus": host.usable_cpus(),
+            "thp": thp}
+
+
+def software() -> dict:
+    import llvmlite
+    out = {"python": platform.python_version(), "numpy": np.__version__, "llvmlite": llvmlite.__version__}
+    for name in ("torch", "jax"):
+        try:
+            out[name] = __import__(name).__version__
+        except ImportError:
+            out[name] = None
+    return out
 
 
 def compile_times() -> dict:
@@ -503,20 +502,27 @@ def compile_times() -> dict:
             "x=np.ones((64,64),np.float32)\n"
             "f=ts.jit(lambda a, w, b: ts.ops.gelu(a @ w + b))\n"
             "t0=time.perf_counter(); f(x, x, x[0]); print(time.perf_counter()-t0)\n")
+    before = os.environ.get("TESSERA_CACHE_DIR")
     with tempfile.TemporaryDirectory() as d:
         env = dict(os.environ, TESSERA_CACHE_DIR=d)
         cold = float(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
                      .stdout.split()[-1])
         # warm process, entry on disk: drop the in-memory entry and compile again
         os.environ["TESSERA_CACHE_DIR"] = d
-        x = np.ones((64, 64), np.float32)
-        f = ts.jit(lambda a, w, b: ts.ops.gelu(a @ w + b))
-        f(x, x, x[0])
-        C._MEMORY.clear()
-        f2 = ts.jit(lambda a, w, b: ts.ops.gelu(a @ w + b))
-        t0 = time.perf_counter()
-        f2(x, x, x[0])
-        disk = time.perf_counter() - t0
+        try:
+            x = np.ones((64, 64), np.float32)
+            f = ts.jit(lambda a, w, b: ts.ops.gelu(a @ w + b))
+            f(x, x, x[0])
+            C._MEMORY.clear()
+            f2 = ts.jit(lambda a, w, b: ts.ops.gelu(a @ w + b))
+            t0 = time.perf_counter()
+            f2(x, x, x[0])
+            disk = time.perf_counter() - t0
+        finally:
+            if before is None:
+                os.environ.pop("TESSERA_CACHE_DIR", None)
+            else:
+                os.environ["TESSERA_CACHE_DIR"] = before
         small = np.ones((8,), np.float32)
         g = ts.jit(lambda a: a + 1.0)
         g(small)
@@ -528,114 +534,140 @@ def compile_times() -> dict:
     return {"cold_first_call_s": cold, "disk_cache_first_call_ms": disk * 1e3, "dispatch_us": dispatch * 1e6}
 
 
-def render(rows: list[dict], h: dict, quick: bool) -> str:
-    cols = ["tessera", "tessera (fresh outputs)", "numpy", "torch", "torch.compile", "jax.jit"]
-    lines = ["<!-- measured by `tessera bench cpu --write` (see the command below); numbers are from the last run -->",
-             "", "# Benchmarks (CPU lane)", "",
-             "Command: `./dev tessera bench cpu --write` (peers: `./dev python -m pip install -e .[bench]`).",
-             f"Host: {h['cpu']}, {h['usable_cpus']} usable CPUs.  Measured peaks: FMA "
-             f"{h['fma_peak_1t']:.0f} GFLOP/s on one thread, {h['fma_peak_all']:.0f} on all; "
-             + (f"vdpbf16ps {h['vdpbf16ps_peak_all']:.0f} GFLOP/s on all; " if h.get("vdpbf16ps_peak_all", 0) > 0
-                else "no vdpbf16ps (no AVX512-BF16); ")
-             + (f"AMX tdpbf16ps {h['amx_peak_all']:.0f} GFLOP/s on all; " if h.get("amx_peak_all", 0) > 0 else "")
-             + f"copy bandwidth {h['tessera_copy']:.1f} GB/s "
-             f"(Tessera, all CPUs, streaming stores), {h['numpy_copyto_1t']:.1f} GB/s (numpy copyto, 1 thread).",
-             "",
-             "Method: fresh random inputs per workload; 2 warm-up calls per library, then "
-             f"{REPS} interleaved rounds (a row keeps adding rounds, up to {MAX_REPS}, while they have taken under "
-             f"{ROUNDS_BUDGET_S:.0f} s: the `rounds` column), each timing one call of every library (who goes first "
-             "rotates), each "
-             f"call after a {QUIESCE_S} s pause (peers' thread pools spin after a call) and, for calls under "
-             f"{WAKE_BELOW_S} s, one untimed call that wakes the library's threads; the median per library; ratio = "
-             "best peer time / Tessera time.  This host is a 2-vCPU VM whose speed drifts by up to about 1.5x "
-             "within minutes; the rounds spread that drift over every library of a row, but rows measured "
-             "minutes apart can still differ, so ratios near 1.0 are ties.  Tessera results come from its reusing "
-             "huge-page output pool; the `tessera (fresh outputs)` column re-runs memory-bound rows with fresh "
-             "`numpy.empty` outputs, like the peers.  Bandwidth counts bytes read plus bytes written.",
-             "", "| workload | threads | rounds | " + " | ".join(cols) + " | best peer | ratio | Tessera rate |",
-             "|---|---|---:|" + "---:|" * len(cols) + "---|---:|---:|"]
-    for r in rows:
-        cells = []
-        for c in cols:
-            v = r["times_ms"].get(c)
-            cells.append("" if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v)))
-        lines.append(f"| {r['workload']} | {r['threads']} | {r.get('rounds', '')} | " + " | ".join(cells) +
-                     f" | {r.get('best_peer', '-')} | {r.get('ratio', float('nan')):.2f} | "
-                     f"{r['tessera_rate']:.1f} {r['unit']} |")
-    c = h["compile"]
-    lines += ["", "Times in ms."]
-    for r in rows:
-        bare = r.get("also_ms", {}).get("bare gemm")
-        if bare:
-            lines += ["", f"Fused epilogue: {r['workload']} took {r['times_ms']['tessera']:.2f} ms against "
-                      f"{bare:.2f} ms for the bare GEMM x@w of the same shape, timed in the same rounds: "
-                      f"{(r['times_ms']['tessera'] / bare - 1) * 100:+.1f} %."]
-            for label, p in (r.get("epilogue_paired") or {}).items():
-                ci = p["ci95_pct"]
-                lines[-1] += (f"  Timed back to back, {label}, {p['rounds']} pairs (median of the pairs' ratios): "
-                              f"**{p['median_pct']:+.1f} %** (95 % interval of the median "
-                              f"{ci[0]:+.1f} / {ci[1]:+.1f} %; "
-                              f"quartiles {p['q1_pct']:+.1f} / {p['q3_pct']:+.1f} %).")
-            if r.get("epilogue_paired"):
-                lines[-1] += (f"  (Pairs: a {PAIR_PAUSE_S} s pause before each call; {PAIR_LEAST} rounds, more "
-                              f"while under {PAIR_BUDGET_S:.0f} s.  The scale matters: about 1.2 % of "
-                              "activations of standard deviation 32 "
-                              "fall where gelu's result is tiny or subnormal, whose exact tail runs in a branch "
-                              "that about a fifth of the 16-lane vectors take, unpredictably.)")
-    lines += ["",
-              f"Compile: cold first call (new process, empty cache, gemm+gelu kernel) {c['cold_first_call_s']:.2f} s "
-              "(after `import tessera`: tracing, the passes, LLVM and the modules they load on first use); "
-              "first call served from the disk cache in a warm process "
-              f"{c['disk_cache_first_call_ms']:.1f} ms; in-memory dispatch overhead {c['dispatch_us']:.1f} us per "
-              "call (an 8-element elementwise kernel)."]
-    if quick:
-        lines += ["", "(--quick run: fewer repeats, no 4096^3.)"]
-    g = h.get("gpu")
-    if g:
-        lines += ["", "# GPU lanes", "",
-                  f"This host: {g['device']}.  GPU kernels are compiled and their numerics proven here by the wave/warp "
-                  "emulator (`tests/test_rocm.py`, `tests/test_nvidia.py`); their speed can only be measured on a GPU.",
-                  "",
-                  "- NVIDIA: `python benchmarks/gpu/build_nvidia_bundle.py --arch sm_90` here, then "
-                  "`python benchmarks/gpu/nvidia_check.py` on the GPU machine (numpy, torch, cuda-python) checks "
-                  "every cubin against float64 and the emulator and times GEMM 4096^3 f16/bf16 against "
-                  "`torch.matmul` (cuBLAS).  " + g["nvidia_figures"],
-                  "- ROCm: no AMD GPU has been available; the code objects are checked structurally (ELF flags, "
-                  "kernel descriptor, metadata note, disassembly) and numerically by the emulator only.",
-                  "",
-                  f"Compile time (cold, one GEMM kernel, includes the LLVM subprocess and the assembler/linker): "
-                  f"rocm gfx1151 {g['compile_s']['rocm']:.2f} s, nvidia sm_90 {g['compile_s']['nvidia']:.2f} s; "
-                  f"emulating it on a 256x256x256 problem: {g['emulate_s']:.2f} s."]
-    return "\n".join(lines) + "\n"
-
-
-NVIDIA_FIGURES = ("Measured figures from GPU machines (numerics on the device, GEMM against cuBLAS, flash "
-                  "attention against torch's SDPA) are in `docs/gpu.md`, rendered from the recorded logs.")
-
-
 def gpu_status() -> dict:
-    """What this host can say about the GPU lanes: the device, compile and emulation times."""
-    import time
-    from tessera.runtime import cuda
+    """What this host can say about the GPU lanes: the device, cold compile and emulation times
+    (a lane whose toolchain is missing is recorded as such)."""
     import tessera as ts
+    from tessera.errors import TesseraError
+    from tessera.runtime import cuda
     ok, why = cuda.device_available()
     a = np.random.default_rng(1).standard_normal((256, 256)).astype(np.float16)
-    times = {}
-    emu = 0.0
+    times: dict = {}
+    emu = None
     os.environ["TESSERA_NO_CACHE"] = "1"
     try:
         for target, arch in (("rocm", "gfx1151"), ("nvidia", "sm_90")):
-            t0 = time.perf_counter()
-            art = ts.compile(lambda x, y: x @ y, a, a, target=target, arch=arch)
-            times[target] = time.perf_counter() - t0
-            if target == "nvidia":
+            try:
                 t0 = time.perf_counter()
-                art.emulate(a, a)
-                emu = time.perf_counter() - t0
+                art = ts.compile(lambda x, y: x @ y, a, a, target=target, arch=arch)
+                times[f"{target} {arch}"] = time.perf_counter() - t0
+                if target == "nvidia":
+                    t0 = time.perf_counter()
+                    art.emulate(a, a)
+                    emu = time.perf_counter() - t0
+            except TesseraError as e:
+                times[f"{target} {arch}"] = f"not built ({e.code})"
     finally:
         os.environ.pop("TESSERA_NO_CACHE", None)
-    return {"device": f"NVIDIA {why}" if ok else f"no GPU ({why})", "compile_s": times, "emulate_s": emu,
-            "nvidia_figures": NVIDIA_FIGURES}
+    return {"device": f"NVIDIA {why}" if ok else f"no GPU ({why})", "compile_s": times, "emulate_s": emu}
+
+
+def _nan_to_none(v):
+    return None if isinstance(v, float) and math.isnan(v) else v
+
+
+def one_thread_rows(quick: bool) -> dict:
+    """The single-thread rows, measured in a child process pinned to one CPU."""
+    env = dict(os.environ, TESSERA_BENCH_CHILD="1thread", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
+               MKL_NUM_THREADS="1", XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+    child = subprocess.run(["taskset", "-c", str(min(os.sched_getaffinity(0))), sys.executable, "-m",
+                            "tessera.tools.cli", "bench", "cpu"] + (["--quick"] if quick else []),
+                           env=env, capture_output=True, text=True)
+    if child.returncode != 0:
+        raise RuntimeError(f"the single-thread child failed:\n{child.stderr}")
+    return json.loads(child.stdout.strip().splitlines()[-1])
+
+
+def measure(quick: bool) -> dict:
+    """One run of every workload: the record ``bench_doc`` keeps and renders."""
+    from tessera import bfloat16, host
+    commit, dirty = bench_doc.git_state()
+    date = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    peers = _peers()
+    sz = sizes(quick)
+    one = one_thread_rows(quick)
+    rows = one["rows"] + gemm_rows(None, quick, peers)
+    rng = np.random.default_rng()
+    n16 = sz["bf16"]
+    a16 = rng.standard_normal((n16, n16)).astype(bfloat16)
+    b16 = rng.standard_normal((n16, n16)).astype(bfloat16)
+    rows.append(run_workload(f"bf16 gemm {n16}^3 ({bf16_instruction()})", "gemm", [a16, b16], 2 * n16 ** 3,
+                             "GFLOP/s", None, peers, use_compile=False))
+    m, k, n = sz["gelu"]
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    # the bare GEMM of the same shape is timed in the same rounds: the fused epilogue's cost
+    gelu_fn, gemm_fn = _tessera_fn("gelu", None), _tessera_fn("gemm", None)
+    rows.append(run_workload(f"gelu(x@w+b) {m}x{k}x{n}", "gelu", [x, w, bias], 2 * m * k * n, "GFLOP/s",
+                             None, peers, use_compile=not quick, also={"bare gemm": (gemm_fn, [x, w])}))
+    # the epilogue's cost depends on the activations' scale: with x and w unit normals, x@w+b has a
+    # standard deviation of sqrt(K) (32 at K = 1024) and about 1.2 % of its elements fall where gelu's
+    # result is tiny or subnormal (x in about (-11.2, -10.2)), whose exact tail runs in a branch that
+    # about a fifth of the 16-lane vectors take, unpredictably; w / sqrt(K), the scale of an
+    # initialised layer, gives unit-scale activations, which never take it
+    w_unit = (w / np.float32(np.sqrt(k))).astype(np.float32)
+    rows[-1]["paired"] = {
+        f"the row's inputs (activations of standard deviation {math.sqrt(k):.0f})":
+            dict(paired_overhead(gelu_fn, [x, w, bias], gemm_fn, [x, w]), base="bare gemm"),
+        "w / sqrt(K) (unit-scale activations)":
+            dict(paired_overhead(gelu_fn, [x, w_unit, bias], gemm_fn, [x, w_unit]), base="bare gemm")}
+    rows.append(run_workload(f"bare gemm {m}x{k}x{n}", "gemm", [x, w], 2 * m * k * n, "GFLOP/s", None, peers,
+                             use_compile=False))
+    big = rng.standard_normal(sz["rows"]).astype(np.float32)
+    g = rng.standard_normal(sz["rows"][1]).astype(np.float32)
+    bb = rng.standard_normal(sz["rows"][1]).astype(np.float32)
+    for kind, ins in (("softmax", [big]), ("layer_norm", [big, g, bb]), ("rms_norm", [big, g])):
+        rows.append(run_workload(f"{kind} {sz['rows'][0]}x{sz['rows'][1]}", kind, ins, 2 * big.nbytes, "GB/s",
+                                 None, peers, use_compile=not quick))
+    for seq in sz["seqs"]:
+        q, kk, v = (rng.standard_normal((1, 16, seq, 64)).astype(np.float32) for _ in range(3))
+        flops = 4 * 16 * seq * seq * 64
+        for kind in ("attention", "attention_causal"):
+            rows.append(run_workload(f"{kind.replace('_', ' ')} 16x{seq}x64", kind, [q, kk, v],
+                                     flops / (2 if kind.endswith("causal") else 1), "GFLOP/s", None, peers,
+                                     use_compile=seq == 1024 and not quick))
+    cpus = host.usable_cpus()
+    measures = {"fma_peak_1t": one["fma_peak_1t"], "fma_peak_all": fma_peak(cpus),
+                "vdpbf16ps_peak_all": _nan_to_none(fma_peak(cpus, bf16=True)),
+                "amx_peak_all": _nan_to_none(amx_peak(cpus)), "copy": bandwidth(sz["copy"]),
+                "first_touch": first_touch(sz["touch_mib"]), "compile": compile_times(),
+                "gpu": gpu_status()}
+    return {"schema": bench_doc.SCHEMA, "date": date, "commit": commit, "dirty": dirty, "quick": quick,
+            "command": "./dev tessera bench cpu" + (" --quick" if quick else "") + " --write",
+            "host": host_record(), "software": software(), "method": method(), "host_measures": measures,
+            "rows": rows}
+
+
+def main(args) -> int:
+    quick = getattr(args, "quick", False)
+    if quick:
+        set_quick()
+    if os.environ.get("TESSERA_BENCH_CHILD") == "1thread":
+        peers = _peers()
+        if "torch" in peers:
+            peers["torch"].set_num_threads(1)
+        rows = gemm_rows(1, quick, peers)
+        print(json.dumps({"rows": rows, "fma_peak_1t": fma_peak(1)}))
+        return 0
+    write = getattr(args, "write", False)
+    log_dir = Path(getattr(args, "log_dir", None) or bench_doc.LOG_DIR)
+    in_repo = log_dir.resolve() == bench_doc.LOG_DIR.resolve()
+    t0 = time.perf_counter()
+    load = {"cpus_online": os.cpu_count(), "loadavg_before": list(os.getloadavg())}
+    run = measure(quick)
+    load["loadavg_after"] = list(os.getloadavg())
+    run["load"] = load
+    run["elapsed_s"] = round(time.perf_counter() - t0, 1)
+    print("\n".join(bench_doc.render_run(run)))
+    print(f"\n(measured in {time.perf_counter() - t0:.0f} s)")
+    if write:
+        path = bench_doc.write_run(log_dir, run)
+        print(f"kept the run's raw log as {path}")
+        doc = (bench_doc.ROOT / "docs" / "benchmarks.md") if in_repo else log_dir / "benchmarks.md"
+        doc.write_text(bench_doc.render_doc(log_dir))
+        print(f"wrote {doc}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -12,6 +12,16 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 
 def _docs(args) -> int:
     from tessera.tools import docs
+    if getattr(args, "since", False):
+        if args.name != "gpu":
+            raise TesseraError("--since applies to `tessera docs gpu` only")
+        from tessera.tools import gpu_doc
+        if args.write:
+            print(f"wrote {gpu_doc.write_since()}")
+            print(f"wrote {docs.write('gpu', ROOT)}")
+        else:
+            sys.stdout.write(gpu_doc.since_md())
+        return 0
     names = list(docs.GENERATORS) if args.name == "all" else [args.name]
     for n in names:
         if n not in docs.GENERATORS:
@@ -33,6 +43,10 @@ def _bench(args) -> int:
         if args.write:
             bench_tiles.write(res)
             print("calibration.json updated")
+        return 0
+    if args.what == "render":
+        from tessera.tools import bench_doc
+        sys.stdout.write(bench_doc.render_doc(Path(args.log_dir) if args.log_dir else bench_doc.LOG_DIR))
         return 0
     from tessera.tools import bench_cpu
     return bench_cpu.main(args)
@@ -78,18 +92,28 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="tessera")
     sub = ap.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("docs", help="print or --write a generated document")
-    d.add_argument("name", help="errors | mma | lanes | numerics | all")
+    d.add_argument("name", help="errors | mma | lanes | numerics | abi | gpu | benchmarks | all")
     d.add_argument("--write", action="store_true")
+    d.add_argument("--since", action="store_true",
+                   help="gpu: the commits that changed GPU code after each recorded run, from git history as of now "
+                        "(--write: record them in benchmarks/gpu/results/since.json, which docs/gpu.md renders)")
     d.set_defaults(func=_docs)
     demo = sub.add_parser("demo", help="compile and run a transformer block on the CPU lane")
     demo.add_argument("--seq", type=int, default=256)
     demo.add_argument("--dim", type=int, default=256)
     demo.set_defaults(func=lambda a: __import__("tessera.tools.demo", fromlist=["main"]).main(a))
-    bt = sub.add_parser("bench", help="benchmarks: cpu (the performance table), tiles (register-tile calibration)")
-    bt.add_argument("what", choices=["cpu", "tiles"])
-    bt.add_argument("--write", action="store_true", help="tiles: update calibration.json; cpu: docs/benchmarks.md")
+    bt = sub.add_parser("bench", help="benchmarks: cpu (the performance table), render (docs/benchmarks.md from "
+                                      "the raw logs), tiles (register-tile calibration)")
+    bt.add_argument("what", choices=["cpu", "render", "tiles"])
+    bt.add_argument("--write", action="store_true",
+                    help="tiles: update calibration.json; cpu: keep the run's raw log as "
+                         "benchmarks/results/cpu/<host>/<date>-<commit>.json and re-render docs/benchmarks.md")
     bt.add_argument("--dtype", default="f32")
-    bt.add_argument("--quick", action="store_true", help="cpu: fewer repeats and sizes")
+    bt.add_argument("--quick", action="store_true",
+                    help="cpu: small sizes, three rounds (a smoke test; its log is marked quick)")
+    bt.add_argument("--log-dir", default=None,
+                    help="cpu/render: the raw logs' folder (default benchmarks/results/cpu; elsewhere, --write "
+                         "also writes DIR/benchmarks.md)")
     bt.set_defaults(func=_bench)
     mm = sub.add_parser("mma", help="the MMA selector: ranked candidates and the selection, or the whole table")
     mm.add_argument("--target", default="x86")

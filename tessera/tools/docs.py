@@ -71,6 +71,11 @@ def _gpu_md() -> str:
     return gpu_md()
 
 
+def _benchmarks_md() -> str:
+    from tessera.tools.bench_doc import benchmarks_md
+    return benchmarks_md()
+
+
 def _abi_md() -> str:
     from tessera.tools.abi_doc import abi_md
     return abi_md()
@@ -83,6 +88,7 @@ GENERATORS: dict[str, tuple[str, Callable[[], str]]] = {
     "mma": ("docs/mma.md", mma_md),
     "lanes": ("docs/lanes.md", _lanes_md),
     "gpu": ("docs/gpu.md", _gpu_md),
+    "benchmarks": ("docs/benchmarks.md", _benchmarks_md),
 }
 
 

@@ -1,12 +1,32 @@
 """``docs/gpu.md``: what the GPU lanes did on real hardware, rendered from the logs that
 ``benchmarks/gpu/device_run.sh`` wrote on a GPU machine and that are kept under
-``benchmarks/gpu/results/<machine>-<date>/`` (the figures are the logs', never retyped)."""
+``benchmarks/gpu/results/<machine>-<date>/`` (the figures are the logs', never retyped).
+
+Each run's ``commit.json`` names the commit its code was (``device_run.sh`` records it; the runs
+made before it did carry the commit that added their logs, marked as inferred).  Which commits
+changed GPU code after a run is a question for git history, which a shallow clone lacks and which
+grows with every commit, so the document does not compute it while rendering:
+``tessera docs gpu --since --write`` records the answer as of the current commit in
+``benchmarks/gpu/results/since.json`` and the document renders that record;
+``tessera docs gpu --since`` prints it as of now.
+"""
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "gpu" / "results"
+SINCE = "since.json"
+
+# The code an NVIDIA run's figures depend on: a commit touching one of these after the run may
+# have changed what the run measured (the CPU lane's files and the ROCm-only ones are left out).
+GPU_CODE = ("benchmarks/gpu/", "tessera/codegen/gpu.py", "tessera/codegen/nvptx.py", "tessera/codegen/ptx_tools.py",
+            "tessera/emulate/", "tessera/frontend/gpu_build.py", "tessera/ir/target/gpu.py",
+            "tessera/ir/target/nvidia.py", "tessera/mma/nvidia.py", "tessera/passes/schedule/schedule_gpu.py",
+            "tessera/passes/target/gpu/", "tessera/passes/target/nvidia/", "tessera/passes/tile/kernels/gpu_attention.py",
+            "tessera/passes/tile/kernels/gpu_gemm.py", "tessera/runtime/cuda.py", "tessera/runtime/gpu.py")
 
 SECTIONS = (
     ("gpu.txt", "Device (nvidia-smi)"),
@@ -26,17 +46,95 @@ SECTIONS = (
 )
 
 
-def gpu_md() -> str:
+def runs(results: Path = RESULTS) -> list[Path]:
+    return sorted(p for p in results.iterdir() if p.is_dir()) if results.is_dir() else []
+
+
+def run_commit(run: Path) -> dict:
+    """The run's ``commit.json`` (``{"commit": "unknown"}`` where it has none)."""
+    f = run / "commit.json"
+    return json.loads(f.read_text()) if f.exists() else {"commit": "unknown", "recorded": False}
+
+
+def _git(root: Path, *args: str) -> str | None:
+    try:
+        p = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return p.stdout if p.returncode == 0 else None
+
+
+def commits_since(commit: str, until: str = "HEAD", root: Path = ROOT) -> list[list[str]] | None:
+    """``[hash, subject]`` of every commit after ``commit`` up to ``until`` that touched GPU_CODE,
+    oldest first; None where git or that history is unavailable (a shallow clone, no .git)."""
+    if _git(root, "cat-file", "-e", f"{commit}^{{commit}}") is None:
+        return None
+    out = _git(root, "log", "--reverse", "--format=%H%x09%s", f"{commit}..{until}", "--", *GPU_CODE)
+    if out is None:
+        return None
+    return [line.split("\t", 1) for line in out.splitlines() if line]
+
+
+def since_record(results: Path = RESULTS, root: Path = ROOT) -> dict:
+    """What ``since.json`` keeps: as of the current commit, each run's later GPU-code commits."""
+    head = (_git(root, "rev-parse", "HEAD") or "unknown").strip()
+    rec = {"as_of": head, "paths": list(GPU_CODE), "runs": {}}
+    for run in runs(results):
+        c = run_commit(run)["commit"]
+        rec["runs"][run.name] = commits_since(c, head, root) if head != "unknown" and c != "unknown" else None
+    return rec
+
+
+def _subject(s: str, width: int = 100) -> str:
+    first = s.split(". ")[0].split("; ")[0]
+    return first if len(first) <= width else first[:width - 3].rstrip() + "..."
+
+
+def since_lines(name: str, since: dict | None) -> list[str]:
+    if since is None:
+        return ["Later commits that changed GPU code: not recorded (`./dev tessera docs gpu --since` lists them "
+                "from git history).", ""]
+    lst = since["runs"].get(name)
+    as_of = since["as_of"][:12]
+    if lst is None:
+        return [f"Later commits that changed GPU code: unknown as of `{as_of}` (the run's commit was not in the "
+                "history then).", ""]
+    if not lst:
+        return [f"No commit changed GPU code between this run and `{as_of}`.", ""]
+    out = [f"GPU code changed after this run in {len(lst)} commits up to `{as_of}` (`tessera docs gpu --since` "
+           "lists them as of now); these figures may not hold for the current code:", ""]
+    return out + [f"- `{h[:12]}` {_subject(s)}" for h, s in lst] + [""]
+
+
+def commit_line(c: dict) -> str:
+    commit = c.get("commit", "unknown")
+    if commit == "unknown":
+        return "Commit: not recorded."
+    how = "recorded by the run" if c.get("recorded") else ("inferred, not recorded: the commit that added these "
+                                                           "logs; the run did not record its own")
+    dirty = " with uncommitted changes" if c.get("dirty") else ""
+    line = f"Commit: these figures belong to `{commit[:12]}`{dirty} ({how})."
+    for fname, what in c.get("files", {}).items():
+        line += f"  `{fname}`: {what}."
+    return line
+
+
+def gpu_md(results: Path = RESULTS) -> str:
     out = ["# The GPU lanes on hardware", "",
            "Generated by `tessera docs gpu` from the logs under `benchmarks/gpu/results/`; each run is one call of",
            "`bash benchmarks/gpu/device_run.sh` on a GPU machine (after `./dev python "
            "benchmarks/gpu/build_nvidia_bundle.py --arch sm_90` here; the script's header says what it needs there).",
+           "Each run names the commit its figures belong to and the later commits that changed GPU code (recorded "
+           "in `benchmarks/gpu/results/since.json` by `tessera docs gpu --since --write`; GPU code: "
+           + ", ".join(f"`{p}`" for p in GPU_CODE) + ").",
            "ROCm has had no AMD GPU: its code objects are checked structurally and by the wave emulator only.", ""]
-    runs = sorted(p for p in RESULTS.iterdir() if p.is_dir()) if RESULTS.is_dir() else []
-    if not runs:
+    rs = runs(results)
+    sf = results / SINCE
+    since = json.loads(sf.read_text()) if sf.exists() else None
+    if not rs:
         out += ["No GPU run has been recorded yet.", ""]
-    for run in runs:
-        out += [f"## {run.name}", ""]
+    for run in rs:
+        out += [f"## {run.name}", "", commit_line(run_commit(run)), ""] + since_lines(run.name, since)
         if (run / "notes.md").exists():
             out += [(run / "notes.md").read_text().strip(), ""]
         for fname, title in SECTIONS:
@@ -50,4 +148,19 @@ def gpu_md() -> str:
     return "\n".join(out)
 
 
-__all__ = ["gpu_md"]
+def since_md(results: Path = RESULTS) -> str:
+    """The later GPU-code commits of each run, as of now (from git history)."""
+    rec = since_record(results)
+    out = []
+    for name in rec["runs"]:
+        out += [f"## {name}", ""] + since_lines(name, rec)
+    return "\n".join(out)
+
+
+def write_since(results: Path = RESULTS) -> Path:
+    p = results / SINCE
+    p.write_text(json.dumps(since_record(results), indent=1) + "\n")
+    return p
+
+
+__all__ = ["GPU_CODE", "commits_since", "gpu_md", "since_md", "since_record", "write_since"]
