@@ -125,3 +125,15 @@ def test_opt_wrong_attribute_kind_and_internal_is_documented(tmp_path, capsys, m
     rc, err = _opt(tmp_path, capsys, ["examples/mlp.mlir"])
     assert rc == 1 and _code(err) == "INTERNAL" and "INTERNAL" in DOCUMENTED
     assert "INTERNAL" in open("docs/errors.md").read()
+
+
+# ---- found by tests/test_fuzz_programs.py and tests/test_opt_mutation.py
+@pytest.mark.parametrize("shapes", [[(7, 1), (7, 1)], [(1,), (1,)], [(3, 65, 1), (65, 1)]])
+def test_bf16_maximum_of_columns(rng, shapes):
+    """A bf16 scalar broadcast (a size-1 last dim) was a bfloat scalar load + splat, which LLVM
+    without AVX512-BF16 rounds back with __truncsfbf2: CODEGEN on every maximum of columns."""
+    a, b = (rng.standard_normal(s).astype(ml_dtypes.bfloat16) for s in shapes)
+    got = ts.jit(lambda x, y: ts.ops.maximum(ts.ops.silu(x), y))(a, b)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    ref = np.maximum(a64 / (1 + np.exp(-a64)), b64)
+    np.testing.assert_allclose(got.astype(np.float64), ref, rtol=2 ** -7, atol=1e-6)
