@@ -137,3 +137,38 @@ def test_bf16_maximum_of_columns(rng, shapes):
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     ref = np.maximum(a64 / (1 + np.exp(-a64)), b64)
     np.testing.assert_allclose(got.astype(np.float64), ref, rtol=2 ** -7, atol=1e-6)
+
+
+def test_opt_unterminated_string_is_refused_at_once(tmp_path, capsys):
+    """xDSL's string-literal regex backtracked exponentially on a quote left open (a 100-character
+    line hung tessera-opt for hours); the parser uses a linear one with the same language."""
+    import signal
+
+    from tessera.ir import text
+    from xdsl.utils.mlir_lexer import MLIRLexer
+    for s in ['"abc"', '"a\\"b"', '"\\n\\t\\\\"', '"\\7f"', '""', '"a\\q"', '"abc', '"a\nb"']:
+        ours, theirs = text._STRING_LITERAL.match(s), MLIRLexer._unescaped_characters_regex.match(s)
+        assert (ours and ours.group()) == (theirs and theirs.group()), s
+    p = tmp_path / "q.mlir"
+    mlp = open("examples/mlp.mlir").read()
+    p.write_text(mlp.replace("!tessera.tensor<[M, K], f32>", '!tessera.ten"sor<[M, K], f32>', 1))
+    old = signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("tessera-opt hung")))
+    signal.alarm(20)
+    try:
+        rc, err = _opt(tmp_path, capsys, [str(p)])
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert rc == 1 and _code(err) == "IR_PARSE" and "string literal" in err, err
+
+
+def test_opt_launch_of_a_missing_kernel(tmp_path, capsys):
+    """tile.launch of a symbol the module does not define: a PASS_FAILED that says so, not a
+    KeyError wrapped by the pipeline."""
+    import sys
+    sys.path.insert(0, "tests")
+    from ir_samples import SAMPLES
+    p = tmp_path / "l.mlir"
+    p.write_text(SAMPLES["tile.launch"])
+    rc, err = _opt(tmp_path, capsys, [str(p), "--pass-pipeline", "tessera-cpu{arch=znver4 input=tile}"])
+    assert rc == 1 and _code(err) == "PASS_FAILED" and "no tile kernel @k0" in err and "KeyError" not in err, err

@@ -8,6 +8,7 @@ its location; Tessera verifiers raise coded errors, anything else from xDSL beco
 """
 from __future__ import annotations
 
+import re
 from io import StringIO
 
 from xdsl.dialects.builtin import FileLineColLoc, IntAttr, ModuleOp, StringAttr, UnknownLoc
@@ -41,6 +42,12 @@ class LocatingParser(Parser):
         return op
 
 
+# xDSL's string-literal regex nests a quantifier ("(?:[^"...]+|...)*"): on a quote left open it
+# backtracks exponentially in the rest of the line (a 100-character line hangs for hours).  The same
+# language, one character per step, fails in linear time.
+_STRING_LITERAL = re.compile(r'"(?:[^"\\\n\v\f]|\\(?:["nt\\]|[0-9A-Fa-f]{2}))*"')
+
+
 def location_of(op: Operation | None) -> SourceLocation | None:
     loc = getattr(op, "location", None)
     if isinstance(loc, FileLineColLoc):
@@ -57,6 +64,7 @@ def parse_module(text: str, filename: str = "<input>") -> ModuleOp:
     try:
         parser = LocatingParser(make_context(), text, name=filename)
         parser.filename = filename
+        parser.lexer._unescaped_characters_regex = _STRING_LITERAL
         return parser.parse_module()
     except ParseError as e:
         line, col = _line_col(text, e.span.start)
