@@ -12,12 +12,11 @@ runs many more programs, longer ones, whose seeds follow TESSERA_TEST_SEED.
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
 import fuzz_gen as fg
+from conftest import SEED
 
 # (dtype, number of programs) per default batch: 6 batches, 4 sizes each -> 240 checked runs
 DEFAULT = [("float32", 10)] * 4 + [("bfloat16", 10), ("float16", 10)]
@@ -44,7 +43,7 @@ def test_random_programs_match_float64(rng, batch):
 @pytest.mark.parametrize("batch", range(40))
 def test_random_programs_match_float64_slow(rng, batch):
     dtype = ("float32", "float32", "bfloat16", "float16")[batch % 4]
-    base = (int(os.environ.get("TESSERA_TEST_SEED", "0")) % 100_000 + 1) * 100_000 + batch * 100
+    base = (SEED % 100_000 + 1) * 100_000 + batch * 100
     _fuzz(range(base, base + 15), dtype, rng, ops=(2, 9), bindings=3)
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import random
 import re
 import resource
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import SEED
 from ir_samples import SAMPLES
 from tessera.errors import all_error_classes
 from tessera.tools import opt
@@ -352,7 +352,7 @@ def test_mutations_in_a_subprocess(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("batch", range(4, 40))
 def test_mutations_in_process_slow(tmp_path, batch):
-    seed = int(os.environ.get("TESSERA_TEST_SEED", "0")) % 1000
+    seed = SEED % 1000
     cases = [make_case(1_000_000 * (seed + 1) + 1000 * batch + i) for i in range(60)]
     bad = failures(cases, run_in_process, tmp_path)
     assert not bad, f"{len(bad)} of {len(cases)} mutated inputs were not exit 0 or a coded error:\n" + "\n".join(bad)
