@@ -172,3 +172,13 @@ def test_opt_launch_of_a_missing_kernel(tmp_path, capsys):
     p.write_text(SAMPLES["tile.launch"])
     rc, err = _opt(tmp_path, capsys, [str(p), "--pass-pipeline", "tessera-cpu{arch=znver4 input=tile}"])
     assert rc == 1 and _code(err) == "PASS_FAILED" and "no tile kernel @k0" in err and "KeyError" not in err, err
+
+
+def test_opt_constant_beyond_its_type(tmp_path, capsys):
+    """dense<4294967296> : tensor<f16> raised OverflowError from xDSL's packing: INTERNAL."""
+    p = tmp_path / "c.mlir"
+    p.write_text("func.func @f() -> (!tessera.tensor<[], f16>) {\n"
+                 "  %r = tessera.constant {value = dense<4294967296> : tensor<f16>} : !tessera.tensor<[], f16>\n"
+                 "  func.return %r : !tessera.tensor<[], f16>\n}\n")
+    rc, err = _opt(tmp_path, capsys, [str(p)])
+    assert rc == 1 and _code(err) == "IR_PARSE" and ":2:" in err, err

@@ -75,7 +75,7 @@ def parse_module(text: str, filename: str = "<input>") -> ModuleOp:
     except TesseraError as e:  # a type or attribute verifier of ours, raised while parsing
         line, col = _line_col(text, parser.last_op_start if parser else 0)
         raise e.with_location(SourceLocation(filename, line, col)) from None
-    except (VerifyException, ValueError, TypeError) as e:
+    except (VerifyException, ValueError, TypeError, OverflowError) as e:   # OverflowError: dense<1e9> : f16
         line, col = _line_col(text, parser._current_token.span.start if parser else 0)
         raise IRParseError(str(e).splitlines()[0] if str(e) else type(e).__name__,
                            location=SourceLocation(filename, line, col)) from None
