@@ -217,6 +217,8 @@ class _Gen:
                 if a.lo <= 0.25 and a.hi >= -0.25:
                     return None                      # c / a needs a bounded-away a: the next try
                 args, dims, iv = [c, a.name], a.dims, self._iv(op, (c, c), (a.lo, a.hi))
+            elif op != "div" and self.r.random() < 0.3:   # 2.0 - x: the reflected operators
+                args, dims, iv = [c, a.name], a.dims, self._iv(op, (c, c), (a.lo, a.hi))
             else:
                 args, dims, iv = [a.name, c], a.dims, self._iv(op, (a.lo, a.hi), (c, c))
             if op == "maximum" or self.r.random() < 0.5:

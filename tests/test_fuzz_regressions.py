@@ -182,3 +182,18 @@ def test_opt_constant_beyond_its_type(tmp_path, capsys):
                  "  func.return %r : !tessera.tensor<[], f16>\n}\n")
     rc, err = _opt(tmp_path, capsys, [str(p)])
     assert rc == 1 and _code(err) == "IR_PARSE" and ":2:" in err, err
+
+
+@pytest.mark.parametrize("axis", ["2147483647 : f16", "1.0 : f32"])
+def test_opt_float_where_an_integer_belongs(tmp_path, capsys, axis):
+    """axes = [2147483647 : f16] is a float attribute (inf): int() of it raised OverflowError in the
+    verifier (INTERNAL); 1.0 : f32 was read as axis 1.  Both are malformed attributes."""
+    import sys
+    sys.path.insert(0, "tests")
+    from ir_samples import SAMPLES
+    p = tmp_path / "r.mlir"
+    text = SAMPLES["tessera.reduce_mean"]
+    assert "axes = [0 : i64]" in text
+    p.write_text(text.replace("axes = [0 : i64]", f"axes = [{axis}]"))
+    rc, err = _opt(tmp_path, capsys, [str(p)])
+    assert rc == 1 and _code(err) == "IR_VERIFY" and "integer attribute" in err, err

@@ -101,7 +101,7 @@ def _verify_ops(module: Operation) -> None:
             msg = str(e).strip().splitlines()
             raise IRVerifyError(f"{op.name}: {msg[0] if msg else type(e).__name__}", op=op,
                                 location=location_of(op)) from None
-        except (AttributeError, TypeError, KeyError, IndexError) as e:
+        except (AttributeError, TypeError, KeyError, IndexError, OverflowError) as e:
             # a verifier that met an attribute of the wrong kind (a string where it reads integers)
             raise IRVerifyError(f"{op.name}: malformed attributes ({type(e).__name__}: {e})", op=op,
                                 location=location_of(op)) from None
