@@ -84,7 +84,8 @@ def test_a_wrong_kernel_is_reported(rng, monkeypatch):
     progs = _programs_ending_in("maximum")
     orig = llvm_common.FnCodegen.numpy_max
     monkeypatch.setenv("TESSERA_NO_CACHE", "1")
-    monkeypatch.setattr(llvm_common.FnCodegen, "numpy_max", lambda self, a, c, is_max=True: orig(self, a, c, not is_max))
+    monkeypatch.setattr(llvm_common.FnCodegen, "numpy_max",
+                        lambda self, a, c, is_max=True: orig(self, a, c, not is_max))
     outcomes = [fg.run(p, rng, 1) for p in progs]
     assert all(o.status == "mismatch" for o in outcomes), [o.detail for o in outcomes]
     assert "float64 oracle" in fg.report(outcomes)
