@@ -125,3 +125,75 @@ def test_opt_wrong_attribute_kind_and_internal_is_documented(tmp_path, capsys, m
     rc, err = _opt(tmp_path, capsys, ["examples/mlp.mlir"])
     assert rc == 1 and _code(err) == "INTERNAL" and "INTERNAL" in DOCUMENTED
     assert "INTERNAL" in open("docs/errors.md").read()
+
+
+# ---- found by tests/test_fuzz_programs.py and tests/test_opt_mutation.py
+@pytest.mark.parametrize("shapes", [[(7, 1), (7, 1)], [(1,), (1,)], [(3, 65, 1), (65, 1)]])
+def test_bf16_maximum_of_columns(rng, shapes):
+    """A bf16 scalar broadcast (a size-1 last dim) was a bfloat scalar load + splat, which LLVM
+    without AVX512-BF16 rounds back with __truncsfbf2: CODEGEN on every maximum of columns."""
+    a, b = (rng.standard_normal(s).astype(ml_dtypes.bfloat16) for s in shapes)
+    got = ts.jit(lambda x, y: ts.ops.maximum(ts.ops.silu(x), y))(a, b)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    ref = np.maximum(a64 / (1 + np.exp(-a64)), b64)
+    np.testing.assert_allclose(got.astype(np.float64), ref, rtol=2 ** -7, atol=1e-6)
+
+
+def test_opt_unterminated_string_is_refused_at_once(tmp_path, capsys):
+    """xDSL's string-literal regex backtracked exponentially on a quote left open (a 100-character
+    line hung tessera-opt for hours); the parser uses a linear one with the same language."""
+    import signal
+
+    from tessera.ir import text
+    from xdsl.utils.mlir_lexer import MLIRLexer
+    for s in ['"abc"', '"a\\"b"', '"\\n\\t\\\\"', '"\\7f"', '""', '"a\\q"', '"abc', '"a\nb"']:
+        ours, theirs = text._STRING_LITERAL.match(s), MLIRLexer._unescaped_characters_regex.match(s)
+        assert (ours and ours.group()) == (theirs and theirs.group()), s
+    p = tmp_path / "q.mlir"
+    mlp = open("examples/mlp.mlir").read()
+    p.write_text(mlp.replace("!tessera.tensor<[M, K], f32>", '!tessera.ten"sor<[M, K], f32>', 1))
+    old = signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("tessera-opt hung")))
+    signal.alarm(20)
+    try:
+        rc, err = _opt(tmp_path, capsys, [str(p)])
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert rc == 1 and _code(err) == "IR_PARSE" and "string literal" in err, err
+
+
+def test_opt_launch_of_a_missing_kernel(tmp_path, capsys):
+    """tile.launch of a symbol the module does not define: a PASS_FAILED that says so, not a
+    KeyError wrapped by the pipeline."""
+    import sys
+    sys.path.insert(0, "tests")
+    from ir_samples import SAMPLES
+    p = tmp_path / "l.mlir"
+    p.write_text(SAMPLES["tile.launch"])
+    rc, err = _opt(tmp_path, capsys, [str(p), "--pass-pipeline", "tessera-cpu{arch=znver4 input=tile}"])
+    assert rc == 1 and _code(err) == "PASS_FAILED" and "no tile kernel @k0" in err and "KeyError" not in err, err
+
+
+def test_opt_constant_beyond_its_type(tmp_path, capsys):
+    """dense<4294967296> : tensor<f16> raised OverflowError from xDSL's packing: INTERNAL."""
+    p = tmp_path / "c.mlir"
+    p.write_text("func.func @f() -> (!tessera.tensor<[], f16>) {\n"
+                 "  %r = tessera.constant {value = dense<4294967296> : tensor<f16>} : !tessera.tensor<[], f16>\n"
+                 "  func.return %r : !tessera.tensor<[], f16>\n}\n")
+    rc, err = _opt(tmp_path, capsys, [str(p)])
+    assert rc == 1 and _code(err) == "IR_PARSE" and ":2:" in err, err
+
+
+@pytest.mark.parametrize("axis", ["2147483647 : f16", "1.0 : f32"])
+def test_opt_float_where_an_integer_belongs(tmp_path, capsys, axis):
+    """axes = [2147483647 : f16] is a float attribute (inf): int() of it raised OverflowError in the
+    verifier (INTERNAL); 1.0 : f32 was read as axis 1.  Both are malformed attributes."""
+    import sys
+    sys.path.insert(0, "tests")
+    from ir_samples import SAMPLES
+    p = tmp_path / "r.mlir"
+    text = SAMPLES["tessera.reduce_mean"]
+    assert "axes = [0 : i64]" in text
+    p.write_text(text.replace("axes = [0 : i64]", f"axes = [{axis}]"))
+    rc, err = _opt(tmp_path, capsys, [str(p)])
+    assert rc == 1 and _code(err) == "IR_VERIFY" and "integer attribute" in err, err

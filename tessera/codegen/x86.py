@@ -152,7 +152,7 @@ class _Fn(FnCodegen):
     def op_tessera_x86_vbroadcast(self, op: x.VBroadcastOp):
         vt = llvm_type(op.result.type)
         group = ival(op.group)
-        if group == 1:
+        if group == 1 and vt.element is not BF16:   # a bfloat scalar goes as i16 (see _memory_type)
             s = self.b.load(self._addr(self.v(op.base), self.v(op.offset), vt.element), typ=vt.element, align=1)
             self.set(op, self._splat(s, vt))
             return

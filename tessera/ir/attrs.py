@@ -12,7 +12,11 @@ def i64_attr(value: int) -> IntegerAttr:
 
 
 def ival(attr: Attribute) -> int:
-    return int(attr.value.data)  # type: ignore[attr-defined]
+    """The value of an integer attribute; anything else (``2147483647 : f16`` parses as a float
+    attribute, inf) is a TypeError, which the verifier reports as malformed attributes."""
+    if not isinstance(attr, IntegerAttr):
+        raise TypeError(f"expected an integer attribute, got {attr}")
+    return int(attr.value.data)
 
 
 def int_array(values: Iterable[int]) -> ArrayAttr:

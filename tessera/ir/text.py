@@ -8,6 +8,7 @@ its location; Tessera verifiers raise coded errors, anything else from xDSL beco
 """
 from __future__ import annotations
 
+import re
 from io import StringIO
 
 from xdsl.dialects.builtin import FileLineColLoc, IntAttr, ModuleOp, StringAttr, UnknownLoc
@@ -41,6 +42,12 @@ class LocatingParser(Parser):
         return op
 
 
+# xDSL's string-literal regex nests a quantifier ("(?:[^"...]+|...)*"): on a quote left open it
+# backtracks exponentially in the rest of the line (a 100-character line hangs for hours).  The same
+# language, one character per step, fails in linear time.
+_STRING_LITERAL = re.compile(r'"(?:[^"\\\n\v\f]|\\(?:["nt\\]|[0-9A-Fa-f]{2}))*"')
+
+
 def location_of(op: Operation | None) -> SourceLocation | None:
     loc = getattr(op, "location", None)
     if isinstance(loc, FileLineColLoc):
@@ -57,6 +64,7 @@ def parse_module(text: str, filename: str = "<input>") -> ModuleOp:
     try:
         parser = LocatingParser(make_context(), text, name=filename)
         parser.filename = filename
+        parser.lexer._unescaped_characters_regex = _STRING_LITERAL
         return parser.parse_module()
     except ParseError as e:
         line, col = _line_col(text, e.span.start)
@@ -67,7 +75,7 @@ def parse_module(text: str, filename: str = "<input>") -> ModuleOp:
     except TesseraError as e:  # a type or attribute verifier of ours, raised while parsing
         line, col = _line_col(text, parser.last_op_start if parser else 0)
         raise e.with_location(SourceLocation(filename, line, col)) from None
-    except (VerifyException, ValueError, TypeError) as e:
+    except (VerifyException, ValueError, TypeError, OverflowError) as e:   # OverflowError: dense<1e9> : f16
         line, col = _line_col(text, parser._current_token.span.start if parser else 0)
         raise IRParseError(str(e).splitlines()[0] if str(e) else type(e).__name__,
                            location=SourceLocation(filename, line, col)) from None
@@ -93,7 +101,7 @@ def _verify_ops(module: Operation) -> None:
             msg = str(e).strip().splitlines()
             raise IRVerifyError(f"{op.name}: {msg[0] if msg else type(e).__name__}", op=op,
                                 location=location_of(op)) from None
-        except (AttributeError, TypeError, KeyError, IndexError) as e:
+        except (AttributeError, TypeError, KeyError, IndexError, OverflowError) as e:
             # a verifier that met an attribute of the wrong kind (a string where it reads integers)
             raise IRVerifyError(f"{op.name}: malformed attributes ({type(e).__name__}: {e})", op=op,
                                 location=location_of(op)) from None

@@ -1081,7 +1081,11 @@ def lower_kernel(fn: func.FuncOp, w: int, features: frozenset[str], reg: Attribu
 def _lower_host(fn: func.FuncOp, threads: int, kernels: dict[str, func.FuncOp]) -> None:
     for op in list(fn.walk()):
         if isinstance(op, t.LaunchOp):
-            k = kernels[op.callee.root_reference.data]  # the lowering's own scratch sizes are authoritative
+            name = op.callee.root_reference.data
+            k = kernels.get(name)  # the lowering's own scratch sizes are authoritative
+            if k is None:
+                raise PassFailedError(f"lower-tile-to-x86: tile.launch of @{name}: the module has no tile kernel "
+                                      f"@{name} (a func.func whose last argument is a team buffer)")
             new = x.LaunchOp.create(
                 operands=list(op.args), result_types=[r.type for r in op.outs],
                 attributes={"callee": op.callee, "dims": op.dims, "workspace": k.attributes["workspace"],
