@@ -197,3 +197,17 @@ def test_opt_float_where_an_integer_belongs(tmp_path, capsys, axis):
     p.write_text(text.replace("axes = [0 : i64]", f"axes = [{axis}]"))
     rc, err = _opt(tmp_path, capsys, [str(p)])
     assert rc == 1 and _code(err) == "IR_VERIFY" and "integer attribute" in err, err
+
+
+def test_use_before_definition_is_refused_by_the_verifier(tmp_path, capsys):
+    """A tessera-opt mutant whose ops used each other's results in a cycle (%a = mul %p ...;
+    %p = softmax %a) passed verification and failed in lower-schedule-to-tile with
+    ``PASS_FAILED: KeyError``; it is IR_VERIFY at the use now."""
+    src = tmp_path / "cycle.mlir"
+    T = "!tessera.tensor<[M, N], f32>"
+    src.write_text(f"func.func @main(%x : {T}) -> {T} {{\n"
+                   f"  %a = tessera.mul %p, %x : ({T}, {T}) -> {T}\n"
+                   f"  %p = tessera.softmax %a {{axis = -1 : i64}} : ({T}) -> {T}\n"
+                   f"  func.return %p : {T}\n}}\n")
+    rc, err = _opt(tmp_path, capsys, [str(src), "--pass-pipeline", "tessera-cpu{arch=znver4}"])
+    assert rc == 1 and _code(err) == "IR_VERIFY" and f"{src}:2:3:" in err and "used before" in err, err

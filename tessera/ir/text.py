@@ -125,6 +125,21 @@ def _verify_structure(op: Operation) -> None:
                 if inner.parent is not block:
                     raise IRVerifyError(f"{inner.name}: its parent pointer does not refer to its block", op=inner,
                                         location=location_of(inner))
+            _verify_defined_before_use(block)
+
+
+def _verify_defined_before_use(block) -> None:
+    """Within a block, a value is used only after the op defining it (xDSL does not check
+    dominance: a mutant whose ops used each other's results in a cycle passed verification and
+    failed inside lower-schedule-to-tile with a KeyError)."""
+    order = {op: i for i, op in enumerate(block.ops)}
+    for i, op in enumerate(block.ops):
+        for user in op.walk():
+            for v in user.operands:
+                owner = getattr(v, "op", None)
+                if owner in order and order[owner] >= i:
+                    raise IRVerifyError(f"{user.name}: operand %{v.name_hint or '?'} is used before the op that "
+                                        f"defines it ({owner.name})", op=user, location=location_of(user))
 
 
 def print_ir(op: Operation, *, debuginfo: bool = False) -> str:
