@@ -60,39 +60,40 @@ ERFC_R2_CENTER, ERFC_R2 = 0.25, (0.1369994580745697, 0.5181360840797424, -0.1613
                                  -0.5095713138580322)
 
 
-class VectorMath:
-    """Declares the math functions in one module on first use."""
+class VectorLibrary:
+    """The plumbing both vector math libraries share (this f32 one and ``x86_math64``'s f64 one):
+    vectors of ``w`` lanes of ``ELEM``, LLVM intrinsics, constants, Horner polynomials in FMAs,
+    and each function declared in the module on its first use."""
+    ELEM: ir.Type = F32
+    IELEM: ir.Type = I32
+    SUFFIX = "f32"      # the intrinsics' element suffix
+    FN_SUFFIX = ""      # appended to the library functions' names
 
     def __init__(self, module: ir.Module, w: int, avx512: bool = True):
         self.m = module
         self.w = w
         self.avx512 = avx512
-        self.vt = ir.VectorType(F32, w)
-        self.vi = ir.VectorType(I32, w)
+        self.vt = ir.VectorType(self.ELEM, w)
+        self.vi = ir.VectorType(self.IELEM, w)
         self.fns: dict[str, ir.Function] = {}
 
-    # ------------------------------------------------------------------ plumbing
-    @property
-    def _zmm(self) -> bool:
-        """16-lane AVX-512 vectors: vscalefps and vrcp14ps exist (else the AVX2 forms)."""
-        return self.w == 16 and self.avx512
-
     def _intr(self, name: str, n: int = 1) -> ir.Function:
-        full = f"llvm.{name}.v{self.w}f32"
+        full = f"llvm.{name}.v{self.w}{self.SUFFIX}"
         if full in self.m.globals:
             return self.m.globals[full]
         return ir.Function(self.m, ir.FunctionType(self.vt, [self.vt] * n), full)
 
     def splat(self, v: float) -> ir.Constant:
-        return ir.Constant(self.vt, [ir.Constant(F32, float(v))] * self.w)
+        return ir.Constant(self.vt, [ir.Constant(self.ELEM, float(v))] * self.w)
 
     def isplat(self, v: int) -> ir.Constant:
-        return ir.Constant(self.vi, [ir.Constant(I32, int(v))] * self.w)
+        return ir.Constant(self.vi, [ir.Constant(self.IELEM, int(v))] * self.w)
 
     def fma(self, b: ir.IRBuilder, x, y, z):
         return b.call(self._intr("fma", 3), [x, y, z])
 
     def poly(self, b: ir.IRBuilder, z, coef) -> ir.Value:
+        """coef[0] + z coef[1] + ... by Horner's rule in FMAs."""
         acc = self.splat(coef[-1])
         for c in coef[-2::-1]:
             acc = self.fma(b, acc, z, self.splat(c))
@@ -101,7 +102,7 @@ class VectorMath:
     def _define(self, name: str, body) -> ir.Function:
         if name in self.fns:
             return self.fns[name]
-        fn = ir.Function(self.m, ir.FunctionType(self.vt, [self.vt]), f"tsr.{name}.v{self.w}")
+        fn = ir.Function(self.m, ir.FunctionType(self.vt, [self.vt]), f"tsr.{name}.v{self.w}{self.FN_SUFFIX}")
         fn.linkage = "internal"
         fn.attributes.add("alwaysinline")
         fn.attributes.add("nounwind")
@@ -113,6 +114,16 @@ class VectorMath:
     def call(self, b: ir.IRBuilder, name: str, x) -> ir.Value:
         fn = getattr(self, "_" + name)
         return b.call(self._define(name, fn), [x])
+
+
+class VectorMath(VectorLibrary):
+    """Declares the math functions in one module on first use."""
+
+    # ------------------------------------------------------------------ plumbing
+    @property
+    def _zmm(self) -> bool:
+        """16-lane AVX-512 vectors: vscalefps and vrcp14ps exist (else the AVX2 forms)."""
+        return self.w == 16 and self.avx512
 
     def recip(self, b: ir.IRBuilder, d) -> ir.Value:
         """1/d: vrcp14ps and one Newton step (~2^-27 relative) on AVX-512, else a division.

@@ -33,6 +33,8 @@ import math
 
 from llvmlite import ir
 
+from tessera.codegen.x86_math import VectorLibrary
+
 F64 = ir.DoubleType()
 I64 = ir.IntType(64)
 
@@ -68,55 +70,12 @@ ERFC64_H = (0.5415777887890556, 0.062185529456290224, -0.07413246378275118, 0.05
             6.517124878657891e-11, -2.9900922111279416e-11, -6.919156519843254e-12)
 
 
-class VectorMath64:
+class VectorMath64(VectorLibrary):
     """Declares the f64 math functions in one module on first use (the f32 library's interface)."""
-
-    def __init__(self, module: ir.Module, w: int, avx512: bool = True):
-        self.m = module
-        self.w = w
-        self.avx512 = avx512
-        self.vt = ir.VectorType(F64, w)
-        self.vi = ir.VectorType(I64, w)
-        self.fns: dict[str, ir.Function] = {}
-
-    # ------------------------------------------------------------------ plumbing
-    def _intr(self, name: str, n: int = 1) -> ir.Function:
-        full = f"llvm.{name}.v{self.w}f64"
-        if full in self.m.globals:
-            return self.m.globals[full]
-        return ir.Function(self.m, ir.FunctionType(self.vt, [self.vt] * n), full)
-
-    def splat(self, v: float) -> ir.Constant:
-        return ir.Constant(self.vt, [ir.Constant(F64, float(v))] * self.w)
-
-    def isplat(self, v: int) -> ir.Constant:
-        return ir.Constant(self.vi, [ir.Constant(I64, int(v))] * self.w)
-
-    def fma(self, b: ir.IRBuilder, x, y, z):
-        return b.call(self._intr("fma", 3), [x, y, z])
-
-    def poly(self, b: ir.IRBuilder, z, coef) -> ir.Value:
-        """coef[0] + z coef[1] + ... by Horner's rule in FMAs."""
-        acc = self.splat(coef[-1])
-        for c in coef[-2::-1]:
-            acc = self.fma(b, acc, z, self.splat(c))
-        return acc
-
-    def _define(self, name: str, body) -> ir.Function:
-        if name in self.fns:
-            return self.fns[name]
-        fn = ir.Function(self.m, ir.FunctionType(self.vt, [self.vt]), f"tsr.{name}.v{self.w}f64")
-        fn.linkage = "internal"
-        fn.attributes.add("alwaysinline")
-        fn.attributes.add("nounwind")
-        b = ir.IRBuilder(fn.append_basic_block("entry"))
-        b.ret(body(b, fn.args[0]))
-        self.fns[name] = fn
-        return fn
-
-    def call(self, b: ir.IRBuilder, name: str, x) -> ir.Value:
-        fn = getattr(self, "_" + name)
-        return b.call(self._define(name, fn), [x])
+    ELEM = F64
+    IELEM = I64
+    SUFFIX = "f64"
+    FN_SUFFIX = "f64"
 
     def _abs(self, b, x):
         return b.call(self._intr("fabs"), [x])
