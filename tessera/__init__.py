@@ -10,7 +10,7 @@
     print(ts.explain(mlp, x, w, b))  # layers, passes, MMA choice, the lane that ran
 """
 from tessera import dtypes, errors
-from tessera.errors import TesseraError
+from tessera.errors import RecompileWarning, TesseraError
 from tessera.frontend import ops
 from tessera.frontend.jit import Artifact, JitFunction, compile, explain, jit
 from tessera.runtime.lanes import LOG as lane_log
@@ -19,6 +19,6 @@ from tessera.runtime.threads import get_num_threads, set_num_threads
 bfloat16 = dtypes.bfloat16
 float32 = dtypes.float32
 
-__all__ = ["jit", "compile", "explain", "ops", "dtypes", "errors", "TesseraError", "JitFunction", "Artifact",
+__all__ = ["jit", "compile", "explain", "ops", "dtypes", "errors", "TesseraError", "RecompileWarning", "JitFunction", "Artifact",
            "lane_log", "bfloat16", "float32", "set_num_threads", "get_num_threads"]
 __version__ = "0.1.0"

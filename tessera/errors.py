@@ -296,6 +296,22 @@ class FrontendError(TesseraError):
     area = "frontend"
 
 
+class ScalarSpecialize(FrontendError):
+    """While tracing, user code read a Python-number argument as a Python value (``float(s)``,
+    ``if s > 0``, a size, an axis, an ``eps=``): ``tessera.jit`` specialises on that argument's
+    value and traces again, so a caller sees this only from a bare trace."""
+    code = "SPECIALIZE_SCALAR"
+
+    def __init__(self, message: str, *, indices=(), **kw):
+        super().__init__(message, **kw)
+        self.indices = frozenset(indices)
+
+
+class RecompileWarning(UserWarning):
+    """A jitted function has been compiled many times (``tessera.jit.RECOMPILE_WARNING_AFTER``);
+    the warning names the causes (new dtypes, sizes, values compiled in)."""
+
+
 class UnsupportedConstructError(FrontendError):
     """The function uses a Python construct that cannot be traced (data-dependent control flow...)."""
     code = "UNSUPPORTED_CONSTRUCT"

@@ -474,7 +474,7 @@ def test_memory_cache_is_a_bounded_lru(cdir, rng, monkeypatch):
     scalars = [float(s) for s in rng.uniform(0.5, 4.0, 5)]
     keys = []
     for i, s in enumerate(scalars):
-        art = ts.compile(lambda x, s: x * s + 1.0, x, s)
+        art = ts.compile(ts.jit(lambda x, s: x * s + 1.0, static_argnames="s"), x, s)
         keys.append(art.compiled.key)
         assert_close(art(x, s), f64(x) * s + 1.0, TOL, f"scalar {s}")
         if i == 2:                            # touch the first: it becomes the most recent
@@ -482,7 +482,7 @@ def test_memory_cache_is_a_bounded_lru(cdir, rng, monkeypatch):
     assert len(set(keys)) == 5
     assert list(C._MEMORY) == [keys[0], keys[3], keys[4]]
     # an evicted graph comes back from disk
-    art = ts.compile(lambda x, s: x * s + 1.0, x, scalars[1])
+    art = ts.compile(ts.jit(lambda x, s: x * s + 1.0, static_argnames="s"), x, scalars[1])
     assert art.compiled.cache_status == "disk"
     assert_close(art(x, scalars[1]), f64(x) * scalars[1] + 1.0, TOL, "evicted, reloaded")
     assert len(C._MEMORY) == 3

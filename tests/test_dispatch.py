@@ -92,9 +92,13 @@ def test_arguments_a_plan_cannot_serve_take_the_checked_path(rng):
     f = ts.jit(lambda a, s: a * s)
     x = rnd(rng, 8, 6)
     O.assert_close(f(x, 2.0), O.f64(x) * 2.0, 1e-7)
-    O.assert_close(f(x, 3.0), O.f64(x) * 3.0, 1e-7)                   # the scalar is part of the key
+    O.assert_close(f(x, 3.0), O.f64(x) * 3.0, 1e-7)                   # the scalar is a runtime value: one plan
     O.assert_close(f(x.T, 2.0), O.f64(x.T) * 2.0, 1e-7)               # not contiguous: copied, never planned
-    assert len(f._plans) == 2
+    assert len(f._plans) == 1
+    fs = ts.jit(lambda a, s: a * s, static_argnums=1)
+    O.assert_close(fs(x, 2.0), O.f64(x) * 2.0, 1e-7)
+    O.assert_close(fs(x, 3.0), O.f64(x) * 3.0, 1e-7)                 # a static scalar is part of the key
+    assert len(fs._plans) == 2
     g = ts.jit(lambda a, b: a + b)
     g(x, x)
     g(x, x)

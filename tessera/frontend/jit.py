@@ -21,6 +21,7 @@ from tessera.errors import (
     DtypeError,
     FrontendError,
     OutOfMemoryError,
+    ScalarSpecialize,
     SpecializeRequest,
     TesseraError,
     UnsupportedConstructError,
@@ -28,7 +29,7 @@ from tessera.errors import (
 from tessera.frontend import graphgen, reference
 from tessera.frontend.compile import Compiled, check_pins, compile_graph, feature_list, resolve_arch
 from tessera.frontend.report import LaneReport
-from tessera.frontend.trace import Tensor, current_lane, trace
+from tessera.frontend.trace import ARRAY, SCALAR, STATIC, Tensor, current_lane, scalar_dtype_for, trace
 from tessera.runtime.cpu import CHECK_MEMORY_ABOVE, bind_symbols
 from tessera.runtime.lanes import LOG, LaneDecision
 
@@ -37,28 +38,43 @@ MAX_PLANS = 64           # call plans kept per function (a shape sweep replaces 
 # compiled specialisations kept per function, least recently used first out: each distinct Python
 # float is one (the kernel bakes it in), and each holds its machine code (~1 MB)
 MAX_VARIANTS = 64
+# compiles of one function after which a RecompileWarning names their causes (once per function)
+RECOMPILE_WARNING_AFTER = 8
 
 
 def _scalar_key(a) -> tuple:
-    """A Python number by type and value, a float by its bits: -0.0 == 0.0, but the compiled
-    kernel bakes the scalar in."""
+    """A static argument by type and value, a float by its bits: -0.0 == 0.0, but the compiled
+    kernel bakes a static value in."""
     return (type(a).__name__, a.hex() if isinstance(a, float) else a)
 
 
-def _signature(args) -> tuple | None:
-    """What a call plan is keyed by: each argument's dtype and shape (C-contiguous arrays
-    only: others are copied first) or its type and value; None where no plan may serve."""
-    sig = []
-    for a in args:
-        if type(a) is np.ndarray:
-            if not a.flags.c_contiguous:
-                return None
-            sig.append((a.dtype, a.shape))
-        elif type(a) is float or type(a) is int:
-            sig.append(_scalar_key(a))
-        else:
-            return None
-    return tuple(sig)
+def _is_number(a) -> bool:
+    return (type(a) is float or type(a) is int) or (isinstance(a, (int, float)) and not isinstance(a, bool))
+
+
+_FINITE_MAX: dict[np.dtype, float] = {}   # dtype -> its largest finite value
+
+
+def _finite_max(dtype: np.dtype) -> float:
+    m = _FINITE_MAX.get(dtype)
+    if m is None:
+        import ml_dtypes
+        m = _FINITE_MAX[dtype] = float(ml_dtypes.finfo(dtype).max)
+    return m
+
+
+def to_scalar(a, dtype: np.dtype, i: int = 0) -> np.ndarray:
+    """A Python number as the 0-d array a kernel reads, converted as numpy converts it (NEP 50: the
+    number takes the array's dtype, and one beyond its range is +-inf, as ``x * 1e39`` is in f32)."""
+    try:
+        m = _FINITE_MAX.get(dtype) or _finite_max(dtype)
+        if -m <= a <= m:
+            return np.asarray(a, dtype)
+        with np.errstate(over="ignore"):
+            return np.asarray(a, dtype)
+    except OverflowError:
+        raise ArgumentError(f"argument {i}: the integer {a} is beyond the range of {dtype} (numpy raises "
+                            "OverflowError too)") from None
 
 
 @dataclass
@@ -70,6 +86,15 @@ class Variant:
     copies: tuple[str, ...] = ()
     decision: LaneDecision | None = None     # what a compiled call records (one immutable entry)
     key: tuple = ()                          # its key in JitFunction._variants
+    scalars: tuple[int, ...] = ()            # argument positions passed as runtime scalars
+    scalar_dtype: np.dtype = np.dtype(np.float32)   # ... as 0-d arrays of this dtype
+
+    def bind(self, args) -> list[np.ndarray]:
+        """The kernel's arrays for a call whose signature matched: arrays and runtime scalars
+        (0-d arrays), in argument order; static arguments are baked in."""
+        sd, sc = self.scalar_dtype, self.scalars
+        return [to_scalar(a, sd, i) if i in sc else a for i, a in enumerate(args)
+                if i in sc or type(a) is np.ndarray]
 
     def matches(self, arrays: list[np.ndarray]) -> dict | None:
         """The bound sizes if this specialisation serves ``arrays``, else None."""
@@ -86,9 +111,17 @@ class Variant:
 
 class JitFunction:
     def __init__(self, fn, *, target: str | None = None, arch: str | None = None, strict: bool = True,
-                 schedule: dict | None = None):
+                 schedule: dict | None = None, static_argnums=(), static_argnames=()):
         # what the caller asked for (None: not given), which tessera.compile's own settings may not contradict
         self.requested = {"target": target, "arch": arch, "schedule": dict(schedule or {})}
+        self.static_argnums, self.static_argnames = _as_tuple(static_argnums), _as_tuple(static_argnames)
+        # argument positions whose values are baked in: asked for, and learned from a trace that read
+        # a Python-number argument as a Python value (ScalarSpecialize)
+        self._static = _static_positions(fn, self.static_argnums, self.static_argnames)
+        self._learned: dict[int, str] = {}   # position -> where the trace read it as a Python value
+        # the dtype runtime scalars are passed in, learned from a trace (trace.scalar_dtype_for), per
+        # pattern of argument kinds and array dtypes
+        self._scalar_dtypes: dict[tuple, np.dtype] = {}
         target = "cpu" if target is None else target
         if target in ("rocm", "nvidia") and arch is None:
             resolve_arch(target, None)   # GPU lanes have no default chip: this raises, naming the known ones
@@ -103,13 +136,17 @@ class JitFunction:
         self._nvariants = 0
         # signature -> (variant, CallPlan): a repeated call goes straight to its launches
         self._plans: dict[tuple, tuple] = {}
+        self.compiles: list[str] = []   # why each specialisation was compiled, oldest first
+        self._keys_seen: set[tuple] = set()
+        self._warned = False
         forksafe.lock(self, "_lock")
         functools.update_wrapper(self, fn)
 
     def with_schedule(self, **pins) -> "JitFunction":
         """The same function with schedule choices pinned (per-call overrides)."""
         return JitFunction(self.fn, target=self.requested["target"], arch=self.arch, strict=self.strict,
-                           schedule={**self.schedule, **pins})
+                           schedule={**self.schedule, **pins}, static_argnums=self.static_argnums,
+                           static_argnames=self.static_argnames)
 
     def retarget(self, target: str | None = None, arch: str | None = None, schedule: dict | None = None,
                  what: str = "tessera.compile") -> "JitFunction":
@@ -135,7 +172,8 @@ class JitFunction:
         pins = {**req["schedule"], **(schedule or {})}
         if same_target and new_arch == self.arch and pins == req["schedule"]:
             return self
-        return JitFunction(self.fn, target=new_target, arch=new_arch, strict=self.strict, schedule=pins)
+        return JitFunction(self.fn, target=new_target, arch=new_arch, strict=self.strict, schedule=pins,
+                           static_argnums=self.static_argnums, static_argnames=self.static_argnames)
 
     # ------------------------------------------------------------------ called while tracing
     def _inline(self, args):
@@ -160,10 +198,20 @@ class JitFunction:
         return self.fn(*args)
 
     # ------------------------------------------------------------------ arguments
-    def _split_args(self, args) -> tuple[list, list[bool], list[np.ndarray], list[str]]:
-        is_t, arrays, copies, prepared = [], [], [], []
+    def _split_args(self, args) -> tuple[list, list[str], list[np.ndarray], list[str]]:
+        """Each argument prepared for the trace, its kind (trace.ARRAY / SCALAR / STATIC), the
+        kernel's arrays (runtime scalars as 0-d arrays) and the copies made."""
+        kinds, arrays, copies, prepared = [], [], [], []
         for i, a in enumerate(args):
-            if isinstance(a, np.ndarray) or hasattr(a, "__array_interface__"):
+            if i in self._static or i in self._learned:
+                try:
+                    hash(a)
+                except TypeError:
+                    raise ArgumentError(f"argument {i} of {self.name} is static (its value is compiled in) but a "
+                                        f"{type(a).__name__} has no hash: pass a tuple, number or string") from None
+                kinds.append(STATIC)
+                prepared.append(a)
+            elif isinstance(a, np.ndarray) or hasattr(a, "__array_interface__"):
                 a = np.asarray(a)
                 try:
                     if a.dtype not in _ACCEPTED:
@@ -174,16 +222,34 @@ class JitFunction:
                 if not a.flags.c_contiguous:
                     a = self._contiguous(a, i)
                     copies.append(f"argument {i} copied to C-contiguous layout")
-                is_t.append(True)
+                kinds.append(ARRAY)
                 arrays.append(a)
                 prepared.append(a)
-            elif isinstance(a, (int, float)) and not isinstance(a, bool):
-                is_t.append(False)
+            elif _is_number(a):
+                kinds.append(SCALAR)
+                prepared.append(a)
+            elif a is None or isinstance(a, bool):
+                kinds.append(STATIC)   # a flag: compiled in, as a static argument
                 prepared.append(a)
             else:
                 raise ArgumentError(f"argument {i} of {self.name}: expected a numpy array or a Python number, got "
-                                    f"{type(a).__name__}")
-        return prepared, is_t, arrays, copies
+                                    f"{type(a).__name__} (another value may be passed as a static argument: "
+                                    "tessera.jit(static_argnums=..., static_argnames=...))")
+        if SCALAR in kinds:   # the numbers' dtype follows the arrays' (below), so it is known before tracing
+            sd = self._scalar_dtype(kinds, arrays)
+            it = iter(arrays)
+            arrays = [to_scalar(a, sd, i) if k == SCALAR else next(it) for i, (a, k) in enumerate(zip(args, kinds))
+                      if k != STATIC]
+            prepared = [to_scalar(a, sd, i) if k == SCALAR else a for i, (a, k) in enumerate(zip(prepared, kinds))]
+        return prepared, kinds, arrays, copies
+
+    def _scalar_dtype(self, kinds, arrays) -> np.dtype:
+        """The dtype runtime scalars are passed in: what a trace of this pattern learned, else
+        float64 where an argument is float64 and float32 otherwise (a first guess)."""
+        learned = self._scalar_dtypes.get(_pattern(kinds, arrays))
+        if learned is not None:
+            return learned
+        return np.dtype(np.float64 if any(a.dtype == np.float64 for a in arrays) else np.float32)
 
     def _contiguous(self, a: np.ndarray, i: int) -> np.ndarray:
         """A C-contiguous copy of argument ``i`` (a broadcast view may stand for far more memory)."""
@@ -198,40 +264,91 @@ class JitFunction:
             raise OutOfMemoryError(f"argument {i} of {self.name} ({a.shape}, {a.dtype}) must be copied to "
                                    f"C-contiguous layout: {need / 2**20:.1f} MiB could not be allocated") from None
 
-    def _key(self, prepared, is_t) -> tuple:
+    def _key(self, prepared, kinds) -> tuple:
         parts = []
-        for a, t in zip(prepared, is_t):
-            if t:
+        for a, k in zip(prepared, kinds):
+            if k == ARRAY:
                 parts.append(("a", a.dtype, tuple(s == 1 for s in a.shape)))
+            elif k == SCALAR:
+                parts.append(("w", a.dtype))
             else:
                 parts.append(("s",) + _scalar_key(a))
         return tuple(parts)
 
     # ------------------------------------------------------------------ compile
     def _variant(self, args) -> tuple[Variant, list[np.ndarray], dict | None]:
-        prepared, is_t, arrays, copies = self._split_args(args)
-        key = self._key(prepared, is_t)
-        with self._lock:
-            vs = self._variants.get(key)
-            for v in vs or ():
-                env = v.matches(arrays)
-                if env is not None:
-                    if copies:
-                        v.copies = tuple(copies)
-                    self._variants.move_to_end(key)
-                    if vs[-1] is not v:
-                        vs.remove(v)
-                        vs.append(v)
-                    return v, arrays, env
-        v = self._build(prepared, is_t, arrays)
+        while True:
+            prepared, kinds, arrays, copies = self._split_args(args)
+            key = self._key(prepared, kinds)
+            with self._lock:
+                vs = self._variants.get(key)
+                for v in vs or ():
+                    env = v.matches(arrays)
+                    if env is not None:
+                        if copies:
+                            v.copies = tuple(copies)
+                        self._variants.move_to_end(key)
+                        if vs[-1] is not v:
+                            vs.remove(v)
+                            vs.append(v)
+                        return v, arrays, env
+            try:
+                v = self._build(prepared, kinds, arrays)
+            except ScalarSpecialize as e:   # the trace read a number argument as a Python value
+                if not self._learn(e, kinds):
+                    raise
+                continue
+            if v is None:   # the numbers are better passed in another dtype (learned): again
+                continue
+            break
         v.copies = tuple(copies)
         v.key = key
+        self._count_compile(key, kinds, prepared, arrays)
+        v.scalars = tuple(i for i, k in enumerate(kinds) if k == SCALAR)
+        v.scalar_dtype = next((a.dtype for a, k in zip(prepared, kinds) if k == SCALAR), v.scalar_dtype)
         with self._lock:
             self._variants.setdefault(key, []).append(v)
             self._variants.move_to_end(key)
             self._nvariants += 1
             self._evict()
         return v, arrays, None
+
+    def _learn(self, e: ScalarSpecialize, kinds) -> bool:
+        """Whether tracing again can help: the arguments ``e`` names become static (or the numbers
+        float64), for this call and every later one."""
+        with self._lock:
+            new = {i for i in e.indices if kinds[i] == SCALAR}
+            where = f" at {e.location}" if e.location else ""
+            self._learned.update({i: f"{e.message.split(' of a Python-number')[0]}{where}" for i in new})
+            return bool(new)
+
+    def _count_compile(self, key, kinds, prepared, arrays) -> None:
+        """Record why this specialisation was compiled; past RECOMPILE_WARNING_AFTER, warn once."""
+        import warnings
+
+        from tessera.errors import RecompileWarning
+        with self._lock:
+            if not self.compiles:
+                cause = "first call"
+            elif key in self._keys_seen:
+                cause = (f"sizes {[a.shape for a in arrays]} (a size is compiled in)" if key in self._variants
+                         else "compiled again after eviction (MAX_VARIANTS specialisations are kept)")
+            else:
+                statics = [f"argument {i} = {a!r}" + (f" (read as a Python value: {self._learned[i]})"
+                                                       if i in self._learned else " (static)")
+                           for i, (a, k) in enumerate(zip(prepared, kinds)) if k == STATIC]
+                arr = ", ".join(f"{dt.name(a.dtype)}{list(a.shape)}" for a in arrays)
+                cause = f"new arguments: {arr}" + (f"; {'; '.join(statics)}" if statics else "")
+            self._keys_seen.add(key)
+            self.compiles.append(cause)
+            warn = len(self.compiles) > RECOMPILE_WARNING_AFTER and not self._warned
+            self._warned |= warn
+        if warn:
+            last = "\n  ".join(self.compiles[-RECOMPILE_WARNING_AFTER:])
+            warnings.warn(RecompileWarning(
+                f"tessera.jit: {self.name} has been compiled {len(self.compiles)} times; the last causes:\n  {last}\n"
+                "a value compiled in (static_argnames, or a number read as a Python value) compiles once per "
+                "value"), stacklevel=4)
 
     def _evict(self) -> None:
         """Drop the least recently used specialisations beyond MAX_VARIANTS, and their call plans
@@ -249,10 +366,21 @@ class JitFunction:
             ids = {id(v) for v in gone}
             self._plans = {s: p for s, p in self._plans.items() if id(p[0]) not in ids}
 
-    def _build(self, prepared, is_t, arrays) -> Variant:
-        graph = trace(self.fn, prepared, is_t, lane=(self.target, self.arch, self.schedule))
+    def _build(self, prepared, kinds, arrays) -> Variant | None:
+        """The compiled specialisation, or None where the trace shows the runtime scalars are
+        better passed in another dtype (recorded: the caller prepares the arguments again)."""
+        graph = trace(self.fn, prepared, kinds, lane=(self.target, self.arch, self.schedule))
+        if SCALAR in kinds:
+            have = next(a.dtype for a, k in zip(prepared, kinds) if k == SCALAR)
+            want = np.dtype(scalar_dtype_for(graph, have))
+            if want != have:
+                pattern = _pattern(kinds, [a for a, k in zip(prepared, kinds) if k == ARRAY])
+                with self._lock:
+                    if self._scalar_dtypes.get(pattern) is None:   # learned once: no back and forth
+                        self._scalar_dtypes[pattern] = want
+                        return None
         # arrays index -> position among traced args
-        pos = [i for i, t in enumerate(is_t) if t]
+        pos = [i for i, k in enumerate(kinds) if k != STATIC]
         try:
             fixed: frozenset = frozenset()
             while True:
@@ -279,8 +407,25 @@ class JitFunction:
                            reason=f"{e.code}: {e.message}")
 
     # ------------------------------------------------------------------ call
+    def _signature(self, args) -> tuple | None:
+        """What a call plan is keyed by: each argument's dtype and shape (C-contiguous arrays
+        only: others are copied first), a number's type (its value too where it is static);
+        None where no plan may serve."""
+        sig = []
+        static = self._static.union(self._learned)
+        for i, a in enumerate(args):
+            if type(a) is np.ndarray:
+                if not a.flags.c_contiguous or i in static:
+                    return None
+                sig.append((a.dtype, a.shape))
+            elif type(a) is float or type(a) is int:
+                sig.append(_scalar_key(a) if i in static else type(a))
+            else:
+                return None
+        return tuple(sig)
+
     def __call__(self, *args):
-        sig = _signature(args)
+        sig = self._signature(args)
         hit = self._plans.get(sig) if sig is not None else None
         if hit is not None:
             v, plan = hit
@@ -288,7 +433,7 @@ class JitFunction:
                 self._variants.move_to_end(v.key)   # recently used (one C call; evicted meanwhile: no matter)
             except KeyError:
                 pass
-            outs = v.compiled.executable.run_plan(plan, [a for a in args if type(a) is np.ndarray])
+            outs = v.compiled.executable.run_plan(plan, v.bind(args))
             LOG.record(v.decision)
             return tuple(outs) if v.graph.tuple_output else outs[0]
         if sig is None and any(isinstance(a, Tensor) for a in args):
@@ -392,12 +537,43 @@ class Artifact:
         isa = resolve_arch(c.target, c.arch)
         m = c.meta
         static = [f"argument {i} axis {ax} = {n}" for (i, ax), n in sorted(v.static.items())]
+        static += [f"argument {i} (a number read as a Python value: {w})" for i, w in sorted(self.fn._learned.items())]
         return LaneReport(self.fn.name, c.lane, c.target, c.arch, c.cpu, feature_list(isa), m["layers"],
                           m["passes"], m["kernels"], m["compile_ms"], c.cache_status, m["pipeline"], list(v.copies),
-                          static)
+                          static, compiles=list(self.fn.compiles))
 
     def __call__(self, *args):
         return self.fn(*args)
+
+
+def _pattern(kinds, arrays) -> tuple:
+    """Argument kinds and array dtypes: what the runtime scalars' dtype is learned for."""
+    return (tuple(kinds), tuple(a.dtype for a in arrays))
+
+
+def _as_tuple(v) -> tuple:
+    return (v,) if isinstance(v, (int, str)) else tuple(v or ())
+
+
+def _static_positions(fn, nums: tuple, names: tuple) -> frozenset:
+    """The argument positions ``static_argnums`` and ``static_argnames`` name (positional only)."""
+    import inspect
+    out = set()
+    try:
+        params = [p.name for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    for n in nums:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ArgumentError(f"static_argnums: {n!r} is not an argument position (an integer >= 0)")
+        out.add(n)
+    for name in names:
+        if name not in params:
+            raise ArgumentError(f"static_argnames: {getattr(fn, '__name__', 'fn')} has no positional parameter "
+                                f"{name!r} (parameters: {', '.join(params) or 'none'})")
+        out.add(params.index(name))
+    return frozenset(out)
 
 
 def _with_deterministic(schedule: dict | None, deterministic: bool) -> dict | None:
@@ -410,16 +586,24 @@ def _settings(d: dict) -> str:
 
 
 def jit(fn=None, *, target: str | None = None, arch: str | None = None, strict: bool = True,
-        schedule: dict | None = None, deterministic: bool = False):
+        schedule: dict | None = None, deterministic: bool = False, static_argnums=(), static_argnames=()):
     """Compile a Python function over arrays.  Usable as ``@jit`` or ``@jit(target=..., ...)``;
     ``target`` None is the CPU (``"cpu"``), ``arch`` None its host chip (GPU targets need one).
     ``deterministic=True``: results bit-identical whatever the calling thread's floating-point
     mode too (kernels run with FTZ/DAZ off); every kernel already gives the same bits for every
-    thread count and run (docs/numerics.md)."""
+    thread count and run (docs/numerics.md).
+
+    A Python float or int argument is a runtime value: one compiled kernel serves every learning rate
+    or temperature.  It takes the dtype of the arrays it meets (NEP 50).  Where the function reads it
+    as a Python value (a size, an axis, ``eps=``, ``if s > 0``, ``math.sqrt(s)``) the call is
+    specialised on its value instead; ``static_argnums`` / ``static_argnames`` ask for that up
+    front (and pass other hashable values: strings, tuples).  ``None`` and bools are always
+    static."""
     schedule = _with_deterministic(schedule, deterministic)
 
     def wrap(f):
-        return JitFunction(f, target=target, arch=arch, strict=strict, schedule=schedule)
+        return JitFunction(f, target=target, arch=arch, strict=strict, schedule=schedule,
+                           static_argnums=static_argnums, static_argnames=static_argnames)
     return wrap(fn) if fn is not None else wrap
 
 

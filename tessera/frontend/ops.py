@@ -21,6 +21,7 @@ from tessera.frontend.trace import (
     as_tensor,
     broadcast_shapes,
     normalize_axis,
+    promote_weak,
     require_float,
     require_int,
     same_dtype,
@@ -41,6 +42,7 @@ def _binary(op: str, a, b) -> Tensor:
     a = _t(a, op)
     b = as_tensor(b, a, op)
     require_float(a, op)
+    a, b = promote_weak(a, b)
     same_dtype(a, b, op)
     return add_node(op, [a._node, b._node], {}, broadcast_shapes(a.shape, b.shape, op), a.dtype)
 
@@ -209,9 +211,9 @@ def reshape(x, shape) -> Tensor:
 def cast(x, dtype) -> Tensor:
     x = _t(x, "cast")
     d = dt.as_dtype(dtype)
-    if d == x.dtype:
+    if d == x.dtype and not x._node.weak:
         return x
-    return add_node("cast", [x._node], {}, x.shape, d)
+    return add_node("cast", [x._node], {}, x.shape, d, weak=False)   # a cast gives its dtype: not weak
 
 
 def matmul(a, b, out_dtype=None) -> Tensor:

@@ -22,6 +22,7 @@ class LaneReport:
     copies: list[str] = field(default_factory=list)
     specialised: list[str] = field(default_factory=list)
     reason: str = ""
+    compiles: list[str] = field(default_factory=list)   # the function's compiles so far, each with its cause
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -44,6 +45,8 @@ class LaneReport:
             lines.append(f"  copies    {'; '.join(self.copies)}")
         if self.specialised:
             lines.append(f"  static    {'; '.join(self.specialised)}")
+        if len(self.compiles) > 1:
+            lines.append(f"  compiles  {len(self.compiles)} for this function; the last: {self.compiles[-1]}")
         if self.passes:
             lines.append("  passes")
             w = max(len(p["pass"]) for p in self.passes)

@@ -23,6 +23,7 @@ from tessera.errors import (
     DtypeError,
     FrontendError,
     RankMismatchError,
+    ScalarSpecialize,
     ShapeMismatchError,
     SourceLocation,
     TesseraError,
@@ -62,6 +63,12 @@ class Node:
     index: int = -1              # for "arg" nodes: argument position
     value: object = None         # for "constant" nodes
     observed: set = field(default_factory=set)  # axes whose size user code read (they must stay static)
+    # a weak scalar (a Python number passed as a runtime value, and what is computed from such numbers
+    # alone) takes the dtype of the array it meets, as a Python number does in numpy (NEP 50)
+    weak: bool = False
+    # the Python-number arguments this value is computed from, when it depends on nothing else (None:
+    # it depends on an array): reading it as a Python value specialises them (ScalarSpecialize)
+    scalar_of: frozenset | None = None
 
 
 @dataclass
@@ -70,6 +77,9 @@ class TraceGraph:
     nodes: list[Node] = field(default_factory=list)
     outputs: list[Node] = field(default_factory=list)
     tuple_output: bool = False
+    # each time a weak scalar met a value of a dtype: (that dtype, whether the scalar was an argument
+    # itself rather than computed from numbers), which picks the dtype the numbers are passed in
+    weak_uses: list[tuple[np.dtype, bool]] = field(default_factory=list)
 
 
 def tracing() -> bool:
@@ -93,19 +103,24 @@ def _err(cls, msg: str) -> TesseraError:
     return cls(msg, location=user_location())
 
 
-def add_node(op: str, inputs: list[Node], attrs: dict, shape, dtype) -> "Tensor":
+def add_node(op: str, inputs: list[Node], attrs: dict, shape, dtype, weak: bool | None = None) -> "Tensor":
+    """Record a node.  It is weak (``weak`` None) when every input is, and computed from Python
+    numbers alone when every input is."""
     n = Node(op, inputs, attrs, tuple(int(s) for s in shape), dt.as_dtype(dtype), user_location())
+    if inputs and all(i.scalar_of is not None for i in inputs):
+        n.scalar_of = frozenset().union(*(i.scalar_of for i in inputs))
+    n.weak = bool(inputs) and all(i.weak for i in inputs) if weak is None else weak
     _graph().nodes.append(n)
     return Tensor(n)
 
 
-def constant(value: float, dtype) -> "Tensor":
+def constant(value: float, dtype, weak: bool = False) -> "Tensor":
     """A scalar in ``dtype``: a Python number converts as numpy converts it (NEP 50: the array's
     dtype wins), so one beyond the dtype's range is +-inf, as ``x * 70000.0`` is in numpy for f16."""
     d = dt.as_dtype(dtype)
     with np.errstate(over="ignore", invalid="ignore"):
         v = float(np.asarray(float(value), np.float64).astype(d)) if d.kind in "fV" else float(value)
-    n = Node("constant", [], {}, (), d, user_location(), value=v)
+    n = Node("constant", [], {}, (), d, user_location(), value=v, weak=weak, scalar_of=frozenset())
     _graph().nodes.append(n)
     return Tensor(n)
 
@@ -125,11 +140,46 @@ def as_tensor(v, like: "Tensor", what: str) -> "Tensor":
     if isinstance(v, Tensor):
         return v
     if isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool):
-        return constant(float(v), like.dtype)
+        return constant(float(v), like.dtype, weak=like._node.weak)
     if isinstance(v, np.ndarray):
         raise _err(UnsupportedConstructError, f"{what}: a numpy array captured inside the traced function; "
                                                "pass it as an argument instead")
     raise _err(UnsupportedConstructError, f"{what}: cannot use a {type(v).__name__} here")
+
+
+def promote_weak(a: "Tensor", b: "Tensor") -> tuple["Tensor", "Tensor"]:
+    """Where one operand is a weak scalar and the other is not, the weak one is cast to the
+    other's dtype (``x_f16 * s`` stays f16 for a Python float ``s``)."""
+    if a._node.weak == b._node.weak:
+        return a, b
+    w, strong = (a, b) if a._node.weak else (b, a)
+    if w._node.scalar_of:
+        _graph().weak_uses.append((strong.dtype, w._node.op == "arg"))
+    if a.dtype == b.dtype:
+        return a, b
+    w = add_node("cast", [w._node], {}, w.shape, strong.dtype, weak=False)
+    return (w, b) if a._node.weak else (a, w)
+
+
+def scalar_dtype_for(graph: TraceGraph, current: np.dtype) -> np.dtype:
+    """The dtype the Python-number arguments are best passed in, from what they met while tracing:
+    that of every value they met where it is one and they met it directly (no cast, one rounding,
+    as numpy's), else float64 where they met float64 and float32 otherwise (a cast each use)."""
+    if not graph.weak_uses:
+        return current
+    met = {d for d, _ in graph.weak_uses}
+    if len(met) == 1 and all(direct for _, direct in graph.weak_uses):
+        return met.pop()
+    return dt.float64 if dt.float64 in met else dt.float32
+
+
+def scalar_value_needed(t: "Tensor", what: str) -> None:
+    """User code reads a traced Python-number argument (or a value computed from such numbers alone)
+    as a Python value: ``tessera.jit`` specialises on those arguments and traces again."""
+    deps = t._node.scalar_of
+    if deps:
+        raise ScalarSpecialize(f"{what} of a Python-number argument: specialised on its value",
+                               indices=deps, location=user_location())
 
 
 class Tensor:
@@ -212,6 +262,7 @@ class Tensor:
         return _power(self, o)
 
     def __rpow__(self, o):
+        scalar_value_needed(self, "an exponent")
         raise _err(UnsupportedConstructError, f"{o!r} ** x with a traced exponent has no op yet; for e ** x use "
                                               "tessera.ops.exp(x), for b ** x tessera.ops.exp(x * math.log(b))")
 
@@ -220,22 +271,22 @@ class Tensor:
         return ops.maximum(self, ops.neg(self))   # exact; NaN stays NaN
 
     def __lt__(self, o):
-        _refuse_comparison("<")
+        _refuse_comparison("<", self, o)
 
     def __le__(self, o):
-        _refuse_comparison("<=")
+        _refuse_comparison("<=", self, o)
 
     def __gt__(self, o):
-        _refuse_comparison(">")
+        _refuse_comparison(">", self, o)
 
     def __ge__(self, o):
-        _refuse_comparison(">=")
+        _refuse_comparison(">=", self, o)
 
     def __eq__(self, o):
-        _refuse_comparison("==")
+        _refuse_comparison("==", self, o)
 
     def __ne__(self, o):
-        _refuse_comparison("!=")
+        _refuse_comparison("!=", self, o)
 
     # --- methods numpy users reach for
     @property
@@ -278,18 +329,22 @@ class Tensor:
             self._node.observed.add(0)
         return self._node.shape[0]
 
-    # --- what a trace cannot do
+    # --- what a trace cannot do (a Python-number argument read as a value is specialised on instead)
     def __bool__(self):
+        scalar_value_needed(self, "bool()")
         raise _err(UnsupportedConstructError, "control flow on a traced tensor's value (if/while/and/or) is "
                                               "not supported: the value is unknown until the kernel runs")
 
     def __float__(self):
+        scalar_value_needed(self, "float()")
         raise _err(UnsupportedConstructError, "float() of a traced tensor: its value is unknown at trace time")
 
     def __int__(self):
+        scalar_value_needed(self, "int()")
         raise _err(UnsupportedConstructError, "int() of a traced tensor: its value is unknown at trace time")
 
     def __index__(self):
+        scalar_value_needed(self, "an index")
         raise _err(UnsupportedConstructError, "a traced tensor cannot be used as an index")
 
     def __iter__(self):
@@ -299,14 +354,21 @@ class Tensor:
         raise _err(UnsupportedConstructError, "indexing/slicing a traced tensor is not supported yet")
 
     def __array__(self, *a, **k):
+        scalar_value_needed(self, "numpy conversion")
         raise _err(UnsupportedConstructError, "a traced tensor cannot be converted to a numpy array inside "
                                               "the traced function")
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        for t in inputs:
+            if isinstance(t, Tensor):
+                scalar_value_needed(t, f"numpy.{ufunc.__name__}")
         raise _err(UnsupportedConstructError, f"numpy.{ufunc.__name__} on a traced tensor: use tessera.ops "
                                               "instead")
 
     def __array_function__(self, func, types, args, kwargs):
+        for t in args:
+            if isinstance(t, Tensor):
+                scalar_value_needed(t, f"numpy.{func.__name__}")
         raise _err(UnsupportedConstructError, f"numpy.{func.__name__} on a traced tensor: use tessera.ops "
                                               "instead")
 
@@ -347,7 +409,10 @@ for _names, _symbol in ((("__floordiv__", "__rfloordiv__"), "//"), (("__mod__", 
         setattr(Tensor, _name, _refuse_operator(_symbol))
 
 
-def _refuse_comparison(symbol: str):
+def _refuse_comparison(symbol: str, a=None, b=None):
+    for t in (a, b):
+        if isinstance(t, Tensor):
+            scalar_value_needed(t, f"a comparison ({symbol})")
     raise _err(UnsupportedConstructError, f"x {symbol} y on traced tensors: comparisons have no op yet (boolean "
                                           "results and a where() come later); what exists: tessera.ops.maximum "
                                           "(elementwise max), tessera.ops.relu (max with 0), reduce_max / .max()")
@@ -361,6 +426,7 @@ _POW_HELP = (f"traced exponents: integers +-1..+-{POW_INTEGER_MAX} (multiplicati
 def _power(x: Tensor, o) -> Tensor:
     from tessera.frontend import ops
     if isinstance(o, Tensor):
+        scalar_value_needed(o, "an exponent")
         raise _err(UnsupportedConstructError, f"x ** y with a traced exponent has no op yet; {_POW_HELP}")
     if isinstance(o, bool) or not isinstance(o, numbers.Real):
         raise _err(UnsupportedConstructError, f"x ** {type(o).__name__}: {_POW_HELP}")
@@ -397,6 +463,8 @@ def same_dtype(a: Tensor, b: Tensor, what: str) -> None:
 
 def require_int(v, what: str, cls=ShapeMismatchError) -> int:
     """A size or axis: a Python or numpy integer (numpy refuses 4.9, and 4.0, too)."""
+    if isinstance(v, Tensor):
+        scalar_value_needed(v, what)
     if isinstance(v, bool) or not isinstance(v, numbers.Integral):
         raise _err(cls, f"{what} must be an integer, got {v!r} ({type(v).__name__})")
     return int(v)
@@ -409,21 +477,30 @@ def normalize_axis(axis: int, rank: int, what: str) -> int:
     return axis % rank
 
 
-def trace(fn, args: list, arg_is_tensor: list[bool], lane: tuple | None = None) -> TraceGraph:
-    """Run ``fn`` on Tensors standing for the array arguments.  ``lane``: (target, arch, schedule
-    pins) the graph is compiled for, which a jitted function called inside checks against."""
+ARRAY, SCALAR, STATIC = "array", "scalar", "static"   # how trace() takes each argument
+
+
+def trace(fn, args: list, kinds: list, lane: tuple | None = None) -> TraceGraph:
+    """Run ``fn`` on Tensors standing for its arguments.  ``kinds``: per argument, ARRAY (a Tensor
+    of its shape and dtype), SCALAR (a Python number passed at run time, as a 0-d array: a weak
+    0-d Tensor) or STATIC (passed to ``fn`` as it is; True/False are taken as ARRAY/STATIC).
+    ``lane``: (target, arch, schedule pins) the graph is compiled for, which a jitted function
+    called inside checks against."""
     graph = TraceGraph()
     prev, prev_lane = getattr(_state, "graph", None), getattr(_state, "lane", None)
     _state.graph, _state.lane = graph, lane
     try:
         call_args = []
-        for i, (a, is_t) in enumerate(zip(args, arg_is_tensor)):
-            if is_t:
-                n = Node("arg", [], {}, tuple(a.shape), dt.as_dtype(a.dtype), None, index=i)
-                graph.args.append(n)
-                call_args.append(Tensor(n))
-            else:
+        for i, (a, kind) in enumerate(zip(args, kinds)):
+            kind = {True: ARRAY, False: STATIC}.get(kind, kind)
+            if kind == STATIC:
                 call_args.append(a)
+                continue
+            n = Node("arg", [], {}, tuple(a.shape), dt.as_dtype(a.dtype), None, index=i)
+            if kind == SCALAR:
+                n.weak, n.scalar_of = True, frozenset((i,))
+            graph.args.append(n)
+            call_args.append(Tensor(n))
         try:
             out = fn(*call_args)
         except TesseraError:
