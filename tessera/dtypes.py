@@ -33,6 +33,25 @@ def as_dtype(d) -> np.dtype:
     return dt
 
 
+# Float type promotion, as JAX's lattice: bf16 and f16 each below f32 (and each other's join is
+# f32), f32 below f64.  A Python number is weak (it takes the other operand's dtype: frontend/trace).
+_FLOAT_RANK = {bfloat16: 1, float16: 1, float32: 2, float64: 3}
+
+
+def promote(a, b) -> np.dtype | None:
+    """The dtype two float operands of different dtypes compute in, or None where they do not
+    promote (a non-float)."""
+    a, b = np.dtype(a), np.dtype(b)
+    if a == b:
+        return a
+    ra, rb = _FLOAT_RANK.get(a), _FLOAT_RANK.get(b)
+    if ra is None or rb is None:
+        return None
+    if ra == rb:   # bf16 with f16
+        return float32
+    return a if ra > rb else b
+
+
 def name(d) -> str:
     return _NAME[as_dtype(d)]
 

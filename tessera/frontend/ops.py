@@ -21,7 +21,7 @@ from tessera.frontend.trace import (
     as_tensor,
     broadcast_shapes,
     normalize_axis,
-    promote_weak,
+    promote_pair,
     require_float,
     require_int,
     same_dtype,
@@ -42,8 +42,8 @@ def _binary(op: str, a, b) -> Tensor:
     a = _t(a, op)
     b = as_tensor(b, a, op)
     require_float(a, op)
-    a, b = promote_weak(a, b)
-    same_dtype(a, b, op)
+    require_float(b, op)
+    a, b = promote_pair(a, b, op)
     return add_node(op, [a._node, b._node], {}, broadcast_shapes(a.shape, b.shape, op), a.dtype)
 
 
@@ -221,7 +221,8 @@ def matmul(a, b, out_dtype=None) -> Tensor:
     dtype unless ``out_dtype=np.float32``."""
     a, b = _t(a, "matmul"), _t(b, "matmul")
     require_float(a, "matmul")
-    same_dtype(a, b, "matmul")
+    require_float(b, "matmul")
+    a, b = promote_pair(a, b, "matmul")
     if a.ndim == 0 or b.ndim == 0:
         raise _err(RankMismatchError, "matmul: operands must have rank >= 1")
     out = dt.as_dtype(out_dtype) if out_dtype is not None else a.dtype

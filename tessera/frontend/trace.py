@@ -455,6 +455,19 @@ def require_float(t: Tensor, what: str) -> None:
         raise _err(DtypeError, f"{what}: dtype {t.dtype} is not supported")
 
 
+def promote_pair(a: Tensor, b: Tensor, what: str) -> tuple[Tensor, Tensor]:
+    """Two operands in the dtype they compute in: a weak scalar takes the other's dtype; two
+    floats of different dtypes are cast to their join (``dtypes.promote``: f16 with f32 is f32,
+    bf16 with f16 is f32), as JAX promotes; anything else must match."""
+    a, b = promote_weak(a, b)
+    if a.dtype == b.dtype:
+        return a, b
+    to = dt.promote(a.dtype, b.dtype)
+    if to is None:
+        same_dtype(a, b, what)
+    return tuple(t if t.dtype == to else add_node("cast", [t._node], {}, t.shape, to, weak=False) for t in (a, b))
+
+
 def same_dtype(a: Tensor, b: Tensor, what: str) -> None:
     if a.dtype != b.dtype:
         raise _err(DtypeError, f"{what}: operand dtypes differ ({dt.name(a.dtype)} vs {dt.name(b.dtype)}); "
