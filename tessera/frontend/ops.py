@@ -319,3 +319,8 @@ def __getattr__(name: str):
 __all__ = ["attention", "add", "sub", "mul", "div", "maximum", "neg", "exp", "tanh", "erf", "relu", "silu", "sqrt", "gelu", "softmax",
            "layer_norm", "rms_norm", "reduce_sum", "reduce_max", "reduce_mean", "transpose", "reshape", "cast",
            "matmul", "np"]
+
+# view and statistics ops made of the ops above (frontend/layout.py imports this module)
+from tessera.frontend.layout import expand_dims, moveaxis, squeeze, std, swapaxes, var  # noqa: E402
+
+__all__ += ["expand_dims", "squeeze", "swapaxes", "moveaxis", "var", "std"]

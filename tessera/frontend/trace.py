@@ -322,6 +322,22 @@ class Tensor:
         from tessera.frontend import ops
         return ops.reduce_mean(self, axis, keepdims)
 
+    def var(self, axis=None, keepdims=False, ddof=0):
+        from tessera.frontend import ops
+        return ops.var(self, axis, keepdims, ddof)
+
+    def std(self, axis=None, keepdims=False, ddof=0):
+        from tessera.frontend import ops
+        return ops.std(self, axis, keepdims, ddof)
+
+    def squeeze(self, axis=None):
+        from tessera.frontend import ops
+        return ops.squeeze(self, axis)
+
+    def swapaxes(self, axis1, axis2):
+        from tessera.frontend import ops
+        return ops.swapaxes(self, axis1, axis2)
+
     def __len__(self) -> int:
         if not self._node.shape:
             raise _err(UnsupportedConstructError, "len() of a 0-d traced tensor")
@@ -351,7 +367,8 @@ class Tensor:
         raise _err(UnsupportedConstructError, "iterating over a traced tensor is not supported")
 
     def __getitem__(self, item):
-        raise _err(UnsupportedConstructError, "indexing/slicing a traced tensor is not supported yet")
+        from tessera.frontend import layout
+        return layout.index(self, item)
 
     def __array__(self, *a, **k):
         scalar_value_needed(self, "numpy conversion")

@@ -1,0 +1,122 @@
+"""Layout and statistics ops written with the Graph IR ops that exist: views made of reshapes and
+transposes (``expand_dims``, ``squeeze``, ``swapaxes``, ``moveaxis``, indexing with ``None`` /
+``...`` / ``:``) and ``var`` / ``std`` from means.  Numpy's semantics; they fuse like the ops
+they are made of (reshapes and transposes become strides, the means reduction kernels)."""
+from __future__ import annotations
+
+import math
+
+from tessera.errors import RankMismatchError, ShapeMismatchError, UnsupportedConstructError
+from tessera.frontend import ops
+from tessera.frontend.trace import Tensor, _err, normalize_axis, require_float, require_int
+
+
+def _axes(axis, rank: int, what: str) -> tuple[int, ...]:
+    axes = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
+    out = tuple(normalize_axis(a, rank, what) for a in axes)
+    if len(set(out)) != len(out):
+        raise _err(RankMismatchError, f"{what}: repeated axis in {axis}")
+    return out
+
+
+def expand_dims(x, axis) -> Tensor:
+    """``x`` with a size-1 axis inserted at each of ``axis`` (positions in the result)."""
+    x = ops._t(x, "expand_dims")
+    rank = x.ndim + (len(axis) if isinstance(axis, (tuple, list)) else 1)
+    axes = _axes(axis, rank, "expand_dims")
+    it = iter(x._node.shape)
+    return ops.reshape(x, tuple(1 if i in axes else next(it) for i in range(rank)))
+
+
+def squeeze(x, axis=None) -> Tensor:
+    """``x`` without its size-1 axes (``axis``: only those, each of which must be 1)."""
+    x = ops._t(x, "squeeze")
+    shape = x._node.shape
+    if axis is None:
+        axes = tuple(i for i, n in enumerate(shape) if n == 1)
+    else:
+        axes = _axes(axis, x.ndim, "squeeze")
+        for a in axes:
+            if shape[a] != 1:
+                raise _err(ShapeMismatchError, f"squeeze: axis {a} has size {shape[a]}, not 1")
+    return ops.reshape(x, tuple(n for i, n in enumerate(shape) if i not in axes))
+
+
+def swapaxes(x, axis1, axis2) -> Tensor:
+    x = ops._t(x, "swapaxes")
+    a, b = normalize_axis(axis1, x.ndim, "swapaxes"), normalize_axis(axis2, x.ndim, "swapaxes")
+    perm = list(range(x.ndim))
+    perm[a], perm[b] = perm[b], perm[a]
+    return ops.transpose(x, tuple(perm))
+
+
+def moveaxis(x, source, destination) -> Tensor:
+    x = ops._t(x, "moveaxis")
+    src, dst = _axes(source, x.ndim, "moveaxis"), _axes(destination, x.ndim, "moveaxis")
+    if len(src) != len(dst):
+        raise _err(RankMismatchError, f"moveaxis: {len(src)} source axes but {len(dst)} destinations")
+    rest = [i for i in range(x.ndim) if i not in src]
+    perm = [0] * x.ndim
+    placed = dict(zip(dst, src))
+    for i in range(x.ndim):
+        perm[i] = placed[i] if i in placed else rest.pop(0)
+    return ops.transpose(x, tuple(perm))
+
+
+def var(x, axis=None, keepdims: bool = False, ddof: int = 0) -> Tensor:
+    """Mean squared deviation from the mean over ``axis`` (two passes: no cancellation of
+    E[x^2] - E[x]^2); ``ddof`` divides by n - ddof, as numpy."""
+    x = ops._t(x, "var")
+    require_float(x, "var")
+    ddof = require_int(ddof, "var: ddof")
+    axes = tuple(range(x.ndim)) if axis is None else _axes(axis, x.ndim, "var")
+    d = x - ops.reduce_mean(x, axes, keepdims=True)
+    v = ops.reduce_mean(d * d, axes, keepdims=keepdims)
+    if ddof:
+        x._node.observed.update(axes)   # n is compiled in: those sizes are specialised on
+        n = math.prod(x._node.shape[a] for a in axes)
+        v = v * (n / (n - ddof) if n > ddof else math.inf)
+    return v
+
+
+def std(x, axis=None, keepdims: bool = False, ddof: int = 0) -> Tensor:
+    return ops.sqrt(var(x, axis, keepdims, ddof))
+
+
+def index(x: Tensor, item) -> Tensor:
+    """``x[item]`` for the view-only forms: ``None`` (a new axis), ``...`` and full slices
+    ``:``.  Bounds, steps and integer indices are refused by name (they need the slicing op)."""
+    items = item if isinstance(item, tuple) else (item,)
+    if sum(i is Ellipsis for i in items) > 1:
+        raise _err(UnsupportedConstructError, "an index can only have one ellipsis ('...')")
+    for i in items:
+        if not (i is None or i is Ellipsis or (isinstance(i, slice) and i == slice(None))):
+            raise _err(UnsupportedConstructError,
+                       f"x[{_show(item)}]: indexing with bounds, steps or integers is not supported yet; what "
+                       "traces: None (a new axis), '...' and ':' (tessera.ops.expand_dims, squeeze, reshape, "
+                       "transpose)")
+    taken = sum(i is not None and i is not Ellipsis for i in items)
+    if taken > x.ndim:
+        raise _err(RankMismatchError, f"x[{_show(item)}]: {taken} indices for a rank-{x.ndim} tensor")
+    if Ellipsis not in items:
+        items = items + (Ellipsis,)
+    shape, it = [], iter(x._node.shape)
+    for i in items:
+        if i is None:
+            shape.append(1)
+        elif i is Ellipsis:
+            shape.extend(next(it) for _ in range(x.ndim - taken))
+        else:
+            shape.append(next(it))
+    return ops.reshape(x, tuple(shape))
+
+
+def _show(item) -> str:
+    items = item if isinstance(item, tuple) else (item,)
+    return ", ".join("..." if i is Ellipsis else ":" if isinstance(i, slice) and i == slice(None) else
+                     (f"{'' if i.start is None else i.start}:{'' if i.stop is None else i.stop}"
+                      + ("" if i.step is None else f":{i.step}")) if isinstance(i, slice) else repr(i)
+                     for i in items)
+
+
+__all__ = ["expand_dims", "squeeze", "swapaxes", "moveaxis", "var", "std"]
