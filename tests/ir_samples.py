@@ -82,6 +82,12 @@ SAMPLES: dict[str, str] = {
                                           f"({Y}) -> !tessera.tensor<[N, M], f32>\n"
                                           "  func.return %r : !tessera.tensor<[N, M], f32>",
                              "!tessera.tensor<[N, M], f32>"),
+    "tessera.slice": _fn(f"%x : !tessera.tensor<[M, 16], f32>", "  %r = tessera.slice %x {starts = [0 : i64, 3 : i64], "
+                                                                   "steps = [1 : i64, 2 : i64]} : "
+                                                                   "(!tessera.tensor<[M, 16], f32>) -> "
+                                                                   "!tessera.tensor<[M, 6], f32>\n"
+                                                                   "  func.return %r : !tessera.tensor<[M, 6], f32>",
+                         "!tessera.tensor<[M, 6], f32>"),
     "tessera.reshape": _fn(f"%x : {Y}", f"  %r = tessera.reshape %x : ({Y}) -> !tessera.tensor<[M*N], f32>\n"
                                         "  func.return %r : !tessera.tensor<[M*N], f32>", "!tessera.tensor<[M*N], f32>"),
     "tessera.cast": _fn(f"%x : {Y}", f"  %r = tessera.cast %x : ({Y}) -> !tessera.tensor<[M, N], bf16>\n"

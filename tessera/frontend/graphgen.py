@@ -190,6 +190,10 @@ def _infer(graph: TraceGraph, uf: _UF, dims: dict) -> None:
             d = [1 if i in axes else x for i, x in enumerate(ins[0]) if keep or i not in axes]
         elif op == "transpose":
             d = [ins[0][p] for p in n.attrs["perm"]]
+        elif op == "slice":   # a sliced axis is static (the tracer marked it observed); others keep their dim
+            d = [x if size == whole and a == 0 and st == 1 else size
+                 for x, whole, size, a, st in zip(ins[0], n.inputs[0].shape, n.shape, n.attrs["starts"],
+                                                  n.attrs["steps"])]
         elif op == "reshape":
             d = _reshape_dims(ins[0], n.inputs[0].shape, n.shape)
         elif op == "attention":
@@ -276,6 +280,9 @@ def _make_op(n: Node, operands, T):
                                       "keepdims": BoolAttr(n.attrs["keepdims"], i1)})
     if n.op == "transpose":
         return g.TransposeOp.create(operands=operands, result_types=[T], attributes={"perm": int_array(n.attrs["perm"])})
+    if n.op == "slice":
+        return g.SliceOp.create(operands=operands, result_types=[T], attributes={
+            "starts": int_array(n.attrs["starts"]), "steps": int_array(n.attrs["steps"])})
     if n.op == "attention":
         groups = [[operands[0]], [operands[1]], [operands[2]], [operands[3]] if n.attrs["mask"] else []]
         attrs = {"causal": BoolAttr(n.attrs["causal"], i1), "masked_rows": StringAttr(n.attrs["masked_rows"])}

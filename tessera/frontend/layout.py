@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from tessera.errors import RankMismatchError, ShapeMismatchError, UnsupportedConstructError
 from tessera.frontend import ops
-from tessera.frontend.trace import Tensor, _err, normalize_axis, require_float, require_int
+from tessera.frontend.trace import Tensor, _err, add_node, normalize_axis, require_float, require_int
 
 
 def _axes(axis, rank: int, what: str) -> tuple[int, ...]:
@@ -84,31 +86,60 @@ def std(x, axis=None, keepdims: bool = False, ddof: int = 0) -> Tensor:
 
 
 def index(x: Tensor, item) -> Tensor:
-    """``x[item]`` for the view-only forms: ``None`` (a new axis), ``...`` and full slices
-    ``:``.  Bounds, steps and integer indices are refused by name (they need the slicing op)."""
+    """``x[item]`` with numpy's basic indexing: integers (negative from the end), slices with
+    bounds and positive steps, ``None`` (a new axis) and ``...``.  A sliced or indexed axis is
+    compiled in (its size is specialised on); the result is a ``slice`` node (a strided view of x)
+    and a reshape for the axes integers drop and ``None`` adds."""
     items = item if isinstance(item, tuple) else (item,)
     if sum(i is Ellipsis for i in items) > 1:
         raise _err(UnsupportedConstructError, "an index can only have one ellipsis ('...')")
     for i in items:
-        if not (i is None or i is Ellipsis or (isinstance(i, slice) and i == slice(None))):
+        if isinstance(i, Tensor) and i._node.scalar_of and i.ndim == 0:
+            require_int(i, f"x[{_show(item)}]: an index")   # a Python-number argument: specialised on
+        if isinstance(i, (Tensor, list, bool, np.ndarray)):
             raise _err(UnsupportedConstructError,
-                       f"x[{_show(item)}]: indexing with bounds, steps or integers is not supported yet; what "
-                       "traces: None (a new axis), '...' and ':' (tessera.ops.expand_dims, squeeze, reshape, "
-                       "transpose)")
+                       f"x[{_show(item)}]: indexing with an array (gather) is not supported yet; basic "
+                       "indexing traces: integers, slices with positive steps, None and '...'")
     taken = sum(i is not None and i is not Ellipsis for i in items)
     if taken > x.ndim:
         raise _err(RankMismatchError, f"x[{_show(item)}]: {taken} indices for a rank-{x.ndim} tensor")
     if Ellipsis not in items:
         items = items + (Ellipsis,)
-    shape, it = [], iter(x._node.shape)
+    shape = x._node.shape
+    starts, steps, sizes, final = [], [], [], []
+    ax = 0
     for i in items:
         if i is None:
-            shape.append(1)
-        elif i is Ellipsis:
-            shape.extend(next(it) for _ in range(x.ndim - taken))
+            final.append(1)
+            continue
+        if i is Ellipsis:
+            for _ in range(x.ndim - taken):
+                starts.append(0), steps.append(1), sizes.append(shape[ax]), final.append(shape[ax])
+                ax += 1
+            continue
+        n = shape[ax]
+        if isinstance(i, slice):
+            bounds = [None if v is None else require_int(v, f"x[{_show(item)}]: a slice bound") for v in
+                      (i.start, i.stop, i.step)]
+            if bounds[2] is not None and bounds[2] < 1:
+                raise _err(UnsupportedConstructError, f"x[{_show(item)}]: step {bounds[2]}: only positive steps "
+                                                      "trace (a reversal has no op yet)")
+            a, stop, st = slice(*bounds).indices(n)
+            m = len(range(a, stop, st))
+            starts.append(a if m else 0), steps.append(st), sizes.append(m), final.append(m)
         else:
-            shape.append(next(it))
-    return ops.reshape(x, tuple(shape))
+            k = require_int(i, f"x[{_show(item)}]: an index")
+            if not -n <= k < n:
+                raise _err(ShapeMismatchError, f"x[{_show(item)}]: index {k} is out of range for axis {ax} of "
+                                               f"size {n}")
+            starts.append(k % n), steps.append(1), sizes.append(1)
+        ax += 1
+    sliced = [a for a in range(x.ndim) if (starts[a], steps[a], sizes[a]) != (0, 1, shape[a])]
+    y = x
+    if sliced:
+        x._node.observed.update(sliced)   # the window is compiled in: those sizes are specialised on
+        y = add_node("slice", [x._node], {"starts": tuple(starts), "steps": tuple(steps)}, tuple(sizes), x.dtype)
+    return ops.reshape(y, tuple(final))
 
 
 def _show(item) -> str:

@@ -484,6 +484,44 @@ class TransposeOp(GraphOp):
         return infer_transpose(t, self.permutation)
 
 
+@irdl_op_definition
+class SliceOp(GraphOp):
+    """``input[start : start + size * step : step]`` along every axis (``starts``, ``steps`` >= 1,
+    and the result type's dims as the sizes).  A sliced axis of the input has a static size
+    (the window must lie inside it); an axis taken whole (start 0, step 1, the same dim) may be
+    symbolic.  CPU kernels read the input through its strides and an offset."""
+
+    name = "tessera.slice"
+    input = operand_def(TensorType)
+    result = result_def(TensorType)
+    starts = attr_def(ArrayAttr)
+    steps = attr_def(ArrayAttr)
+    traits = traits_def(Pure())
+    assembly_format = _FMT1
+
+    def infer_result_type(self) -> TensorType:
+        t = _operand_tensor(self.name, self.input)
+        r = self.result.type
+        if not isinstance(r, TensorType):
+            raise GraphDtypeError("tessera.slice result is not a !tessera.tensor")
+        starts, steps = ints(self.starts), ints(self.steps)
+        if not (len(starts) == len(steps) == t.rank == r.rank):
+            raise GraphAttributeError(f"tessera.slice: {len(starts)} starts and {len(steps)} steps for rank "
+                                      f"{t.rank} -> {r.rank}")
+        for ax, (n, m, a, st) in enumerate(zip(t.dims, r.dims, starts, steps)):
+            if st < 1 or a < 0:
+                raise GraphAttributeError(f"tessera.slice: axis {ax}: start {a} and step {st} (start >= 0, step >= 1)")
+            if n == m and a == 0 and st == 1:
+                continue
+            if not (isinstance(n, int) and isinstance(m, int)):
+                raise GraphAttributeError(f"tessera.slice: axis {ax} is sliced, so its sizes must be static "
+                                          f"({n} -> {m})")
+            if m < 0 or (m > 0 and a + (m - 1) * st >= n):
+                raise GraphAttributeError(f"tessera.slice: axis {ax}: {m} elements from {a} in steps of {st} "
+                                          f"do not fit in {n}")
+        return TensorType.of(list(r.dims), t.element_type)
+
+
 def infer_transpose(t: TensorType, perm: Sequence[int]) -> TensorType:
     if sorted(perm) != list(range(t.rank)):
         raise GraphAttributeError(f"tessera.transpose: {list(perm)} is not a permutation of rank {t.rank}")
@@ -665,7 +703,7 @@ Graph = Dialect(
     "tessera",
     [MatmulOp, AddOp, SubOp, MulOp, DivOp, MaximumOp, NegOp, ExpOp, TanhOp, ErfOp, ReluOp, SiluOp, SqrtOp, GeluOp,
      SoftmaxOp, LayerNormOp, RmsNormOp, ReduceSumOp, ReduceMaxOp, ReduceMeanOp, TransposeOp, ReshapeOp,
-     CastOp, ConstantOp, AttentionOp, FusionOp, YieldOp],
+     SliceOp, CastOp, ConstantOp, AttentionOp, FusionOp, YieldOp],
     [TensorType],
 )
 

@@ -27,13 +27,28 @@ class StridedView:
     arg: int
     dims: tuple[D.Dim, ...]
     strides: tuple[D.Dim, ...]
+    # elements from the buffer's start to the view's first: a sum of these terms (sizes are
+    # products of symbols, so a sum stays a list)
+    offset: tuple[D.Dim, ...] = ()
 
     @staticmethod
     def contiguous(arg: int, dims: Sequence[D.Dim]) -> "StridedView":
         return StridedView(arg, tuple(dims), tuple(row_major_strides(dims)))
 
     def transpose(self, perm: Sequence[int]) -> "StridedView":
-        return StridedView(self.arg, tuple(self.dims[p] for p in perm), tuple(self.strides[p] for p in perm))
+        return StridedView(self.arg, tuple(self.dims[p] for p in perm), tuple(self.strides[p] for p in perm),
+                           self.offset)
+
+    def slice(self, starts: Sequence[int], steps: Sequence[int], sizes: Sequence[D.Dim]) -> "StridedView":
+        """Every axis windowed: ``sizes[i]`` elements from ``starts[i]`` in steps of ``steps[i]``."""
+        terms = list(self.offset)
+        for a, st in zip(starts, self.strides):
+            if a and st != 0:
+                terms.append(D.mul(a, st))
+        static = sum(t for t in terms if isinstance(t, int))
+        off = tuple(t for t in terms if not isinstance(t, int)) + ((static,) if static else ())
+        return StridedView(self.arg, tuple(sizes), tuple(D.mul(s, k) if k != 1 else s
+                                                         for s, k in zip(self.strides, steps)), off)
 
     def reshape(self, new: Sequence[D.Dim]) -> "StridedView | None":
         """Only when expressible as strides: groups of old dims merge (if they are
@@ -41,6 +56,8 @@ class StridedView:
         nothing: any reshape of it is the contiguous view of the new shape."""
         if any(isinstance(d, int) and d == 0 for d in (*self.dims, *new)):
             return StridedView.contiguous(self.arg, new)
+        if self.offset:
+            return None   # (a slice is copied by its own kernel before anything reshapes it)
         old = [(d, s) for d, s in zip(self.dims, self.strides) if d != 1]
         new_nz = [d for d in new if d != 1]
         out: list[D.Dim] = []

@@ -1,6 +1,7 @@
 """``fuse-elementwise``: trees of elementwise ops whose intermediate values have one
 use and the output's shape become one ``elementwise`` group: one loop nest, no
-intermediate tensors."""
+intermediate tensors.  A single-use slice with a unit step along the last axis feeding
+the tree joins it: the kernel reads the slice's input in place (strides and an offset)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,6 +10,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 
 from tessera.ir import graph as g
+from tessera.ir.attrs import ints
 from tessera.passes.base import TesseraPass, register
 from tessera.passes.graph.outline import is_elementwise, outline, single_use
 from tessera.passes.util import function_blocks
@@ -26,6 +28,9 @@ def _grow(op, shape, group: list, block) -> None:
             if getattr(p, "parent", None) is not block:
                 continue
             if isinstance(p, g.ConstantOp) and single_use(v):
+                group.append(p)
+            elif isinstance(p, g.SliceOp) and single_use(v) and ints(p.steps)[-1] == 1 and p not in seen:
+                seen.add(p)          # read in place: a strided view with an offset (unit column stride)
                 group.append(p)
             elif is_elementwise(p) and single_use(v) and p.results[0].type.dims == shape and p not in seen:
                 seen.add(p)

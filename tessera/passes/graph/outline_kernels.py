@@ -1,5 +1,5 @@
 """``outline-kernels``: every Graph IR op not yet in a group becomes a group of its
-own (reduce, transpose, a lone reshape as a copy); constants, already copied into
+own (reduce, transpose, a slice or a lone reshape as a copy); constants, already copied into
 the groups that use them, are dropped, so the function body holds only groups."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tessera.passes.base import TesseraPass, register
 from tessera.passes.graph.outline import outline
 from tessera.passes.util import function_blocks
 
-KIND_OF = {g.TransposeOp: "transpose", g.ReshapeOp: "elementwise", g.ConstantOp: "elementwise",
+KIND_OF = {g.TransposeOp: "transpose", g.SliceOp: "transpose", g.ReshapeOp: "elementwise", g.ConstantOp: "elementwise",
            g.MatmulOp: "gemm", g.AttentionOp: "attention"}
 
 

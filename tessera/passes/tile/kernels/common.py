@@ -29,7 +29,7 @@ from tessera.errors import ScheduleIllegalError
 from tessera.ir import dims as D
 from tessera.ir import graph as g
 from tessera.ir import tile as t
-from tessera.ir.attrs import i64_attr
+from tessera.ir.attrs import i64_attr, ints
 from tessera.ir.builder import INDEX, Builder
 from tessera.ir.strided import StridedView, row_major_strides
 
@@ -119,7 +119,7 @@ def trace_view(value: SSAValue, block: Block) -> StridedView | None:
     v = value
     while not (isinstance(v, BlockArgument) and v.block is block):
         op = v.owner
-        if isinstance(op, (g.ReshapeOp, g.TransposeOp)):
+        if isinstance(op, (g.ReshapeOp, g.TransposeOp, g.SliceOp)):
             chain.append(op)
             v = op.input
         else:
@@ -128,6 +128,8 @@ def trace_view(value: SSAValue, block: Block) -> StridedView | None:
     for op in reversed(chain):
         if isinstance(op, g.TransposeOp):
             view = view.transpose(op.permutation)
+        elif isinstance(op, g.SliceOp):
+            view = view.slice(ints(op.starts), ints(op.steps), op.result.type.dims)
         else:
             view = view.reshape(op.result.type.dims)
             if view is None:

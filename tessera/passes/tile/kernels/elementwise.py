@@ -25,7 +25,7 @@ def generate(kop: s.KernelOp):
     out_dims = outs[0].type.dims
     if any(o.type.dims != out_dims for o in outs):
         raise ScheduleIllegalError(f"kernel {kop.sym_name.data}: outputs of one elementwise kernel share a shape")
-    compute = [o for o in block.ops if o is not yield_op and not isinstance(o, (g.ReshapeOp, g.TransposeOp))]
+    compute = [o for o in block.ops if o is not yield_op and not isinstance(o, (g.ReshapeOp, g.TransposeOp, g.SliceOp))]
     chunk = R.chunk_of(kop)
     dims = tuple(out_dims) if out_dims else (1,)
     leaves = R.find_leaves(block, dims, compute + [yield_op])

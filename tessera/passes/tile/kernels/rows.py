@@ -52,7 +52,7 @@ def broadcast_to(view: StridedView, dims: tuple[D.Dim, ...]) -> StridedView:
             st[i] = 0
         elif a != b_:
             raise ScheduleIllegalError(f"operand of shape {list(view.dims)} does not broadcast to {list(dims)}")
-    return StridedView(view.arg, tuple(dims), tuple(st))
+    return StridedView(view.arg, tuple(dims), tuple(st), view.offset)
 
 
 def classify(view: StridedView, dims: tuple[D.Dim, ...]) -> tuple[str, int]:
@@ -63,6 +63,8 @@ def classify(view: StridedView, dims: tuple[D.Dim, ...]) -> tuple[str, int]:
         raise ScheduleIllegalError("a row kernel reads operands with unit or zero column stride "
                                    f"(got {cs}); a transpose kernel must copy it first")
     lead = view.strides[:-1]
+    if view.offset:   # a slice: read at its offset (RowCtx)
+        return "general", int(cs)
     if all(st == 0 or d == 1 for st, d in zip(lead, dims[:-1])):
         return "bcast", int(cs)
     if cs == 1 and list(view.strides) == row_major_strides(dims):
@@ -76,7 +78,8 @@ def find_leaves(block: Block, dims: tuple[D.Dim, ...], compute_ops) -> dict[SSAV
     for op in compute_ops:
         for v in op.operands:
             if v in leaves or (not isinstance(v, BlockArgument) and not isinstance(v.owner, (g.ReshapeOp,
-                                                                                            g.TransposeOp))):
+                                                                                            g.TransposeOp,
+                                                                                            g.SliceOp))):
                 continue
             view = trace_view(v, block)
             if view is None:
@@ -92,7 +95,7 @@ def register_dims(sig: KernelSig, dims, leaves: dict[SSAValue, Leaf]) -> None:
         sig.dim(d)
     for lf in leaves.values():
         if lf.mode == "general":
-            for st in lf.view.strides[:-1]:
+            for st in (*lf.view.strides[:-1], *lf.view.offset):
                 sig.dim(st)
 
 
@@ -134,6 +137,8 @@ class RowCtx:
                         rem = b.div(rem, size) if i > 0 else 0
                     digits.reverse()
                 off = 0
+                for term in lf.view.offset:
+                    off = b.add(off, kf.size(term))
                 for dgt, st in zip(digits, lf.view.strides[:-1]):
                     if st != 0:
                         off = b.add(off, b.mul(dgt, kf.size(st)))
@@ -210,7 +215,7 @@ def emit_ops(b: Builder, ops, vals: dict, reg=f32) -> None:
     what numpy holds (a value only stored is rounded by its store): a cast to its type, and in
     f64 registers any f32 / bf16 / f16 op's result to f32 -- the value an f32 kernel computes."""
     for op in ops:
-        if isinstance(op, (g.ReshapeOp, g.TransposeOp)):
+        if isinstance(op, (g.ReshapeOp, g.TransposeOp, g.SliceOp)):
             continue
         if isinstance(op, g.ConstantOp):
             c = scalar_constant(op)
