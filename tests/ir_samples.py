@@ -82,6 +82,11 @@ SAMPLES: dict[str, str] = {
                                           f"({Y}) -> !tessera.tensor<[N, M], f32>\n"
                                           "  func.return %r : !tessera.tensor<[N, M], f32>",
                              "!tessera.tensor<[N, M], f32>"),
+    "tessera.concat": _fn("%x : !tessera.tensor<[4, N], f32>, %y : !tessera.tensor<[4, N], f32>", "  %r = tessera.concat %x, %y {axis = 0 : i64} : "
+                                                 "(!tessera.tensor<[4, N], f32>, !tessera.tensor<[4, N], f32>) -> "
+                                                 "!tessera.tensor<[8, N], f32>\n"
+                                                 "  func.return %r : !tessera.tensor<[8, N], f32>",
+                          "!tessera.tensor<[8, N], f32>"),
     "tessera.slice": _fn(f"%x : !tessera.tensor<[M, 16], f32>", "  %r = tessera.slice %x {starts = [0 : i64, 3 : i64], "
                                                                    "steps = [1 : i64, 2 : i64]} : "
                                                                    "(!tessera.tensor<[M, 16], f32>) -> "

@@ -170,3 +170,76 @@ def test_plant_a_view_without_its_offset_is_caught(rng, monkeypatch):
     x = arr(rng, 3, 8, 16)
     with pytest.raises(AssertionError):
         O.assert_close(ts.jit(lambda a: a[..., 8:] * 2)(x), O.f64(x)[..., 8:] * 2, 1e-6)
+
+
+# --------------------------------------------------------------------------- concatenate, stack, split, chunk
+JOINS = {
+    "cat_mid": (lambda a, b: ts.ops.concatenate([a, b], 1) * 2, lambda a, b: np.concatenate([a, b], 1) * 2),
+    "cat_last": (lambda a, b: ts.ops.concatenate([a[:, :4], b[:, :4], a[:, :4]], -1),
+                 lambda a, b: np.concatenate([a[:, :4], b[:, :4], a[:, :4]], -1)),
+    "cat_first": (lambda a, b: ts.ops.concatenate((a, a + 1), 0), lambda a, b: np.concatenate((a, a + 1), 0)),
+    "rotate_half": (lambda a, b: ts.ops.concatenate([-a[..., 9:], a[..., :9]], -1),
+                    lambda a, b: np.concatenate([-a[..., 9:], a[..., :9]], -1)),
+    "stack_mid": (lambda a, b: ts.ops.stack([a, a * 2], 1), lambda a, b: np.stack([a, a * 2], 1)),
+    "stack_last": (lambda a, b: ts.ops.stack([a, b[:, :4]], -1), lambda a, b: np.stack([a, b[:, :4]], -1)),
+    "split": (lambda a, b: ts.ops.split(b, [2, 5], 1)[1] * 3, lambda a, b: np.split(b, [2, 5], 1)[1] * 3),
+    "split_even": (lambda a, b: tuple(ts.ops.split(a, 2, -1)[::-1]), lambda a, b: tuple(np.split(a, 2, -1)[::-1])),
+    "chunk": (lambda a, b: ts.ops.chunk(b, 3, 1)[-1] + 1, lambda a, b: b[:, 6:] + 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(JOINS))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, dt.bfloat16])
+def test_joins_and_splits_match_numpy(rng, name, dtype):
+    fn, ref = JOINS[name]
+    a, b = arr(rng, 3, 4, 18, dtype=dtype), arr(rng, 3, 8, 18, dtype=dtype)
+    got, want = ts.jit(fn)(a, b), ref(O.f64(a), O.f64(b))
+    for g_, w_ in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert g_.shape == w_.shape and g_.dtype == a.dtype
+        O.assert_close(g_, w_, {np.float64: 1e-12, np.float32: 1e-6}.get(np.dtype(dtype).type, 1e-2))
+
+
+def test_concat_promotes_and_keeps_other_axes_symbolic(rng):
+    f = ts.jit(lambda p, q: ts.ops.concatenate([p, q], 1))
+    for batch in (2, 5):
+        p, q = arr(rng, batch, 3, 7), arr(rng, batch, 2, 7, dtype=np.float64)
+        got = f(p, q)
+        assert got.dtype == np.float64
+        O.assert_close(got, np.concatenate([O.f64(p), O.f64(q)], 1), 1e-12)
+    assert f.compiles == ["first call"]   # the batch is symbolic
+    kinds = [k["kind"] for k in ts.explain(lambda p, q: ts.ops.concatenate([p, q], 1), arr(rng, 2, 3, 7),
+                                           arr(rng, 2, 2, 7)).kernels]
+    assert kinds == ["concat"]
+
+
+def test_bad_joins_are_coded(rng):
+    a, b = arr(rng, 3, 4), arr(rng, 3, 5)
+    for fn, cls in [(lambda p, q: ts.ops.concatenate([p, q], 0), ShapeMismatchError),
+                    (lambda p, q: ts.ops.concatenate([p, q[None]], 1), RankMismatchError),
+                    (lambda p, q: ts.ops.concatenate(p, 0), RankMismatchError),
+                    (lambda p, q: ts.ops.concatenate([p, q], 2), RankMismatchError),
+                    (lambda p, q: ts.ops.stack([p, q]), ShapeMismatchError),
+                    (lambda p, q: ts.ops.split(q, 2, 1), ShapeMismatchError),
+                    (lambda p, q: ts.ops.chunk(q, 0, 1), ShapeMismatchError)]:
+        with pytest.raises(cls):
+            ts.jit(fn)(a, b)
+
+
+def test_plant_segments_in_the_wrong_order_are_caught(rng, monkeypatch):
+    """Planted: the concat kernel writes its operands in reverse order; the check fails."""
+    from tessera.ir import graph as g
+    from tessera.passes.tile.kernels import concat
+    real = concat.generate
+
+    def reversed_inputs(kop):
+        cat = next(op for op in kop.body.block.ops if isinstance(op, g.ConcatOp))
+        ops_ = list(cat.operands)
+        for i, v in enumerate(reversed(ops_)):
+            cat.operands[i] = v
+        return real(kop)
+    monkeypatch.setattr(concat, "generate", reversed_inputs)
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    a, b = arr(rng, 3, 4, 8), arr(rng, 3, 4, 8)
+    with pytest.raises(AssertionError):
+        O.assert_close(ts.jit(lambda p, q: ts.ops.concatenate([p, q], 1))(a, b),
+                       np.concatenate([O.f64(a), O.f64(b)], 1), 1e-6)

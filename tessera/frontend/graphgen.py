@@ -194,6 +194,14 @@ def _infer(graph: TraceGraph, uf: _UF, dims: dict) -> None:
             d = [x if size == whole and a == 0 and st == 1 else size
                  for x, whole, size, a, st in zip(ins[0], n.inputs[0].shape, n.shape, n.attrs["starts"],
                                                   n.attrs["steps"])]
+        elif op == "concat":   # the joined axis is static (observed); the others are one dim for all
+            ax = n.attrs["axis"]
+            d = list(ins[0])
+            for other in ins[1:]:
+                for k, (a, c) in enumerate(zip(d, other)):
+                    if k != ax:
+                        _unify(uf, a, c)
+            d[ax] = n.shape[ax]
         elif op == "reshape":
             d = _reshape_dims(ins[0], n.inputs[0].shape, n.shape)
         elif op == "attention":
@@ -280,6 +288,8 @@ def _make_op(n: Node, operands, T):
                                       "keepdims": BoolAttr(n.attrs["keepdims"], i1)})
     if n.op == "transpose":
         return g.TransposeOp.create(operands=operands, result_types=[T], attributes={"perm": int_array(n.attrs["perm"])})
+    if n.op == "concat":
+        return g.ConcatOp.create(operands=operands, result_types=[T], attributes={"axis": i64_attr(n.attrs["axis"])})
     if n.op == "slice":
         return g.SliceOp.create(operands=operands, result_types=[T], attributes={
             "starts": int_array(n.attrs["starts"]), "steps": int_array(n.attrs["steps"])})

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 
+from tessera import dtypes as dt
 from tessera.errors import RankMismatchError, ShapeMismatchError, UnsupportedConstructError
 from tessera.frontend import ops
 from tessera.frontend.trace import Tensor, _err, add_node, normalize_axis, require_float, require_int
@@ -142,6 +143,83 @@ def index(x: Tensor, item) -> Tensor:
     return ops.reshape(y, tuple(final))
 
 
+def concatenate(xs, axis: int = 0) -> Tensor:
+    """``xs`` joined along ``axis`` (numpy's rules; float dtypes promote to their join).  The
+    joined axis of each operand is compiled in (specialised on)."""
+    if isinstance(xs, Tensor) or not isinstance(xs, (tuple, list)) or not xs:
+        raise _err(RankMismatchError, "concatenate takes a non-empty list or tuple of tensors")
+    xs = [ops._t(x, "concatenate") for x in xs]
+    for x in xs:
+        require_float(x, "concatenate")
+    rank = xs[0].ndim
+    if rank == 0:
+        raise _err(RankMismatchError, "concatenate: zero-dimensional tensors cannot be concatenated")
+    ax = normalize_axis(axis, rank, "concatenate")
+    for i, x in enumerate(xs):
+        if x.ndim != rank:
+            raise _err(RankMismatchError, f"concatenate: operand {i} has rank {x.ndim}, operand 0 rank {rank}")
+        if any(a != b for k, (a, b) in enumerate(zip(x._node.shape, xs[0]._node.shape)) if k != ax):
+            raise _err(ShapeMismatchError, f"concatenate: operand {i} {x._node.shape} and operand 0 "
+                                           f"{xs[0]._node.shape} differ off axis {ax}")
+    to = xs[0].dtype
+    for x in xs[1:]:
+        to = dt.promote(to, x.dtype)
+    xs = [x if x.dtype == to else ops.cast(x, to) for x in xs]
+    if len(xs) == 1:
+        return xs[0]
+    for x in xs:
+        x._node.observed.add(ax)   # each operand's extent along the axis is compiled in
+    shape = list(xs[0]._node.shape)
+    shape[ax] = sum(x._node.shape[ax] for x in xs)
+    return add_node("concat", [x._node for x in xs], {"axis": ax}, tuple(shape), to)
+
+
+def stack(xs, axis: int = 0) -> Tensor:
+    """``xs`` (of one shape) joined along a new axis."""
+    if isinstance(xs, Tensor) or not isinstance(xs, (tuple, list)) or not xs:
+        raise _err(RankMismatchError, "stack takes a non-empty list or tuple of tensors")
+    xs = [ops._t(x, "stack") for x in xs]
+    if any(x._node.shape != xs[0]._node.shape for x in xs):
+        raise _err(ShapeMismatchError, f"stack: shapes differ: {[x._node.shape for x in xs]}")
+    ax = normalize_axis(axis, xs[0].ndim + 1, "stack")
+    if ax < xs[0].ndim:   # row-major, joining along ax lays the parts out as stacking does: no copies first
+        shape = list(xs[0]._node.shape)
+        return ops.reshape(concatenate(xs, ax), tuple(shape[:ax] + [len(xs)] + shape[ax:]))
+    return concatenate([expand_dims(x, ax) for x in xs], ax)
+
+
+def split(x, indices_or_sections, axis: int = 0) -> list[Tensor]:
+    """numpy's ``split``: an int cuts ``axis`` into that many equal parts (it must divide), a
+    list of indices cuts at those positions; each part is a slice (a view where it can be)."""
+    x = ops._t(x, "split")
+    ax = normalize_axis(axis, x.ndim, "split")
+    n = x._node.shape[ax]
+    if isinstance(indices_or_sections, (tuple, list)):
+        cuts = [require_int(c, "split: an index") for c in indices_or_sections]
+    else:
+        k = require_int(indices_or_sections, "split: sections")
+        if k <= 0 or n % k:
+            raise _err(ShapeMismatchError, f"split: {k} sections do not divide axis {ax} of size {n} equally "
+                                           "(chunk allows a shorter last part)")
+        cuts = [n // k * i for i in range(1, k)]
+    bounds = [0] + [min(max(c + n if c < 0 else c, 0), n) for c in cuts] + [n]
+    pre = (slice(None),) * ax
+    return [index(x, pre + (slice(a, max(a, b_)),)) for a, b_ in zip(bounds, bounds[1:])]
+
+
+def chunk(x, chunks: int, axis: int = 0) -> list[Tensor]:
+    """torch's ``chunk``: parts of ceil(n / chunks) along ``axis``, the last shorter (fewer parts
+    where they run out)."""
+    x = ops._t(x, "chunk")
+    ax = normalize_axis(axis, x.ndim, "chunk")
+    k = require_int(chunks, "chunk: chunks")
+    if k <= 0:
+        raise _err(ShapeMismatchError, f"chunk: chunks must be positive, got {k}")
+    n = x._node.shape[ax]
+    step = -(-n // k) if n else 1
+    return split(x, list(range(step, n, step)), ax)
+
+
 def _show(item) -> str:
     items = item if isinstance(item, tuple) else (item,)
     return ", ".join("..." if i is Ellipsis else ":" if isinstance(i, slice) and i == slice(None) else
@@ -150,4 +228,4 @@ def _show(item) -> str:
                      for i in items)
 
 
-__all__ = ["expand_dims", "squeeze", "swapaxes", "moveaxis", "var", "std"]
+__all__ = ["expand_dims", "squeeze", "swapaxes", "moveaxis", "var", "std", "concatenate", "stack", "split", "chunk"]

@@ -321,6 +321,17 @@ __all__ = ["attention", "add", "sub", "mul", "div", "maximum", "neg", "exp", "ta
            "matmul", "np"]
 
 # view and statistics ops made of the ops above (frontend/layout.py imports this module)
-from tessera.frontend.layout import expand_dims, moveaxis, squeeze, std, swapaxes, var  # noqa: E402
+from tessera.frontend.layout import (  # noqa: E402
+    chunk,
+    concatenate,
+    expand_dims,
+    moveaxis,
+    split,
+    squeeze,
+    stack,
+    std,
+    swapaxes,
+    var,
+)
 
-__all__ += ["expand_dims", "squeeze", "swapaxes", "moveaxis", "var", "std"]
+__all__ += ["expand_dims", "squeeze", "swapaxes", "moveaxis", "var", "std", "concatenate", "stack", "split", "chunk"]

@@ -109,6 +109,8 @@ def evaluate(graph: TraceGraph, arrays: list[np.ndarray]) -> list[np.ndarray]:
             r = np.transpose(x[0], n.attrs["perm"])
         elif op == "reshape":
             r = np.reshape(x[0], n.shape)
+        elif op == "concat":
+            r = np.concatenate(x, axis=n.attrs["axis"])
         elif op == "slice":
             r = x[0][tuple(slice(a, a + m * st, st) for a, m, st in zip(n.attrs["starts"], n.shape, n.attrs["steps"]))]
         elif op == "attention":

@@ -522,6 +522,40 @@ class SliceOp(GraphOp):
         return TensorType.of(list(r.dims), t.element_type)
 
 
+@irdl_op_definition
+class ConcatOp(GraphOp):
+    """Operands joined along ``axis``: the same rank and element type, equal dims except along
+    ``axis``, where each is static and the result's is their sum."""
+
+    name = "tessera.concat"
+    inputs = var_operand_def(TensorType)
+    result = result_def(TensorType)
+    axis = attr_def(IntegerAttr)
+    traits = traits_def(Pure())
+    assembly_format = "$inputs attr-dict `:` functional-type(operands, results)"
+
+    def infer_result_type(self) -> TensorType:
+        ts_ = [_operand_tensor(self.name, v) for v in self.inputs]
+        if not ts_:
+            raise GraphAttributeError("tessera.concat needs at least one operand")
+        first = ts_[0]
+        ax = ival(self.axis)
+        if not 0 <= ax < first.rank:
+            raise GraphAttributeError(f"tessera.concat: axis {ax} is out of range for rank {first.rank}")
+        total = 0
+        for i, t in enumerate(ts_):
+            if t.rank != first.rank or t.element_type != first.element_type:
+                raise GraphDtypeError(f"tessera.concat: operand {i} is {t}, operand 0 is {first}")
+            if any(a != b for k, (a, b) in enumerate(zip(t.dims, first.dims)) if k != ax):
+                raise GraphAttributeError(f"tessera.concat: operand {i} {list(t.dims)} differs from operand 0 "
+                                          f"{list(first.dims)} off axis {ax}")
+            if not isinstance(t.dims[ax], int):
+                raise GraphAttributeError(f"tessera.concat: operand {i}'s size along axis {ax} must be static, "
+                                          f"got {t.dims[ax]}")
+            total += t.dims[ax]
+        return TensorType.of([total if k == ax else d for k, d in enumerate(first.dims)], first.element_type)
+
+
 def infer_transpose(t: TensorType, perm: Sequence[int]) -> TensorType:
     if sorted(perm) != list(range(t.rank)):
         raise GraphAttributeError(f"tessera.transpose: {list(perm)} is not a permutation of rank {t.rank}")
@@ -703,7 +737,7 @@ Graph = Dialect(
     "tessera",
     [MatmulOp, AddOp, SubOp, MulOp, DivOp, MaximumOp, NegOp, ExpOp, TanhOp, ErfOp, ReluOp, SiluOp, SqrtOp, GeluOp,
      SoftmaxOp, LayerNormOp, RmsNormOp, ReduceSumOp, ReduceMaxOp, ReduceMeanOp, TransposeOp, ReshapeOp,
-     SliceOp, CastOp, ConstantOp, AttentionOp, FusionOp, YieldOp],
+     SliceOp, ConcatOp, CastOp, ConstantOp, AttentionOp, FusionOp, YieldOp],
     [TensorType],
 )
 

@@ -14,7 +14,7 @@ from tessera.passes.base import TesseraPass, register
 from tessera.passes.graph.outline import outline
 from tessera.passes.util import function_blocks
 
-KIND_OF = {g.TransposeOp: "transpose", g.SliceOp: "transpose", g.ReshapeOp: "elementwise", g.ConstantOp: "elementwise",
+KIND_OF = {g.TransposeOp: "transpose", g.SliceOp: "transpose", g.ConcatOp: "concat", g.ReshapeOp: "elementwise", g.ConstantOp: "elementwise",
            g.MatmulOp: "gemm", g.AttentionOp: "attention"}
 
 

@@ -21,7 +21,7 @@ from tessera.mma.selector import record_by_id, MmaSelection, accumulator_regs_pe
 from tessera.passes.base import TesseraPass, option, register
 from tessera.passes.schedule import bounds
 from tessera.passes.util import function_blocks, swap_op
-from tessera.passes.tile.kernels import (attention, elementwise, gemm, gpu_attention, gpu_gemm, reduce, rowwise,
+from tessera.passes.tile.kernels import (attention, concat, elementwise, gemm, gpu_attention, gpu_gemm, reduce, rowwise,
                                         transpose)
 
 
@@ -77,7 +77,7 @@ def generate(kop: s.KernelOp, target: str = "x86"):
             return gpu_gemm.generate(kop, plan, sel)
         return gemm.generate(kop, plan, gemm.config(kop, sel))
     mod = {"rowwise": rowwise, "elementwise": elementwise, "reduce": reduce, "transpose": transpose,
-           "attention": attention}.get(kind)
+           "concat": concat, "attention": attention}.get(kind)
     if mod is None:
         raise ScheduleIllegalError(f"no Tile IR generator for kernel kind {kind!r}")
     return mod.generate(kop)
