@@ -292,3 +292,19 @@ def test_teeth_a_plan_kept_across_a_setting_change_is_caught(rng, launches, monk
     with pytest.raises(AssertionError):
         check_a_setting_change_reaches_a_kept_plan(rng, launches, ts.jit(_softmax_2, schedule={"threads": 2}))
     assert launches[-1] == 2      # the stale plan ran on two threads
+
+
+def test_a_thread_cap_below_the_schedule_is_reported(rng):
+    """TESSERA_NUM_THREADS / set_num_threads below a kernel's (pinned) threads: the lane report
+    says so, naming the kernel; with no cap it says nothing."""
+    x = rng.standard_normal((64, 64)).astype(np.float32)
+    f = ts.jit(lambda a: a @ a, schedule={"threads": 2})
+    assert not ts.explain(f, x).notes
+    ts.set_num_threads(1)
+    try:
+        rep = ts.explain(f, x)
+        assert rep.notes and "at most 1 threads" in rep.notes[0] and "_gemm (2)" in rep.notes[0], rep.notes
+        assert "note      calls run at most 1" in str(rep)
+        O.assert_close(f(x), O.f64(x) @ O.f64(x), 1e-6)
+    finally:
+        ts.set_num_threads(None)

@@ -540,7 +540,7 @@ class Artifact:
         static += [f"argument {i} (a number read as a Python value: {w})" for i, w in sorted(self.fn._learned.items())]
         return LaneReport(self.fn.name, c.lane, c.target, c.arch, c.cpu, feature_list(isa), m["layers"],
                           m["passes"], m["kernels"], m["compile_ms"], c.cache_status, m["pipeline"], list(v.copies),
-                          static, compiles=list(self.fn.compiles))
+                          static, compiles=list(self.fn.compiles), notes=_thread_notes(c, m["kernels"]))
 
     def __call__(self, *args):
         return self.fn(*args)
@@ -574,6 +574,19 @@ def _static_positions(fn, nums: tuple, names: tuple) -> frozenset:
                                 f"{name!r} (parameters: {', '.join(params) or 'none'})")
         out.add(params.index(name))
     return frozenset(out)
+
+
+def _thread_notes(c: Compiled, kernels: list[dict]) -> list[str]:
+    """Kernels scheduled (or pinned) for more threads than a CPU call may use now."""
+    if c.target != "cpu":
+        return []
+    from tessera.runtime import threads
+    cap = threads.get_num_threads()
+    over = [f"{k['kernel']} ({k['threads']})" for k in kernels if cap and k.get("threads", 1) > cap]
+    if not over:
+        return []
+    return [f"calls run at most {cap} threads (TESSERA_NUM_THREADS or tessera.set_num_threads); scheduled "
+            f"for more: {', '.join(over)}"]
 
 
 def _with_deterministic(schedule: dict | None, deterministic: bool) -> dict | None:

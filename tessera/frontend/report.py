@@ -23,6 +23,7 @@ class LaneReport:
     specialised: list[str] = field(default_factory=list)
     reason: str = ""
     compiles: list[str] = field(default_factory=list)   # the function's compiles so far, each with its cause
+    notes: list[str] = field(default_factory=list)      # what a call changes from the schedule (a thread cap)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -45,6 +46,8 @@ class LaneReport:
             lines.append(f"  copies    {'; '.join(self.copies)}")
         if self.specialised:
             lines.append(f"  static    {'; '.join(self.specialised)}")
+        for n in self.notes:
+            lines.append(f"  note      {n}")
         if len(self.compiles) > 1:
             lines.append(f"  compiles  {len(self.compiles)} for this function; the last: {self.compiles[-1]}")
         if self.passes:
