@@ -334,6 +334,15 @@ class _Fn(FnCodegen):
         elif fn == "relu":
             f = self.gen.intrinsic(f"llvm.maximum.{self._vec_suffix(vt)}", vt, [vt, vt])
             r = b.call(f, [a, ir.Constant(vt, None)])
+        elif fn in ("floor", "ceil", "round"):
+            name = {"floor": "floor", "ceil": "ceil", "round": "roundeven"}[fn]
+            r = b.call(self.gen.intrinsic(f"llvm.{name}.{self._vec_suffix(vt)}", vt, [vt]), [a])
+        elif fn == "square":
+            r = b.fmul(a, a)
+        elif fn == "sign":   # -1 / 1, and x itself for +-0 and NaN (numpy's sign)
+            zero = ir.Constant(vt, None)
+            mone = ir.Constant(vt, [ir.Constant(vt.element, -1.0)] * vt.count)
+            r = b.select(b.fcmp_ordered(">", a, zero), one, b.select(b.fcmp_ordered("<", a, zero), mone, a))
         elif fn.startswith("round_"):   # to the narrower type (one rounding) and back, exactly
             narrow = {"round_f32": F32, "round_bf16": BF16, "round_f16": F16}[fn]
             r = a if narrow == vt.element else self._extf(self._truncf(a, ir.VectorType(narrow, vt.count)), vt)
