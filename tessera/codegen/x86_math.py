@@ -401,7 +401,8 @@ class VectorMath(VectorLibrary):
 
     def _sigmoid(self, b: ir.IRBuilder, x) -> ir.Value:
         """1 / (1 + exp(-x)): ``_sigmoid_times`` at x = 1 (no overflow; tiny results exact)."""
-        return self._sigmoid_times(b, self.splat(1.0), x)
+        r = self._sigmoid_times(b, self.splat(1.0), x)
+        return b.select(self._isnan(b, x), x, r)    # the form carries a NaN through x only
 
     # log, log1p, exp2, expm1, sin, cos: in f64 lanes, rounded once (x86_math_elem)
     wide_lib = None

@@ -17,7 +17,7 @@ polynomial each.  Coefficients are exact Taylor terms (no fitted constants):
          once; x clamped to [-1100, 1100], NaN kept)
   expm1  n = round(x log2 e), r = x - n ln2 (two FMA steps), e = expm1(r) = r + r^2 Q(r) (Taylor to
          r^16 / 16!), result 2^n ((1 - 2^-n) + e): 1 - 2^-n is exact, so |x| < ln2/2 (n = 0) has no
-         cancellation; +-0 returned as given; x clamped to [-800, 712]
+         cancellation; +-0 returned as given; x clamped to [-60, 712]
   sin    n = round(x 2/pi), r = x - n pi/2 in three FMA steps (pi/2 = P1 + P2 + P3, P1 and P2 with 33
   cos    significant bits, so n P1 and n P2 are exact for |n| < 2^20: |x| < 1.6e6); sin r and cos r by
          Taylor polynomials on |r| <= pi/4 (to r^21 and r^20), chosen and signed by n mod 4 (cos as sin
@@ -94,7 +94,7 @@ class Elementary64:
         return self._scale(b, p, n)
 
     def _expm1(self, b: ir.IRBuilder, x) -> ir.Value:
-        xs = b.select(self._lt(b, x, -800.0), self.splat(-800.0), x)
+        xs = b.select(self._lt(b, x, -60.0), self.splat(-60.0), x)     # expm1(-60) rounds to -1
         xs = b.select(self._gt(b, xs, 712.0), self.splat(712.0), xs)
         n, _ = self._round(b, b.fmul(xs, self.splat(1.4426950408889634)))
         r = self.fma(b, n, self.splat(-0.6931471805599453), xs)
