@@ -296,3 +296,23 @@ def test_ulp_measure_has_teeth():
     x = np.array([0.5, 3.0])
     exact = N.ulp_errors64(np.log(x), x, "log")
     assert exact.max() < 1 and N.ulp_errors64(np.log(x) * (1 + 4e-16), x, "log").min() > 1
+
+
+def test_gpu_epilogue_of_the_lowered_ops_emulates_like_numpy(rng):
+    """floor/ceil/round/sign/square/sigmoid/minimum in an nvidia GEMM epilogue, run by the warp
+    emulator: the rounding ops equal numpy's on the emulated GEMM's own result (same sums),
+    sigmoid is within f16 rounding of the float64 oracle."""
+    a = rng.standard_normal((70, 40)).astype(np.float16)
+    b = (rng.standard_normal((40, 50)) / 4).astype(np.float16)
+    def mm(p, q):   # the f32 accumulator itself (an f16 store would round before the op)
+        return ts.ops.matmul(p, q, out_dtype=np.float32)
+    z = ts.compile(mm, a, b, target="nvidia", arch="sm_80").emulate(a, b)
+    assert z.dtype == np.float32
+    for op, ref in [(ts.ops.floor, np.floor), (ts.ops.ceil, np.ceil), (ts.ops.round, np.rint),
+                    (ts.ops.sign, np.sign), (ts.ops.square, np.square)]:
+        got = ts.compile(lambda p, q: op(mm(p, q)), a, b, target="nvidia", arch="sm_80").emulate(a, b)
+        np.testing.assert_array_equal(got, ref(z))
+    got = ts.compile(lambda p, q: ts.ops.sigmoid(ts.ops.minimum(p @ q, 0.5)), a, b, target="nvidia",
+                     arch="sm_80").emulate(a, b)
+    want = sigmoid64(np.minimum(a.astype(np.float64) @ b.astype(np.float64), 0.5))
+    assert ulps(got, want, np.float16).max() <= 2.0
