@@ -316,3 +316,42 @@ def test_gpu_epilogue_of_the_lowered_ops_emulates_like_numpy(rng):
                      arch="sm_80").emulate(a, b)
     want = sigmoid64(np.minimum(a.astype(np.float64) @ b.astype(np.float64), 0.5))
     assert ulps(got, want, np.float16).max() <= 2.0
+
+
+@pytest.fixture
+def avx512_math_here(monkeypatch):
+    """Compile for ``arch=avx512`` (16 x f32 / 8 x f64 vectors) and emit the LLVM IR for this host:
+    the elementary functions are plain LLVM vector IR (no AVX-512 intrinsic, asserted), which LLVM
+    legalises into 256-bit halves, so the AVX-512 schedule's code runs here."""
+    import re
+
+    from tessera import host
+    from tessera.codegen import jit as cj
+    from tessera.frontend.compile import resolve_arch
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    here = resolve_arch("cpu", None)
+    real = cj.emit_cpu
+
+    def emit_here(llvm_ir, cpu, features, **kw):
+        if "+avx512f" in features.split(","):
+            left = set(re.findall(r"llvm\.x86\.avx512[\w.]*", llvm_ir))
+            assert not left, f"AVX-512 intrinsics this host cannot run: {left}"
+            cpu, features = here.llvm_cpu or "", here.llvm_features
+        return real(llvm_ir, cpu, features, **kw)
+    monkeypatch.setattr(cj, "emit_cpu", emit_here)
+    monkeypatch.setattr(host, "missing_features", lambda wanted: ())
+
+    def run512(f, x):
+        art = ts.compile(f, x, arch="avx512")
+        assert "+avx512f" in art.compiled.features
+        assert f"vector<{64 // x.dtype.itemsize}x" in art.ir("target")
+        return art(x)
+    return run512
+
+
+@pytest.mark.parametrize("name", MATH)
+def test_avx512_schedule_of_the_math_runs_here(rng, avx512_math_here, name):
+    x = N.sample(name, rng, 3001, np.float32)
+    assert N.ulp_errors32(avx512_math_here(getattr(ts.ops, name), x), x, name).max() <= BOUND32
+    x = N.sample(name, rng, 301, np.float64)
+    assert N.ulp_errors64(avx512_math_here(getattr(ts.ops, name), x), x, name).max() <= BOUND64[name]
