@@ -20,7 +20,7 @@ from tessera.ir.attrs import ival, strs
 from tessera.ir.target import gpu as G
 
 GPU_DIALECTS = ("tessera_gpu", "arith", "scf", "func", "builtin")
-_MATH_LIB = ("exp", "exp_bounded", "tanh", "erf", "silu", "gelu_tanh", "gelu_erf")
+_MATH_LIB = ("exp", "exp_bounded", "tanh", "erf", "silu", "gelu_tanh", "gelu_erf", "sigmoid")
 
 
 class GpuFn(FnCodegen):
@@ -155,6 +155,13 @@ class GpuFn(FnCodegen):
             r = b.fdiv(one, args[0])
         elif fn == "copy":
             r = args[0]
+        elif fn in ("floor", "ceil", "round"):
+            r = b.call(self._intr({"floor": "floor", "ceil": "ceil", "round": "roundeven"}[fn], ty), args)
+        elif fn == "square":
+            r = b.fmul(args[0], args[0])
+        elif fn == "sign":                  # -1 / 1, +0 for +-0 and NaN for NaN (x + 0 there)
+            a = args[0]
+            r = b.select(b.fcmp_ordered(">", a, zero), one, b.select(b.fcmp_ordered("<", a, zero), _splat(ty, -1.0), b.fadd(a, zero)))
         elif fn == "finite_or_zero":        # -inf (a fully masked row's maximum) -> 0
             fabs = b.call(self._intr("fabs", ty), args)
             r = b.select(b.fcmp_ordered("<", fabs, _splat(ty, float("inf"))), args[0], zero)

@@ -310,6 +310,7 @@ class ModuleCodegen:
                 self._math[key] = VectorMath64(self.m, w, self.avx512)
             else:
                 self._math[key] = VectorMath(self.m, w, self.avx512)
+                self._math[key].wide_lib = self.math(w, F64)   # one f64 library per module and width
         return self._math[key]
 
     def text(self) -> str:

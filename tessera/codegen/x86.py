@@ -319,8 +319,11 @@ class _Fn(FnCodegen):
             r = b.fneg(a)
         elif fn == "copy":
             r = a
-        elif fn == "abs":
+        elif fn == "abs":   # behind an empty asm: a bf16 load, fabs and bf16 store alone simplified to
+            # integer ops whose NaN select LLVM then rewrote on bfloat vectors, legalised through a
+            # __truncsfbf2 libcall on AVX2 (the opaque value keeps the store's rounding as written)
             r = b.call(self.gen.intrinsic(f"llvm.fabs.{self._vec_suffix(vt)}", vt, [vt]), [a])
+            r = b.asm(ir.FunctionType(vt, [vt]), "", "=v,0", [r], side_effect=False)
         elif fn == "sqrt":
             r = b.call(self.gen.intrinsic(f"llvm.sqrt.{self._vec_suffix(vt)}", vt, [vt]), [a])
         elif fn == "rsqrt":
@@ -334,6 +337,15 @@ class _Fn(FnCodegen):
         elif fn == "relu":
             f = self.gen.intrinsic(f"llvm.maximum.{self._vec_suffix(vt)}", vt, [vt, vt])
             r = b.call(f, [a, ir.Constant(vt, None)])
+        elif fn in ("floor", "ceil", "round"):
+            name = {"floor": "floor", "ceil": "ceil", "round": "roundeven"}[fn]
+            r = b.call(self.gen.intrinsic(f"llvm.{name}.{self._vec_suffix(vt)}", vt, [vt]), [a])
+        elif fn == "square":
+            r = b.fmul(a, a)
+        elif fn == "sign":   # -1 / 1, +0 for +-0 and NaN for NaN (numpy's sign): x + 0 there
+            zero = ir.Constant(vt, None)
+            mone = ir.Constant(vt, [ir.Constant(vt.element, -1.0)] * vt.count)
+            r = b.select(b.fcmp_ordered(">", a, zero), one, b.select(b.fcmp_ordered("<", a, zero), mone, b.fadd(a, zero)))
         elif fn.startswith("round_"):   # to the narrower type (one rounding) and back, exactly
             narrow = {"round_f32": F32, "round_bf16": BF16, "round_f16": F16}[fn]
             r = a if narrow == vt.element else self._extf(self._truncf(a, ir.VectorType(narrow, vt.count)), vt)

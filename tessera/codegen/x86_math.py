@@ -23,12 +23,16 @@ whole input range is measured by ``tests/test_x86_math.py`` and recorded in
         erfc for x < -sqrt(2)
   silu  x * sigmoid(x) as x / (1 + exp(-x)), the argument clamped (no overflow for x << 0);
         gelu and silu take the same form on every vector ISA
+  sigmoid  1 / (1 + exp(-x)) in silu's form
+  log, log1p, exp2, expm1, sin, cos  computed in f64 lanes and rounded once (x86_math_elem)
 """
 from __future__ import annotations
 
 import math
 
 from llvmlite import ir
+
+from tessera.codegen.x86_math_elem import ELEMENTARY, widened
 
 F32 = ir.FloatType()
 I32 = ir.IntType(32)
@@ -394,6 +398,23 @@ class VectorMath(VectorLibrary):
 
     def _silu(self, b: ir.IRBuilder, x) -> ir.Value:
         return self._sigmoid_times(b, x, x)
+
+    def _sigmoid(self, b: ir.IRBuilder, x) -> ir.Value:
+        """1 / (1 + exp(-x)): ``_sigmoid_times`` at x = 1 (no overflow; tiny results exact)."""
+        r = self._sigmoid_times(b, self.splat(1.0), x)
+        return b.select(self._isnan(b, x), x, r)    # the form carries a NaN through x only
+
+    # log, log1p, exp2, expm1, sin, cos: in f64 lanes, rounded once (x86_math_elem)
+    wide_lib = None
+
+    def wide(self):
+        """The f64 library of this module at the same width (shared with the code generator's)."""
+        if self.wide_lib is None:
+            from tessera.codegen.x86_math64 import VectorMath64
+            self.wide_lib = VectorMath64(self.m, self.w, self.avx512)
+        return self.wide_lib
+
+    _log, _log1p, _exp2, _expm1, _sin, _cos = (widened(n) for n in ELEMENTARY)
 
     def _gelu_tanh(self, b: ir.IRBuilder, x) -> ir.Value:
         # 0.5 x (1 + tanh(y)) == x * sigmoid(2y), y = sqrt(2/pi) (x + 0.044715 x^3)

@@ -34,6 +34,7 @@ import math
 from llvmlite import ir
 
 from tessera.codegen.x86_math import VectorLibrary
+from tessera.codegen.x86_math_elem import Elementary64
 
 F64 = ir.DoubleType()
 I64 = ir.IntType(64)
@@ -70,7 +71,7 @@ ERFC64_H = (0.5415777887890556, 0.062185529456290224, -0.07413246378275118, 0.05
             6.517124878657891e-11, -2.9900922111279416e-11, -6.919156519843254e-12)
 
 
-class VectorMath64(VectorLibrary):
+class VectorMath64(Elementary64, VectorLibrary):
     """Declares the f64 math functions in one module on first use (the f32 library's interface)."""
     ELEM = F64
     IELEM = I64
@@ -203,6 +204,9 @@ class VectorMath64(VectorLibrary):
 
     def _silu(self, b: ir.IRBuilder, x) -> ir.Value:
         return self._sigmoid_times(b, x, x)
+
+    def _sigmoid(self, b: ir.IRBuilder, x) -> ir.Value:
+        return self._sigmoid_times(b, self.splat(1.0), x)
 
     def _gelu_tanh(self, b: ir.IRBuilder, x) -> ir.Value:
         """x sigmoid(2y), 2y = x (K0 + K1 x^2) = u + ul in double-double arithmetic (error-free

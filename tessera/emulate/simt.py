@@ -587,6 +587,8 @@ MATH = {
     "safe_div": lambda a, b: np.where(b == 0, np.float32(0), a / np.where(b == 0, np.float32(1), b)),
     "mask_select": lambda a, b: np.where(b != 0, a, np.float32(-np.inf)),
     "select_max": lambda a, b: np.where(a > b, a, b),
+    "floor": np.floor, "ceil": np.ceil, "round": np.rint, "square": np.square, "sign": np.sign,
+    "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
 }
 
 

@@ -178,7 +178,7 @@ def _infer(graph: TraceGraph, uf: _UF, dims: dict) -> None:
         op = n.op
         if op == "constant":
             d = []
-        elif op in ("add", "sub", "mul", "div", "maximum"):
+        elif op in ("add", "sub", "mul", "div", "maximum", "minimum"):
             d = _broadcast(uf, n.inputs[0], n.inputs[1], ins[0], ins[1])
         elif op == "matmul":
             a, b = ins
@@ -264,7 +264,8 @@ class _Shape:
 
 _SIMPLE = {"add": g.AddOp, "sub": g.SubOp, "mul": g.MulOp, "div": g.DivOp, "maximum": g.MaximumOp,
            "neg": g.NegOp, "exp": g.ExpOp, "tanh": g.TanhOp, "erf": g.ErfOp, "relu": g.ReluOp, "silu": g.SiluOp, "sqrt": g.SqrtOp,
-           "matmul": g.MatmulOp, "reshape": g.ReshapeOp, "cast": g.CastOp}
+           "matmul": g.MatmulOp, "reshape": g.ReshapeOp, "cast": g.CastOp, "minimum": g.MinimumOp,
+           "log": g.LogOp, "log1p": g.Log1pOp, "exp2": g.Exp2Op, "expm1": g.Expm1Op, "sin": g.SinOp, "cos": g.CosOp, "sigmoid": g.SigmoidOp, "abs": g.AbsOp, "sign": g.SignOp, "rsqrt": g.RsqrtOp, "reciprocal": g.ReciprocalOp, "floor": g.FloorOp, "ceil": g.CeilOp, "round": g.RoundOp, "square": g.SquareOp}
 
 
 def _make_op(n: Node, operands, T):

@@ -101,6 +101,100 @@ def sqrt(x) -> Tensor:
     return _unary("sqrt", x)
 
 
+def log(x) -> Tensor:
+    """natural logarithm (NaN below 0, -inf at 0)."""
+    return _unary("log", x)
+
+
+def log1p(x) -> Tensor:
+    """log(1 + x), accurate near 0."""
+    return _unary("log1p", x)
+
+
+def exp2(x) -> Tensor:
+    """2 ** x."""
+    return _unary("exp2", x)
+
+
+def expm1(x) -> Tensor:
+    """exp(x) - 1, accurate near 0."""
+    return _unary("expm1", x)
+
+
+def sin(x) -> Tensor:
+    """sine (radians)."""
+    return _unary("sin", x)
+
+
+def cos(x) -> Tensor:
+    """cosine (radians)."""
+    return _unary("cos", x)
+
+
+def sigmoid(x) -> Tensor:
+    """1 / (1 + exp(-x)), no overflow."""
+    return _unary("sigmoid", x)
+
+
+def abs(x) -> Tensor:
+    """|x|."""
+    return _unary("abs", x)
+
+
+def sign(x) -> Tensor:
+    """-1, 0 or 1 (signed zero and NaN kept)."""
+    return _unary("sign", x)
+
+
+def rsqrt(x) -> Tensor:
+    """1 / sqrt(x)."""
+    return _unary("rsqrt", x)
+
+
+def reciprocal(x) -> Tensor:
+    """1 / x."""
+    return _unary("reciprocal", x)
+
+
+def floor(x) -> Tensor:
+    """largest integer <= x."""
+    return _unary("floor", x)
+
+
+def ceil(x) -> Tensor:
+    """smallest integer >= x."""
+    return _unary("ceil", x)
+
+
+def round(x) -> Tensor:
+    """nearest integer, ties to even (numpy's round/rint)."""
+    return _unary("round", x)
+
+
+def square(x) -> Tensor:
+    """x * x."""
+    return _unary("square", x)
+
+
+def minimum(a, b) -> Tensor:
+    """Elementwise minimum (a NaN in either operand gives NaN, as numpy's)."""
+    return _binary("minimum", a, b)
+
+
+def clip(x, lo=None, hi=None) -> Tensor:
+    """numpy's ``clip``: ``minimum(maximum(x, lo), hi)``, either bound optional (a Python number
+    or a tensor)."""
+    x = _t(x, "clip")
+    require_float(x, "clip")
+    if lo is None and hi is None:
+        raise _err(DtypeError, "clip: give lo, hi or both")
+    if lo is not None:
+        x = maximum(x, lo)
+    if hi is not None:
+        x = minimum(x, hi)
+    return x
+
+
 def gelu(x, approximate: str = "tanh") -> Tensor:
     if approximate not in GELU_APPROXIMATIONS:
         raise _err(DtypeError, f"gelu approximate={approximate!r}; legal: {', '.join(GELU_APPROXIMATIONS)}")
@@ -294,8 +388,8 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, mask
 
 
 # names users reach for that tessera.ops spells differently, or that are spelled as operators
-_SPELLED = {"abs": "abs(x)", "absolute": "abs(x)", "pow": "x ** n (small integer n, or +-0.5)",
-            "power": "x ** n (small integer n, or +-0.5)", "square": "x ** 2", "sum": "reduce_sum or x.sum()",
+_SPELLED = {"absolute": "abs(x)", "pow": "x ** n (small integer n, or +-0.5)",
+            "power": "x ** n (small integer n, or +-0.5)", "sum": "reduce_sum or x.sum()",
             "mean": "reduce_mean or x.mean()", "max": "maximum (elementwise) or reduce_max / x.max()",
             "amax": "reduce_max", "negative": "neg or -x", "multiply": "mul or *", "subtract": "sub or -",
             "divide": "div or /", "true_divide": "div or /", "astype": "cast or x.astype()", "T": "transpose or x.T",
@@ -316,7 +410,7 @@ def __getattr__(name: str):
     raise _err(UnknownNameError, f"{msg} (ops: {', '.join(sorted(known))})")
 
 
-__all__ = ["attention", "add", "sub", "mul", "div", "maximum", "neg", "exp", "tanh", "erf", "relu", "silu", "sqrt", "gelu", "softmax",
+__all__ = ["attention", "add", "sub", "mul", "div", "maximum", "minimum", "clip", "log", "log1p", "exp2", "expm1", "sin", "cos", "sigmoid", "abs", "sign", "rsqrt", "reciprocal", "floor", "ceil", "round", "square", "neg", "exp", "tanh", "erf", "relu", "silu", "sqrt", "gelu", "softmax",
            "layer_norm", "rms_norm", "reduce_sum", "reduce_max", "reduce_mean", "transpose", "reshape", "cast",
            "matmul", "np"]
 

@@ -52,6 +52,18 @@ def attention64(q, k, v, mask, scale, causal, masked_rows="zero"):
     return out
 
 
+
+def _sigmoid_np(v):
+    return sigmoid64(v)
+
+
+# float64 numpy oracles of tessera.ops's elementwise math (round: half to even, as np.rint)
+_NUMPY_UNARY = {"log": np.log, "log1p": np.log1p, "exp2": np.exp2, "expm1": np.expm1, "sin": np.sin,
+                "cos": np.cos, "sigmoid": _sigmoid_np, "abs": np.abs, "sign": np.sign,
+                "rsqrt": lambda v: 1.0 / np.sqrt(v), "reciprocal": lambda v: 1.0 / v, "floor": np.floor,
+                "ceil": np.ceil, "round": np.rint, "square": np.square}
+
+
 def evaluate(graph: TraceGraph, arrays: list[np.ndarray]) -> list[np.ndarray]:
     vals: dict[int, np.ndarray] = {}
     for a in graph.args:
@@ -62,9 +74,12 @@ def evaluate(graph: TraceGraph, arrays: list[np.ndarray]) -> list[np.ndarray]:
         op = n.op
         if op == "constant":
             r = np.float64(n.value)
-        elif op in ("add", "sub", "mul", "div", "maximum"):
+        elif op in ("add", "sub", "mul", "div", "maximum", "minimum"):
             r = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
-                 "maximum": np.maximum}[op](x[0], x[1])
+                 "maximum": np.maximum, "minimum": np.minimum}[op](x[0], x[1])
+        elif op in _NUMPY_UNARY:
+            with np.errstate(all="ignore"):
+                r = _NUMPY_UNARY[op](x[0])
         elif op == "matmul":
             r = np.matmul(x[0], x[1])
         elif op == "neg":

@@ -335,6 +335,102 @@ class SqrtOp(_Unary):
     FN: ClassVar[str] = "sqrt"
 
 
+@irdl_op_definition
+class LogOp(_Unary):
+    name = "tessera.log"
+    FN: ClassVar[str] = "log"
+
+
+@irdl_op_definition
+class Log1pOp(_Unary):
+    name = "tessera.log1p"
+    FN: ClassVar[str] = "log1p"
+
+
+@irdl_op_definition
+class Exp2Op(_Unary):
+    name = "tessera.exp2"
+    FN: ClassVar[str] = "exp2"
+
+
+@irdl_op_definition
+class Expm1Op(_Unary):
+    name = "tessera.expm1"
+    FN: ClassVar[str] = "expm1"
+
+
+@irdl_op_definition
+class SinOp(_Unary):
+    name = "tessera.sin"
+    FN: ClassVar[str] = "sin"
+
+
+@irdl_op_definition
+class CosOp(_Unary):
+    name = "tessera.cos"
+    FN: ClassVar[str] = "cos"
+
+
+@irdl_op_definition
+class SigmoidOp(_Unary):
+    name = "tessera.sigmoid"
+    FN: ClassVar[str] = "sigmoid"
+
+
+@irdl_op_definition
+class AbsOp(_Unary):
+    name = "tessera.abs"
+    FN: ClassVar[str] = "abs"
+
+
+@irdl_op_definition
+class SignOp(_Unary):
+    name = "tessera.sign"
+    FN: ClassVar[str] = "sign"
+
+
+@irdl_op_definition
+class RsqrtOp(_Unary):
+    name = "tessera.rsqrt"
+    FN: ClassVar[str] = "rsqrt"
+
+
+@irdl_op_definition
+class ReciprocalOp(_Unary):
+    name = "tessera.reciprocal"
+    FN: ClassVar[str] = "recip"
+
+
+@irdl_op_definition
+class FloorOp(_Unary):
+    name = "tessera.floor"
+    FN: ClassVar[str] = "floor"
+
+
+@irdl_op_definition
+class CeilOp(_Unary):
+    name = "tessera.ceil"
+    FN: ClassVar[str] = "ceil"
+
+
+@irdl_op_definition
+class RoundOp(_Unary):
+    name = "tessera.round"
+    FN: ClassVar[str] = "round"
+
+
+@irdl_op_definition
+class SquareOp(_Unary):
+    name = "tessera.square"
+    FN: ClassVar[str] = "square"
+
+
+@irdl_op_definition
+class MinimumOp(_Binary):
+    name = "tessera.minimum"
+    FN: ClassVar[str] = "min"
+
+
 GELU_APPROXIMATIONS = ("tanh", "erf")
 
 
@@ -728,8 +824,9 @@ def elementwise_fn(op: IRDLOperation) -> str:
     return op.FN  # type: ignore[attr-defined]
 
 
-ELEMENTWISE_UNARY = (NegOp, ExpOp, TanhOp, ErfOp, ReluOp, SiluOp, GeluOp, SqrtOp)
-ELEMENTWISE_BINARY = (AddOp, SubOp, MulOp, DivOp, MaximumOp)
+ELEMENTWISE_UNARY = (NegOp, ExpOp, TanhOp, ErfOp, ReluOp, SiluOp, GeluOp, SqrtOp,
+                     LogOp, Log1pOp, Exp2Op, Expm1Op, SinOp, CosOp, SigmoidOp, AbsOp, SignOp, RsqrtOp, ReciprocalOp, FloorOp, CeilOp, RoundOp, SquareOp)
+ELEMENTWISE_BINARY = (AddOp, SubOp, MulOp, DivOp, MaximumOp, MinimumOp)
 REDUCTIONS = (ReduceSumOp, ReduceMaxOp, ReduceMeanOp)
 ROWWISE = (SoftmaxOp, LayerNormOp, RmsNormOp)
 
@@ -737,7 +834,9 @@ Graph = Dialect(
     "tessera",
     [MatmulOp, AddOp, SubOp, MulOp, DivOp, MaximumOp, NegOp, ExpOp, TanhOp, ErfOp, ReluOp, SiluOp, SqrtOp, GeluOp,
      SoftmaxOp, LayerNormOp, RmsNormOp, ReduceSumOp, ReduceMaxOp, ReduceMeanOp, TransposeOp, ReshapeOp,
-     SliceOp, ConcatOp, CastOp, ConstantOp, AttentionOp, FusionOp, YieldOp],
+     SliceOp, ConcatOp, CastOp, ConstantOp, AttentionOp, FusionOp, YieldOp, MinimumOp,
+     LogOp, Log1pOp, Exp2Op, Expm1Op, SinOp, CosOp, SigmoidOp, AbsOp, SignOp, RsqrtOp, ReciprocalOp, FloorOp, CeilOp,
+     RoundOp, SquareOp],
     [TensorType],
 )
 

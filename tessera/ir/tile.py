@@ -586,8 +586,10 @@ class SplatIndexOp(IRDLOperation):
 # and widened back exactly: a cast inside a kernel whose registers are wider than its result
 # (tensor.cast(x, f32) in an f64 kernel, then more f64 math) keeps numpy's rounding.
 ROUND_FNS = ("round_f32", "round_bf16", "round_f16")
+# the elementwise math of tessera.ops (round: to the nearest integer, ties to even, as numpy)
+MATH_FNS = ('log', 'log1p', 'exp2', 'expm1', 'sin', 'cos', 'sigmoid', 'sign', 'floor', 'ceil', 'round', 'square')
 UNARY_FNS = ("neg", "exp", "exp_bounded", "exp2_bounded", "tanh", "erf", "relu", "silu", "gelu_tanh", "gelu_erf", "sqrt", "rsqrt", "recip",
-             "copy", "abs", "finite_or_zero") + ROUND_FNS
+             "copy", "abs", "finite_or_zero") + ROUND_FNS + MATH_FNS
 # safe_div: a / b, or 0 where b == 0.  mask_select: a where b != 0, else -inf.  select_max:
 # a > b ? a : b (one vmaxps; a NaN in a is dropped, so only for a consumer whose result is NaN
 # anyway when an operand was: softmax's row maximum, since the NaN reaches the row's sum).

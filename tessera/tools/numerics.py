@@ -163,6 +163,8 @@ def numerics_md() -> str:
                "position).\n\n")
     from tessera.tools.numerics64 import section
     out.append(section())
+    from tessera.tools import numerics_elem
+    out.append("\n" + numerics_elem.section())
     return "".join(out)
 
 

@@ -57,11 +57,12 @@ from xdsl.traits import Pure
 
 from tessera.errors import TargetVerifyError
 from tessera.ir.attrs import ival
+from tessera.ir.tile import MATH_FNS
 
 PTR = LLVMPointerType()  # x86 code addresses one flat space
 
 UNARY = ("neg", "exp", "exp_bounded", "exp2_bounded", "tanh", "erf", "relu", "silu", "gelu_tanh", "gelu_erf", "sqrt", "rsqrt", "recip", "copy",
-         "abs", "finite_or_zero", "round_f32", "round_bf16", "round_f16")
+         "abs", "finite_or_zero", "round_f32", "round_bf16", "round_f16") + MATH_FNS
 BINARY = ("add", "sub", "mul", "div", "max", "min", "safe_div", "mask_select", "select_max")
 
 

@@ -43,6 +43,9 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import Attribute, Block, Region, SSAValue
 
 from tessera.errors import CodegenError, PassFailedError
+
+# tile.elementwise functions the GPU lanes refuse by name (tessera.ops's log, log1p, exp2, expm1, sin, cos)
+GPU_REFUSED_FNS = ("log", "log1p", "exp2", "expm1", "sin", "cos")
 from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr, ival
 from tessera.ir.builder import INDEX, Builder
@@ -511,6 +514,9 @@ class SimtLowerer(OpLowerer):
         raise CodegenError(f"cannot use {type(v).__name__} as a tile operand on the GPU")
 
     def op_tile_elementwise(self, op: t.ElementwiseOp, b: Builder) -> None:
+        if op.fn.data in GPU_REFUSED_FNS:
+            raise CodegenError(f"tile.elementwise {op.fn.data} has no GPU lowering (lane: {self.lowering_name}); "
+                               "tessera.ops.{op.fn.data} runs on the CPU lane (cpu-x86) only")
         vals = [self.vmap[v] for v in op.inputs]
         like = next((v for v in vals if isinstance(v, Dist)), None)
         if like is None:

@@ -533,7 +533,8 @@ def batch_offset_of(bb: Builder, kf: KernelFn, plan: GemmPlan, bidx: SSAValue, v
 
 
 # epilogue functions that expand to a polynomial (tens of instructions per vector)
-HEAVY_FNS = frozenset({"exp", "tanh", "erf", "silu", "gelu_tanh", "gelu_erf"})
+HEAVY_FNS = frozenset({"exp", "tanh", "erf", "silu", "gelu_tanh", "gelu_erf", "sigmoid", "log", "log1p", "exp2",
+                       "expm1", "sin", "cos"})
 
 
 def apply_epilogue(bf: Builder, kf: KernelFn, kop: s.KernelOp, plan: GemmPlan, val: SSAValue,
