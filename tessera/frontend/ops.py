@@ -393,7 +393,8 @@ _SPELLED = {"absolute": "abs(x)", "pow": "x ** n (small integer n, or +-0.5)",
             "mean": "reduce_mean or x.mean()", "max": "maximum (elementwise) or reduce_max / x.max()",
             "amax": "reduce_max", "negative": "neg or -x", "multiply": "mul or *", "subtract": "sub or -",
             "divide": "div or /", "true_divide": "div or /", "astype": "cast or x.astype()", "T": "transpose or x.T",
-            "permute": "transpose", "view": "reshape"}
+            "permute": "transpose", "view": "reshape", "concat": "concatenate", "cat": "concatenate",
+            "unsqueeze": "expand_dims", "transpose_axes": "swapaxes"}
 
 
 def __getattr__(name: str):

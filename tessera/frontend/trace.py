@@ -268,7 +268,7 @@ class Tensor:
 
     def __abs__(self):
         from tessera.frontend import ops
-        return ops.maximum(self, ops.neg(self))   # exact; NaN stays NaN
+        return ops.abs(self)
 
     def __lt__(self, o):
         _refuse_comparison("<", self, o)
