@@ -234,6 +234,7 @@ def test_elementwise_chain_fuses_into_one_kernel(rng, dtype):
         assert np.max(np.abs(got - want) / (1 + np.abs(want))) <= 8 * float(np.finfo(dtype).eps)
 
 
+@pytest.mark.slow   # GPU code generation and the emulator: ~10-45 s (CI runs -m slow)
 def test_gpu_lane_refuses_f64_lane_math_by_name(rng):
     x = rng.standard_normal((64, 64)).astype(np.float16)
     with pytest.raises(PassFailedError, match=r"tile.elementwise sin has no GPU lowering"):
@@ -298,6 +299,7 @@ def test_ulp_measure_has_teeth():
     assert exact.max() < 1 and N.ulp_errors64(np.log(x) * (1 + 4e-16), x, "log").min() > 1
 
 
+@pytest.mark.slow   # GPU code generation and the emulator: ~10-45 s (CI runs -m slow)
 def test_gpu_epilogue_of_the_lowered_ops_emulates_like_numpy(rng):
     """floor/ceil/round/sign/square/sigmoid/minimum in an nvidia GEMM epilogue, run by the warp
     emulator: the rounding ops equal numpy's on the emulated GEMM's own result (same sums),

@@ -110,6 +110,7 @@ def test_emulated_gemm_with_c0_matches_float64_and_the_rounding_model(arch, dtyp
         assert ulps.max() <= 1 and (ulps == 0).mean() > 0.999, (m, n, k, ulps.max())
 
 
+@pytest.mark.slow   # GPU code generation and the emulator: ~10-45 s (CI runs -m slow)
 def test_emulated_epilogue_and_batch(rng):
     a, b, _ = inputs(rng, "f16", 70, 50, 40)
     bias = rng.standard_normal(50).astype(np.float16)

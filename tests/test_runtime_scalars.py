@@ -171,6 +171,7 @@ def test_nested_jit_takes_the_callers_scalar(rng):
     assert compiles(outer) == 1
 
 
+@pytest.mark.slow   # GPU code generation and the emulator: ~10-45 s (CI runs -m slow)
 def test_scalar_on_the_gpu_lanes_is_a_runtime_input(rng):
     """The NVIDIA and ROCm GEMM epilogues read a runtime scalar (checked in the warp/wave emulator)."""
     a = rng.standard_normal((16, 32)).astype(np.float16)
