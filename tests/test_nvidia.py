@@ -155,6 +155,7 @@ def test_teeth_a_lane_swap_in_the_lowering_fails(rng, monkeypatch):
     assert rel_err(got, oracle_acc(a, b, c0)) > 0.05
 
 
+@pytest.mark.slow   # the warp/wave emulator: 7-15 s (CI runs -m slow)
 def test_teeth_an_accumulator_lane_map_swap_fails(rng, monkeypatch):
     """The plant test_nvidia_device.py's device check must catch (swap_acc_rows: a compiler
     bug, not an edited result), caught here by the emulator on the same check."""
@@ -166,6 +167,7 @@ def test_teeth_an_accumulator_lane_map_swap_fails(rng, monkeypatch):
     assert rel_err(got, oracle_acc(a, b, c0)) > 1e-2
 
 
+@pytest.mark.slow   # the warp/wave emulator: 7-15 s (CI runs -m slow)
 def test_teeth_a_wrong_ldmatrix_address_fails(rng, monkeypatch):
     from tessera.passes.target.nvidia import lower_tile_to_nvidia as NVL
     monkeypatch.setenv("TESSERA_NO_CACHE", "1")
@@ -190,6 +192,7 @@ def test_teeth_dropping_c0_fails(rng, monkeypatch):
     assert rel_err(got, oracle_acc(a, b, c0)) > 0.05
 
 
+@pytest.mark.slow   # the warp/wave emulator: 7-15 s (CI runs -m slow)
 def test_teeth_waiting_for_too_few_copies_is_a_race(rng, monkeypatch):
     from tessera.ir.attrs import i64_attr
     from tessera.ir.target import nvidia as NV

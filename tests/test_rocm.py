@@ -141,6 +141,7 @@ def test_relu_epilogue_propagates_nan_like_numpy(rng):
 
 
 # --------------------------------------------------------------------------- teeth
+@pytest.mark.slow   # the warp/wave emulator: 7-15 s (CI runs -m slow)
 def test_teeth_a_lane_swap_in_the_lowering_fails(rng, monkeypatch):
     from tessera.passes.target.gpu.simt import Item, OperandMap
     from tessera.passes.target.rocm import lower_tile_to_rocm as R
