@@ -40,6 +40,7 @@ def test_bundle_is_complete_and_its_numerics_hold(bundle):
     assert r.stdout.count(" ok") == sum(c["kind"] == "check" for c in m["cases"])
 
 
+@pytest.mark.slow   # the warp/wave emulator: 6-15 s (CI runs -m slow)
 def test_teeth_a_wrong_emulator_output_fails_the_check(bundle, tmp_path):
     import shutil
     bad = tmp_path / "bad"

@@ -131,11 +131,13 @@ def test_other_pipeline_depths(staging, rng):
     assert rel_err(art.emulate(a, b, c0), oracle_acc(a, b, c0)) < 1e-2
 
 
+@pytest.mark.slow   # the warp/wave emulator: 6-15 s (CI runs -m slow)
 def test_relu_epilogue_propagates_nan_like_numpy(rng):
     check_relu_propagates_nan(rng, lambda fn, args: _compile(fn, args, "sm_80"))
 
 
 # --------------------------------------------------------------------------- teeth
+@pytest.mark.slow   # the warp/wave emulator: 6-15 s (CI runs -m slow)
 def test_teeth_a_lane_swap_in_the_lowering_fails(rng, monkeypatch):
     from tessera.passes.target.gpu.simt import OperandMap
     from tessera.passes.target.nvidia import lower_tile_to_nvidia as NVL
