@@ -49,7 +49,7 @@ def _scalar_key(a) -> tuple:
 
 
 def _is_number(a) -> bool:
-    return (type(a) is float or type(a) is int) or (isinstance(a, (int, float)) and not isinstance(a, bool))
+    return isinstance(a, (int, float)) and not isinstance(a, bool)
 
 
 _FINITE_MAX: dict[np.dtype, float] = {}   # dtype -> its largest finite value
