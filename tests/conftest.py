@@ -19,9 +19,11 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-SEED = int(os.environ.get("TESSERA_TEST_SEED", secrets.randbits(32)))
-_CACHE = tempfile.mkdtemp(prefix="tessera-test-cache-")
-os.environ.setdefault("TESSERA_CACHE_DIR", _CACHE)
+# Set in the environment so pytest-xdist's workers (started after this import) share the
+# seed and the cache directory of the controller.
+SEED = int(os.environ.setdefault("TESSERA_TEST_SEED", str(secrets.randbits(32))))
+if "TESSERA_CACHE_DIR" not in os.environ:
+    os.environ["TESSERA_CACHE_DIR"] = tempfile.mkdtemp(prefix="tessera-test-cache-")
 
 
 def pytest_report_header(config):

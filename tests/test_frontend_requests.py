@@ -426,6 +426,7 @@ def _distinct_floats(f, x, n, start=1.0):
         f(x, start + i / 64)
 
 
+@pytest.mark.filterwarnings("ignore::tessera.errors.RecompileWarning")
 def test_variant_cache_is_bounded_lru(rng, monkeypatch):
     monkeypatch.setenv("TESSERA_NO_CACHE", "1")   # compile.py's own cache stays out of the count
     monkeypatch.setattr(J, "MAX_VARIANTS", 4)
@@ -448,6 +449,7 @@ def test_variant_cache_is_bounded_lru(rng, monkeypatch):
     np.testing.assert_allclose(f(x, 3.5), O.f64(x) * 3.5, rtol=1e-6)
 
 
+@pytest.mark.filterwarnings("ignore::tessera.errors.RecompileWarning")
 def test_variant_eviction_under_threads(rng, monkeypatch):
     """Calls on the planned path reorder the LRU without the lock while others evict."""
     import threading
