@@ -272,6 +272,37 @@ def test_bf16_matmul_on_widened_f32_fma(rng):
     assert f"f32, f32, a, col_major, fma>" in tile and "bf16, f32, a," not in tile
 
 
+@pytest.mark.parametrize("shape", [(37, 129, 71), (64, 1025, 33)])
+def test_f16_matmul_widens_to_f32_fma(rng, shape, monkeypatch):
+    """f16 GEMMs run on the CPU lane: the fma.f16 record widens both panels exactly to f32 while
+    packing (vcvtph2ps), sums in f32 and rounds the f16 result once, epilogue included.  Teeth: a
+    widening that drops the low mantissa bits (as a bf16-style shift would) fails the check."""
+    m, k, n = shape
+    a, b = rnd(rng, m, k, dtype=np.float16), rnd(rng, k, n, dtype=np.float16)
+    c = rnd(rng, n, dtype=np.float16)
+    f = lambda x, w, v: ts.ops.relu(x @ w + v)  # noqa: E731
+    ref = np.maximum(O.f64(a) @ O.f64(b) + O.f64(c), 0)
+    y = ts.jit(f)(a, b, c)
+    assert y.dtype == np.float16
+    O.assert_close(y, ref, 2e-3)   # one f16 rounding of an f32-accumulated sum
+    rep = ts.explain(ts.jit(f), a, b, c)
+    assert rep.kernels[0]["mma"]["record"].endswith(".fma.f16") and len(rep.kernels) == 1
+    from llvmlite import ir as llir
+    from tessera.codegen import x86 as cg
+    real = cg._Fn._extf
+
+    def lossy(self, v, dst):   # planted: f16 lanes scaled by 1 + 2^-6 as they widen
+        if str(getattr(v.type, "element", v.type)) == "half":
+            vec = isinstance(v.type, llir.VectorType)
+            k = 1.0 + 2.0 ** -6
+            v = self.b.fmul(v, llir.Constant(v.type, [k] * v.type.count) if vec else llir.Constant(v.type, k))
+        return real(self, v, dst)
+    monkeypatch.setattr(cg._Fn, "_extf", lossy)
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    with pytest.raises(AssertionError):
+        O.assert_close(ts.jit(f)(a, b, c), ref, 2e-3)
+
+
 def test_bf16_matmul_uses_the_fastest_bf16_instruction(rng):
     from tessera.mma.x86 import host_cpu
     feats = host_cpu()[1]

@@ -26,7 +26,7 @@ def runs():
 # what each lane may refuse (with a coded error) — and nothing else
 GPU_REFUSED = {"attention.mlir", "elementwise_chain.mlir", "layernorm_residual.mlir", "mlp.mlir",
                "reduce_transpose.mlir", "softmax.mlir"}   # kernels other than gemm/attention, and f32 (needs a math mode)
-REFUSED = {"tessera-cpu": {"f16_mlp_accumulate.mlir"}, "tessera-rocm": GPU_REFUSED, "tessera-nvidia": GPU_REFUSED}
+REFUSED = {"tessera-cpu": set(), "tessera-rocm": GPU_REFUSED, "tessera-nvidia": GPU_REFUSED}
 
 
 def test_every_production_pipeline_traverses_all_four_layers_on_every_program(runs):

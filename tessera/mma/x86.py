@@ -54,6 +54,19 @@ RECORDS: tuple[MmaRecord, ...] = (
               asm_regex=r"vfmadd\d{3}ps\s+%zmm", cycles=0.5, widen="f32",
               semantics="bf16 inputs widened exactly to f32 while packing, then f32 FMA: exact products, "
                         "f32 sums, subnormals kept"),
+    # f16 the same way (F16C's vcvtph2ps widens exactly while packing): f32 FMA, f32 sums
+    MmaRecord("x86.avx2.fma.f16", "x86", "fma", (1, 8, 1), "f16", "f16", "f32", "vfmadd231ps ymm",
+              "llvm.fma.v8f32", features=("avx2", "fma", "f16c"), vector_width=8, lowered_by=LOWERING,
+              a_layout="col_major", b_layout="row_major", llvm_ret="<8 x float>", llvm_args=("<8 x float>",) * 3,
+              asm_regex=r"vfmadd\d{3}ps\s+%ymm", cycles=0.5, widen="f32",
+              semantics="f16 inputs widened exactly to f32 while packing, then f32 FMA: exact products, "
+                        "f32 sums, subnormals kept"),
+    MmaRecord("x86.avx512.fma.f16", "x86", "fma", (1, 16, 1), "f16", "f16", "f32", "vfmadd231ps zmm",
+              "llvm.fma.v16f32", features=("avx512f",), vector_width=16, lowered_by=LOWERING,
+              a_layout="col_major", b_layout="row_major", llvm_ret="<16 x float>", llvm_args=("<16 x float>",) * 3,
+              asm_regex=r"vfmadd\d{3}ps\s+%zmm", cycles=0.5, widen="f32",
+              semantics="f16 inputs widened exactly to f32 while packing, then f32 FMA: exact products, "
+                        "f32 sums, subnormals kept"),
     MmaRecord("x86.avx512_bf16.dpbf16ps", "x86", "avx512_bf16", (1, 16, 2), "bf16", "bf16", "f32",
               "vdpbf16ps zmm", "llvm.x86.avx512bf16.dpbf16ps.512", features=("avx512bf16", "avx512f"),
               vector_width=16, lowered_by=LOWERING, a_layout="col_major", b_layout="row_major",
