@@ -149,10 +149,41 @@ def test_static_strings_and_tuples_pass_only_when_marked(rng):
     O.assert_close(g(x, "erf", (0, 1)), O.gelu_erf(O.f64(x)).sum(), 1e-5)
     with pytest.raises(ArgumentError, match="no hash"):
         g(x, "erf", [0, 1])
-    with pytest.raises(ArgumentError, match="no positional parameter 'nope'"):
+    with pytest.raises(ArgumentError, match="no parameter 'nope'"):
         ts.jit(f, static_argnames="nope")
     with pytest.raises(ArgumentError, match="argument position"):
         ts.jit(f, static_argnums=-1)
+
+
+def test_keyword_arguments_take_their_parameters_positions(rng):
+    """Keywords (keyword-only parameters too) are bound to their parameter's position, so a
+    keyword-only head count can be static and a keyword float is a runtime scalar like a
+    positional one; a parameter skipped before the last one given takes its default."""
+    x, w = x32(rng, 6, 8), x32(rng, 8, 8)
+
+    def f(t, w=None, scale=1.0, *, heads, shift=0.0):
+        y = t if w is None else t @ w
+        return y.reshape(6, heads, 8 // heads).sum(-1) * scale + shift
+
+    g = ts.jit(f, static_argnames="heads")
+    ref = lambda w_, s, h, sh: ((O.f64(x) if w_ is None else O.f64(x) @ w_)  # noqa: E731
+                                .reshape(6, h, 8 // h).sum(-1) * s + sh)
+    O.assert_close(g(x, w, heads=2), ref(w, 1.0, 2, 0.0), 1e-5)
+    O.assert_close(g(x, scale=3.0, heads=4, shift=0.5), ref(None, 3.0, 4, 0.5), 1e-5)
+    O.assert_close(g(x, w, 2.0, heads=2, shift=1.5), ref(w, 2.0, 2, 1.5), 1e-5)
+    O.assert_close(g(t=x, w=w, heads=2, shift=0.25), ref(w, 1.0, 2, 0.25), 1e-5)
+    n = len(g.compiles)
+    O.assert_close(g(x, w, heads=2, shift=7.0), ref(w, 1.0, 2, 7.0), 1e-5)   # a runtime scalar
+    assert len(g.compiles) == n
+    assert ts.explain(g, x, w, heads=2).lane == "cpu-x86"
+    with pytest.raises(ArgumentError, match="no parameter 'head'"):
+        g(x, head=2)
+    with pytest.raises(ArgumentError, match="by position and by keyword"):
+        g(x, w, w=w, heads=2)
+    with pytest.raises(ArgumentError, match="missing argument 't'"):
+        g(w=w, heads=2)
+    with pytest.raises(ArgumentError, match="\\*args"):
+        ts.jit(lambda *ts_: ts_[0] * 2)(x, y=x)
 
 
 def test_flags_are_static(rng):

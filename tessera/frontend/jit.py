@@ -117,6 +117,7 @@ class JitFunction:
         self.static_argnums, self.static_argnames = _as_tuple(static_argnums), _as_tuple(static_argnames)
         # argument positions whose values are baked in: asked for, and learned from a trace that read
         # a Python-number argument as a Python value (ScalarSpecialize)
+        self._params = _call_params(fn)
         self._static = _static_positions(fn, self.static_argnums, self.static_argnames)
         self._learned: dict[int, str] = {}   # position -> where the trace read it as a Python value
         # the dtype runtime scalars are passed in, learned from a trace (trace.scalar_dtype_for), per
@@ -141,6 +142,51 @@ class JitFunction:
         self._warned = False
         forksafe.lock(self, "_lock")
         functools.update_wrapper(self, fn)
+
+    # ------------------------------------------------------------------ keyword arguments
+    def _flat(self, args: tuple, kwargs: dict) -> tuple:
+        """The call's arguments in parameter order: keywords (keyword-only ones too) take their
+        parameter's position; a parameter skipped before the last one given takes its default.
+        Specialisation, static_argnames and the runtime-scalar rules then see positions only."""
+        if not kwargs:
+            return args
+        params = self._params
+        if params is None:
+            raise ArgumentError(f"{self.name}: keyword arguments need a function whose signature has no "
+                                "*args or **kwargs (pass them by position)")
+        names = [p.name for p in params]
+        vals = list(args)
+        if len(vals) > len(params):
+            raise ArgumentError(f"{self.name} takes {len(params)} arguments, got {len(vals)}")
+        given = {}
+        for k, val in kwargs.items():
+            if k not in names:
+                raise ArgumentError(f"{self.name} has no parameter {k!r} (parameters: {', '.join(names)})")
+            i = names.index(k)
+            if params[i].kind == params[i].POSITIONAL_ONLY:
+                raise ArgumentError(f"{self.name}: parameter {k!r} is positional-only")
+            if i < len(vals):
+                raise ArgumentError(f"{self.name}: argument {k!r} given by position and by keyword")
+            given[i] = val
+        for i in range(len(vals), max(given) + 1):
+            if i in given:
+                vals.append(given[i])
+            elif params[i].default is not params[i].empty:
+                vals.append(params[i].default)
+            else:
+                raise ArgumentError(f"{self.name}: missing argument {names[i]!r}")
+        return tuple(vals)
+
+    def _call_fn(self, *flat):
+        """``fn`` called with arguments in parameter order (keyword-only ones by name)."""
+        if self._params is None or len(flat) <= self._npositional:
+            return self.fn(*flat)
+        n = self._npositional
+        return self.fn(*flat[:n], **{p.name: v for p, v in zip(self._params[n:], flat[n:])})
+
+    @property
+    def _npositional(self) -> int:
+        return sum(p.kind != p.KEYWORD_ONLY for p in self._params)
 
     def with_schedule(self, **pins) -> "JitFunction":
         """The same function with schedule choices pinned (per-call overrides)."""
@@ -195,7 +241,7 @@ class JitFunction:
                     f"{self.name} is called inside a traced function, so its graph is compiled as part of the "
                     f"caller's, but it was decorated with {'; '.join(clash)}; put the setting on the outermost "
                     "tessera.jit, or drop it here")
-        return self.fn(*args)
+        return self._call_fn(*args)
 
     # ------------------------------------------------------------------ arguments
     def _split_args(self, args) -> tuple[list, list[str], list[np.ndarray], list[str]]:
@@ -369,7 +415,7 @@ class JitFunction:
     def _build(self, prepared, kinds, arrays) -> Variant | None:
         """The compiled specialisation, or None where the trace shows the runtime scalars are
         better passed in another dtype (recorded: the caller prepares the arguments again)."""
-        graph = trace(self.fn, prepared, kinds, lane=(self.target, self.arch, self.schedule))
+        graph = trace(self._call_fn, prepared, kinds, lane=(self.target, self.arch, self.schedule))
         if SCALAR in kinds:
             have = next(a.dtype for a, k in zip(prepared, kinds) if k == SCALAR)
             want = np.dtype(scalar_dtype_for(graph, have))
@@ -424,7 +470,9 @@ class JitFunction:
                 return None
         return tuple(sig)
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
+        if kwargs:
+            args = self._flat(args, kwargs)
         sig = self._signature(args)
         hit = self._plans.get(sig) if sig is not None else None
         if hit is not None:
@@ -465,12 +513,12 @@ class JitFunction:
     def lane(self) -> str:
         return "cpu-x86" if self.target == "cpu" else f"{self.target}-{self.arch}"
 
-    def compile(self, *args) -> "Artifact":
-        v, _, _ = self._variant(args)
+    def compile(self, *args, **kwargs) -> "Artifact":
+        v, _, _ = self._variant(self._flat(args, kwargs))
         return Artifact(self, v)
 
-    def explain(self, *args) -> LaneReport:
-        return self.compile(*args).report()
+    def explain(self, *args, **kwargs) -> LaneReport:
+        return self.compile(*args, **kwargs).report()
 
 
 class Artifact:
@@ -542,8 +590,8 @@ class Artifact:
                           m["passes"], m["kernels"], m["compile_ms"], c.cache_status, m["pipeline"], list(v.copies),
                           static, compiles=list(self.fn.compiles), notes=_thread_notes(c, m["kernels"]))
 
-    def __call__(self, *args):
-        return self.fn(*args)
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
 
 
 def _pattern(kinds, arrays) -> tuple:
@@ -555,13 +603,29 @@ def _as_tuple(v) -> tuple:
     return (v,) if isinstance(v, (int, str)) else tuple(v or ())
 
 
+def _call_params(fn) -> list | None:
+    """``fn``'s parameters in order, or None where keywords cannot be mapped to positions (no
+    signature, ``*args`` or ``**kwargs``)."""
+    import inspect
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        return None
+    return params
+
+
 def _static_positions(fn, nums: tuple, names: tuple) -> frozenset:
-    """The argument positions ``static_argnums`` and ``static_argnames`` name (positional only)."""
+    """The argument positions ``static_argnums`` and ``static_argnames`` name (a keyword-only
+    parameter's position is its place in the signature)."""
     import inspect
     out = set()
+    plain = _call_params(fn)
     try:
-        params = [p.name for p in inspect.signature(fn).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        params = [p.name for p in plain] if plain is not None else \
+            [p.name for p in inspect.signature(fn).parameters.values()
+             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     except (TypeError, ValueError):
         params = []
     for n in nums:
@@ -570,7 +634,7 @@ def _static_positions(fn, nums: tuple, names: tuple) -> frozenset:
         out.add(n)
     for name in names:
         if name not in params:
-            raise ArgumentError(f"static_argnames: {getattr(fn, '__name__', 'fn')} has no positional parameter "
+            raise ArgumentError(f"static_argnames: {getattr(fn, '__name__', 'fn')} has no parameter "
                                 f"{name!r} (parameters: {', '.join(params) or 'none'})")
         out.add(params.index(name))
     return frozenset(out)
@@ -629,15 +693,16 @@ def _resolve(fn, target, arch, schedule, what: str) -> JitFunction:
 
 
 def compile(fn, *example_args, target: str | None = None, arch: str | None = None,  # noqa: A001
-            schedule: dict | None = None, deterministic: bool = False) -> Artifact:
+            schedule: dict | None = None, deterministic: bool = False, **example_kwargs) -> Artifact:
     """Compile ``fn`` for the example arguments without running it.  ``fn`` may be a
     ``tessera.jit`` function: settings given here apply to it, and one that contradicts its
-    decorator's is refused (``BAD_ARGUMENT``, naming both)."""
+    decorator's is refused (``BAD_ARGUMENT``, naming both).  Other keywords are ``fn``'s."""
     return _resolve(fn, target, arch, _with_deterministic(schedule, deterministic),
-                    "tessera.compile").compile(*example_args)
+                    "tessera.compile").compile(*example_args, **example_kwargs)
 
 
 def explain(fn, *args, target: str | None = None, arch: str | None = None,
-            schedule: dict | None = None) -> LaneReport:
-    """The lane report of ``fn`` compiled for ``args`` (settings as in ``tessera.compile``)."""
-    return _resolve(fn, target, arch, schedule, "tessera.explain").explain(*args)
+            schedule: dict | None = None, **kwargs) -> LaneReport:
+    """The lane report of ``fn`` compiled for ``args`` (settings as in ``tessera.compile``; other
+    keywords are ``fn``'s)."""
+    return _resolve(fn, target, arch, schedule, "tessera.explain").explain(*args, **kwargs)
