@@ -106,6 +106,7 @@ def _verify_ops(module: Operation) -> None:
             raise IRVerifyError(f"{op.name}: malformed attributes ({type(e).__name__}: {e})", op=op,
                                 location=location_of(op)) from None
         _verify_structure(op)
+    _verify_defined_before_use(module, set())
 
 
 def _verify_structure(op: Operation) -> None:
@@ -125,21 +126,26 @@ def _verify_structure(op: Operation) -> None:
                 if inner.parent is not block:
                     raise IRVerifyError(f"{inner.name}: its parent pointer does not refer to its block", op=inner,
                                         location=location_of(inner))
-            _verify_defined_before_use(block)
 
 
-def _verify_defined_before_use(block) -> None:
-    """Within a block, a value is used only after the op defining it (xDSL does not check
-    dominance: a mutant whose ops used each other's results in a cycle passed verification and
-    failed inside lower-schedule-to-tile with a KeyError)."""
-    order = {op: i for i, op in enumerate(block.ops)}
-    for i, op in enumerate(block.ops):
-        for user in op.walk():
-            for v in user.operands:
-                owner = getattr(v, "op", None)
-                if owner in order and order[owner] >= i:
-                    raise IRVerifyError(f"{user.name}: operand %{v.name_hint or '?'} is used before the op that "
-                                        f"defines it ({owner.name})", op=user, location=location_of(user))
+def _verify_defined_before_use(op: Operation, pending: set) -> None:
+    """Within a block, a value is used only after the op defining it, by the ops that follow and
+    everything nested in them (xDSL does not check dominance: a mutant whose ops used each
+    other's results in a cycle passed verification and failed inside lower-schedule-to-tile with
+    a KeyError).  One walk: ``pending`` holds the ops of every enclosing block not yet passed
+    (an op's own results are pending inside its regions)."""
+    for v in op.operands:
+        owner = getattr(v, "op", None)
+        if owner in pending:
+            raise IRVerifyError(f"{op.name}: operand %{v.name_hint or '?'} is used before the op that "
+                                f"defines it ({owner.name})", op=op, location=location_of(op))
+    for region in op.regions:
+        for block in region.blocks:
+            inner = list(block.ops)
+            pending.update(inner)
+            for o in inner:
+                _verify_defined_before_use(o, pending)
+                pending.discard(o)
 
 
 def print_ir(op: Operation, *, debuginfo: bool = False) -> str:

@@ -203,10 +203,16 @@ def run_pipeline(module: ModuleOp, passes: Sequence[TesseraPass], *, verify_each
             raise
         except Exception as e:  # noqa: BLE001 - an internal failure becomes a coded error, chained
             raise PassFailedError(f"pass '{p.name}' failed: {type(e).__name__}: {e}") from e
-        if verify_each:
-            verify(module)
         seconds = time.perf_counter() - t0
-        after_text = print_ir(module)
+        try:
+            after_text = print_ir(module)
+        except Exception:  # noqa: BLE001 - IR the printer cannot walk: the verifier says why, coded
+            verify(module)
+            raise
+        if verify_each and after_text != text:   # a pass that changed nothing leaves verified IR
+            t1 = time.perf_counter()
+            verify(module)
+            seconds += time.perf_counter() - t1
         after = census(module)
         rec = PassRecord(p.name, p.spec_text(), p.kind, dict(before), dict(after), after_text != text, seconds)
         run.records.append(rec)
