@@ -56,8 +56,6 @@ class StridedView:
         nothing: any reshape of it is the contiguous view of the new shape."""
         if any(isinstance(d, int) and d == 0 for d in (*self.dims, *new)):
             return StridedView.contiguous(self.arg, new)
-        if self.offset:
-            return None   # (a slice is copied by its own kernel before anything reshapes it)
         old = [(d, s) for d, s in zip(self.dims, self.strides) if d != 1]
         new_nz = [d for d in new if d != 1]
         out: list[D.Dim] = []
@@ -91,6 +89,7 @@ class StridedView:
         it = iter(out)
         for d in new:
             strides.append(0 if d == 1 else next(it))
-        return StridedView(self.arg, tuple(new), tuple(strides))
+        return StridedView(self.arg, tuple(new), tuple(strides), self.offset)
+
 
 

@@ -149,4 +149,12 @@ class FuseAttention(TesseraPass):
                     group = [op]
                     for v in (op.q, op.k, op.v):
                         _operand_views(v, group)
+                    out = op.result
+                    user = next(iter(out.uses)).operation if single_use(out) else None
+                    if isinstance(user, g.TransposeOp) and user.permutation == [0, 2, 1, 3]:
+                        group.append(user)   # heads merged back: the kernel writes [B, S, H, D] directly
+                        out = user.result
+                        user = next(iter(out.uses)).operation if single_use(out) else None
+                    if isinstance(user, g.ReshapeOp):
+                        group.append(user)   # written row-major: a reshape of the result is free
                     outline(group, "attention")

@@ -1,7 +1,8 @@
 """``fuse-matmul-epilogue``: one ``gemm`` group per matmul.
 
 The group takes the matmul, the reshape/transpose ops that only feed its operands
-(they become strides of the packing copies), and the chain of elementwise ops that
+(they become strides of the packing copies) and a slice at the root of that chain (an
+offset), and the chain of elementwise ops that
 follows it while each link has a single use and keeps the matmul's shape: bias and
 residual adds, scaling, activations, and a final cast.  Scalar constants used only
 by the chain come along.
@@ -14,6 +15,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 
 from tessera.ir import graph as g
+from tessera.ir.attrs import ints
 from tessera.ir.strided import StridedView
 from tessera.passes.base import TesseraPass, register
 from tessera.passes.graph.outline import outline, single_use
@@ -27,15 +29,24 @@ def _operand_views(v, group: list) -> None:
     while isinstance(v.owner, (g.ReshapeOp, g.TransposeOp)) and single_use(v):
         chain.append(v.owner)
         v = v.owner.input
+    if isinstance(v.owner, g.SliceOp) and single_use(v):
+        chain.append(v.owner)   # a slice at the root is an offset and strides (q, k, v split from one qkv)
+        v = v.owner.input
     # walk from the source towards the matmul; keep the longest expressible suffix
     view = StridedView.contiguous(0, v.type.dims)
     keep = 0
     for i, op in enumerate(reversed(chain)):
-        view = view.transpose(op.permutation) if isinstance(op, g.TransposeOp) else view.reshape(op.result.type.dims)
+        if isinstance(op, g.SliceOp):
+            view = view.slice(ints(op.starts), ints(op.steps), op.result.type.dims)
+        elif isinstance(op, g.TransposeOp):
+            view = view.transpose(op.permutation)
+        else:
+            view = view.reshape(op.result.type.dims)
         if view is None:
-            # everything from this op towards the source must stay outside; restart from its result
+            # a reshape strides cannot express: everything before it towards the source stays
+            # outside (one copy materialises it contiguously), and the reshape of that copy is free
             view = StridedView.contiguous(0, op.result.type.dims)
-            keep = i + 1
+            keep = i
     group.extend(chain[:len(chain) - keep])
 
 

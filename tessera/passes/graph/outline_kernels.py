@@ -1,5 +1,6 @@
 """``outline-kernels``: every Graph IR op not yet in a group becomes a group of its
-own (reduce, transpose, a slice or a lone reshape as a copy); constants, already copied into
+own (reduce, transpose, a slice or a lone reshape as a copy; a transpose or slice with the
+reshape of its result as one copy); constants, already copied into
 the groups that use them, are dropped, so the function body holds only groups."""
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from xdsl.dialects.builtin import ModuleOp
 from tessera.errors import PassFailedError
 from tessera.ir import graph as g
 from tessera.passes.base import TesseraPass, register
-from tessera.passes.graph.outline import outline
+from tessera.passes.graph.outline import outline, single_use
 from tessera.passes.util import function_blocks
 
 KIND_OF = {g.TransposeOp: "transpose", g.SliceOp: "transpose", g.ConcatOp: "concat", g.ReshapeOp: "elementwise", g.ConstantOp: "elementwise",
@@ -45,8 +46,14 @@ class OutlineKernels(TesseraPass):
         for block in function_blocks(module):
             for op in reversed(list(block.ops)):  # consumers first: they copy constants in
                 if op.dialect_name() == "tessera" and not isinstance(op, (g.FusionOp, g.YieldOp)):
+                    if op.parent is not block:
+                        continue   # taken into a copy kernel with the reshape of its result
                     if isinstance(op, g.ConstantOp) and not op.result.uses:
                         op.detach()
                         op.erase()
+                        continue
+                    src = op.input.owner if isinstance(op, g.ReshapeOp) else None
+                    if isinstance(src, (g.TransposeOp, g.SliceOp)) and src.parent is block and single_use(op.input):
+                        outline([src, op], "transpose")   # the copy is written in order: its reshape is free
                         continue
                     outline([op], _kind(op))

@@ -62,15 +62,24 @@ class AttentionPlan:
     causal: bool
     zero_rows: bool                  # fully-masked rows give 0 (explicit op) rather than NaN (composed form)
     dims: tuple                      # (B, H, SQ, D), (_, HKV, SK, _), DV
+    heads_inner: bool = False        # output written [B, SQ, H, DV] (a transpose(0, 2, 1, 3) of it, fused)
 
 
 def analyse(kop: s.KernelOp) -> AttentionPlan:
     name = kop.sym_name.data
     block = kop.body.block
     att = [o for o in block.ops if isinstance(o, g.AttentionOp)]
-    if len(att) != 1 or list(block.last_op.operands) != [att[0].result]:
+    if len(att) != 1:
         raise illegal(name, "an attention kernel holds one tessera.attention")
     op = att[0]
+    out = list(block.last_op.operands)
+    if len(out) == 1 and isinstance(out[0].owner, g.ReshapeOp):
+        out = [out[0].owner.input]   # the result is written row-major: a reshape of it is the same bytes
+    heads_inner = len(out) == 1 and isinstance(out[0].owner, g.TransposeOp) and out[0].owner.input == op.result \
+        and out[0].owner.permutation == [0, 2, 1, 3]
+    if out != [op.result] and not heads_inner:
+        raise illegal(name, "an attention kernel yields its tessera.attention (or its [B, S, H, D] transpose), "
+                            "reshaped or not")
     qt, kt, vt = op.q.type, op.k.type, op.v.type
     (B, H, SQ, DH), (_, HKV, SK, _), DV = qt.dims, kt.dims, vt.dims[3]
     views = {n: trace_view(v, block) for n, v in (("q", op.q), ("k", op.k), ("v", op.v))}
@@ -85,7 +94,7 @@ def analyse(kop: s.KernelOp) -> AttentionPlan:
     return AttentionPlan(op, views, mask_view, op.mask is not None and isinstance(op.mask.type.element_type,
                                                                                    IntegerType),
                          op.scale.value.data if op.scale is not None else None, bool(op.causal.value.data),
-                         op.masked_rows.data == "zero", ((B, H, SQ, DH), (B, HKV, SK, DH), DV))
+                         op.masked_rows.data == "zero", ((B, H, SQ, DH), (B, HKV, SK, DH), DV), heads_inner)
 
 
 def generate(kop: s.KernelOp):
@@ -139,7 +148,7 @@ def generate(kop: s.KernelOp):
     for d in (B, H, HKV, SQ, SK, DH, DV):
         sig.dim(d)
     for v in list(views.values()) + ([mask_view] if mask_view is not None else []):
-        for st in v.strides:
+        for st in (*v.strides, *v.offset):
             sig.dim(st)
     kf = sig.build()
     b = kf.b
@@ -252,8 +261,11 @@ def generate(kop: s.KernelOp):
         kvh = bi.div(h, bi.max(group, 1))
 
         def off(bb, v, hh, row):
-            return bb.add(bb.add(bb.mul(bidx, kf.size(v.strides[0])), bb.mul(hh, kf.size(v.strides[1]))),
+            base = bb.add(bb.add(bb.mul(bidx, kf.size(v.strides[0])), bb.mul(hh, kf.size(v.strides[1]))),
                           bb.mul(row, kf.size(v.strides[2])))
+            for term in v.offset:   # a sliced q/k/v (a split of a fused qkv projection)
+                base = bb.add(base, kf.size(term))
+            return base
 
         qv, kv_, vv = views["q"], views["k"], views["v"]
 
@@ -417,7 +429,10 @@ def generate(kop: s.KernelOp):
             lr = load(bf, view(bf, ws["l"], F, "l1", (1, 1), r, 0, 0, 1, 1), (1, 1))
             # one division per row, then products (1/0 = inf keeps 0 * inf = NaN for a row with no keys)
             inv = elementwise(bf, "safe_div" if zero_rows else "div", [tile_const(bf, 1.0, F), lr])
-            out_row = bf.mul(bf.add(bf.mul(bf.add(bf.mul(bidx, nH), h), nSQ), bf.add(q0, r)), nDV)
+            if plan.heads_inner:   # [B, SQ, H, DV]
+                out_row = bf.mul(bf.add(bf.mul(bf.add(bf.mul(bidx, nSQ), bf.add(q0, r)), nH), h), nDV)
+            else:                  # [B, H, SQ, DV]
+                out_row = bf.mul(bf.add(bf.mul(bf.add(bf.mul(bidx, nH), h), nSQ), bf.add(q0, r)), nDV)
 
             def chunk(bc, c0, _c3):
                 left = bc.sub(nDV, c0)

@@ -100,7 +100,7 @@ def _broadcast_view(view: StridedView, out_dims: tuple[D.Dim, ...]) -> StridedVi
     for i, (d, od) in enumerate(zip(dims, out_dims)):
         if d == 1 and od != 1:
             strides[i] = 0
-    return StridedView(view.arg, tuple(out_dims), tuple(strides))
+    return StridedView(view.arg, tuple(out_dims), tuple(strides), view.offset)
 
 
 def analyse(kop: s.KernelOp) -> GemmPlan:
@@ -122,7 +122,7 @@ def analyse(kop: s.KernelOp) -> GemmPlan:
     plan = GemmPlan(a, b, batch, m, n, k, mm.lhs.type.element_type, rt.element_type)
     chain: SSAValue = mm.result
     for op in block.ops:
-        if op is mm or isinstance(op, (g.ReshapeOp, g.TransposeOp, g.ConstantOp)) and chain not in op.operands:
+        if op is mm or isinstance(op, (g.ReshapeOp, g.TransposeOp, g.SliceOp, g.ConstantOp)) and chain not in op.operands:
             continue
         if isinstance(op, g.YieldOp):
             if list(op.values) != [chain]:
@@ -505,7 +505,7 @@ def register_sizes(sig: KernelSig, plan: GemmPlan) -> list[StridedView]:
     views = [plan.a, plan.b] + ([plan.c0.view] if plan.c0 else []) + [
         st[2].view for st in plan.epilogue if st[0] == "bin" and isinstance(st[2], Operand)]
     for v in views:
-        for st in v.strides:
+        for st in (*v.strides, *v.offset):
             sig.dim(st)
     return views
 
@@ -520,8 +520,11 @@ def view(bb: Builder, src: SSAValue, elem, space, shape, off, rs, cs, rows, cols
 
 
 def batch_offset_of(bb: Builder, kf: KernelFn, plan: GemmPlan, bidx: SSAValue, v: StridedView) -> SSAValue | int:
-    """Element offset of batch entry ``bidx`` (row-major over the batch dims) in view ``v``."""
+    """Element offset of batch entry ``bidx`` (row-major over the batch dims) in view ``v``, from
+    the buffer's start (a sliced view starts at its offset)."""
     off: SSAValue | int = 0
+    for term in v.offset:
+        off = bb.add(off, kf.size(term))
     rem: SSAValue | int = bidx
     nbatch = len(plan.batch)
     for i in reversed(range(nbatch)):

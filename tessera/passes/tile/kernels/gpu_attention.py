@@ -86,7 +86,7 @@ def generate(kop: s.KernelOp, sel: MmaSelection):
     for d in (B, H, HKV, SQ, SK):
         sig.dim(d)
     for v in list(plan.views.values()) + ([plan.mask_view] if plan.mask_view is not None else []):
-        for st in v.strides:
+        for st in (*v.strides, *v.offset):
             sig.dim(st)
     kf = sig.build()
     b = kf.b
@@ -104,14 +104,17 @@ def generate(kop: s.KernelOp, sel: MmaSelection):
     s_off = b.mul(w, im * BKV)
     p_off = b.mul(w, im * PP)
 
-    def strides(v):
-        return [kf.size(st) for st in v.strides]
+    def strides(v):   # [batch, head, row, col] strides, then the view's offset (a sliced q/k/v)
+        base = 0
+        for term in v.offset:
+            base = b.add(base, kf.size(term))
+        return [kf.size(st) for st in v.strides] + [base]
 
     qv, kv_, vv = plan.views["q"], plan.views["k"], plan.views["v"]
     qs, ks, vs = strides(qv), strides(kv_), strides(vv)
 
     def head_off(bb: Builder, st, hh, row):
-        return bb.add(bb.add(bb.mul(bidx, st[0]), bb.mul(hh, st[1])), bb.mul(row, st[2]))
+        return bb.add(bb.add(bb.add(bb.mul(bidx, st[0]), bb.mul(hh, st[1])), bb.mul(row, st[2])), st[4])
 
     frag_a = t.fragment(rec.shape, elem, f32, "a", sel.a_layout, rec.family)
     frag_b = t.fragment(rec.shape, elem, f32, "b", sel.b_layout, rec.family)
@@ -215,10 +218,13 @@ def generate(kop: s.KernelOp, sel: MmaSelection):
 
     res = b.for_(0, nkb, 1, body, [m0, l0] + o0)
     l_fin = res[1]
-    out_base = b.mul(b.add(b.mul(b.add(b.mul(bidx, nH), h), nSQ), row0), DV)
+    if plan.heads_inner:   # [B, SQ, H, DV]: rows H * DV apart
+        out_base, out_rs = b.mul(b.add(b.mul(b.add(b.mul(bidx, nSQ), row0), nH), h), DV), b.mul(nH, DV)
+    else:                  # [B, H, SQ, DV]
+        out_base, out_rs = b.mul(b.add(b.mul(b.add(b.mul(bidx, nH), h), nSQ), row0), DV), DV
     for jo in range(nvt):
         val = elementwise(b, "safe_div" if plan.zero_rows else "div", [res[2 + jo], l_fin])
-        ov = view(b, buf[out_buf], out_elem, "global", (im, in_), b.add(out_base, jo * in_), DV, 1, rows_left,
+        ov = view(b, buf[out_buf], out_elem, "global", (im, in_), b.add(out_base, jo * in_), out_rs, 1, rows_left,
                   DV - jo * in_)
         b.op(t.StoreOp.create(operands=[val, ov]))
 

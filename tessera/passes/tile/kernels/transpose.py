@@ -1,6 +1,7 @@
 """Transpose kernels: the output is written row by row; the input is read through
 the permuted strides (one element at a time when the permutation moves the last
-axis, a vector per chunk when it keeps it)."""
+axis, a vector per chunk when it keeps it).  A reshape of the copied value that
+strides cannot express is free: the copy is written in row-major order."""
 from __future__ import annotations
 
 from tessera.errors import ScheduleIllegalError
@@ -18,6 +19,10 @@ def generate(kop: s.KernelOp):
     out = block.last_op.operands[0]
     if len(block.last_op.operands) != 1:
         raise ScheduleIllegalError("a transpose kernel yields one tensor")
+    # a reshape of the copied value: the copy is written in row-major order, which is the
+    # reshaped tensor's layout too
+    while isinstance(out.owner, g.ReshapeOp) and trace_view(out, block) is None:
+        out = out.owner.input
     view = trace_view(out, block)
     if view is None:
         raise ScheduleIllegalError("a transpose kernel copies a kernel input seen through transposes/reshapes")
