@@ -6,6 +6,10 @@
 - ``softmax`` over a non-last axis -> transpose, softmax over the last axis, transpose back
 - a reduction over non-contiguous axes -> successive reductions over contiguous runs
 - unused pure Graph IR ops are removed
+- a reshape, or a transpose or slice that keeps the last axis contiguous, with several uses is
+  cloned per use: a view is free, so each consumer can read it through its own strides
+  instead of one copy being materialised for all of them (q in RoPE: ``q * cos`` and both
+  halves of ``rotate_half(q)``)
 """
 from __future__ import annotations
 
@@ -105,6 +109,32 @@ def _runs(axes: list[int]) -> list[list[int]]:
     return runs
 
 
+def _keeps_last_axis(op) -> bool:
+    if isinstance(op, g.TransposeOp):
+        return op.permutation[-1] == len(op.permutation) - 1
+    if isinstance(op, g.SliceOp):
+        return ints(op.steps)[-1] == 1
+    return True   # a reshape: strides over a contiguous source
+
+
+def _split_shared_views(block) -> None:
+    """Clone each multi-use view op (last axis kept) per use, consumers first, so chains of
+    them split all the way down."""
+    for op in reversed(list(block.ops)):
+        if not isinstance(op, (g.ReshapeOp, g.TransposeOp, g.SliceOp)) or not _keeps_last_axis(op):
+            continue
+        uses = list(op.result.uses)
+        for use in uses[1:]:
+            user = use.operation
+            if user.dialect_name() != "tessera":
+                continue   # the function's return: one copy is made for it anyway
+            clone = op.clone()
+            insert_before(op, clone)
+            ops = list(user.operands)
+            ops[use.index] = clone.result
+            user.operands = ops
+
+
 def _is_pure_graph_op(op) -> bool:
     return op.dialect_name() == "tessera" and op.has_trait(Pure)
 
@@ -129,3 +159,4 @@ class Canonicalize(TesseraPass):
                     if o.parent is block and _simplify_once(o):
                         changed = True
                 changed |= erase_dead(block, _is_pure_graph_op)
+            _split_shared_views(block)

@@ -1,7 +1,9 @@
 """``fuse-elementwise``: trees of elementwise ops whose intermediate values have one
 use and the output's shape become one ``elementwise`` group: one loop nest, no
 intermediate tensors.  A single-use slice with a unit step along the last axis feeding
-the tree joins it: the kernel reads the slice's input in place (strides and an offset)."""
+the tree joins it: the kernel reads the slice's input in place (strides and an offset); so
+does a reshape of a kernel input, and one join along the last axis whose operands are such
+trees (computed per column segment: rotate-half in RoPE is one kernel)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,31 +13,88 @@ from xdsl.dialects.builtin import ModuleOp
 
 from tessera.ir import graph as g
 from tessera.ir.attrs import ints
+from tessera.ir.strided import StridedView
 from tessera.passes.base import TesseraPass, register
 from tessera.passes.graph.outline import is_elementwise, outline, single_use
 from tessera.passes.util import function_blocks
 
 
+def _view_chain(v, block) -> list | None:
+    """The single-use reshape/transpose/slice ops between ``v`` and a kernel input (a value no
+    Graph IR op of this block computes), when their composite view reads rows with a unit
+    column stride; else None."""
+    chain, u = [], v
+    while isinstance(u.owner, (g.ReshapeOp, g.TransposeOp, g.SliceOp)) and single_use(u) and u.owner.parent is block:
+        chain.append(u.owner)
+        u = u.owner.input
+    if not chain or isinstance(u.owner, g.GraphOp):
+        return None
+    view = StridedView.contiguous(0, u.type.dims)
+    for op in reversed(chain):
+        if isinstance(op, g.SliceOp):
+            view = view.slice(ints(op.starts), ints(op.steps), op.result.type.dims)
+        elif isinstance(op, g.TransposeOp):
+            view = view.transpose(op.permutation)
+        else:
+            view = view.reshape(op.result.type.dims)
+        if view is None:
+            return None
+    if view.dims and view.strides[-1] != 1 and view.dims[-1] != 1:
+        return None
+    return chain
+
+
 def _grow(op, shape, group: list, block) -> None:
     """Add the tree of producers feeding ``op`` (an explicit work list: a chain of thousands of
-    ops must not recurse once per op)."""
+    ops must not recurse once per op).  One join along the last axis may come in: the trees
+    feeding its operands (of their own shapes) come with it."""
     seen = set(group)
-    work = [op]
+    work = [(op, shape)]
+    joined = any(isinstance(o, g.ConcatOp) for o in group)
     while work:
-        cur = work.pop()
+        cur, shape = work.pop()
         for v in cur.operands:
             p = v.owner
             if getattr(p, "parent", None) is not block:
                 continue
+            chain = _view_chain(v, block) if p not in seen else None
             if isinstance(p, g.ConstantOp) and single_use(v):
                 group.append(p)
+            elif chain:
+                seen.update(chain)   # views of a kernel input, read in place through their strides
+                group.extend(chain)
             elif isinstance(p, g.SliceOp) and single_use(v) and ints(p.steps)[-1] == 1 and p not in seen:
                 seen.add(p)          # read in place: a strided view with an offset (unit column stride)
+                group.append(p)
+            elif (isinstance(p, g.ReshapeOp) and single_use(v) and p not in seen
+                  and not isinstance(p.input.owner, g.GraphOp)):
+                seen.add(p)          # a reshape of a kernel input: its row-major strides, read in place
                 group.append(p)
             elif is_elementwise(p) and single_use(v) and p.results[0].type.dims == shape and p not in seen:
                 seen.add(p)
                 group.append(p)
-                work.append(p)
+                work.append((p, shape))
+            elif (isinstance(p, g.ConcatOp) and not joined and single_use(v) and p not in seen
+                  and p.result.type.dims == shape and p.axis.value.data == len(shape) - 1
+                  and all(isinstance(u.owner, g.SliceOp) and ints(u.owner.steps)[-1] == 1
+                          or is_elementwise(u.owner) or not isinstance(u.owner, g.GraphOp) for u in p.inputs)
+                  and len(set(p.inputs)) == len(p.inputs)):
+                joined = True        # computed per column segment (kernels/elementwise.py)
+                seen.add(p)
+                group.append(p)
+                for u in p.inputs:
+                    q = u.owner
+                    chain = _view_chain(u, block) if q not in seen else None
+                    if chain:
+                        seen.update(chain)
+                        group.extend(chain)
+                    elif isinstance(q, (g.SliceOp,)) and single_use(u) and q not in seen:
+                        seen.add(q)
+                        group.append(q)
+                    elif is_elementwise(q) and single_use(u) and q not in seen:
+                        seen.add(q)
+                        group.append(q)
+                        work.append((q, tuple(u.type.dims)))
 
 
 @register

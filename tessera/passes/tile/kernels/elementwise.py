@@ -3,7 +3,12 @@
 When every input is contiguous in the output's order or a single broadcast value,
 the tensor is walked as one flat array cut into rows of ``FLAT_ROW`` elements
 (so even a [N, 1] output vectorises); otherwise rows follow the output's leading
-dims and each input is addressed per row (see ``rows.py``)."""
+dims and each input is addressed per row (see ``rows.py``).
+
+A join along the last axis inside the group (rotate-half ``concat([-x[..., h:], x[..., :h]])``
+in RoPE) splits each row into its operands' column segments: segment i evaluates the tree
+feeding operand i (its leaves read at the column less the segment's start) and then the rest
+of the group with the join's value taken from it.  Nothing is materialised."""
 from __future__ import annotations
 
 from tessera.errors import ScheduleIllegalError
@@ -28,8 +33,15 @@ def generate(kop: s.KernelOp):
     compute = [o for o in block.ops if o is not yield_op and not isinstance(o, (g.ReshapeOp, g.TransposeOp, g.SliceOp))]
     chunk = R.chunk_of(kop)
     dims = tuple(out_dims) if out_dims else (1,)
+    segments = _segments(kop, compute)
+    if segments:
+        cat, subs = segments
+        inner = {o for sub in subs for o in sub}
+        compute = [o for o in compute if o not in inner and o is not cat]
+        seg_leaves = [R.find_leaves(block, tuple(v.type.dims), sub, extra=(v,)) for v, sub in zip(cat.inputs, subs)]
     leaves = R.find_leaves(block, dims, compute + [yield_op])
-    flat = all(lf.mode in ("contig",) or (lf.mode == "bcast" and lf.col_stride == 0) for lf in leaves.values())
+    flat = not segments and all(lf.mode in ("contig",) or (lf.mode == "bcast" and lf.col_stride == 0)
+                                for lf in leaves.values())
     sig = KernelSig(kop.sym_name.data, reg=register_elem(kop))
     for v in kop.inputs:
         sig.buffer(v.type.element_type)
@@ -39,6 +51,8 @@ def generate(kop: s.KernelOp):
         sig.dim(total)
     else:
         R.register_dims(sig, dims, leaves)
+        for v, lv in zip(cat.inputs, seg_leaves) if segments else ():
+            R.register_dims(sig, tuple(v.type.dims), lv)
     kf = sig.build()
     b = kf.b
     if flat:
@@ -63,19 +77,59 @@ def generate(kop: s.KernelOp):
             offsets = ctx.offsets
             out_off = br.mul(r, C)
 
-        def col_body(bc, c, _c2):
-            left = bc.sub(row_len, c)
+        def col_body(bc, c, end, seg=None):
+            left = bc.sub(end, c)
             vals = {v: R.load_leaf(kf, bc, lf, offsets[v], c, left, chunk) for v, lf in leaves.items()}
+            if seg is not None:   # this segment's operand of the join, from its own leaves
+                i, start, sub_offsets = seg
+                cs = bc.sub(c, start)
+                sub = {v: R.load_leaf(kf, bc, lf, sub_offsets[v], cs, left, chunk)
+                       for v, lf in seg_leaves[i].items()}
+                R.emit_ops(bc, subs[i], sub, kf.reg)
+                vals[cat.result] = sub[cat.inputs[i]]
             R.emit_ops(bc, compute, vals, kf.reg)
             for o, bi in zip(outs, out_bufs):
                 R.store_row(kf, bc, bi, o.type.element_type, vals[o], bc.add(out_off, c), left, chunk, stream)
             return []
 
-        br.for_(0, row_len, chunk, col_body)
+        if not segments:
+            br.for_(0, row_len, chunk, lambda bc, c, _c2: col_body(bc, c, row_len))
+            return []
+        start = 0
+        for i, v in enumerate(cat.inputs):
+            end = start + v.type.dims[-1]
+            so = R.RowCtx(kf, br, r, tuple(v.type.dims), seg_leaves[i]).offsets
+            br.for_(start, end, chunk, lambda bc, c, _c2, i=i, start=start, end=end, so=so:
+                    col_body(bc, c, end, (i, start, so)))
+            start = end
         return []
 
     R.for_rows(kf, b, nrows, row_body)
     return kf.finish(), sig.dims, 0, []
+
+
+def _segments(kop: s.KernelOp, compute: list):
+    """The group's join along the last axis and, per operand, the ops computing it (in block
+    order), or None without a join."""
+    cats = [o for o in compute if isinstance(o, g.ConcatOp)]
+    if not cats:
+        return None
+    cat = cats[0]
+    if len(cats) > 1 or cat.axis.value.data != cat.result.type.rank - 1:
+        raise ScheduleIllegalError(f"kernel {kop.sym_name.data}: an elementwise kernel holds at most one join, "
+                                   "along the last axis")
+    index = {o: i for i, o in enumerate(compute)}
+    subs = []
+    for v in cat.inputs:
+        need, work = set(), [v]
+        while work:
+            u = work.pop()
+            o = getattr(u, "owner", None)
+            if o in index and o not in need:
+                need.add(o)
+                work.extend(o.operands)
+        subs.append(sorted(need, key=index.__getitem__))
+    return cat, subs
 
 
 __all__ = ["generate", "StridedView"]

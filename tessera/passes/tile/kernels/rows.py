@@ -72,18 +72,18 @@ def classify(view: StridedView, dims: tuple[D.Dim, ...]) -> tuple[str, int]:
     return "general", int(cs)
 
 
-def find_leaves(block: Block, dims: tuple[D.Dim, ...], compute_ops) -> dict[SSAValue, Leaf]:
-    """Every operand of ``compute_ops`` that traces to a kernel input."""
+def find_leaves(block: Block, dims: tuple[D.Dim, ...], compute_ops, extra=()) -> dict[SSAValue, Leaf]:
+    """Every operand of ``compute_ops`` (and value of ``extra``) that traces to a kernel input."""
     leaves: dict[SSAValue, Leaf] = {}
-    for op in compute_ops:
-        for v in op.operands:
+    for op, operands in [(op, op.operands) for op in compute_ops] + [(None, tuple(extra))]:
+        for v in operands:
             if v in leaves or (not isinstance(v, BlockArgument) and not isinstance(v.owner, (g.ReshapeOp,
                                                                                             g.TransposeOp,
                                                                                             g.SliceOp))):
                 continue
             view = trace_view(v, block)
             if view is None:
-                raise ScheduleIllegalError(f"operand of {op.name} is not a kernel input view")
+                raise ScheduleIllegalError(f"operand of {op.name if op else 'a join'} is not a kernel input view")
             bv = broadcast_to(view, dims)
             mode, cs = classify(bv, dims)
             leaves[v] = Leaf(v, bv, mode, cs, v.type.element_type)
