@@ -13,6 +13,7 @@ from tessera import dtypes, errors
 from tessera.errors import RecompileWarning, TesseraError
 from tessera.frontend import ops
 from tessera.frontend.jit import Artifact, JitFunction, compile, explain, jit
+from tessera.frontend.profile import profile
 from tessera.runtime.lanes import LOG as lane_log
 from tessera.runtime.threads import get_num_threads, set_num_threads
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+import time
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -172,6 +173,10 @@ def bind_symbols(types: list[TensorSpec], arrays: list[np.ndarray]) -> dict[str,
 
 
 CHECK_MEMORY_ABOVE = 64 << 20
+
+# ``tessera.profile``: while set, every kernel launch's seconds are appended to it as
+# (kernel name, seconds) (one attribute read per launch otherwise)
+STEP_TIMES: list | None = None
 _EVAL_CACHE: dict = {}
 
 
@@ -382,10 +387,15 @@ class CpuExecutable:
                 words[k] = data_address(a)
                 k += 1
             ps.team_header.fill(0)   # barrier words and the work counter
+            timed = STEP_TIMES
+            if timed is not None:
+                t0 = time.perf_counter()
             if ps.nthreads == 1:
                 call(ps.words_addr, 0)
             else:
                 workers.pool(ps.nthreads - 1).run(self.entries[s.kernel], ps.words_addr, ps.nthreads, call)
+            if timed is not None:
+                timed.append((s.kernel, time.perf_counter() - t0))
         return [self._fresh(vals[i]) if i < self._ninputs else vals[i] for i in prog.results]
 
     @staticmethod
