@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from tessera.frontend import rowops
 from tessera.frontend.trace import TraceGraph
 
 _erf = np.frompyfunc(math.erf, 1, 1)
@@ -134,6 +135,9 @@ def evaluate(graph: TraceGraph, arrays: list[np.ndarray]) -> list[np.ndarray]:
                             n.attrs["causal"], n.attrs["masked_rows"])
         elif op == "cast":
             r = x[0].astype(n.dtype).astype(np.float64)
+        elif op in rowops.REFERENCE:
+            with np.errstate(all="ignore"):
+                r = rowops.REFERENCE[op](x, n)
         else:
             raise NotImplementedError(op)
         vals[id(n)] = np.asarray(r, dtype=np.float64).reshape(n.shape)

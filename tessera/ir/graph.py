@@ -829,6 +829,10 @@ ELEMENTWISE_UNARY = (NegOp, ExpOp, TanhOp, ErfOp, ReluOp, SiluOp, GeluOp, SqrtOp
 ELEMENTWISE_BINARY = (AddOp, SubOp, MulOp, DivOp, MaximumOp, MinimumOp)
 REDUCTIONS = (ReduceSumOp, ReduceMaxOp, ReduceMeanOp)
 ROWWISE = (SoftmaxOp, LayerNormOp, RmsNormOp)
+# reductions, scans and the log-row ops live in graph_rows.py (it imports the classes above)
+from tessera.ir.graph_rows import ROW_LOG, ROWS_OPS, SCANS, ReduceProdOp  # noqa: E402
+REDUCTIONS = REDUCTIONS + (ReduceProdOp,)
+ROWWISE = ROWWISE + ROW_LOG
 
 Graph = Dialect(
     "tessera",
@@ -836,7 +840,8 @@ Graph = Dialect(
      SoftmaxOp, LayerNormOp, RmsNormOp, ReduceSumOp, ReduceMaxOp, ReduceMeanOp, TransposeOp, ReshapeOp,
      SliceOp, ConcatOp, CastOp, ConstantOp, AttentionOp, FusionOp, YieldOp, MinimumOp,
      LogOp, Log1pOp, Exp2Op, Expm1Op, SinOp, CosOp, SigmoidOp, AbsOp, SignOp, RsqrtOp, ReciprocalOp, FloorOp, CeilOp,
-     RoundOp, SquareOp],
+     RoundOp, SquareOp]
+    + ROWS_OPS,
     [TensorType],
 )
 

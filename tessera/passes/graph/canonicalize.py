@@ -118,7 +118,8 @@ class Canonicalize(TesseraPass):
     kind = "graph-transform"
     consumes = ("tessera.*",)
     produces = ("tessera.transpose", "tessera.softmax", "tessera.reshape", "tessera.reduce_sum", "tessera.reduce_max",
-                "tessera.reduce_mean")
+                "tessera.reduce_mean",
+                "tessera.reduce_prod")
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for block in function_blocks(op):

@@ -57,6 +57,9 @@ def generate(kop: s.KernelOp):
     block = kop.body.block
     yield_op = block.last_op
     prologue, norm, epilogue = _split(block)
+    if isinstance(norm, g.ROW_LOG):   # logsumexp / log_softmax: kernels/logrows.py
+        from tessera.passes.tile.kernels import logrows
+        return logrows.generate(kop, prologue, norm, epilogue)
     x = norm.input
     dims = tuple(x.type.dims)
     outs = list(yield_op.operands)

@@ -1,0 +1,131 @@
+"""Reductions, scans and log-row ops of ``tessera.ops`` (re-exported there): ``logsumexp``,
+``log_softmax``, ``cumsum``, ``cumprod``, ``prod``.
+
+Each is one Graph IR op (``ir/graph_rows.py``) with its float64 numpy reference here
+(``REFERENCE``, read by ``frontend/reference.py``) and its IR builder (``MAKE``, read by
+``frontend/graphgen.py``).  ``logsumexp`` / ``log_softmax`` over an axis other than the last
+are traced between transposes (a copy kernel moves the axis last, then the row kernel runs);
+a scan walks its axis in place.
+"""
+from __future__ import annotations
+
+import numpy as np
+from xdsl.dialects.builtin import BoolAttr, i1
+
+from tessera.errors import RankMismatchError
+from tessera.frontend import ops
+from tessera.frontend.layout import expand_dims, moveaxis, swapaxes
+from tessera.frontend.trace import Tensor, _err, add_node, normalize_axis, require_float
+from tessera.ir import graph as g
+from tessera.ir.attrs import i64_attr
+
+
+def _row_op_input(x, what: str) -> Tensor:
+    x = ops._t(x, what)
+    require_float(x, what)
+    if x.ndim == 0:
+        raise _err(RankMismatchError, f"{what} needs rank >= 1")
+    return x
+
+
+def logsumexp(x, axis: int = -1, keepdims: bool = False) -> Tensor:
+    """``log(sum(exp(x), axis))`` without overflow: ``m + log(sum(exp(x - m)))``, m the maximum
+    along ``axis`` (0 where that is +-inf or NaN, as ``scipy.special.logsumexp``: an all -inf
+    row gives -inf, a +inf entry +inf, a NaN NaN).  One row kernel over the last axis (elementwise
+    producers fused as it reads); another axis is moved last by a copy first."""
+    x = _row_op_input(x, "logsumexp")
+    if isinstance(axis, (tuple, list)):
+        raise _err(RankMismatchError, "logsumexp: axis must be one integer (a tuple of axes is not supported)")
+    ax = normalize_axis(axis, x.ndim, "logsumexp")
+    if ax != x.ndim - 1:
+        x = moveaxis(x, ax, -1)
+    r = add_node("logsumexp", [x._node], {"keepdims": False}, x.shape[:-1], x.dtype)
+    return expand_dims(r, ax) if keepdims else r
+
+
+def log_softmax(x, axis: int = -1) -> Tensor:
+    """``x - logsumexp(x, axis, keepdims=True)`` as one row kernel (max, sum of exp(x - max), then
+    x - max - log(sum) as the row is written, with its elementwise consumers fused).  An all -inf
+    row gives NaN, as scipy's and torch's."""
+    x = _row_op_input(x, "log_softmax")
+    ax = normalize_axis(axis, x.ndim, "log_softmax")
+    if ax != x.ndim - 1:
+        return swapaxes(log_softmax(swapaxes(x, ax, -1)), ax, -1)
+    return add_node("log_softmax", [x._node], {}, x.shape, x.dtype)
+
+
+def _scan(op: str, x, axis) -> Tensor:
+    x = _row_op_input(x, op)
+    if axis is None:   # numpy: the flattened array
+        x = ops.reshape(x, (x.size,))
+        axis = 0
+    ax = normalize_axis(axis, x.ndim, op)
+    return add_node(op, [x._node], {"axis": ax}, x.shape, x.dtype)
+
+
+def cumsum(x, axis=None) -> Tensor:
+    """Running sum along ``axis`` (None: of the flattened array, as numpy), in order along the axis.
+    bf16/f16 accumulate in f32 registers and round each output once; f32 in f32 (numpy's order, so
+    numpy's result), f64 in f64."""
+    return _scan("cumsum", x, axis)
+
+
+def cumprod(x, axis=None) -> Tensor:
+    """Running product along ``axis``; accumulation as ``cumsum``."""
+    return _scan("cumprod", x, axis)
+
+
+def prod(x, axis=None, keepdims: bool = False) -> Tensor:
+    """Product over ``axis`` (None: all axes); an empty product is 1.  Accumulates in f32 for
+    bf16/f16 (per-lane partial products combined in a fixed tree, like ``reduce_sum``)."""
+    return ops._reduce("reduce_prod", x, axis, keepdims)
+
+
+# ----------------------------------------------------------------------------- float64 references
+def _lse64(v: np.ndarray, keepdims: bool) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        m = np.max(v, axis=-1, keepdims=True) if v.shape[-1] else np.zeros(v.shape[:-1] + (1,))
+        m = np.where(np.isfinite(m), m, 0.0)
+        r = np.log(np.sum(np.exp(v - m), axis=-1, keepdims=True)) + m
+    return r if keepdims else r[..., 0]
+
+
+def _log_softmax64(v: np.ndarray) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        m = np.max(v, axis=-1, keepdims=True)
+        m = np.where(np.isfinite(m), m, 0.0)
+        return (v - m) - np.log(np.sum(np.exp(v - m), axis=-1, keepdims=True))
+
+
+REFERENCE = {
+    "logsumexp": lambda x, n: _lse64(x[0], n.attrs["keepdims"]),
+    "log_softmax": lambda x, n: _log_softmax64(x[0]),
+    "cumsum": lambda x, n: np.cumsum(x[0], axis=n.attrs["axis"]),
+    "cumprod": lambda x, n: np.cumprod(x[0], axis=n.attrs["axis"]),
+    "reduce_prod": lambda x, n: np.prod(x[0], axis=n.attrs["axes"], keepdims=n.attrs["keepdims"]),
+}
+
+
+# ----------------------------------------------------------------------------- Graph IR builders
+def _mk(cls, **attrs):
+    return lambda n, operands, T: cls.create(operands=operands, result_types=[T],
+                                             attributes={k: f(n) for k, f in attrs.items()})
+
+
+MAKE = {
+    "logsumexp": _mk(g.ROW_LOG[0], keepdims=lambda n: BoolAttr(n.attrs["keepdims"], i1)),
+    "log_softmax": _mk(g.ROW_LOG[1]),
+    "cumsum": _mk(g.SCANS[0], axis=lambda n: i64_attr(n.attrs["axis"])),
+    "cumprod": _mk(g.SCANS[1], axis=lambda n: i64_attr(n.attrs["axis"])),
+}
+
+
+def infer_dims(n, ins: list) -> list | None:
+    """The symbolic dims of node ``n`` from its inputs' (graphgen), or None for ops that keep their
+    input's dims."""
+    if n.op == "logsumexp":
+        return list(ins[0][:-1]) + ([1] if n.attrs["keepdims"] else [])
+    return None
+
+
+__all__ = ["logsumexp", "log_softmax", "cumsum", "cumprod", "prod"]

@@ -1,0 +1,106 @@
+"""Graph IR ops of the reduction, scan and loss family (``tessera`` dialect, imported by
+``graph.py`` into the dialect): ``logsumexp`` and ``log_softmax`` (row kernels over the last
+axis), ``cumsum`` / ``cumprod`` (a scan along any axis), ``reduce_prod``.
+
+The tracer puts a ``logsumexp`` / ``log_softmax`` over another axis between transposes, so these
+ops only ever name the last axis; a scan keeps its axis (the kernel walks it in place).
+"""
+from __future__ import annotations
+
+from typing import ClassVar
+
+from xdsl.dialects.builtin import BoolAttr, IntegerAttr
+from xdsl.irdl import attr_def, irdl_op_definition, operand_def, result_def, traits_def
+from xdsl.traits import Pure
+
+from tessera.errors import GraphRankError
+from tessera.ir.attrs import ival
+from tessera.ir.graph import (
+    _FMT1,
+    GraphOp,
+    TensorType,
+    _operand_tensor,
+    _Reduce,
+    _require_float,
+    _Unary,
+    normalize_axis,
+)
+
+
+def _row_input(op) -> TensorType:
+    t = _operand_tensor(op.name, op.input)
+    _require_float(op.name, t.element_type)
+    if t.rank < 1:
+        raise GraphRankError(f"{op.name} needs rank >= 1")
+    return t
+
+
+@irdl_op_definition
+class LogSumExpOp(GraphOp):
+    """``log(sum(exp(x)))`` over the last axis, computed as ``m + log(sum(exp(x - m)))`` with m the
+    row's maximum (0 where that is not finite, as scipy): [..., C] -> [...] (or [..., 1])."""
+
+    name = "tessera.logsumexp"
+    input = operand_def(TensorType)
+    result = result_def(TensorType)
+    keepdims = attr_def(BoolAttr)
+    traits = traits_def(Pure())
+    assembly_format = _FMT1
+
+    def infer_result_type(self) -> TensorType:
+        t = _row_input(self)
+        dims = list(t.dims[:-1]) + ([1] if self.keepdims.value.data else [])
+        return TensorType.of(dims, t.element_type)
+
+
+@irdl_op_definition
+class LogSoftmaxOp(_Unary):
+    """``x - logsumexp(x)`` over the last axis (one row kernel)."""
+
+    name = "tessera.log_softmax"
+
+    def infer_result_type(self) -> TensorType:
+        return _row_input(self)
+
+
+class _Scan(GraphOp):
+    input = operand_def(TensorType)
+    result = result_def(TensorType)
+    axis = attr_def(IntegerAttr)
+    traits = traits_def(Pure())
+    assembly_format = _FMT1
+    KIND: ClassVar[str] = ""
+
+    def infer_result_type(self) -> TensorType:
+        t = _row_input(self)
+        normalize_axis(ival(self.axis), t.rank, self.name)
+        return t
+
+
+@irdl_op_definition
+class CumsumOp(_Scan):
+    """Running sum along ``axis`` (f32 accumulation for bf16/f16, f64 for f64)."""
+
+    name = "tessera.cumsum"
+    KIND: ClassVar[str] = "add"
+
+
+@irdl_op_definition
+class CumprodOp(_Scan):
+    """Running product along ``axis`` (f32 accumulation for bf16/f16, f64 for f64)."""
+
+    name = "tessera.cumprod"
+    KIND: ClassVar[str] = "mul"
+
+
+@irdl_op_definition
+class ReduceProdOp(_Reduce):
+    name = "tessera.reduce_prod"
+    KIND: ClassVar[str] = "prod"
+
+
+SCANS = (CumsumOp, CumprodOp)
+ROW_LOG = (LogSumExpOp, LogSoftmaxOp)
+ROWS_OPS = [LogSumExpOp, LogSoftmaxOp, CumsumOp, CumprodOp, ReduceProdOp]
+
+__all__ = ["LogSumExpOp", "LogSoftmaxOp", "CumsumOp", "CumprodOp", "ReduceProdOp", "SCANS", "ROW_LOG", "ROWS_OPS"]

@@ -1,0 +1,127 @@
+"""Row kernels of ``logsumexp`` and ``log_softmax`` over the last axis (a ``rowwise`` group whose
+row op is one of ``graph.ROW_LOG``; ``rowwise.generate`` hands it here).
+
+Per row, each pass reading x through the fused elementwise prologue:
+
+  pass 1: m = the row's maximum (select_max per lane, masked tail = -inf), then the shift
+          s = min(max(m, -MAX), MAX) with MAX the register type's largest finite value: a finite
+          m is kept, an all -inf row shifts by -MAX (x - s = -inf, exp 0, sum 0: log gives -inf)
+          and a +inf entry by MAX (exp(inf) = inf: the sum is inf), which is scipy's result where
+          it shifts by 0 instead; a NaN maximum stays NaN (the row is NaN).  A NaN select_max drops
+          reaches the sum.
+  pass 2: sum of exp(x - s) (``exp``: x - s exceeds 88.7 only on a +inf entry, which must give inf)
+  logsumexp:   one value per row, s + log(sum), stored at the row's index
+  log_softmax: pass 3 writes (x - s) - log(sum) through the elementwise epilogue.
+
+Sums are per-lane partial sums in a [1, chunk] tile reduced once per row in a fixed order; bf16 /
+f16 inputs compute in f32 registers, f64 in f64.
+"""
+from __future__ import annotations
+
+from xdsl.dialects.builtin import StringAttr, f64
+
+from tessera.errors import ScheduleIllegalError
+from tessera.ir import graph as g
+from tessera.ir import tile as t
+from tessera.ir.attrs import i64_attr
+from tessera.passes.tile.kernels import rows as R
+from tessera.passes.tile.kernels.common import KernelSig, elementwise, mask_cols, splat_row, tile_const
+from tessera.passes.util import register_elem
+
+F32_MAX = 3.4028234663852886e38
+F64_MAX = 1.7976931348623157e308
+
+
+def _reduce(b, kind: str, tile_v):
+    op = t.ReduceOp.create(operands=[tile_v], attributes={"kind": StringAttr(kind), "axis": i64_attr(1)},
+                           result_types=[t.tile_type(1, 1, tile_v.type.element_type)])
+    b.op(op)
+    return op.result
+
+
+def generate(kop, prologue, op, epilogue):
+    block = kop.body.block
+    yield_op = block.last_op
+    x = op.input
+    dims = tuple(x.type.dims)
+    lse = isinstance(op, g.ROW_LOG[0])
+    outs = list(yield_op.operands)
+    want = tuple(op.result.type.dims) if lse else dims
+    if len(outs) != 1 or outs[0].type.dims != want or (lse and epilogue):
+        raise ScheduleIllegalError(f"kernel {kop.sym_name.data}: a {op.name} kernel yields one result of its "
+                                   "row op's shape (logsumexp: no epilogue)")
+    out = outs[0]
+    chunk = R.chunk_of(kop)
+    leaves = R.find_leaves(block, dims, prologue + epilogue + ([op] if not prologue else []) + [yield_op])
+    leaves.pop(op.result, None)
+    sig = KernelSig(kop.sym_name.data, reg=register_elem(kop))
+    for v in kop.inputs:
+        sig.buffer(v.type.element_type)
+    out_buf = sig.buffer(out.type.element_type)
+    R.register_dims(sig, dims, leaves)
+    kf = sig.build()
+    b = kf.b
+    C = kf.size(dims[-1])
+    reg = kf.reg
+    big = F64_MAX if reg == f64 else F32_MAX
+    nrows = 1
+    for d in dims[:-1]:
+        nrows = b.mul(nrows, kf.size(d))
+    stream = R.stream_flag(b, b.mul(nrows, C))
+    pro_leaves = [v for v in leaves if v == x or any(v in o.operands for o in prologue)]
+    epi_leaves = [v for v in leaves if any(v in o.operands for o in epilogue + [yield_op])]
+
+    def x_chunk(bc, ctx, c, pad: float = 0.0):
+        left = bc.sub(C, c)
+        vals = {v: R.load_leaf(kf, bc, leaves[v], ctx.offsets[v], c, left, chunk, pad if v == x else None)
+                for v in pro_leaves}
+        R.emit_ops(bc, prologue, vals, reg)
+        xv = vals[x]
+        if xv.type.dims != (1, chunk):
+            xv = R._widen(bc, xv, chunk)
+        return xv, left
+
+    def row_step(br, r, _c):
+        ctx = R.RowCtx(kf, br, r, dims, leaves)
+        nxt = R.RowCtx(kf, br, br.add(r, 2), dims, leaves).offsets
+
+        def max_body(bc, c, carried):
+            xv, left = x_chunk(bc, ctx, c, float("-inf"))
+            xv = mask_cols(bc, xv, left, float("-inf"))
+            return [elementwise(bc, "select_max", [carried[0], xv])]
+
+        mx = _reduce(br, "max", br.for_(0, C, chunk, max_body, [splat_row(br, chunk, float("-inf"), reg)])[0])
+        shift = elementwise(br, "min", [elementwise(br, "max", [mx, tile_const(br, -big, reg)]),
+                                        tile_const(br, big, reg)])
+
+        def sum_body(bc, c, carried):
+            R.prefetch_leaves(kf, bc, leaves, nxt, c, chunk)
+            xv, left = x_chunk(bc, ctx, c)
+            e = mask_cols(bc, elementwise(bc, "exp", [elementwise(bc, "sub", [xv, shift])]), left, 0.0)
+            return [elementwise(bc, "add", [carried[0], e])]
+
+        ssum = _reduce(br, "add", br.for_(0, C, chunk, sum_body, [splat_row(br, chunk, 0.0, reg)])[0])
+        log_sum = elementwise(br, "log", [ssum])
+        if lse:
+            res = elementwise(br, "add", [log_sum, shift])
+            view = t.ViewOp.create(operands=[kf.buffer_args[out_buf], br.c(r), br.c(0), br.c(1), br.c(1), br.c(1)],
+                                   result_types=[t.view_type(1, 1, out.type.element_type, "global")])
+            br.op(view)
+            br.op(t.StoreOp.create(operands=[res, view.result]))
+            return []
+
+        def write(bc, c, _c2):
+            xv, left = x_chunk(bc, ctx, c)
+            y = elementwise(bc, "sub", [elementwise(bc, "sub", [xv, shift]), log_sum])
+            vals = {v: R.load_leaf(kf, bc, leaves[v], ctx.offsets[v], c, left, chunk) for v in epi_leaves}
+            vals[op.result] = y
+            R.emit_ops(bc, epilogue, vals, reg)
+            R.store_row(kf, bc, out_buf, out.type.element_type, vals[out], bc.add(bc.mul(r, C), c), left, chunk,
+                        stream)
+            return []
+
+        br.for_(0, C, chunk, write)
+        return []
+
+    R.for_rows(kf, b, nrows, row_step)
+    return kf.finish(), sig.dims, 0, []

@@ -1,0 +1,135 @@
+"""logsumexp / log_softmax (row kernels), cumsum / cumprod (scans), prod: float64 numpy oracles on
+fresh random data (odd row lengths, large magnitudes, -inf / +inf / NaN rows), planted bugs, coded
+refusals, and the GPU lanes' refusal by op name."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera.errors import RankMismatchError, ScheduleIllegalError, TesseraError
+
+BF16 = ml_dtypes.bfloat16
+
+
+# ----------------------------------------------------------------------------- float64 oracles
+def lse64(x, axis=-1, keepdims=False):
+    x = np.asarray(x, np.float64)
+    with np.errstate(all="ignore"):
+        m = np.max(x, axis=axis, keepdims=True)
+        m = np.where(np.isfinite(m), m, 0.0)
+        r = np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True)) + m
+    return r if keepdims else np.squeeze(r, axis)
+
+
+def log_softmax64(x, axis=-1):
+    x = np.asarray(x, np.float64)
+    with np.errstate(all="ignore"):
+        m = np.max(x, axis=axis, keepdims=True)
+        m = np.where(np.isfinite(m), m, 0.0)
+        return (x - m) - np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True))
+
+
+def close(got, want, tol):
+    got = np.asarray(got, np.float64)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    same_special = (np.isnan(got) == np.isnan(want)).all() and \
+        (got[np.isinf(want)] == want[np.isinf(want)]).all() and not np.isinf(got[np.isfinite(want)]).any()
+    fin = np.isfinite(want)
+    err = np.max(np.abs(got[fin] - want[fin]) / (1 + np.abs(want[fin])), initial=0.0)
+    return same_special and err <= tol, err
+
+
+# one compiled function per distinct form, shared by the parametrizations
+LSE = ts.jit(lambda x: ts.ops.logsumexp(x * 2.0))                    # a fused prologue
+LSM = ts.jit(lambda x: ts.ops.log_softmax(x * 2.0) + 1.0)            # prologue and epilogue
+TOL = {np.float32: 4e-6, np.float64: 1e-13}
+
+
+def _rows(rng, shape, dtype, scale=40.0):
+    return (rng.standard_normal(shape) * scale).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_logsumexp_and_log_softmax_match_float64(rng, dtype):
+    x = _rows(rng, (9, 37), dtype)     # |2x| up to ~300: exp(x) overflows f32 without the shift
+    ok, err = close(LSE(x), lse64(2.0 * x.astype(np.float64)), TOL[dtype])
+    assert ok, err
+    ok, err = close(LSM(x), log_softmax64(2.0 * x.astype(np.float64)) + 1.0, TOL[dtype])
+    assert ok, err
+
+
+def test_special_rows_follow_scipy(rng):
+    x = _rows(rng, (6, 21), np.float32)
+    x[0, :] = -np.inf                  # all -inf: lse -inf, log_softmax NaN
+    x[1, 5] = np.inf                   # +inf: lse +inf
+    x[2, 7] = np.nan                   # NaN row
+    x[3, ::2] = -np.inf                # some -inf entries: weight 0
+    x[4, -1] = np.nan                  # NaN in the masked tail's vector
+    want_l, want_s = lse64(2.0 * x.astype(np.float64)), log_softmax64(2.0 * x.astype(np.float64)) + 1.0
+    assert np.isneginf(want_l[0]) and np.isposinf(want_l[1]) and np.isnan(want_l[2])
+    ok, err = close(LSE(x), want_l, TOL[np.float32])
+    assert ok, (LSE(x), want_l)
+    ok, err = close(LSM(x), want_s, TOL[np.float32])
+    assert ok, (LSM(x)[:5], want_s[:5])
+
+
+def test_other_axes_keepdims_and_fusion(rng):
+    x = _rows(rng, (3, 13, 5), np.float32, 10.0)
+    f = ts.jit(lambda a: ts.ops.logsumexp(a, axis=1, keepdims=True))
+    ok, err = close(f(x), lse64(x, 1, True), TOL[np.float32])
+    assert ok, err
+    g = ts.jit(lambda a: ts.ops.log_softmax(a, axis=0))
+    ok, err = close(g(x), log_softmax64(x, 0), TOL[np.float32])
+    assert ok, err
+    # the last axis: one row kernel with the prologue and epilogue in it
+    assert [k["kind"] for k in ts.explain(LSM, x[0]).kernels] == ["rowwise"]
+    assert [k["kind"] for k in ts.explain(LSE, x[0]).kernels] == ["rowwise"]
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.float16])
+def test_narrow_floats_compute_in_f32(rng, dtype):
+    x = _rows(rng, (5, 19), dtype, 8.0)
+    f = ts.jit(lambda a: ts.ops.logsumexp(a))
+    got = f(x)
+    assert got.dtype == dtype
+    ok, err = close(got, lse64(x.astype(np.float64)), 2 * float(np.finfo(dtype).eps))
+    assert ok, err
+
+
+def test_plant_without_max_shift_overflows(rng, monkeypatch):
+    """With the shift forced to 0 (the max subtraction dropped), exp overflows on these rows."""
+    from tessera.passes.tile.kernels import logrows
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    monkeypatch.setattr(logrows, "F32_MAX", 0.0)
+    x = _rows(rng, (4, 33), np.float32)
+    ok, _ = close(ts.jit(lambda a: ts.ops.logsumexp(a * 2.0))(x), lse64(2.0 * x.astype(np.float64)), 4e-6)
+    assert not ok
+
+
+def test_bad_axis_is_coded(rng):
+    x = _rows(rng, (4, 5), np.float32)
+    for fn in (lambda a: ts.ops.logsumexp(a, axis=2), lambda a: ts.ops.log_softmax(a, axis=-3),
+               lambda a: ts.ops.logsumexp(a, axis=(0, 1))):
+        with pytest.raises(RankMismatchError) as e:
+            ts.jit(fn)(x)
+        assert e.value.code == "RANK_MISMATCH"
+
+
+@pytest.mark.parametrize("name", ["logsumexp", "log_softmax"])
+def test_gpu_lanes_refuse_by_op_name(rng, name):
+    x = _rows(rng, (8, 16), np.float32)
+    for target, arch in (("nvidia", "sm_90"), ("rocm", "gfx1151")):
+        with pytest.raises(ScheduleIllegalError, match=rf"tessera\.{name}\).*{target} lane"):
+            ts.compile(getattr(ts.ops, name), x, target=target, arch=arch)
+
+
+def test_reference_lane_evaluates_the_new_ops(rng):
+    from tessera.frontend.reference import evaluate
+    from tessera.frontend.trace import trace
+    x = _rows(rng, (4, 9), np.float64, 30.0)
+    x[0] = -np.inf
+    got = evaluate(trace(lambda a: ts.ops.log_softmax(a) + ts.ops.logsumexp(a, keepdims=True), [x], [True]), [x])[0]
+    want = log_softmax64(x) + lse64(x, -1, True)
+    assert close(got, want, 1e-15)[0]
