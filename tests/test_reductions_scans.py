@@ -133,3 +133,97 @@ def test_reference_lane_evaluates_the_new_ops(rng):
     got = evaluate(trace(lambda a: ts.ops.log_softmax(a) + ts.ops.logsumexp(a, keepdims=True), [x], [True]), [x])[0]
     want = log_softmax64(x) + lse64(x, -1, True)
     assert close(got, want, 1e-15)[0]
+
+
+# ----------------------------------------------------------------------------- scans and prod
+SCAN = {(name, ax): ts.jit(lambda a, name=name, ax=ax: getattr(ts.ops, name)(a, ax))
+        for name in ("cumsum", "cumprod") for ax in (0, 1, 2, None)}
+NP_SCAN = {"cumsum": np.cumsum, "cumprod": np.cumprod}
+
+
+def _scan_input(rng, dtype, shape=(3, 37, 5), nan=True):
+    """Magnitudes around 1 with random signs (products neither vanish nor overflow), one NaN."""
+    x = rng.uniform(0.6, 1.6, shape) * rng.choice([-1.0, 1.0], shape)
+    if nan:
+        x.flat[x.size // 2 + 3] = np.nan
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", ["cumsum", "cumprod"])
+def test_scans_match_float64_along_every_axis(rng, dtype, name):
+    x = _scan_input(rng, dtype)
+    for ax in (0, 1, 2, None):
+        got = SCAN[name, ax](x)
+        ok, err = close(got, NP_SCAN[name](x.astype(np.float64), ax), 1e-5 if dtype == np.float32 else 1e-13)
+        assert ok, (name, ax, err)
+        if dtype == np.float32:   # in order along the axis, in f32: numpy's own f32 result
+            np.testing.assert_array_equal(got, NP_SCAN[name](x, ax))
+
+
+def test_bf16_scan_accumulates_in_f32(rng):
+    x = _scan_input(rng, BF16, (2, 301, 3), nan=False)
+    got = SCAN["cumsum", 1](x).astype(np.float64)
+    want = np.cumsum(x.astype(np.float64), 1)
+    # one bf16 rounding of an f32 sum per output (a bf16 accumulator drifts far past this)
+    bound = float(np.finfo(BF16).eps) / 2 * np.abs(want) + 1e-5 * np.cumsum(np.abs(x.astype(np.float64)), 1)
+    assert SCAN["cumsum", 1](x).dtype == BF16
+    assert np.all(np.abs(got - want) <= bound)
+
+
+def test_plant_exclusive_scan_fails(rng, monkeypatch):
+    from tessera.passes.tile.kernels import scan
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    monkeypatch.setattr(scan, "INCLUSIVE", False)
+    x = _scan_input(rng, np.float32)
+    for ax in (1, 2):   # the vector path and the last-axis path
+        got = ts.jit(lambda a, ax=ax: ts.ops.cumsum(a, ax))(x)
+        assert not close(got, np.cumsum(x.astype(np.float64), ax), 1e-5)[0]
+
+
+def test_prod_matches_float64(rng):
+    x = _scan_input(rng, np.float32, (4, 29, 7))
+    for ax, keep in ((1, False), (2, True), ((0, 2), False), (None, False)):
+        got = ts.jit(lambda a, ax=ax, keep=keep: ts.ops.prod(a, ax, keep))(x)
+        want = np.prod(x.astype(np.float64), ax, keepdims=keep)
+        ok, err = close(got / np.where(want == 0, 1, want).astype(np.float32), want / np.where(want == 0, 1, want),
+                        1e-5)
+        assert ok, (ax, err)
+    x = x[:, :, 0].astype(np.float64)
+    ok, err = close(ts.jit(lambda a: ts.ops.prod(a, 1))(x), np.prod(x, 1), 1e-13)
+    assert ok, err
+
+
+def test_plant_prod_as_sum_fails(rng, monkeypatch):
+    """reduce.py's tree for prod planted to add its lanes: the product check fails."""
+    from tessera.codegen import x86 as cg
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    real = cg._Fn.op_tessera_x86_vreduce if hasattr(cg, "_Fn") else None
+    assert real is not None
+
+    def planted(self, op):
+        if op.kind.data == "mul":
+            op.kind = type(op.kind)("add")
+        return real(self, op)
+
+    monkeypatch.setattr(cg._Fn, "op_tessera_x86_vreduce", planted)
+    x = _scan_input(rng, np.float32, (3, 41), nan=False)
+    want = np.prod(x.astype(np.float64), 1)
+    got = ts.jit(lambda a: ts.ops.prod(a, 1))(x)
+    assert not close(got, want, 1e-4)[0]
+
+
+def test_scan_and_prod_bad_axes_are_coded(rng):
+    x = _rows(rng, (4, 5), np.float32)
+    for fn in (lambda a: ts.ops.cumsum(a, 2), lambda a: ts.ops.cumprod(a, -3), lambda a: ts.ops.prod(a, (1, 1)),
+               lambda a: ts.ops.prod(a, 5)):
+        with pytest.raises(RankMismatchError):
+            ts.jit(fn)(x)
+
+
+@pytest.mark.parametrize("name", ["cumsum", "prod"])
+def test_gpu_lanes_refuse_scans_by_op_name(rng, name):
+    x = _rows(rng, (8, 16), np.float32)
+    op = {"cumsum": "cumsum", "prod": "reduce_prod"}[name]
+    with pytest.raises(ScheduleIllegalError, match=rf"tessera\.{op}\).*nvidia lane"):
+        ts.compile(lambda a: getattr(ts.ops, name)(a, 1), x, target="nvidia", arch="sm_90")

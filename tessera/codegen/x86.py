@@ -367,6 +367,8 @@ class _Fn(FnCodegen):
                                                         [(i + half) % vt.count for i in range(vt.count)]))
             if kind == "add":
                 cur = b.fadd(cur, hi)
+            elif kind == "mul":
+                cur = b.fmul(cur, hi)
             else:
                 f = self.gen.intrinsic(f"llvm.maximum.{self._vec_suffix(vt)}", vt, [vt, vt])
                 cur = b.call(f, [cur, hi])

@@ -669,6 +669,7 @@ class MaskOp(IRDLOperation):
 # select_max: the maximum, a NaN in the tile possibly dropped (one vmaxps per step on x86; a lowering
 # may propagate NaN instead): only for a consumer whose result is NaN anyway when an element was
 REDUCE_KINDS = ("add", "max", "select_max")
+REDUCE_KINDS += ("mul",)   # reduce_prod
 
 
 @irdl_op_definition

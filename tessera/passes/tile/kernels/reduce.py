@@ -1,4 +1,4 @@
-"""Reductions (sum, max, mean) over a contiguous run of axes.
+"""Reductions (sum, max, mean, prod) over a contiguous run of axes.
 
 With the reduced axes last, each output element is one row reduced in vector
 chunks (tail lanes masked to the neutral value) and then across lanes in a fixed
@@ -37,8 +37,8 @@ def generate(kop: s.KernelOp):
     outer = D.product(xd[:axes[0]])
     rlen = D.product(xd[axes[0]:axes[-1] + 1])
     inner = D.product(xd[axes[-1] + 1:])
-    kind = "max" if isinstance(op, g.ReduceMaxOp) else "add"
-    pad = float("-inf") if kind == "max" else 0.0
+    kind = "max" if isinstance(op, g.ReduceMaxOp) else "mul" if isinstance(op, g.ReduceProdOp) else "add"
+    pad = {"max": float("-inf"), "mul": 1.0}.get(kind, 0.0)
     chunk = R.chunk_of(kop)
     elem = op.input.type.element_type
     # 16-bit floats are widened as they are loaded and accumulate in f32 (rounded once, when stored)
