@@ -266,6 +266,12 @@ SAMPLES.update({
                                           f"({Y}) -> !tessera.tensor<[M], f32>\n"
                                           "  func.return %r : !tessera.tensor<[M], f32>", "!tessera.tensor<[M], f32>"),
     "tessera.log_softmax": _unary("tessera.log_softmax"),
+    "tessera.argmax": _fn(f"%x : {Y}", f"  %r = tessera.argmax %x {{keepdims = true}} : "
+                                       f"({Y}) -> !tessera.tensor<[M, 1], f32>\n"
+                                       "  func.return %r : !tessera.tensor<[M, 1], f32>", "!tessera.tensor<[M, 1], f32>"),
+    "tessera.argmin": _fn(f"%x : {Y}", f"  %r = tessera.argmin %x {{keepdims = false}} : "
+                                       f"({Y}) -> !tessera.tensor<[M], f32>\n"
+                                       "  func.return %r : !tessera.tensor<[M], f32>", "!tessera.tensor<[M], f32>"),
     "tessera.cumsum": _unary("tessera.cumsum", "{axis = 0 : i64} "),
     "tessera.cumprod": _unary("tessera.cumprod", "{axis = -1 : i64} "),
     "tessera.reduce_prod": _fn(f"%x : {Y}", f"  %r = tessera.reduce_prod %x {{axes = [1 : i64], keepdims = true}} : "

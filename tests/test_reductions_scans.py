@@ -117,12 +117,12 @@ def test_bad_axis_is_coded(rng):
         assert e.value.code == "RANK_MISMATCH"
 
 
-@pytest.mark.parametrize("name", ["logsumexp", "log_softmax"])
+@pytest.mark.parametrize("name", ["logsumexp", "log_softmax", "argmax"])
 def test_gpu_lanes_refuse_by_op_name(rng, name):
     x = _rows(rng, (8, 16), np.float32)
     for target, arch in (("nvidia", "sm_90"), ("rocm", "gfx1151")):
         with pytest.raises(ScheduleIllegalError, match=rf"tessera\.{name}\).*{target} lane"):
-            ts.compile(getattr(ts.ops, name), x, target=target, arch=arch)
+            ts.compile(lambda a: getattr(ts.ops, name)(a, axis=-1), x, target=target, arch=arch)
 
 
 def test_reference_lane_evaluates_the_new_ops(rng):
@@ -227,3 +227,61 @@ def test_gpu_lanes_refuse_scans_by_op_name(rng, name):
     op = {"cumsum": "cumsum", "prod": "reduce_prod"}[name]
     with pytest.raises(ScheduleIllegalError, match=rf"tessera\.{op}\).*nvidia lane"):
         ts.compile(lambda a: getattr(ts.ops, name)(a, 1), x, target="nvidia", arch="sm_90")
+
+
+# ----------------------------------------------------------------------------- argmax / argmin
+def _arg_input(rng, dtype, shape=(7, 45)):
+    """Small integers (ties everywhere), a NaN row, two NaNs in another, an all -inf row."""
+    x = rng.integers(-3, 4, shape).astype(np.float64)
+    x[1, 5] = x[1, -4] = np.nan
+    x[2, -1] = np.nan                  # in the last, partial chunk
+    x[..., 5, 1] = np.nan              # in the first chunk of a longer row
+    x[..., 3, :] = -np.inf
+    x[..., 4, ::3] = np.inf
+    return x.astype(dtype)
+
+
+ARGMAX = ts.jit(lambda a: ts.ops.argmax(a * 2.0, axis=-1))   # a fused prologue
+ARGMIN = ts.jit(lambda a: ts.ops.argmin(a, axis=1))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, BF16])
+def test_argmax_argmin_first_index_and_nan_as_numpy(rng, dtype):
+    x = _arg_input(rng, dtype)
+    x64 = x.astype(np.float64)
+    np.testing.assert_array_equal(ARGMAX(x), np.argmax(2.0 * x64, axis=-1))
+    np.testing.assert_array_equal(ARGMIN(x), np.argmin(x64, axis=1))
+
+
+def test_argmax_other_axes_keepdims_and_fusion(rng):
+    x = _arg_input(rng, np.float32, (3, 11, 7))
+    for ax, keep in ((0, False), (1, True), (None, False), (None, True)):
+        got = ts.jit(lambda a, ax=ax, keep=keep: ts.ops.argmax(a, ax, keep))(x)
+        np.testing.assert_array_equal(got, np.argmax(x, ax, keepdims=keep))
+    got = ts.jit(lambda a: ts.ops.argmin(a, -1, True))(x)
+    np.testing.assert_array_equal(got, np.argmin(x, -1, keepdims=True))
+    assert [k["kind"] for k in ts.explain(ARGMAX, x[0]).kernels] == ["rowwise"]
+
+
+@pytest.mark.parametrize("plant", ["last_tie", "nan_dropped"])
+def test_argmax_plants_fail(rng, monkeypatch, plant):
+    from tessera.passes.tile.kernels import argrows
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    if plant == "last_tie":
+        monkeypatch.setattr(argrows, "FIRST", False)
+    else:
+        monkeypatch.setitem(argrows.EXTREME, "max", "select_max")
+    x = _arg_input(rng, np.float32, (7, 150))   # several chunks per row on every vector width
+    got = ts.jit(lambda a: ts.ops.argmax(a, -1))(x)
+    assert not np.array_equal(got, np.argmax(x, -1))
+
+
+def test_argmax_bad_input_is_coded(rng):
+    x = _rows(rng, (4, 5), np.float32)
+    with pytest.raises(RankMismatchError):
+        ts.jit(lambda a: ts.ops.argmax(a, 2))(x)
+    with pytest.raises(RankMismatchError):
+        ts.jit(lambda a: ts.ops.argmin(a, (0, 1)))(x)
+    with pytest.raises(TesseraError) as e:
+        ts.jit(lambda a: ts.ops.argmax(a[:, 5:]))(x)
+    assert e.value.code == "SHAPE_MISMATCH"

@@ -227,7 +227,7 @@ def _infer(graph: TraceGraph, uf: _UF, dims: dict) -> None:
             d = list(ins[0])
             for v in ins[1:]:
                 _unify(uf, v[0], d[-1])
-        elif op == "logsumexp":
+        elif rowops.infer_dims(n, ins) is not None:   # logsumexp, argmax, argmin
             d = rowops.infer_dims(n, ins)
         else:  # unary, softmax, cast, log_softmax, scans
             d = list(ins[0])

@@ -1,5 +1,5 @@
 """Reductions, scans and log-row ops of ``tessera.ops`` (re-exported there): ``logsumexp``,
-``log_softmax``, ``cumsum``, ``cumprod``, ``prod``.
+``log_softmax``, ``cumsum``, ``cumprod``, ``prod``, ``argmax``, ``argmin``.
 
 Each is one Graph IR op (``ir/graph_rows.py``) with its float64 numpy reference here
 (``REFERENCE``, read by ``frontend/reference.py``) and its IR builder (``MAKE``, read by
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from xdsl.dialects.builtin import BoolAttr, i1
 
-from tessera.errors import RankMismatchError
+from tessera.errors import RankMismatchError, ShapeMismatchError
 from tessera.frontend import ops
 from tessera.frontend.layout import expand_dims, moveaxis, swapaxes
 from tessera.frontend.trace import Tensor, _err, add_node, normalize_axis, require_float
@@ -81,6 +81,35 @@ def prod(x, axis=None, keepdims: bool = False) -> Tensor:
     return ops._reduce("reduce_prod", x, axis, keepdims)
 
 
+def _arg(op: str, x, axis, keepdims: bool) -> Tensor:
+    x = _row_op_input(x, op)
+    if x.size == 0:
+        raise _err(ShapeMismatchError, f"{op}: an empty array has no {op[3:]} (numpy raises too)")
+    if axis is None:   # numpy: the index into the flattened array
+        r = add_node(op, [ops.reshape(x, (x.size,))._node], {"keepdims": False}, (), g.INDEX_ELEM_NP)
+        return ops.reshape(r, (1,) * x.ndim) if keepdims else r
+    if isinstance(axis, (tuple, list)):
+        raise _err(RankMismatchError, f"{op}: axis must be one integer or None")
+    ax = normalize_axis(axis, x.ndim, op)
+    if ax != x.ndim - 1:
+        x = moveaxis(x, ax, -1)
+    r = add_node(op, [x._node], {"keepdims": False}, x.shape[:-1], g.INDEX_ELEM_NP)
+    return expand_dims(r, ax) if keepdims else r
+
+
+def argmax(x, axis=None, keepdims: bool = False) -> Tensor:
+    """Index of the first maximum along ``axis`` (None: of the flattened array), as numpy: a NaN is
+    the maximum (the first NaN's index).  A row kernel over the last axis with the elementwise
+    producers fused (another axis is moved last by a copy first).  Indices are float32 until the
+    int dtypes land (exact below 2^24 elements per row)."""
+    return _arg("argmax", x, axis, keepdims)
+
+
+def argmin(x, axis=None, keepdims: bool = False) -> Tensor:
+    """Index of the first minimum along ``axis``; as ``argmax``."""
+    return _arg("argmin", x, axis, keepdims)
+
+
 # ----------------------------------------------------------------------------- float64 references
 def _lse64(v: np.ndarray, keepdims: bool) -> np.ndarray:
     with np.errstate(all="ignore"):
@@ -103,6 +132,8 @@ REFERENCE = {
     "cumsum": lambda x, n: np.cumsum(x[0], axis=n.attrs["axis"]),
     "cumprod": lambda x, n: np.cumprod(x[0], axis=n.attrs["axis"]),
     "reduce_prod": lambda x, n: np.prod(x[0], axis=n.attrs["axes"], keepdims=n.attrs["keepdims"]),
+    "argmax": lambda x, n: np.argmax(x[0], axis=-1, keepdims=n.attrs["keepdims"]),
+    "argmin": lambda x, n: np.argmin(x[0], axis=-1, keepdims=n.attrs["keepdims"]),
 }
 
 
@@ -117,15 +148,17 @@ MAKE = {
     "log_softmax": _mk(g.ROW_LOG[1]),
     "cumsum": _mk(g.SCANS[0], axis=lambda n: i64_attr(n.attrs["axis"])),
     "cumprod": _mk(g.SCANS[1], axis=lambda n: i64_attr(n.attrs["axis"])),
+    "argmax": _mk(g.ARGS[0], keepdims=lambda n: BoolAttr(n.attrs["keepdims"], i1)),
+    "argmin": _mk(g.ARGS[1], keepdims=lambda n: BoolAttr(n.attrs["keepdims"], i1)),
 }
 
 
 def infer_dims(n, ins: list) -> list | None:
     """The symbolic dims of node ``n`` from its inputs' (graphgen), or None for ops that keep their
     input's dims."""
-    if n.op == "logsumexp":
+    if n.op in ("logsumexp", "argmax", "argmin"):
         return list(ins[0][:-1]) + ([1] if n.attrs["keepdims"] else [])
     return None
 
 
-__all__ = ["logsumexp", "log_softmax", "cumsum", "cumprod", "prod"]
+__all__ = ["logsumexp", "log_softmax", "cumsum", "cumprod", "prod", "argmax", "argmin"]

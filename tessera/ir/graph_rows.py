@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from xdsl.dialects.builtin import BoolAttr, IntegerAttr
+import numpy as np
+
+from xdsl.dialects.builtin import BoolAttr, IntegerAttr, f32
 from xdsl.irdl import attr_def, irdl_op_definition, operand_def, result_def, traits_def
 from xdsl.traits import Pure
 
@@ -99,8 +101,46 @@ class ReduceProdOp(_Reduce):
     KIND: ClassVar[str] = "prod"
 
 
+# the element type of argmax / argmin indices: f32 until the int dtypes land (exact below 2^24)
+INDEX_ELEM = f32
+INDEX_ELEM_NP = np.dtype(np.float32)   # the same, as the tracer's numpy dtype
+
+
+class _Arg(GraphOp):
+    """The index of the first maximum (minimum) over the last axis; a NaN counts as the extreme
+    (numpy: the first NaN's index).  [..., C] -> [...] (or [..., 1])."""
+
+    input = operand_def(TensorType)
+    result = result_def(TensorType)
+    keepdims = attr_def(BoolAttr)
+    traits = traits_def(Pure())
+    assembly_format = _FMT1
+    KIND: ClassVar[str] = ""
+
+    def infer_result_type(self) -> TensorType:
+        t = _row_input(self)
+        dims = list(t.dims[:-1]) + ([1] if self.keepdims.value.data else [])
+        return TensorType.of(dims, INDEX_ELEM)
+
+
+@irdl_op_definition
+class ArgmaxOp(_Arg):
+    name = "tessera.argmax"
+    KIND: ClassVar[str] = "max"
+
+
+@irdl_op_definition
+class ArgminOp(_Arg):
+    name = "tessera.argmin"
+    KIND: ClassVar[str] = "min"
+
+
 SCANS = (CumsumOp, CumprodOp)
 ROW_LOG = (LogSumExpOp, LogSoftmaxOp)
-ROWS_OPS = [LogSumExpOp, LogSoftmaxOp, CumsumOp, CumprodOp, ReduceProdOp]
+ARGS = (ArgmaxOp, ArgminOp)
+ROW_REDUCING = (LogSumExpOp, ArgmaxOp, ArgminOp)   # row kernels whose result has one value per row
+ROWS_OPS = [LogSumExpOp, LogSoftmaxOp, CumsumOp, CumprodOp, ReduceProdOp, ArgmaxOp, ArgminOp]
 
-__all__ = ["LogSumExpOp", "LogSoftmaxOp", "CumsumOp", "CumprodOp", "ReduceProdOp", "SCANS", "ROW_LOG", "ROWS_OPS"]
+__all__ = ["LogSumExpOp", "LogSoftmaxOp", "CumsumOp", "CumprodOp", "ReduceProdOp", "ArgmaxOp", "ArgminOp", "SCANS",
+           "ROW_LOG", "ARGS", "ROW_REDUCING", "ROWS_OPS", "INDEX_ELEM",
+           "INDEX_ELEM_NP"]

@@ -82,6 +82,6 @@ class FuseRowwise(TesseraPass):
                 if isinstance(op, g.ROWWISE) and op.parent is block and _is_last_axis(op):
                     group = [op]
                     _prologue(op.input, op.input.type.dims, group)
-                    if not isinstance(op, g.ROW_LOG[0]):   # logsumexp's result is not row-shaped
+                    if not isinstance(op, g.ROW_REDUCING):   # logsumexp's / argmax's result is not row-shaped
                         _epilogue(op.result, group)
                     outline(group, "rowwise")

@@ -455,6 +455,16 @@ class _Lowerer(OpLowerer):
 
     def op_tile_constant(self, op: t.ConstantOp, b: Builder) -> None:
         R, C = op.result.type.dims
+        if op.step is not None:   # column indices: value + j * step
+            st, base = op.step.value.data, op.value.value.data
+            regs = []
+            for v in range(self.nvec(C)):
+                c = x.VConstantOp.create(attributes={"value": FloatAttr(base + v * self.w * st, self.reg),
+                                                     "step": FloatAttr(st, self.reg)}, result_types=[self.vreg])
+                b.op(c)
+                regs.append(c.result)
+            self.vmap[op.result] = Regs((R, C), [regs] * R)
+            return
         v = self.vconst(b, op.value.value.data)
         self.vmap[op.result] = Regs((R, C), [[v] * self.nvec(C) for _ in range(R)])
 

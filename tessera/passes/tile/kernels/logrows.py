@@ -39,51 +39,80 @@ def _reduce(b, kind: str, tile_v):
     return op.result
 
 
-def generate(kop, prologue, op, epilogue):
-    block = kop.body.block
-    yield_op = block.last_op
-    x = op.input
-    dims = tuple(x.type.dims)
-    lse = isinstance(op, g.ROW_LOG[0])
-    outs = list(yield_op.operands)
-    want = tuple(op.result.type.dims) if lse else dims
-    if len(outs) != 1 or outs[0].type.dims != want or (lse and epilogue):
-        raise ScheduleIllegalError(f"kernel {kop.sym_name.data}: a {op.name} kernel yields one result of its "
-                                   "row op's shape (logsumexp: no epilogue)")
-    out = outs[0]
-    chunk = R.chunk_of(kop)
-    leaves = R.find_leaves(block, dims, prologue + epilogue + ([op] if not prologue else []) + [yield_op])
-    leaves.pop(op.result, None)
-    sig = KernelSig(kop.sym_name.data, reg=register_elem(kop))
-    for v in kop.inputs:
-        sig.buffer(v.type.element_type)
-    out_buf = sig.buffer(out.type.element_type)
-    R.register_dims(sig, dims, leaves)
-    kf = sig.build()
-    b = kf.b
-    C = kf.size(dims[-1])
-    reg = kf.reg
-    big = F64_MAX if reg == f64 else F32_MAX
-    nrows = 1
-    for d in dims[:-1]:
-        nrows = b.mul(nrows, kf.size(d))
-    stream = R.stream_flag(b, b.mul(nrows, C))
-    pro_leaves = [v for v in leaves if v == x or any(v in o.operands for o in prologue)]
-    epi_leaves = [v for v in leaves if any(v in o.operands for o in epilogue + [yield_op])]
+class RowSetup:
+    """What a row kernel over the last axis with a fused elementwise prologue (and, for a row-shaped
+    result, epilogue) needs: its signature, sizes, leaves, and ``x_chunk`` (the prologue applied to
+    one chunk of a row).  Shared with ``argrows.py``."""
 
-    def x_chunk(bc, ctx, c, pad: float = 0.0):
-        left = bc.sub(C, c)
-        vals = {v: R.load_leaf(kf, bc, leaves[v], ctx.offsets[v], c, left, chunk, pad if v == x else None)
-                for v in pro_leaves}
-        R.emit_ops(bc, prologue, vals, reg)
-        xv = vals[x]
-        if xv.type.dims != (1, chunk):
-            xv = R._widen(bc, xv, chunk)
+    def __init__(self, kop, prologue, op, epilogue, row_shaped: bool):
+        block = kop.body.block
+        yield_op = block.last_op
+        self.x = x = op.input
+        self.dims = dims = tuple(x.type.dims)
+        outs = list(yield_op.operands)
+        want = dims if row_shaped else tuple(op.result.type.dims)
+        if len(outs) != 1 or outs[0].type.dims != want or (not row_shaped and epilogue):
+            raise ScheduleIllegalError(f"kernel {kop.sym_name.data}: a {op.name} kernel yields one result of its "
+                                       "row op's shape (one value per row: no epilogue)")
+        self.out = outs[0]
+        self.prologue, self.epilogue, self.op = prologue, epilogue, op
+        self.chunk = R.chunk_of(kop)
+        leaves = R.find_leaves(block, dims, prologue + epilogue + ([op] if not prologue else []) + [yield_op])
+        leaves.pop(op.result, None)
+        self.leaves = leaves
+        sig = KernelSig(kop.sym_name.data, reg=register_elem(kop))
+        for v in kop.inputs:
+            sig.buffer(v.type.element_type)
+        self.out_buf = sig.buffer(self.out.type.element_type)
+        R.register_dims(sig, dims, leaves)
+        self.sig = sig
+        self.kf = kf = sig.build()
+        self.b = b = kf.b
+        self.C = kf.size(dims[-1])
+        self.reg = kf.reg
+        nrows = 1
+        for d in dims[:-1]:
+            nrows = b.mul(nrows, kf.size(d))
+        self.nrows = nrows
+        self.stream = R.stream_flag(b, b.mul(nrows, self.C))
+        self.pro_leaves = [v for v in leaves if v == x or any(v in o.operands for o in prologue)]
+        self.epi_leaves = [v for v in leaves if any(v in o.operands for o in epilogue + [yield_op])]
+
+    def x_chunk(self, bc, ctx, c, pad: float = 0.0):
+        left = bc.sub(self.C, c)
+        vals = {v: R.load_leaf(self.kf, bc, self.leaves[v], ctx.offsets[v], c, left, self.chunk,
+                               pad if v == self.x else None) for v in self.pro_leaves}
+        R.emit_ops(bc, self.prologue, vals, self.reg)
+        xv = vals[self.x]
+        if xv.type.dims != (1, self.chunk):
+            xv = R._widen(bc, xv, self.chunk)
         return xv, left
 
+    def row_ctx(self, br, r):
+        return R.RowCtx(self.kf, br, r, self.dims, self.leaves)
+
+    def store_one(self, br, r, value) -> None:
+        """Store a [1, 1] value as row r's result."""
+        view = t.ViewOp.create(operands=[self.kf.buffer_args[self.out_buf], br.c(r), br.c(0), br.c(1), br.c(1),
+                                         br.c(1)], result_types=[t.view_type(1, 1, self.out.type.element_type,
+                                                                             "global")])
+        br.op(view)
+        br.op(t.StoreOp.create(operands=[value, view.result]))
+
+    def finish(self):
+        return self.kf.finish(), self.sig.dims, 0, []
+
+
+def generate(kop, prologue, op, epilogue):
+    lse = isinstance(op, g.ROW_LOG[0])
+    S = RowSetup(kop, prologue, op, epilogue, row_shaped=not lse)
+    kf, b, C, chunk, reg, leaves, out = S.kf, S.b, S.C, S.chunk, S.reg, S.leaves, S.out
+    big = F64_MAX if reg == f64 else F32_MAX
+    x_chunk = S.x_chunk
+
     def row_step(br, r, _c):
-        ctx = R.RowCtx(kf, br, r, dims, leaves)
-        nxt = R.RowCtx(kf, br, br.add(r, 2), dims, leaves).offsets
+        ctx = S.row_ctx(br, r)
+        nxt = S.row_ctx(br, br.add(r, 2)).offsets
 
         def max_body(bc, c, carried):
             xv, left = x_chunk(bc, ctx, c, float("-inf"))
@@ -103,25 +132,21 @@ def generate(kop, prologue, op, epilogue):
         ssum = _reduce(br, "add", br.for_(0, C, chunk, sum_body, [splat_row(br, chunk, 0.0, reg)])[0])
         log_sum = elementwise(br, "log", [ssum])
         if lse:
-            res = elementwise(br, "add", [log_sum, shift])
-            view = t.ViewOp.create(operands=[kf.buffer_args[out_buf], br.c(r), br.c(0), br.c(1), br.c(1), br.c(1)],
-                                   result_types=[t.view_type(1, 1, out.type.element_type, "global")])
-            br.op(view)
-            br.op(t.StoreOp.create(operands=[res, view.result]))
+            S.store_one(br, r, elementwise(br, "add", [log_sum, shift]))
             return []
 
         def write(bc, c, _c2):
             xv, left = x_chunk(bc, ctx, c)
             y = elementwise(bc, "sub", [elementwise(bc, "sub", [xv, shift]), log_sum])
-            vals = {v: R.load_leaf(kf, bc, leaves[v], ctx.offsets[v], c, left, chunk) for v in epi_leaves}
+            vals = {v: R.load_leaf(kf, bc, leaves[v], ctx.offsets[v], c, left, chunk) for v in S.epi_leaves}
             vals[op.result] = y
             R.emit_ops(bc, epilogue, vals, reg)
-            R.store_row(kf, bc, out_buf, out.type.element_type, vals[out], bc.add(bc.mul(r, C), c), left, chunk,
-                        stream)
+            R.store_row(kf, bc, S.out_buf, out.type.element_type, vals[out], bc.add(bc.mul(r, C), c), left, chunk,
+                        S.stream)
             return []
 
         br.for_(0, C, chunk, write)
         return []
 
-    R.for_rows(kf, b, nrows, row_step)
-    return kf.finish(), sig.dims, 0, []
+    R.for_rows(kf, b, S.nrows, row_step)
+    return S.finish()

@@ -60,6 +60,9 @@ def generate(kop: s.KernelOp):
     if isinstance(norm, g.ROW_LOG):   # logsumexp / log_softmax: kernels/logrows.py
         from tessera.passes.tile.kernels import logrows
         return logrows.generate(kop, prologue, norm, epilogue)
+    if isinstance(norm, g.ARGS):      # argmax / argmin: kernels/argrows.py
+        from tessera.passes.tile.kernels import argrows
+        return argrows.generate(kop, prologue, norm, epilogue)
     x = norm.input
     dims = tuple(x.type.dims)
     outs = list(yield_op.operands)
