@@ -272,6 +272,9 @@ SAMPLES.update({
     "tessera.argmin": _fn(f"%x : {Y}", f"  %r = tessera.argmin %x {{keepdims = false}} : "
                                        f"({Y}) -> !tessera.tensor<[M], f32>\n"
                                        "  func.return %r : !tessera.tensor<[M], f32>", "!tessera.tensor<[M], f32>"),
+    "tessera.top_k": _fn(f"%x : {Y}", f"  %v, %i = tessera.top_k %x {{k = 3 : i64}} : ({Y}) -> "
+                                      "(!tessera.tensor<[M, 3], f32>, !tessera.tensor<[M, 3], f32>)\n"
+                                      "  func.return %v : !tessera.tensor<[M, 3], f32>", "!tessera.tensor<[M, 3], f32>"),
     "tessera.cumsum": _unary("tessera.cumsum", "{axis = 0 : i64} "),
     "tessera.cumprod": _unary("tessera.cumprod", "{axis = -1 : i64} "),
     "tessera.reduce_prod": _fn(f"%x : {Y}", f"  %r = tessera.reduce_prod %x {{axes = [1 : i64], keepdims = true}} : "

@@ -285,3 +285,62 @@ def test_argmax_bad_input_is_coded(rng):
     with pytest.raises(TesseraError) as e:
         ts.jit(lambda a: ts.ops.argmax(a[:, 5:]))(x)
     assert e.value.code == "SHAPE_MISMATCH"
+
+
+# ----------------------------------------------------------------------------- top_k
+def top_k_order64(v, k):
+    """The float64 oracle's order, row by row: NaN first, then descending, ties by lower index."""
+    v = np.asarray(v, np.float64)
+    rows = v.reshape(-1, v.shape[-1])
+    out = [sorted(range(len(r)), key=lambda i, r=r: (0, 0.0, i) if np.isnan(r[i]) else (1, -r[i], i))[:k]
+           for r in rows]
+    return np.array(out).reshape(v.shape[:-1] + (k,))
+
+
+TOPK = ts.jit(lambda a: ts.ops.top_k(a * 2.0, 5))     # a fused prologue
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, BF16])
+def test_top_k_sorted_stable_nan_first(rng, dtype):
+    x = _arg_input(rng, dtype)
+    x[6, 9] = np.inf
+    v, i = TOPK(x)
+    want = top_k_order64(2.0 * x.astype(np.float64), 5)
+    np.testing.assert_array_equal(i, want)
+    np.testing.assert_array_equal(v.astype(np.float64), np.take_along_axis(2.0 * x.astype(np.float64), want, -1))
+    assert v.dtype == dtype
+
+
+def test_top_k_whole_row_other_axis_and_single_outputs(rng):
+    x = _arg_input(rng, np.float32, (7, 13))
+    v, i = ts.jit(lambda a: ts.ops.top_k(a, 13))(x)          # k = n: the whole stable sort
+    np.testing.assert_array_equal(i, top_k_order64(x, 13))
+    only_i = ts.jit(lambda a: ts.ops.top_k(a, 3, axis=0)[1])(x)
+    np.testing.assert_array_equal(only_i, top_k_order64(x.T, 3).T)
+    only_v = ts.jit(lambda a: ts.ops.top_k(a, 1)[0])(x)
+    np.testing.assert_array_equal(only_v, np.take_along_axis(x, top_k_order64(x, 1), -1))
+    assert [k["kind"] for k in ts.explain(TOPK, x).kernels] == ["rowwise"]
+
+
+def test_top_k_plant_unstable_fails(rng, monkeypatch):
+    from tessera.passes.tile.kernels import topk
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    monkeypatch.setattr(topk, "STABLE", False)
+    x = _arg_input(rng, np.float32)
+    _, i = ts.jit(lambda a: ts.ops.top_k(a, 4))(x)
+    assert not np.array_equal(i, top_k_order64(x, 4))
+
+
+def test_top_k_bad_k_is_coded(rng):
+    x = _rows(rng, (4, 5), np.float32)
+    for k in (0, 6, -1):
+        with pytest.raises(TesseraError) as e:
+            ts.jit(lambda a, k=k: ts.ops.top_k(a, k))(x)
+        assert e.value.code == "SHAPE_MISMATCH" and "top_k" in str(e.value)
+    with pytest.raises(TesseraError) as e:
+        ts.jit(lambda a: ts.ops.top_k(a, 2.0))(x)
+    assert e.value.code == "SHAPE_MISMATCH"
+    with pytest.raises(RankMismatchError):
+        ts.jit(lambda a: ts.ops.top_k(a, 2, axis=3))(x)
+    with pytest.raises(ScheduleIllegalError, match=r"tessera\.top_k.*nvidia lane"):
+        ts.compile(lambda a: ts.ops.top_k(a, 2)[0], x, target="nvidia", arch="sm_90")

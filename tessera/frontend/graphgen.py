@@ -247,6 +247,9 @@ def _emit(graph: TraceGraph, uf: _UF, dims: dict, static) -> GraphIR:
     for n in graph.nodes:
         T = ttype(n)
         operands = [vals[id(x)] for x in n.inputs]
+        if n.op in rowops.SECOND_RESULT:   # a second result of its first input's op (top_k's indices)
+            vals[id(n)] = operands[0].owner.results[1]
+            continue
         op = _make_op(n, operands, T)
         if n.loc is not None:
             op.location = FileLineColLoc(StringAttr(n.loc.file), IntAttr(n.loc.line), IntAttr(n.loc.col))

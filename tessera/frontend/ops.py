@@ -432,6 +432,7 @@ from tessera.frontend.layout import (  # noqa: E402
 __all__ += ["expand_dims", "squeeze", "swapaxes", "moveaxis", "var", "std", "concatenate", "stack", "split", "chunk"]
 
 # reductions, scans and log-row ops (frontend/rowops.py imports this module)
-from tessera.frontend.rowops import argmax, argmin, cumprod, cumsum, log_softmax, logsumexp, prod  # noqa: E402
+from tessera.frontend.rowops import (  # noqa: E402
+    argmax, argmin, cumprod, cumsum, log_softmax, logsumexp, prod, top_k)
 
-__all__ += ["logsumexp", "log_softmax", "cumsum", "cumprod", "prod", "argmax", "argmin"]
+__all__ += ["logsumexp", "log_softmax", "cumsum", "cumprod", "prod", "argmax", "argmin", "top_k"]

@@ -15,7 +15,7 @@ from xdsl.dialects.builtin import BoolAttr, i1
 from tessera.errors import RankMismatchError, ShapeMismatchError
 from tessera.frontend import ops
 from tessera.frontend.layout import expand_dims, moveaxis, swapaxes
-from tessera.frontend.trace import Tensor, _err, add_node, normalize_axis, require_float
+from tessera.frontend.trace import Tensor, _err, add_node, normalize_axis, require_float, require_int
 from tessera.ir import graph as g
 from tessera.ir.attrs import i64_attr
 
@@ -110,6 +110,38 @@ def argmin(x, axis=None, keepdims: bool = False) -> Tensor:
     return _arg("argmin", x, axis, keepdims)
 
 
+def top_k(x, k, axis: int = -1) -> tuple[Tensor, Tensor]:
+    """``(values, indices)`` of the ``k`` largest entries along ``axis``, in descending order; equal
+    values by lower index first (a stable sort); a NaN ranks above +inf (torch.topk's order).  ``k``
+    is static: 1 <= k <= the axis' size (that size is compiled in), else ``SHAPE_MISMATCH``.  One
+    row kernel over the last axis (k selection passes over the cached row: O(k n) per row) with
+    the elementwise producers fused; another axis is moved last by a copy.  Indices are float32
+    until the int dtypes land."""
+    x = _row_op_input(x, "top_k")
+    k = require_int(k, "top_k: k")
+    ax = normalize_axis(axis, x.ndim, "top_k")
+    n = x.shape[ax]
+    if not 1 <= k <= n:
+        raise _err(ShapeMismatchError, f"top_k: k = {k} is out of range for an axis of size {n} (1 <= k <= {n})")
+    x._node.observed.add(ax)            # k <= n was checked on this size: specialise on it
+    if ax != x.ndim - 1:
+        x = moveaxis(x, ax, -1)
+    shape = x.shape[:-1] + (k,)
+    vals = add_node("top_k", [x._node], {"k": k}, shape, x.dtype)
+    idx = add_node("top_k_indices", [vals._node, x._node], {}, shape, g.INDEX_ELEM_NP)
+    if ax != x.ndim - 1:
+        vals, idx = moveaxis(vals, -1, ax), moveaxis(idx, -1, ax)
+    return vals, idx
+
+
+def _top_k_order(v: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest along the last axis: NaN first, then descending, ties by index."""
+    nan = np.isnan(v)
+    neg = np.where(nan, 0.0, -v)
+    idx = np.broadcast_to(np.arange(v.shape[-1]), v.shape)
+    return np.lexsort((idx, neg, ~nan), axis=-1)[..., :k]
+
+
 # ----------------------------------------------------------------------------- float64 references
 def _lse64(v: np.ndarray, keepdims: bool) -> np.ndarray:
     with np.errstate(all="ignore"):
@@ -134,7 +166,10 @@ REFERENCE = {
     "reduce_prod": lambda x, n: np.prod(x[0], axis=n.attrs["axes"], keepdims=n.attrs["keepdims"]),
     "argmax": lambda x, n: np.argmax(x[0], axis=-1, keepdims=n.attrs["keepdims"]),
     "argmin": lambda x, n: np.argmin(x[0], axis=-1, keepdims=n.attrs["keepdims"]),
+    "top_k": lambda x, n: np.take_along_axis(x[0], _top_k_order(x[0], n.attrs["k"]), -1),
+    "top_k_indices": lambda x, n: _top_k_order(x[1], n.shape[-1]),
 }
+SECOND_RESULT = ("top_k_indices",)   # nodes that are the second result of their first input's op
 
 
 # ----------------------------------------------------------------------------- Graph IR builders
@@ -150,6 +185,9 @@ MAKE = {
     "cumprod": _mk(g.SCANS[1], axis=lambda n: i64_attr(n.attrs["axis"])),
     "argmax": _mk(g.ARGS[0], keepdims=lambda n: BoolAttr(n.attrs["keepdims"], i1)),
     "argmin": _mk(g.ARGS[1], keepdims=lambda n: BoolAttr(n.attrs["keepdims"], i1)),
+    "top_k": lambda n, operands, T: g.ROWS_OPS[-1].create(
+        operands=operands, result_types=[T, g.TensorType.of(list(T.dims), g.INDEX_ELEM)],
+        attributes={"k": i64_attr(n.attrs["k"])}),
 }
 
 
@@ -158,7 +196,9 @@ def infer_dims(n, ins: list) -> list | None:
     input's dims."""
     if n.op in ("logsumexp", "argmax", "argmin"):
         return list(ins[0][:-1]) + ([1] if n.attrs["keepdims"] else [])
+    if n.op == "top_k":
+        return list(ins[0][:-1]) + [n.attrs["k"]]
     return None
 
 
-__all__ = ["logsumexp", "log_softmax", "cumsum", "cumprod", "prod", "argmax", "argmin"]
+__all__ = ["logsumexp", "log_softmax", "cumsum", "cumprod", "prod", "argmax", "argmin", "top_k"]

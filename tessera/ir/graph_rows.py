@@ -15,9 +15,9 @@ from xdsl.dialects.builtin import BoolAttr, IntegerAttr, f32
 from xdsl.irdl import attr_def, irdl_op_definition, operand_def, result_def, traits_def
 from xdsl.traits import Pure
 
-from tessera.errors import GraphRankError
+from tessera.errors import GraphRankError, GraphResultTypeError, GraphShapeError
 from tessera.ir.attrs import ival
-from tessera.ir.graph import (
+from tessera.ir.graph import (  # noqa: I001
     _FMT1,
     GraphOp,
     TensorType,
@@ -135,12 +135,42 @@ class ArgminOp(_Arg):
     KIND: ClassVar[str] = "min"
 
 
+@irdl_op_definition
+class TopKOp(GraphOp):
+    """The ``k`` largest entries of each row (last axis) in descending order, ties by lower index, a
+    NaN above +inf (torch.topk's order): values [..., k] of the input's dtype and their indices
+    [..., k] (``INDEX_ELEM``)."""
+
+    name = "tessera.top_k"
+    input = operand_def(TensorType)
+    values = result_def(TensorType)
+    indices = result_def(TensorType)
+    k = attr_def(IntegerAttr)
+    traits = traits_def(Pure())
+    assembly_format = "$input attr-dict `:` functional-type(operands, results)"
+
+    def infer_result_type(self) -> TensorType:
+        t = _row_input(self)
+        k = ival(self.k)
+        last = t.dims[-1]
+        if k < 1 or (isinstance(last, int) and k > last):
+            raise GraphShapeError(f"{self.name}: k = {k} is out of range for rows of {last}")
+        return TensorType.of(list(t.dims[:-1]) + [k], t.element_type)
+
+    def verify_(self) -> None:
+        super().verify_()
+        want = TensorType.of(list(self.values.type.dims), INDEX_ELEM)
+        if self.indices.type != want:
+            raise GraphResultTypeError(f"{self.name}: indices type {self.indices.type}, expected {want}", op=self)
+
+
 SCANS = (CumsumOp, CumprodOp)
 ROW_LOG = (LogSumExpOp, LogSoftmaxOp)
 ARGS = (ArgmaxOp, ArgminOp)
-ROW_REDUCING = (LogSumExpOp, ArgmaxOp, ArgminOp)   # row kernels whose result has one value per row
-ROWS_OPS = [LogSumExpOp, LogSoftmaxOp, CumsumOp, CumprodOp, ReduceProdOp, ArgmaxOp, ArgminOp]
+# row kernels whose results are not row-shaped (one value, or k, per row): no epilogue
+ROW_REDUCING = (LogSumExpOp, ArgmaxOp, ArgminOp, TopKOp)
+ROWS_OPS = [LogSumExpOp, LogSoftmaxOp, CumsumOp, CumprodOp, ReduceProdOp, ArgmaxOp, ArgminOp, TopKOp]
 
-__all__ = ["LogSumExpOp", "LogSoftmaxOp", "CumsumOp", "CumprodOp", "ReduceProdOp", "ArgmaxOp", "ArgminOp", "SCANS",
+__all__ = ["LogSumExpOp", "LogSoftmaxOp", "CumsumOp", "CumprodOp", "ReduceProdOp", "ArgmaxOp", "ArgminOp", "TopKOp", "SCANS",
            "ROW_LOG", "ARGS", "ROW_REDUCING", "ROWS_OPS", "INDEX_ELEM",
            "INDEX_ELEM_NP"]

@@ -50,20 +50,26 @@ class RowSetup:
         self.x = x = op.input
         self.dims = dims = tuple(x.type.dims)
         outs = list(yield_op.operands)
-        want = dims if row_shaped else tuple(op.result.type.dims)
-        if len(outs) != 1 or outs[0].type.dims != want or (not row_shaped and epilogue):
+        if row_shaped:
+            ok = len(outs) == 1 and outs[0].type.dims == dims
+        else:   # the op's own results (top_k: values and/or indices), no epilogue
+            ok = 0 < len(outs) <= len(op.results) and all(o in op.results for o in outs) and not epilogue
+        if not ok:
             raise ScheduleIllegalError(f"kernel {kop.sym_name.data}: a {op.name} kernel yields one result of its "
                                        "row op's shape (one value per row: no epilogue)")
+        self.outs = outs
         self.out = outs[0]
         self.prologue, self.epilogue, self.op = prologue, epilogue, op
         self.chunk = R.chunk_of(kop)
         leaves = R.find_leaves(block, dims, prologue + epilogue + ([op] if not prologue else []) + [yield_op])
-        leaves.pop(op.result, None)
+        for res in op.results:
+            leaves.pop(res, None)
         self.leaves = leaves
         sig = KernelSig(kop.sym_name.data, reg=register_elem(kop))
         for v in kop.inputs:
             sig.buffer(v.type.element_type)
-        self.out_buf = sig.buffer(self.out.type.element_type)
+        self.out_bufs = [sig.buffer(o.type.element_type) for o in outs]
+        self.out_buf = self.out_bufs[0]
         R.register_dims(sig, dims, leaves)
         self.sig = sig
         self.kf = kf = sig.build()
@@ -91,11 +97,11 @@ class RowSetup:
     def row_ctx(self, br, r):
         return R.RowCtx(self.kf, br, r, self.dims, self.leaves)
 
-    def store_one(self, br, r, value) -> None:
-        """Store a [1, 1] value as row r's result."""
-        view = t.ViewOp.create(operands=[self.kf.buffer_args[self.out_buf], br.c(r), br.c(0), br.c(1), br.c(1),
-                                         br.c(1)], result_types=[t.view_type(1, 1, self.out.type.element_type,
-                                                                             "global")])
+    def store_one(self, br, r, value, which: int = 0) -> None:
+        """Store a [1, 1] value at element r of the kernel's output ``which``."""
+        elem = self.outs[which].type.element_type
+        view = t.ViewOp.create(operands=[self.kf.buffer_args[self.out_bufs[which]], br.c(r), br.c(0), br.c(1),
+                                         br.c(1), br.c(1)], result_types=[t.view_type(1, 1, elem, "global")])
         br.op(view)
         br.op(t.StoreOp.create(operands=[value, view.result]))
 
