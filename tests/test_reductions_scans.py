@@ -344,3 +344,56 @@ def test_top_k_bad_k_is_coded(rng):
         ts.jit(lambda a: ts.ops.top_k(a, 2, axis=3))(x)
     with pytest.raises(ScheduleIllegalError, match=r"tessera\.top_k.*nvidia lane"):
         ts.compile(lambda a: ts.ops.top_k(a, 2)[0], x, target="nvidia", arch="sm_90")
+
+
+# ----------------------------------------------------------------------------- any / all
+def _logical_input(rng, shape=(5, 37, 3)):
+    x = rng.integers(0, 3, shape).astype(np.float32)
+    x[0] = 0
+    x[1] = 1
+    x[2] = 0
+    x[2, 4, 1] = np.nan                # NaN is nonzero: any True
+    x[3] = 2
+    x[3, 30, 2] = 0                    # one zero: all False
+    return x
+
+
+@pytest.mark.parametrize("name", ["any", "all"])
+def test_any_all_match_numpy(rng, name):
+    x = _logical_input(rng)
+    for ax, keep in ((None, False), (0, False), (1, True), (2, False), ((0, 2), False), ((1, 2), True)):
+        got = ts.jit(lambda a, ax=ax, keep=keep: getattr(ts.ops, name)(a, ax, keep))(x)
+        assert got.dtype == np.bool_
+        np.testing.assert_array_equal(got, getattr(np, name)(x, ax, keepdims=keep))
+    b = x[..., 0] > 0.5                # bool input
+    np.testing.assert_array_equal(ts.jit(lambda a: getattr(ts.ops, name)(a, 1))(b), getattr(np, name)(b, 1))
+    x64 = x[..., 1].astype(np.float64)  # f64 registers
+    np.testing.assert_array_equal(ts.jit(lambda a: getattr(ts.ops, name)(a, 1))(x64), getattr(np, name)(x64, 1))
+
+
+def test_any_plant_nan_as_zero_fails(rng, monkeypatch):
+    """tile fn 'same' planted to call a NaN equal to anything: any() of a zero row with a NaN fails."""
+    from tessera.codegen import x86 as cg
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    real = cg._Fn.op_tessera_x86_vbinary
+
+    def planted(self, op):
+        if op.fn.data != "same":
+            return real(self, op)
+        a, c = self.v(op.lhs), self.v(op.rhs)
+        one = cg.ir.Constant(a.type, [cg.ir.Constant(a.type.element, 1.0)] * a.type.count)
+        self.set(op, self.b.select(self.b.fcmp_unordered("==", a, c), one, cg.ir.Constant(a.type, None)))
+
+    monkeypatch.setattr(cg._Fn, "op_tessera_x86_vbinary", planted)
+    x = _logical_input(rng)
+    assert not np.array_equal(ts.jit(lambda a: ts.ops.any(a, (1, 2)))(x), np.any(x, (1, 2)))
+
+
+def test_any_bad_input_is_coded(rng):
+    x = _rows(rng, (4, 5), np.float32)
+    with pytest.raises(RankMismatchError):
+        ts.jit(lambda a: ts.ops.any(a, (1, 1)))(x)
+    with pytest.raises(RankMismatchError):
+        ts.jit(lambda a: ts.ops.all(a, 2))(x)
+    with pytest.raises(ScheduleIllegalError, match=r"tessera\.reduce_any.*nvidia lane"):
+        ts.compile(lambda a: ts.ops.any(a, 1), x, target="nvidia", arch="sm_90")

@@ -186,7 +186,7 @@ def _infer(graph: TraceGraph, uf: _UF, dims: dict) -> None:
             _unify(uf, a[-1], b[-2])
             batch = _broadcast(uf, _Shape(n.inputs[0].shape[:-2]), _Shape(n.inputs[1].shape[:-2]), a[:-2], b[:-2])
             d = batch + [a[-2], b[-1]]
-        elif op in ("reduce_sum", "reduce_max", "reduce_mean", "reduce_prod"):
+        elif op in ("reduce_sum", "reduce_max", "reduce_mean", "reduce_prod", "reduce_any", "reduce_all"):
             axes, keep = n.attrs["axes"], n.attrs["keepdims"]
             d = [1 if i in axes else x for i, x in enumerate(ins[0]) if keep or i not in axes]
         elif op == "transpose":
@@ -290,9 +290,9 @@ def _make_op(n: Node, operands, T):
         return cls(operands=groups, result_types=[T], attributes={"eps": FloatAttr(n.attrs["eps"], f64)})
     if n.op in rowops.MAKE:
         return rowops.MAKE[n.op](n, operands, T)
-    if n.op in ("reduce_sum", "reduce_max", "reduce_mean", "reduce_prod"):
+    if n.op in ("reduce_sum", "reduce_max", "reduce_mean", "reduce_prod", "reduce_any", "reduce_all"):
         cls = {"reduce_sum": g.ReduceSumOp, "reduce_max": g.ReduceMaxOp, "reduce_mean": g.ReduceMeanOp,
-               "reduce_prod": g.ReduceProdOp}[n.op]
+               "reduce_prod": g.ReduceProdOp, "reduce_any": g.ReduceAnyOp, "reduce_all": g.ReduceAllOp}[n.op]
         return cls.create(operands=operands, result_types=[T],
                           attributes={"axes": int_array(n.attrs["axes"]),
                                       "keepdims": BoolAttr(n.attrs["keepdims"], i1)})

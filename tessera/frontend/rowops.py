@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 from xdsl.dialects.builtin import BoolAttr, i1
 
+from tessera import dtypes as dt
 from tessera.errors import RankMismatchError, ShapeMismatchError
 from tessera.frontend import ops
 from tessera.frontend.layout import expand_dims, moveaxis, swapaxes
@@ -79,6 +80,33 @@ def prod(x, axis=None, keepdims: bool = False) -> Tensor:
     """Product over ``axis`` (None: all axes); an empty product is 1.  Accumulates in f32 for
     bf16/f16 (per-lane partial products combined in a fixed tree, like ``reduce_sum``)."""
     return ops._reduce("reduce_prod", x, axis, keepdims)
+
+
+def _logical(op: str, x, axis, keepdims: bool) -> Tensor:
+    x = ops._t(x, op)
+    if x.dtype != dt.bool_:
+        require_float(x, op)
+    if axis is None:
+        axes = tuple(range(x.ndim))
+    else:
+        axes = tuple(normalize_axis(a, x.ndim, op) for a in (axis if isinstance(axis, (tuple, list)) else (axis,)))
+        if len(set(axes)) != len(axes):
+            raise _err(RankMismatchError, f"{op}: repeated axis in {axis}")
+    if not axes:
+        return ops.cast(x, dt.bool_)
+    shape = tuple((1 if i in axes else d) for i, d in enumerate(x.shape) if keepdims or i not in axes)
+    return add_node(op, [x._node], {"axes": tuple(sorted(axes)), "keepdims": bool(keepdims)}, shape, dt.bool_)
+
+
+def any(x, axis=None, keepdims: bool = False) -> Tensor:   # noqa: A001 - numpy's name
+    """Whether any element over ``axis`` (None: all) is nonzero -- NaN is nonzero, as numpy's --
+    as a bool tensor.  Float or bool input; the reduce kernel (an empty reduction is False)."""
+    return _logical("reduce_any", x, axis, keepdims)
+
+
+def all(x, axis=None, keepdims: bool = False) -> Tensor:   # noqa: A001 - numpy's name
+    """Whether every element over ``axis`` is nonzero (an empty reduction is True); as ``any``."""
+    return _logical("reduce_all", x, axis, keepdims)
 
 
 def _arg(op: str, x, axis, keepdims: bool) -> Tensor:
@@ -166,6 +194,8 @@ REFERENCE = {
     "reduce_prod": lambda x, n: np.prod(x[0], axis=n.attrs["axes"], keepdims=n.attrs["keepdims"]),
     "argmax": lambda x, n: np.argmax(x[0], axis=-1, keepdims=n.attrs["keepdims"]),
     "argmin": lambda x, n: np.argmin(x[0], axis=-1, keepdims=n.attrs["keepdims"]),
+    "reduce_any": lambda x, n: np.any(x[0], axis=n.attrs["axes"], keepdims=n.attrs["keepdims"]),
+    "reduce_all": lambda x, n: np.all(x[0], axis=n.attrs["axes"], keepdims=n.attrs["keepdims"]),
     "top_k": lambda x, n: np.take_along_axis(x[0], _top_k_order(x[0], n.attrs["k"]), -1),
     "top_k_indices": lambda x, n: _top_k_order(x[1], n.shape[-1]),
 }
@@ -201,4 +231,4 @@ def infer_dims(n, ins: list) -> list | None:
     return None
 
 
-__all__ = ["logsumexp", "log_softmax", "cumsum", "cumprod", "prod", "argmax", "argmin", "top_k"]
+__all__ = ["logsumexp", "log_softmax", "cumsum", "cumprod", "prod", "argmax", "argmin", "top_k", "any", "all"]

@@ -830,9 +830,9 @@ ELEMENTWISE_BINARY = (AddOp, SubOp, MulOp, DivOp, MaximumOp, MinimumOp)
 REDUCTIONS = (ReduceSumOp, ReduceMaxOp, ReduceMeanOp)
 ROWWISE = (SoftmaxOp, LayerNormOp, RmsNormOp)
 # reductions, scans and the log-row ops live in graph_rows.py (it imports the classes above)
-from tessera.ir.graph_rows import (ARGS, INDEX_ELEM, INDEX_ELEM_NP, ROW_LOG, ROW_REDUCING, ROWS_OPS, SCANS,  # noqa: E402
-                                   ReduceProdOp)
-REDUCTIONS = REDUCTIONS + (ReduceProdOp,)
+from tessera.ir.graph_rows import (ARGS, INDEX_ELEM, INDEX_ELEM_NP, NEW_REDUCTIONS, ROW_LOG,  # noqa: E402
+                                   ROW_REDUCING, ROWS_OPS, SCANS, ReduceAllOp, ReduceAnyOp, ReduceProdOp)
+REDUCTIONS = REDUCTIONS + NEW_REDUCTIONS
 ROWWISE = ROWWISE + ROW_LOG + ARGS + (ROWS_OPS[-1],)   # ... and top_k
 
 Graph = Dialect(

@@ -11,12 +11,12 @@ from typing import ClassVar
 
 import numpy as np
 
-from xdsl.dialects.builtin import BoolAttr, IntegerAttr, f32
+from xdsl.dialects.builtin import BoolAttr, IntegerAttr, IntegerType, f32
 from xdsl.irdl import attr_def, irdl_op_definition, operand_def, result_def, traits_def
 from xdsl.traits import Pure
 
 from tessera.errors import GraphRankError, GraphResultTypeError, GraphShapeError
-from tessera.ir.attrs import ival
+from tessera.ir.attrs import ints, ival
 from tessera.ir.graph import (  # noqa: I001
     _FMT1,
     GraphOp,
@@ -25,6 +25,7 @@ from tessera.ir.graph import (  # noqa: I001
     _Reduce,
     _require_float,
     _Unary,
+    infer_reduce,
     normalize_axis,
 )
 
@@ -101,6 +102,30 @@ class ReduceProdOp(_Reduce):
     KIND: ClassVar[str] = "prod"
 
 
+class _Logical(_Reduce):
+    """Whether any (every) element over ``axes`` is nonzero (NaN counts as nonzero, as numpy's
+    ``bool(nan)``): a float or bool input, a bool (i1) result."""
+
+    def infer_result_type(self) -> TensorType:
+        t = _operand_tensor(self.name, self.input)
+        if not (isinstance(t.element_type, IntegerType) and t.element_type.width.data == 1):
+            _require_float(self.name, t.element_type)
+        r = infer_reduce(self.name, t, ints(self.axes), bool(self.keepdims.value.data))
+        return TensorType.of(list(r.dims), IntegerType(1))
+
+
+@irdl_op_definition
+class ReduceAnyOp(_Logical):
+    name = "tessera.reduce_any"
+    KIND: ClassVar[str] = "any"
+
+
+@irdl_op_definition
+class ReduceAllOp(_Logical):
+    name = "tessera.reduce_all"
+    KIND: ClassVar[str] = "all"
+
+
 # the element type of argmax / argmin indices: f32 until the int dtypes land (exact below 2^24)
 INDEX_ELEM = f32
 INDEX_ELEM_NP = np.dtype(np.float32)   # the same, as the tracer's numpy dtype
@@ -169,8 +194,10 @@ ROW_LOG = (LogSumExpOp, LogSoftmaxOp)
 ARGS = (ArgmaxOp, ArgminOp)
 # row kernels whose results are not row-shaped (one value, or k, per row): no epilogue
 ROW_REDUCING = (LogSumExpOp, ArgmaxOp, ArgminOp, TopKOp)
-ROWS_OPS = [LogSumExpOp, LogSoftmaxOp, CumsumOp, CumprodOp, ReduceProdOp, ArgmaxOp, ArgminOp, TopKOp]
+ROWS_OPS = [LogSumExpOp, LogSoftmaxOp, CumsumOp, CumprodOp, ReduceProdOp, ArgmaxOp, ArgminOp, ReduceAnyOp, ReduceAllOp,
+            TopKOp]
+NEW_REDUCTIONS = (ReduceProdOp, ReduceAnyOp, ReduceAllOp)
 
-__all__ = ["LogSumExpOp", "LogSoftmaxOp", "CumsumOp", "CumprodOp", "ReduceProdOp", "ArgmaxOp", "ArgminOp", "TopKOp", "SCANS",
+__all__ = ["LogSumExpOp", "LogSoftmaxOp", "CumsumOp", "CumprodOp", "ReduceProdOp", "ReduceAnyOp", "ReduceAllOp", "NEW_REDUCTIONS", "ArgmaxOp", "ArgminOp", "TopKOp", "SCANS",
            "ROW_LOG", "ARGS", "ROW_REDUCING", "ROWS_OPS", "INDEX_ELEM",
            "INDEX_ELEM_NP"]
