@@ -281,6 +281,11 @@ SAMPLES.update({
     "tessera.reduce_all": _fn(f"%x : {Y}", f"  %r = tessera.reduce_all %x {{axes = [0 : i64], keepdims = true}} : "
                                            f"({Y}) -> !tessera.tensor<[1, N], i1>\n"
                                            "  func.return %r : !tessera.tensor<[1, N], i1>", "!tessera.tensor<[1, N], i1>"),
+    "tessera.cross_entropy": _fn(f"%x : {Y}, %y : !tessera.tensor<[M], f32>",
+                                 "  %l, %v = tessera.cross_entropy %x, %y {ignore_index = -100 : i64} : "
+                                 f"({Y}, !tessera.tensor<[M], f32>) -> (!tessera.tensor<[M], f32>, "
+                                 "!tessera.tensor<[M], f32>)\n  func.return %l : !tessera.tensor<[M], f32>",
+                                 "!tessera.tensor<[M], f32>"),
     "tessera.cumsum": _unary("tessera.cumsum", "{axis = 0 : i64} "),
     "tessera.cumprod": _unary("tessera.cumprod", "{axis = -1 : i64} "),
     "tessera.reduce_prod": _fn(f"%x : {Y}", f"  %r = tessera.reduce_prod %x {{axes = [1 : i64], keepdims = true}} : "

@@ -227,7 +227,11 @@ def _infer(graph: TraceGraph, uf: _UF, dims: dict) -> None:
             d = list(ins[0])
             for v in ins[1:]:
                 _unify(uf, v[0], d[-1])
-        elif rowops.infer_dims(n, ins) is not None:   # logsumexp, argmax, argmin
+        elif op == "cross_entropy":   # labels [...] share the logits' leading dims
+            for a, c in zip(ins[0][:-1], ins[1]):
+                _unify(uf, a, c)
+            d = list(ins[0][:-1])
+        elif rowops.infer_dims(n, ins) is not None:   # logsumexp, argmax, argmin, top_k
             d = rowops.infer_dims(n, ins)
         else:  # unary, softmax, cast, log_softmax, scans
             d = list(ins[0])

@@ -434,6 +434,7 @@ __all__ += ["expand_dims", "squeeze", "swapaxes", "moveaxis", "var", "std", "con
 
 # reductions, scans and log-row ops (frontend/rowops.py imports this module)
 from tessera.frontend.rowops import (  # noqa: E402
-    all, any, argmax, argmin, cumprod, cumsum, log_softmax, logsumexp, prod, top_k)
+    all, any, argmax, argmin, cross_entropy, cumprod, cumsum, log_softmax, logsumexp, prod, top_k)
 
-__all__ += ["logsumexp", "log_softmax", "cumsum", "cumprod", "prod", "argmax", "argmin", "top_k", "any", "all"]
+__all__ += ["logsumexp", "log_softmax", "cumsum", "cumprod", "prod", "argmax", "argmin", "top_k", "any", "all",
+            "cross_entropy"]

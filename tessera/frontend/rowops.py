@@ -13,7 +13,7 @@ import numpy as np
 from xdsl.dialects.builtin import BoolAttr, i1
 
 from tessera import dtypes as dt
-from tessera.errors import RankMismatchError, ShapeMismatchError
+from tessera.errors import ArgumentError, DtypeError, RankMismatchError, ShapeMismatchError
 from tessera.frontend import ops
 from tessera.frontend.layout import expand_dims, moveaxis, swapaxes
 from tessera.frontend.trace import Tensor, _err, add_node, normalize_axis, require_float, require_int
@@ -162,6 +162,57 @@ def top_k(x, k, axis: int = -1) -> tuple[Tensor, Tensor]:
     return vals, idx
 
 
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def cross_entropy(logits, labels, reduction: str = "mean", ignore_index: int = -100) -> Tensor:
+    """Softmax cross-entropy of ``logits`` [..., C] against integer class ``labels`` [...] (the class
+    axis last): per row ``logsumexp(row) - row[label]``, one row kernel (a max pass that also picks
+    the labelled logit, a sum-of-exp pass; no one-hot, no softmax in memory) with the logits'
+    elementwise producers fused.  ``reduction``: "mean" (over the rows whose label is not
+    ``ignore_index``, as torch: NaN when every row is ignored), "sum", or "none" (per row, 0 for an
+    ignored row).  Computed in f32 (f64 for f64 logits), returned in the logits' dtype.  A label
+    outside [0, C) other than ``ignore_index`` reads no memory and gives a loss of +inf."""
+    logits = _row_op_input(logits, "cross_entropy")
+    labels = ops._t(labels, "cross_entropy labels")
+    if np.dtype(labels.dtype).kind not in "iu":
+        raise _err(DtypeError, f"cross_entropy: labels must be an integer tensor (class indices), got "
+                               f"{np.dtype(labels.dtype).name}")
+    if labels.shape != logits.shape[:-1]:
+        raise _err(ShapeMismatchError, f"cross_entropy: labels of shape {labels.shape} must have the logits' "
+                                       f"leading shape {logits.shape[:-1]} (logits [..., classes])")
+    if reduction not in REDUCTIONS:
+        raise _err(ArgumentError, f"cross_entropy: reduction={reduction!r}; legal: {', '.join(REDUCTIONS)}")
+    ignore = require_int(ignore_index, "cross_entropy: ignore_index", ArgumentError)
+    return _cross_entropy_rows(logits, ops.cast(labels, dt.float64 if logits.dtype == dt.float64 else dt.float32),
+                               reduction, ignore)
+
+
+def _cross_entropy_rows(logits: Tensor, labels: Tensor, reduction: str, ignore: int) -> Tensor:
+    """The graph of ``cross_entropy`` from labels already held as floats (integers)."""
+    reg = dt.float64 if logits.dtype == dt.float64 else dt.float32
+    loss = add_node("cross_entropy", [logits._node, labels._node], {"ignore_index": ignore}, labels.shape, reg)
+    if reduction == "none":
+        out = loss
+    else:
+        out = ops.reduce_sum(loss)
+        if reduction == "mean":
+            valid = add_node("cross_entropy_valid", [loss._node, labels._node], {"ignore_index": ignore},
+                             labels.shape, reg)
+            out = out / ops.reduce_sum(valid)
+    return ops.cast(out, logits.dtype) if out.dtype != logits.dtype else out
+
+
+def _xent64(x: np.ndarray, y: np.ndarray, ignore: int) -> np.ndarray:
+    """Per-row float64 loss: logsumexp - the labelled logit; 0 where ignored, +inf out of range."""
+    lse = _lse64(x, False)
+    yi = y.astype(np.int64)
+    inside = (yi >= 0) & (yi < x.shape[-1])
+    picked = np.take_along_axis(x, np.where(inside, yi, 0)[..., None], -1)[..., 0]
+    loss = np.where(inside, lse - picked, np.inf)
+    return np.where(yi == ignore, 0.0, loss)
+
+
 def _top_k_order(v: np.ndarray, k: int) -> np.ndarray:
     """Indices of the k largest along the last axis: NaN first, then descending, ties by index."""
     nan = np.isnan(v)
@@ -196,10 +247,12 @@ REFERENCE = {
     "argmin": lambda x, n: np.argmin(x[0], axis=-1, keepdims=n.attrs["keepdims"]),
     "reduce_any": lambda x, n: np.any(x[0], axis=n.attrs["axes"], keepdims=n.attrs["keepdims"]),
     "reduce_all": lambda x, n: np.all(x[0], axis=n.attrs["axes"], keepdims=n.attrs["keepdims"]),
+    "cross_entropy": lambda x, n: _xent64(x[0], x[1], n.attrs["ignore_index"]),
+    "cross_entropy_valid": lambda x, n: (x[1] != n.attrs["ignore_index"]).astype(np.float64),
     "top_k": lambda x, n: np.take_along_axis(x[0], _top_k_order(x[0], n.attrs["k"]), -1),
     "top_k_indices": lambda x, n: _top_k_order(x[1], n.shape[-1]),
 }
-SECOND_RESULT = ("top_k_indices",)   # nodes that are the second result of their first input's op
+SECOND_RESULT = ("top_k_indices", "cross_entropy_valid")   # nodes that are the second result of their first input's op
 
 
 # ----------------------------------------------------------------------------- Graph IR builders
@@ -215,9 +268,11 @@ MAKE = {
     "cumprod": _mk(g.SCANS[1], axis=lambda n: i64_attr(n.attrs["axis"])),
     "argmax": _mk(g.ARGS[0], keepdims=lambda n: BoolAttr(n.attrs["keepdims"], i1)),
     "argmin": _mk(g.ARGS[1], keepdims=lambda n: BoolAttr(n.attrs["keepdims"], i1)),
-    "top_k": lambda n, operands, T: g.ROWS_OPS[-1].create(
+    "top_k": lambda n, operands, T: g.TopKOp.create(
         operands=operands, result_types=[T, g.TensorType.of(list(T.dims), g.INDEX_ELEM)],
         attributes={"k": i64_attr(n.attrs["k"])}),
+    "cross_entropy": lambda n, operands, T: g.CrossEntropyOp.create(
+        operands=operands, result_types=[T, T], attributes={"ignore_index": i64_attr(n.attrs["ignore_index"])}),
 }
 
 
@@ -231,4 +286,4 @@ def infer_dims(n, ins: list) -> list | None:
     return None
 
 
-__all__ = ["logsumexp", "log_softmax", "cumsum", "cumprod", "prod", "argmax", "argmin", "top_k", "any", "all"]
+__all__ = ["logsumexp", "log_softmax", "cumsum", "cumprod", "prod", "argmax", "argmin", "top_k", "any", "all", "cross_entropy"]

@@ -831,9 +831,10 @@ REDUCTIONS = (ReduceSumOp, ReduceMaxOp, ReduceMeanOp)
 ROWWISE = (SoftmaxOp, LayerNormOp, RmsNormOp)
 # reductions, scans and the log-row ops live in graph_rows.py (it imports the classes above)
 from tessera.ir.graph_rows import (ARGS, INDEX_ELEM, INDEX_ELEM_NP, NEW_REDUCTIONS, ROW_LOG,  # noqa: E402
-                                   ROW_REDUCING, ROWS_OPS, SCANS, ReduceAllOp, ReduceAnyOp, ReduceProdOp)
+                                   ROW_REDUCING, ROWS_OPS, SCANS, CrossEntropyOp, ReduceAllOp, ReduceAnyOp,
+                                   ReduceProdOp, TopKOp)
 REDUCTIONS = REDUCTIONS + NEW_REDUCTIONS
-ROWWISE = ROWWISE + ROW_LOG + ARGS + (ROWS_OPS[-1],)   # ... and top_k
+ROWWISE = ROWWISE + ROW_LOG + ARGS + (TopKOp, CrossEntropyOp)
 
 Graph = Dialect(
     "tessera",

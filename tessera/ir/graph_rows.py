@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from xdsl.dialects.builtin import BoolAttr, IntegerAttr, IntegerType, f32
+from xdsl.dialects.builtin import BoolAttr, Float64Type, IntegerAttr, IntegerType, f32
 from xdsl.irdl import attr_def, irdl_op_definition, operand_def, result_def, traits_def
 from xdsl.traits import Pure
 
@@ -189,15 +189,49 @@ class TopKOp(GraphOp):
             raise GraphResultTypeError(f"{self.name}: indices type {self.indices.type}, expected {want}", op=self)
 
 
+@irdl_op_definition
+class CrossEntropyOp(GraphOp):
+    """Per-row softmax cross-entropy of logits [..., C] (float) against class labels [...] (held as
+    floats: the tracer casts integer labels; exact below 2^24): ``loss = logsumexp(row) -
+    row[label]`` and ``valid = 1`` where ``label != ignore_index`` (both 0 for an ignored row).  A
+    label outside [0, C) other than ``ignore_index`` picks no logit: its loss is +inf.  Both results
+    are [...] in the registers' type (f32, f64 for f64 logits)."""
+
+    name = "tessera.cross_entropy"
+    input = operand_def(TensorType)
+    labels = operand_def(TensorType)
+    loss = result_def(TensorType)
+    valid = result_def(TensorType)
+    ignore_index = attr_def(IntegerAttr)
+    traits = traits_def(Pure())
+    assembly_format = "$input `,` $labels attr-dict `:` functional-type(operands, results)"
+
+    def infer_result_type(self) -> TensorType:
+        t = _row_input(self)
+        lt = _operand_tensor(self.name, self.labels)
+        _require_float(self.name, lt.element_type)
+        if tuple(lt.dims) != tuple(t.dims[:-1]):
+            raise GraphShapeError(f"{self.name}: labels {list(lt.dims)} must have the logits' leading dims "
+                                  f"{list(t.dims[:-1])}")
+        elem = t.element_type if isinstance(t.element_type, Float64Type) else f32
+        return TensorType.of(list(t.dims[:-1]), elem)
+
+    def verify_(self) -> None:
+        super().verify_()
+        if self.valid.type != self.loss.type:
+            raise GraphResultTypeError(f"{self.name}: valid type {self.valid.type} differs from loss "
+                                       f"{self.loss.type}", op=self)
+
+
 SCANS = (CumsumOp, CumprodOp)
 ROW_LOG = (LogSumExpOp, LogSoftmaxOp)
 ARGS = (ArgmaxOp, ArgminOp)
 # row kernels whose results are not row-shaped (one value, or k, per row): no epilogue
-ROW_REDUCING = (LogSumExpOp, ArgmaxOp, ArgminOp, TopKOp)
+ROW_REDUCING = (LogSumExpOp, ArgmaxOp, ArgminOp, TopKOp, CrossEntropyOp)
 ROWS_OPS = [LogSumExpOp, LogSoftmaxOp, CumsumOp, CumprodOp, ReduceProdOp, ArgmaxOp, ArgminOp, ReduceAnyOp, ReduceAllOp,
-            TopKOp]
+            TopKOp, CrossEntropyOp]
 NEW_REDUCTIONS = (ReduceProdOp, ReduceAnyOp, ReduceAllOp)
 
-__all__ = ["LogSumExpOp", "LogSoftmaxOp", "CumsumOp", "CumprodOp", "ReduceProdOp", "ReduceAnyOp", "ReduceAllOp", "NEW_REDUCTIONS", "ArgmaxOp", "ArgminOp", "TopKOp", "SCANS",
+__all__ = ["LogSumExpOp", "LogSoftmaxOp", "CumsumOp", "CumprodOp", "ReduceProdOp", "ReduceAnyOp", "ReduceAllOp", "NEW_REDUCTIONS", "ArgmaxOp", "ArgminOp", "TopKOp", "CrossEntropyOp", "SCANS",
            "ROW_LOG", "ARGS", "ROW_REDUCING", "ROWS_OPS", "INDEX_ELEM",
            "INDEX_ELEM_NP"]

@@ -39,6 +39,15 @@ def _reduce(b, kind: str, tile_v):
     return op.result
 
 
+class _Reads:
+    """A stand-in op whose only operand is ``v`` (find_leaves scans operands)."""
+
+    name = "reads"
+
+    def __init__(self, v):
+        self.operands = [v]
+
+
 class RowSetup:
     """What a row kernel over the last axis with a fused elementwise prologue (and, for a row-shaped
     result, epilogue) needs: its signature, sizes, leaves, and ``x_chunk`` (the prologue applied to
@@ -61,7 +70,8 @@ class RowSetup:
         self.out = outs[0]
         self.prologue, self.epilogue, self.op = prologue, epilogue, op
         self.chunk = R.chunk_of(kop)
-        leaves = R.find_leaves(block, dims, prologue + epilogue + ([op] if not prologue else []) + [yield_op])
+        # the row op's own input (cross_entropy's labels, one per row, are read by its generator)
+        leaves = R.find_leaves(block, dims, prologue + epilogue + ([_Reads(x)] if not prologue else []) + [yield_op])
         for res in op.results:
             leaves.pop(res, None)
         self.leaves = leaves

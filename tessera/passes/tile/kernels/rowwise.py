@@ -63,9 +63,12 @@ def generate(kop: s.KernelOp):
     if isinstance(norm, g.ARGS):      # argmax / argmin: kernels/argrows.py
         from tessera.passes.tile.kernels import argrows
         return argrows.generate(kop, prologue, norm, epilogue)
-    if isinstance(norm, g.ROWS_OPS[-1]):   # top_k: kernels/topk.py
+    if isinstance(norm, g.TopKOp):     # top_k: kernels/topk.py
         from tessera.passes.tile.kernels import topk
         return topk.generate(kop, prologue, norm, epilogue)
+    if isinstance(norm, g.CrossEntropyOp):   # kernels/xent.py
+        from tessera.passes.tile.kernels import xent
+        return xent.generate(kop, prologue, norm, epilogue)
     x = norm.input
     dims = tuple(x.type.dims)
     outs = list(yield_op.operands)
