@@ -477,3 +477,14 @@ def test_cross_entropy_bad_input_is_coded(rng):
     with pytest.raises(ScheduleIllegalError, match=r"tessera\.cross_entropy.*nvidia lane"):
         from tessera.frontend.rowops import _cross_entropy_rows
         ts.compile(lambda a, b: _cross_entropy_rows(a, b, "none", -100), x, y, target="nvidia", arch="sm_90")
+
+
+def test_tensor_methods_as_numpy(rng):
+    x = _arg_input(rng, np.float32, (6, 9))
+    f = ts.jit(lambda a: (a.argmax(-1), a.argmin(), a.cumsum(0), a.cumprod(1), a.prod(1, keepdims=True),
+                          a.any(1), a.all()))
+    with np.errstate(invalid="ignore"):   # inf * 0 in the products
+        want = (x.argmax(-1), x.argmin(), x.cumsum(0), x.cumprod(1), x.prod(1, keepdims=True), x.any(1), x.all())
+    for got, w in zip(f(x), want):
+        ok, err = close(np.asarray(got, np.float64), np.asarray(w, np.float64), 1e-6)
+        assert ok, (got, w)

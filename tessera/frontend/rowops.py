@@ -221,6 +221,18 @@ def _top_k_order(v: np.ndarray, k: int) -> np.ndarray:
     return np.lexsort((idx, neg, ~nan), axis=-1)[..., :k]
 
 
+# numpy's array methods of the same names on traced tensors (x.argmax(-1), x.cumsum(0), x.any(), ...)
+def _method(fn):
+    def method(self, *args, **kwargs):
+        return fn(self, *args, **kwargs)
+    method.__name__, method.__doc__ = fn.__name__, fn.__doc__
+    return method
+
+
+for _fn in (argmax, argmin, cumsum, cumprod, prod, any, all):
+    setattr(Tensor, _fn.__name__, _method(_fn))
+
+
 # ----------------------------------------------------------------------------- float64 references
 def _lse64(v: np.ndarray, keepdims: bool) -> np.ndarray:
     with np.errstate(all="ignore"):
