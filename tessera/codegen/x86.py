@@ -232,7 +232,8 @@ class _Fn(FnCodegen):
         v = op.value.value.data
         if isinstance(vt.element, ir.IntType) and vt.element.width == 1:
             v = int(v != 0)   # an i1 IntegerAttr reads true as -1
-        self.set(op, ir.Constant(vt, [ir.Constant(vt.element, v)] * vt.count))
+        step = op.step.value.data if op.step is not None else 0   # lane l holds value + l * step
+        self.set(op, ir.Constant(vt, [ir.Constant(vt.element, v + lane * step) for lane in range(vt.count)]))
 
     def op_tessera_x86_vsplat(self, op):
         self.set(op, self._splat(self.v(op.scalar), llvm_type(op.result.type)))
@@ -294,6 +295,11 @@ class _Fn(FnCodegen):
             r = b.select(b.fcmp_unordered("!=", c, ir.Constant(a.type, None)), a, ninf)
         elif fn == "select_max":   # a > c ? a : c: one vmaxps (see tile.BINARY_FNS)
             r = self._vmaxps(a, c)
+        elif fn == "same":         # 1 where a == c or both are NaN
+            hit = b.or_(b.fcmp_ordered("==", a, c), b.and_(b.fcmp_unordered("uno", a, a),
+                                                           b.fcmp_unordered("uno", c, c)))
+            r = b.select(hit, ir.Constant(a.type, [ir.Constant(a.type.element, 1.0)] * a.type.count),
+                         ir.Constant(a.type, None))
         else:  # max / min as numpy's: one vmaxps and a NaN select (llvm.maximum costs two more)
             r = self.numpy_max(a, c, fn == "max")
         self.set(op, r)
@@ -370,6 +376,11 @@ class _Fn(FnCodegen):
                                                         [(i + half) % vt.count for i in range(vt.count)]))
             if kind == "add":
                 cur = b.fadd(cur, hi)
+            elif kind == "mul":
+                cur = b.fmul(cur, hi)
+            elif kind == "min":
+                f = self.gen.intrinsic(f"llvm.minimum.{self._vec_suffix(vt)}", vt, [vt, vt])
+                cur = b.call(f, [cur, hi])
             else:
                 f = self.gen.intrinsic(f"llvm.maximum.{self._vec_suffix(vt)}", vt, [vt, vt])
                 cur = b.call(f, [cur, hi])

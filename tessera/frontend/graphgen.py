@@ -34,6 +34,7 @@ from tessera.ir import dims as D
 from tessera.ir import graph as g
 from tessera.ir.attrs import i64_attr, int_array
 
+from tessera.frontend import rowops
 from tessera.frontend.trace import Node, TraceGraph
 
 
@@ -185,7 +186,7 @@ def _infer(graph: TraceGraph, uf: _UF, dims: dict) -> None:
             _unify(uf, a[-1], b[-2])
             batch = _broadcast(uf, _Shape(n.inputs[0].shape[:-2]), _Shape(n.inputs[1].shape[:-2]), a[:-2], b[:-2])
             d = batch + [a[-2], b[-1]]
-        elif op in ("reduce_sum", "reduce_max", "reduce_mean"):
+        elif op in ("reduce_sum", "reduce_max", "reduce_mean", "reduce_prod", "reduce_any", "reduce_all"):
             axes, keep = n.attrs["axes"], n.attrs["keepdims"]
             d = [1 if i in axes else x for i, x in enumerate(ins[0]) if keep or i not in axes]
         elif op == "transpose":
@@ -226,7 +227,13 @@ def _infer(graph: TraceGraph, uf: _UF, dims: dict) -> None:
             d = list(ins[0])
             for v in ins[1:]:
                 _unify(uf, v[0], d[-1])
-        else:  # unary, softmax, cast
+        elif op == "cross_entropy":   # labels [...] share the logits' leading dims
+            for a, c in zip(ins[0][:-1], ins[1]):
+                _unify(uf, a, c)
+            d = list(ins[0][:-1])
+        elif rowops.infer_dims(n, ins) is not None:   # logsumexp, argmax, argmin, top_k
+            d = rowops.infer_dims(n, ins)
+        else:  # unary, softmax, cast, log_softmax, scans
             d = list(ins[0])
         dims[id(n)] = d
         if n.observed:  # user code read these sizes (they may have become constants): specialise them
@@ -244,6 +251,9 @@ def _emit(graph: TraceGraph, uf: _UF, dims: dict, static) -> GraphIR:
     for n in graph.nodes:
         T = ttype(n)
         operands = [vals[id(x)] for x in n.inputs]
+        if n.op in rowops.SECOND_RESULT:   # a second result of its first input's op (top_k's indices)
+            vals[id(n)] = operands[0].owner.results[1]
+            continue
         op = _make_op(n, operands, T)
         if n.loc is not None:
             op.location = FileLineColLoc(StringAttr(n.loc.file), IntAttr(n.loc.line), IntAttr(n.loc.col))
@@ -282,8 +292,11 @@ def _make_op(n: Node, operands, T):
         groups = [[operands[0]]] + [[next(rest)] if p else [] for p in present]
         cls = g.LayerNormOp if n.op == "layer_norm" else g.RmsNormOp
         return cls(operands=groups, result_types=[T], attributes={"eps": FloatAttr(n.attrs["eps"], f64)})
-    if n.op in ("reduce_sum", "reduce_max", "reduce_mean"):
-        cls = {"reduce_sum": g.ReduceSumOp, "reduce_max": g.ReduceMaxOp, "reduce_mean": g.ReduceMeanOp}[n.op]
+    if n.op in rowops.MAKE:
+        return rowops.MAKE[n.op](n, operands, T)
+    if n.op in ("reduce_sum", "reduce_max", "reduce_mean", "reduce_prod", "reduce_any", "reduce_all"):
+        cls = {"reduce_sum": g.ReduceSumOp, "reduce_max": g.ReduceMaxOp, "reduce_mean": g.ReduceMeanOp,
+               "reduce_prod": g.ReduceProdOp, "reduce_any": g.ReduceAnyOp, "reduce_all": g.ReduceAllOp}[n.op]
         return cls.create(operands=operands, result_types=[T],
                           attributes={"axes": int_array(n.attrs["axes"]),
                                       "keepdims": BoolAttr(n.attrs["keepdims"], i1)})

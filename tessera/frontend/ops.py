@@ -6,6 +6,7 @@ rules (1-D operands included), ``axis``/``keepdims`` on reductions.
 """
 from __future__ import annotations
 
+import builtins
 import difflib
 import math
 import numbers
@@ -270,7 +271,7 @@ def _reduce(op: str, x, axis, keepdims: bool) -> Tensor:
             raise _err(RankMismatchError, f"{op}: repeated axis in {axis}")
     if not axes:
         return x
-    if op == "reduce_max" and any(x.shape[a] == 0 for a in axes):
+    if op == "reduce_max" and builtins.any(x.shape[a] == 0 for a in axes):
         raise _err(ShapeMismatchError, f"{op}: zero-size reduction has no identity (numpy raises too)")
     shape = tuple((1 if i in axes else d) for i, d in enumerate(x.shape) if keepdims or i not in axes)
     return add_node(op, [x._node], {"axes": tuple(sorted(axes)), "keepdims": bool(keepdims)}, shape, x.dtype)
@@ -312,7 +313,7 @@ def reshape(x, shape) -> Tensor:
         if known == 0 or total % known:
             raise _err(ShapeMismatchError, f"reshape: cannot reshape {x.shape} into {shape}")
         shape = tuple(total // known if s == -1 else s for s in shape)
-    if any(s < 0 for s in shape) or math.prod(shape) != total:
+    if builtins.any(s < 0 for s in shape) or math.prod(shape) != total:
         raise _err(ShapeMismatchError, f"reshape: cannot reshape {x.shape} ({total} elements) into {shape}")
     if shape == x.shape:
         return x
@@ -450,3 +451,10 @@ from tessera.frontend.layout import (  # noqa: E402
 )
 
 __all__ += ["expand_dims", "squeeze", "swapaxes", "moveaxis", "var", "std", "concatenate", "stack", "split", "chunk"]
+
+# reductions, scans and log-row ops (frontend/rowops.py imports this module)
+from tessera.frontend.rowops import (  # noqa: E402
+    all, any, argmax, argmin, cross_entropy, cumprod, cumsum, log_softmax, logsumexp, prod, top_k)
+
+__all__ += ["logsumexp", "log_softmax", "cumsum", "cumprod", "prod", "argmax", "argmin", "top_k", "any", "all",
+            "cross_entropy"]

@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from tessera.frontend import reference_ints as R
+from tessera.frontend import rowops
 from tessera.frontend.trace import TraceGraph
 
 _erf = np.frompyfunc(math.erf, 1, 1)
@@ -138,6 +139,9 @@ def evaluate(graph: TraceGraph, arrays: list[np.ndarray]) -> list[np.ndarray]:
         elif op == "cast":
             r = R.cast(x[0], n.dtype)
             r = r if n.dtype.kind in "biu" else r.astype(np.float64)
+        elif op in rowops.REFERENCE:
+            with np.errstate(all="ignore"):
+                r = rowops.REFERENCE[op](x, n)
         else:
             raise NotImplementedError(op)
         vals[id(n)] = np.asarray(r, dtype=n.dtype if n.dtype.kind in "biu" else np.float64).reshape(n.shape)

@@ -839,6 +839,12 @@ ELEMENTWISE_UNARY = (NegOp, ExpOp, TanhOp, ErfOp, ReluOp, SiluOp, GeluOp, SqrtOp
 ELEMENTWISE_BINARY = (AddOp, SubOp, MulOp, DivOp, MaximumOp, MinimumOp)
 REDUCTIONS = (ReduceSumOp, ReduceMaxOp, ReduceMeanOp)
 ROWWISE = (SoftmaxOp, LayerNormOp, RmsNormOp)
+# reductions, scans and the log-row ops live in graph_rows.py (it imports the classes above)
+from tessera.ir.graph_rows import (ARGS, INDEX_ELEM, INDEX_ELEM_NP, NEW_REDUCTIONS, ROW_LOG,  # noqa: E402
+                                   ROW_REDUCING, ROWS_OPS, SCANS, CrossEntropyOp, ReduceAllOp, ReduceAnyOp,
+                                   ReduceProdOp, TopKOp)
+REDUCTIONS = REDUCTIONS + NEW_REDUCTIONS
+ROWWISE = ROWWISE + ROW_LOG + ARGS + (TopKOp, CrossEntropyOp)
 
 Graph = Dialect(
     "tessera",
@@ -846,7 +852,8 @@ Graph = Dialect(
      SoftmaxOp, LayerNormOp, RmsNormOp, ReduceSumOp, ReduceMaxOp, ReduceMeanOp, TransposeOp, ReshapeOp,
      SliceOp, ConcatOp, CastOp, ConstantOp, AttentionOp, FusionOp, YieldOp, MinimumOp,
      LogOp, Log1pOp, Exp2Op, Expm1Op, SinOp, CosOp, SigmoidOp, AbsOp, SignOp, RsqrtOp, ReciprocalOp, FloorOp, CeilOp,
-     RoundOp, SquareOp],
+     RoundOp, SquareOp]
+    + ROWS_OPS,
     [TensorType],
 )
 

@@ -34,6 +34,7 @@ from tessera.ir.attrs import ints, ival, strs
 from tessera.ir.graph import TensorType, YieldOp
 
 KINDS = ("gemm", "rowwise", "elementwise", "reduce", "transpose", "concat", "attention")
+KINDS += ("scan",)   # cumsum / cumprod (passes/tile/kernels/scan.py)
 
 
 _strs, _ints = strs, ints

@@ -558,10 +558,13 @@ class StoreOp(IRDLOperation):
 
 @irdl_op_definition
 class ConstantOp(IRDLOperation):
-    """A tile of one value: a FloatAttr for float tiles, an IntegerAttr for int and bool (i1) ones."""
+    """A tile of one value: a FloatAttr for float tiles, an IntegerAttr for int and bool (i1) ones;
+    with ``step`` (float tiles), element (i, j) is ``value + j * step`` (column indices for argmax /
+    top_k on the CPU lane; the GPU lanes refuse a step)."""
 
     name = "tile.constant"
     value = attr_def(FloatAttr | IntegerAttr)
+    step = opt_attr_def(FloatAttr)
     result = result_def(TileType)
     traits = traits_def(Pure())
     assembly_format = "`(` $value `)` attr-dict `:` type($result)"
@@ -596,6 +599,8 @@ UNARY_FNS = ("neg", "exp", "exp_bounded", "exp2_bounded", "tanh", "erf", "relu",
 # a > b ? a : b (one vmaxps; a NaN in a is dropped, so only for a consumer whose result is NaN
 # anyway when an operand was: softmax's row maximum, since the NaN reaches the row's sum).
 BINARY_FNS = ("add", "sub", "mul", "div", "max", "min", "safe_div", "mask_select", "select_max")
+# same: 1.0 where a == b or both are NaN, else 0.0 (argmax's first match of the row maximum)
+BINARY_FNS += ("same",)
 ELEMENTWISE_FNS = UNARY_FNS + BINARY_FNS
 
 
@@ -674,6 +679,8 @@ class MaskOp(IRDLOperation):
 # select_max: the maximum, a NaN in the tile possibly dropped (one vmaxps per step on x86; a lowering
 # may propagate NaN instead): only for a consumer whose result is NaN anyway when an element was
 REDUCE_KINDS = ("add", "max", "select_max")
+REDUCE_KINDS += ("mul",)   # reduce_prod
+REDUCE_KINDS += ("min",)   # argmin's row minimum, any
 
 
 @irdl_op_definition

@@ -64,6 +64,7 @@ PTR = LLVMPointerType()  # x86 code addresses one flat space
 UNARY = ("neg", "exp", "exp_bounded", "exp2_bounded", "tanh", "erf", "relu", "silu", "gelu_tanh", "gelu_erf", "sqrt", "rsqrt", "recip", "copy",
          "abs", "finite_or_zero", "round_f32", "round_bf16", "round_f16") + MATH_FNS
 BINARY = ("add", "sub", "mul", "div", "max", "min", "safe_div", "mask_select", "select_max")
+BINARY += ("same",)
 
 
 def _check(cond: bool, op: IRDLOperation, msg: str) -> None:
@@ -83,6 +84,7 @@ class VZeroOp(IRDLOperation):
 class VConstantOp(IRDLOperation):
     name = "tessera_x86.vconstant"
     value = attr_def(FloatAttr | IntegerAttr)
+    step = opt_attr_def(FloatAttr)   # lane l holds value + l * step
     result = result_def(VectorType)
     traits = traits_def(Pure())
     assembly_format = "`(` $value `)` attr-dict `:` type($result)"

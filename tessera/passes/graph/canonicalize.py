@@ -82,10 +82,12 @@ def _simplify_once(op) -> bool:
         if len(runs) > 1:
             # reduce the last run first, then the other axes, keeping dims; reshape drops them at the end
             v = op.input
-            inner = type(op).create(operands=[v], result_types=[g.infer_reduce(op.name, v.type, runs[-1], True)],
+            elem = op.result.type.element_type   # any / all: bool results
+            inner = type(op).create(operands=[v], result_types=[g.TensorType.of(
+                g.infer_reduce(op.name, v.type, runs[-1], True).dims, elem)],
                                     attributes={"axes": int_array(runs[-1]), "keepdims": BoolAttr(True, i1)})
             rest = [a for r in runs[:-1] for a in r]
-            kept = g.infer_reduce(op.name, inner.result.type, rest, True)
+            kept = g.TensorType.of(g.infer_reduce(op.name, inner.result.type, rest, True).dims, elem)
             outer = type(op).create(operands=[inner.results[0]], result_types=[kept],
                                     attributes={"axes": int_array(rest), "keepdims": BoolAttr(True, i1)})
             new_ops = [inner, outer]
@@ -148,7 +150,9 @@ class Canonicalize(TesseraPass):
     kind = "graph-transform"
     consumes = ("tessera.*",)
     produces = ("tessera.transpose", "tessera.softmax", "tessera.reshape", "tessera.reduce_sum", "tessera.reduce_max",
-                "tessera.reduce_mean")
+                "tessera.reduce_mean",
+                "tessera.reduce_prod",
+                "tessera.reduce_any", "tessera.reduce_all")
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for block in function_blocks(op):

@@ -69,7 +69,7 @@ def _epilogue(v, group: list) -> None:
 @register
 @dataclass(frozen=True)
 class FuseRowwise(TesseraPass):
-    """Group each last-axis softmax/layer_norm/rms_norm with its elementwise producers and consumers."""
+    """Group each last-axis softmax/layer_norm/rms_norm/log_softmax/logsumexp with its elementwise producers and consumers."""
 
     name = "fuse-rowwise"
     kind = "graph-transform"
@@ -82,5 +82,6 @@ class FuseRowwise(TesseraPass):
                 if isinstance(op, g.ROWWISE) and op.parent is block and _is_last_axis(op):
                     group = [op]
                     _prologue(op.input, op.input.type.dims, group)
-                    _epilogue(op.result, group)
+                    if not isinstance(op, g.ROW_REDUCING):   # logsumexp's / argmax's result is not row-shaped
+                        _epilogue(op.result, group)
                     outline(group, "rowwise")

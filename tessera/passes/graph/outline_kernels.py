@@ -24,6 +24,8 @@ def _kind(op) -> str:
         return "reduce"
     if isinstance(op, g.ROWWISE):
         return "rowwise"
+    if isinstance(op, g.SCANS):
+        return "scan"
     for cls, k in KIND_OF.items():
         if isinstance(op, cls):
             return k

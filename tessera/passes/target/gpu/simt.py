@@ -484,6 +484,8 @@ class SimtLowerer(OpLowerer):
         self.vmap[op.result] = Deferred(self.vmap[op.source], op.pad.value.data if op.pad is not None else 0.0)
 
     def op_tile_constant(self, op: t.ConstantOp, b: Builder) -> None:
+        if op.step is not None:
+            raise PassFailedError("tile.constant with a step (column indices) has no GPU lowering")
         self.vmap[op.result] = Splat(op.value.value.data)
 
     def materialise(self, b: Builder, v, like: Dist) -> list[SSAValue]:

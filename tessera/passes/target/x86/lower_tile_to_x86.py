@@ -469,6 +469,16 @@ class _Lowerer(OpLowerer):
 
     def op_tile_constant(self, op: t.ConstantOp, b: Builder) -> None:
         R, C = op.result.type.dims
+        if op.step is not None:   # column indices: value + j * step
+            st, base = op.step.value.data, op.value.value.data
+            regs = []
+            for v in range(self.nvec(C)):
+                c = x.VConstantOp.create(attributes={"value": FloatAttr(base + v * self.w * st, self.reg),
+                                                     "step": FloatAttr(st, self.reg)}, result_types=[self.vreg])
+                b.op(c)
+                regs.append(c.result)
+            self.vmap[op.result] = Regs((R, C), [regs] * R)
+            return
         elem = op.result.type.element_type
         v = (TE.int_const(b, op.value.value.data, TE.reg_vec(self, elem)) if TE.is_int_elem(elem)
              else self.vconst(b, float(op.value.value.data)))

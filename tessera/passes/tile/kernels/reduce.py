@@ -1,4 +1,4 @@
-"""Reductions (sum, max, mean) over a contiguous run of axes.
+"""Reductions (sum, max, mean, prod, any, all) over a contiguous run of axes.
 
 With the reduced axes last, each output element is one row reduced in vector
 chunks (tail lanes masked to the neutral value) and then across lanes in a fixed
@@ -37,8 +37,12 @@ def generate(kop: s.KernelOp):
     outer = D.product(xd[:axes[0]])
     rlen = D.product(xd[axes[0]:axes[-1] + 1])
     inner = D.product(xd[axes[-1] + 1:])
-    kind = "max" if isinstance(op, g.ReduceMaxOp) else "add"
-    pad = float("-inf") if kind == "max" else 0.0
+    # how each reduction combines, what a masked lane reads, the accumulator's start; any / all reduce
+    # z = (x == 0) as 0.0 / 1.0 (NaN is nonzero): any = 1 - min z, all = 1 - max z
+    kind, pad, init = {g.ReduceMaxOp: ("max", float("-inf"), float("-inf")), g.ReduceProdOp: ("mul", 1.0, 1.0),
+                       g.ReduceAnyOp: ("min", 0.0, 1.0), g.ReduceAllOp: ("max", 1.0, 0.0)}.get(
+                           type(op), ("add", 0.0, 0.0))
+    logical = isinstance(op, (g.ReduceAnyOp, g.ReduceAllOp))
     chunk = R.chunk_of(kop)
     elem = op.input.type.element_type
     # 16-bit floats are widened as they are loaded and accumulate in f32 (rounded once, when stored)
@@ -67,10 +71,12 @@ def generate(kop: s.KernelOp):
         ld = t.LoadOp.create(operands=[view_at(bb, xb, off, width, cols, elem)], attributes=attrs,
                              result_types=[t.tile_type(1, width, reg)])
         bb.op(ld)
+        if logical:
+            return elementwise(bb, "same", [ld.result, splat(bb, 0.0, width)])
         return ld.result
 
-    def splat(bb, value):
-        z = t.ConstantOp.create(attributes={"value": FloatAttr(value, reg)}, result_types=[t.tile_type(1, chunk, reg)])
+    def splat(bb, value, width=chunk):
+        z = t.ConstantOp.create(attributes={"value": FloatAttr(value, reg)}, result_types=[t.tile_type(1, width, reg)])
         bb.op(z)
         return z.result
 
@@ -79,6 +85,8 @@ def generate(kop: s.KernelOp):
             n = t.SplatIndexOp.create(operands=[bb.c(Rn)], result_types=[t.tile_type(1, 1, reg)])
             bb.op(n)
             acc = elementwise(bb, "div", [acc, n.result])
+        if logical:
+            acc = elementwise(bb, "sub", [splat(bb, 1.0, acc.type.dims[1]), acc])
         return acc
 
     if inner == 1:
@@ -90,7 +98,7 @@ def generate(kop: s.KernelOp):
                 x = load(bc, bc.add(base, c), bc.sub(Rn, c), chunk)
                 return [elementwise(bc, kind, [carried[0], x])]
 
-            acc = br.for_(0, Rn, chunk, body, [splat(br, pad)])[0]
+            acc = br.for_(0, Rn, chunk, body, [splat(br, init)])[0]
             red_op = t.ReduceOp.create(operands=[acc], attributes={"kind": StringAttr(kind), "axis": i64_attr(1)},
                                        result_types=[t.tile_type(1, 1, reg)])
             br.op(red_op)
@@ -112,7 +120,7 @@ def generate(kop: s.KernelOp):
                 x = load(bc, bc.add(base, bc.mul(rr, I)), cols, chunk)
                 return [elementwise(bc, kind, [carried[0], x])]
 
-            acc = bi.for_(0, Rn, 1, body, [splat(bi, pad)])[0]
+            acc = bi.for_(0, Rn, 1, body, [splat(bi, init)])[0]
             res = finish(bi, acc)
             bi.op(t.StoreOp.create(operands=[res, view_at(bi, out_buf, bi.add(bi.mul(o, I), c), chunk, cols,
                                                           out_elem)]))

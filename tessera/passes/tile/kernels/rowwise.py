@@ -57,6 +57,18 @@ def generate(kop: s.KernelOp):
     block = kop.body.block
     yield_op = block.last_op
     prologue, norm, epilogue = _split(block)
+    if isinstance(norm, g.ROW_LOG):   # logsumexp / log_softmax: kernels/logrows.py
+        from tessera.passes.tile.kernels import logrows
+        return logrows.generate(kop, prologue, norm, epilogue)
+    if isinstance(norm, g.ARGS):      # argmax / argmin: kernels/argrows.py
+        from tessera.passes.tile.kernels import argrows
+        return argrows.generate(kop, prologue, norm, epilogue)
+    if isinstance(norm, g.TopKOp):     # top_k: kernels/topk.py
+        from tessera.passes.tile.kernels import topk
+        return topk.generate(kop, prologue, norm, epilogue)
+    if isinstance(norm, g.CrossEntropyOp):   # kernels/xent.py
+        from tessera.passes.tile.kernels import xent
+        return xent.generate(kop, prologue, norm, epilogue)
     x = norm.input
     dims = tuple(x.type.dims)
     outs = list(yield_op.operands)
