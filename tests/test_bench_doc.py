@@ -139,3 +139,26 @@ def test_bench_render_command_prints_the_doc_of_a_log_dir(rng, tmp_path, capsys)
     bench_doc.write_run(tmp_path, _run(rng))
     assert cli.main(["bench", "render", "--log-dir", str(tmp_path)]) == 0
     assert capsys.readouterr().out == bench_doc.render_doc(tmp_path)
+
+
+def test_models_section_renders_ratios_from_raw_timings(tmp_path):
+    """The models table divides the fastest peer's median by Tessera's fresh-output median, from
+    the logged rounds; a log without Tessera's timings is refused."""
+    import json
+
+    from tessera.errors import BenchLogError
+    from tessera.tools import bench_models
+    host = {"slug": "h", "cpu_model": "CPU", "llvm_cpu": "znver4", "isa": "AVX2", "usable_cpus": 2}
+    libs = {"tessera": {"times_s": [0.010, 0.011, 0.009]}, "tessera (fresh outputs)": {"times_s": [0.02] * 3},
+            "torch": {"times_s": [0.030, 0.031, 0.029]}, "jax.jit": {"times_s": [0.025] * 3}}
+    run = {"schema": 1, "date": "2026-12-04T08:00:00", "commit": "abcdef123456", "quick": False, "host": host,
+           "rows": [{"model": "gpt2_block", "size": "small", "sizes": {"seq": 8}, "first_call_s": 1.5,
+                     "libraries": libs, "families_s": {"gemm": 0.015, "attention": 0.005}}]}
+    (tmp_path / "h").mkdir()
+    (tmp_path / "h" / "2026-12-04-abcdef123456.json").write_text(json.dumps(run))
+    text = "\n".join(bench_models.section(tmp_path))
+    assert "| gpt2_block | seq=8 | 20.00 | 10.00 |" in text and "1.25 (jax.jit)" in text and "gemm 75%" in text
+    del run["rows"][0]["libraries"]["tessera (fresh outputs)"]
+    (tmp_path / "h" / "2026-12-04-abcdef123456.json").write_text(json.dumps(run))
+    with pytest.raises(BenchLogError):
+        bench_models.section(tmp_path)

@@ -364,6 +364,8 @@ def render_doc(log_dir: Path = LOG_DIR) -> str:
         out += [""] + render_method(runs[0]["method"]) + [""]
         for run in runs:
             out += render_run(run) + [""]
+    from tessera.tools import bench_models
+    out += bench_models.section()
     out += ["## Earlier runs (not re-rendered)", "",
             "Runs made before the raw logs were kept are not shown: their timings were not kept, and their ratio "
             "divided the peers' fresh-output time by Tessera's pooled-output time.  The last of each host is in the "

@@ -48,6 +48,9 @@ def _bench(args) -> int:
         from tessera.tools import bench_doc
         sys.stdout.write(bench_doc.render_doc(Path(args.log_dir) if args.log_dir else bench_doc.LOG_DIR))
         return 0
+    if args.what == "models":
+        from tessera.tools import bench_models
+        return bench_models.main(args)
     from tessera.tools import bench_cpu
     return bench_cpu.main(args)
 
@@ -102,9 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--seq", type=int, default=256)
     demo.add_argument("--dim", type=int, default=256)
     demo.set_defaults(func=lambda a: __import__("tessera.tools.demo", fromlist=["main"]).main(a))
-    bt = sub.add_parser("bench", help="benchmarks: cpu (the performance table), render (docs/benchmarks.md from "
-                                      "the raw logs), tiles (register-tile calibration)")
-    bt.add_argument("what", choices=["cpu", "render", "tiles"])
+    bt = sub.add_parser("bench", help="benchmarks: cpu (the performance table), models (examples/models against "
+                                      "the peers), render (docs/benchmarks.md from the raw logs), tiles "
+                                      "(register-tile calibration)")
+    bt.add_argument("what", choices=["cpu", "models", "render", "tiles"])
+    bt.add_argument("--models", nargs="*", default=None, help="models: which examples (default: all)")
     bt.add_argument("--write", action="store_true",
                     help="tiles: update calibration.json; cpu: keep the run's raw log as "
                          "benchmarks/results/cpu/<host>/<date>-<commit>.json and re-render docs/benchmarks.md")
