@@ -553,3 +553,24 @@ def test_rss_stays_flat_over_1000_distinct_static_floats(rng):
 def test_errors_are_coded():
     for cls in (UnknownNameError,):
         assert issubclass(cls, TesseraError) and cls.code
+
+
+def test_a_long_compile_says_so_on_a_terminal_only(rng, monkeypatch):
+    """A compile past PROGRESS_AFTER_S prints one progress line (then its total) on a terminal;
+    on a pipe or log nothing is printed."""
+    import io
+    import sys
+
+    from tessera.frontend import compile as C
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+    monkeypatch.setattr(C, "PROGRESS_AFTER_S", 0.0)
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    x = rng.standard_normal((8, 8)).astype(np.float32)
+    for stream, expect in ((Tty(), True), (io.StringIO(), False)):
+        monkeypatch.setattr(sys, "stderr", stream)
+        ts.jit(lambda a: ts.ops.gelu(a @ a))(x)
+        text = stream.getvalue()
+        assert (text.startswith("tessera: compiling <lambda> for cpu ...") and text.endswith(" s\n")) == expect, text

@@ -261,6 +261,7 @@ def _load_or_build(module, name, target, isa, spec, passes, graph_text, key, use
             except Exception:  # noqa: BLE001 - an entry that passed its checks but does not load
                 cache.discard(key)
     builder = _build_gpu if target in GPU_TARGETS else _build
+    progress = _Progress(name, target)
     try:
         entry = builder(module, passes, isa, spec, graph_text)
     except Exception as e:  # noqa: BLE001 - a compiler failure: leave a reproducer, then raise
@@ -268,9 +269,45 @@ def _load_or_build(module, name, target, isa, spec, passes, graph_text, key, use
         if coded is e:
             raise
         raise coded from e
+    finally:
+        progress.done()
     if use_disk:
         cache.store(key, entry)
     return _materialize(entry, name, target, isa, spec, key, "compiled", t0)
+
+
+class _Progress:
+    """On a terminal, a compile that takes longer than ``PROGRESS_AFTER_S`` says so on stderr
+    (once, then its total when it ends); elsewhere (logs, tests, pipes) nothing is printed."""
+
+    def __init__(self, name: str, target: str):
+        import sys
+        import threading
+        self.t0 = time.perf_counter()
+        self.shown = False
+        self.name, self.target = name, target
+        self.timer = None
+        if sys.stderr is not None and sys.stderr.isatty() and not os.environ.get("TESSERA_QUIET"):
+            self.timer = threading.Timer(PROGRESS_AFTER_S, self._show)
+            self.timer.daemon = True
+            self.timer.start()
+
+    def _show(self) -> None:
+        import sys
+        self.shown = True
+        sys.stderr.write(f"tessera: compiling {self.name} for {self.target} ...")
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        import sys
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.shown:
+            sys.stderr.write(f" {time.perf_counter() - self.t0:.1f} s\n")
+            sys.stderr.flush()
+
+
+PROGRESS_AFTER_S = 1.0
 
 
 def entry_ok(entry: dict, target: str) -> bool:
