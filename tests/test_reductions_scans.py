@@ -369,6 +369,9 @@ def test_any_all_match_numpy(rng, name):
         np.testing.assert_array_equal(got, getattr(np, name)(x, ax, keepdims=keep))
     b = x[..., 0] > 0.5                # bool input
     np.testing.assert_array_equal(ts.jit(lambda a: getattr(ts.ops, name)(a, 1))(b), getattr(np, name)(b, 1))
+    for d in (np.int8, np.int64):      # int input (a nonzero int64 beyond 2^24 stays nonzero)
+        xi = np.nan_to_num(x[..., 2]).astype(d) * d(2 ** 40 if d == np.int64 else 1)
+        np.testing.assert_array_equal(ts.jit(lambda a: getattr(ts.ops, name)(a, 1))(xi), getattr(np, name)(xi, 1))
     x64 = x[..., 1].astype(np.float64)  # f64 registers
     np.testing.assert_array_equal(ts.jit(lambda a: getattr(ts.ops, name)(a, 1))(x64), getattr(np, name)(x64, 1))
 

@@ -84,7 +84,7 @@ def prod(x, axis=None, keepdims: bool = False) -> Tensor:
 
 def _logical(op: str, x, axis, keepdims: bool) -> Tensor:
     x = ops._t(x, op)
-    if x.dtype != dt.bool_:
+    if x.dtype != dt.bool_ and np.dtype(x.dtype).kind not in "iu":
         require_float(x, op)
     if axis is None:
         axes = tuple(range(x.ndim))

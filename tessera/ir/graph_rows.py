@@ -104,11 +104,11 @@ class ReduceProdOp(_Reduce):
 
 class _Logical(_Reduce):
     """Whether any (every) element over ``axes`` is nonzero (NaN counts as nonzero, as numpy's
-    ``bool(nan)``): a float or bool input, a bool (i1) result."""
+    ``bool(nan)``): a float, int or bool input, a bool (i1) result."""
 
     def infer_result_type(self) -> TensorType:
         t = _operand_tensor(self.name, self.input)
-        if not (isinstance(t.element_type, IntegerType) and t.element_type.width.data == 1):
+        if not isinstance(t.element_type, IntegerType):   # bool and int inputs too
             _require_float(self.name, t.element_type)
         r = infer_reduce(self.name, t, ints(self.axes), bool(self.keepdims.value.data))
         return TensorType.of(list(r.dims), IntegerType(1))
