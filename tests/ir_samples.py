@@ -272,13 +272,13 @@ SAMPLES.update({
                                           "  func.return %r : !tessera.tensor<[M], f32>", "!tessera.tensor<[M], f32>"),
     "tessera.log_softmax": _unary("tessera.log_softmax"),
     "tessera.argmax": _fn(f"%x : {Y}", f"  %r = tessera.argmax %x {{keepdims = true}} : "
-                                       f"({Y}) -> !tessera.tensor<[M, 1], f32>\n"
-                                       "  func.return %r : !tessera.tensor<[M, 1], f32>", "!tessera.tensor<[M, 1], f32>"),
+                                       f"({Y}) -> !tessera.tensor<[M, 1], i64>\n"
+                                       "  func.return %r : !tessera.tensor<[M, 1], i64>", "!tessera.tensor<[M, 1], i64>"),
     "tessera.argmin": _fn(f"%x : {Y}", f"  %r = tessera.argmin %x {{keepdims = false}} : "
-                                       f"({Y}) -> !tessera.tensor<[M], f32>\n"
-                                       "  func.return %r : !tessera.tensor<[M], f32>", "!tessera.tensor<[M], f32>"),
+                                       f"({Y}) -> !tessera.tensor<[M], i64>\n"
+                                       "  func.return %r : !tessera.tensor<[M], i64>", "!tessera.tensor<[M], i64>"),
     "tessera.top_k": _fn(f"%x : {Y}", f"  %v, %i = tessera.top_k %x {{k = 3 : i64}} : ({Y}) -> "
-                                      "(!tessera.tensor<[M, 3], f32>, !tessera.tensor<[M, 3], f32>)\n"
+                                      "(!tessera.tensor<[M, 3], f32>, !tessera.tensor<[M, 3], i64>)\n"
                                       "  func.return %v : !tessera.tensor<[M, 3], f32>", "!tessera.tensor<[M, 3], f32>"),
     "tessera.reduce_any": _fn(f"%x : {Y}", f"  %r = tessera.reduce_any %x {{axes = [1 : i64], keepdims = false}} : "
                                            f"({Y}) -> !tessera.tensor<[M], i1>\n"
@@ -286,9 +286,9 @@ SAMPLES.update({
     "tessera.reduce_all": _fn(f"%x : {Y}", f"  %r = tessera.reduce_all %x {{axes = [0 : i64], keepdims = true}} : "
                                            f"({Y}) -> !tessera.tensor<[1, N], i1>\n"
                                            "  func.return %r : !tessera.tensor<[1, N], i1>", "!tessera.tensor<[1, N], i1>"),
-    "tessera.cross_entropy": _fn(f"%x : {Y}, %y : !tessera.tensor<[M], f32>",
+    "tessera.cross_entropy": _fn(f"%x : {Y}, %y : !tessera.tensor<[M], i64>",
                                  "  %l, %v = tessera.cross_entropy %x, %y {ignore_index = -100 : i64} : "
-                                 f"({Y}, !tessera.tensor<[M], f32>) -> (!tessera.tensor<[M], f32>, "
+                                 f"({Y}, !tessera.tensor<[M], i64>) -> (!tessera.tensor<[M], f32>, "
                                  "!tessera.tensor<[M], f32>)\n  func.return %l : !tessera.tensor<[M], f32>",
                                  "!tessera.tensor<[M], f32>"),
     "tessera.cumsum": _unary("tessera.cumsum", "{axis = 0 : i64} "),

@@ -249,6 +249,7 @@ ARGMIN = ts.jit(lambda a: ts.ops.argmin(a, axis=1))
 def test_argmax_argmin_first_index_and_nan_as_numpy(rng, dtype):
     x = _arg_input(rng, dtype)
     x64 = x.astype(np.float64)
+    assert ARGMAX(x).dtype == np.int64
     np.testing.assert_array_equal(ARGMAX(x), np.argmax(2.0 * x64, axis=-1))
     np.testing.assert_array_equal(ARGMIN(x), np.argmin(x64, axis=1))
 
@@ -305,6 +306,7 @@ def test_top_k_sorted_stable_nan_first(rng, dtype):
     x = _arg_input(rng, dtype)
     x[6, 9] = np.inf
     v, i = TOPK(x)
+    assert i.dtype == np.int64
     want = top_k_order64(2.0 * x.astype(np.float64), 5)
     np.testing.assert_array_equal(i, want)
     np.testing.assert_array_equal(v.astype(np.float64), np.take_along_axis(2.0 * x.astype(np.float64), want, -1))
@@ -367,6 +369,9 @@ def test_any_all_match_numpy(rng, name):
         np.testing.assert_array_equal(got, getattr(np, name)(x, ax, keepdims=keep))
     b = x[..., 0] > 0.5                # bool input
     np.testing.assert_array_equal(ts.jit(lambda a: getattr(ts.ops, name)(a, 1))(b), getattr(np, name)(b, 1))
+    for d in (np.int8, np.int64):      # int input (a nonzero int64 beyond 2^24 stays nonzero)
+        xi = np.nan_to_num(x[..., 2]).astype(d) * d(2 ** 40 if d == np.int64 else 1)
+        np.testing.assert_array_equal(ts.jit(lambda a: getattr(ts.ops, name)(a, 1))(xi), getattr(np, name)(xi, 1))
     x64 = x[..., 1].astype(np.float64)  # f64 registers
     np.testing.assert_array_equal(ts.jit(lambda a: getattr(ts.ops, name)(a, 1))(x64), getattr(np, name)(x64, 1))
 
@@ -412,10 +417,7 @@ def xent64(x, y, ignore=-100):
 
 
 def _xent_rows(reduction, ignore=-100):
-    """cross_entropy's graph from labels held as floats (integer labels cast to them; the int dtypes
-    are not in this branch yet, so the kernel is driven through this entry)."""
-    from tessera.frontend.rowops import _cross_entropy_rows
-    return ts.jit(lambda a, lab: _cross_entropy_rows(a * 2.0, lab, reduction, ignore))
+    return ts.jit(lambda a, lab: ts.ops.cross_entropy(a * 2.0, lab, reduction, ignore))   # a fused prologue
 
 
 XENT = {r: _xent_rows(r) for r in ("none", "sum", "mean")}
@@ -423,7 +425,7 @@ XENT = {r: _xent_rows(r) for r in ("none", "sum", "mean")}
 
 def _xent_input(rng, dtype, shape=(6, 3, 37)):
     x = _rows(rng, shape, dtype, 20.0)                 # |2x| up to ~150: exp overflows without the shift
-    y = rng.integers(0, shape[-1], shape[:-1]).astype(np.float32)
+    y = rng.integers(0, shape[-1], shape[:-1]).astype(np.int64)
     y[0, 1] = -100                                     # ignored
     y[1, 2] = shape[-1] - 1                            # the last, partial chunk
     return x, y
@@ -432,8 +434,8 @@ def _xent_input(rng, dtype, shape=(6, 3, 37)):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, BF16])
 def test_cross_entropy_matches_float64(rng, dtype):
     x, y = _xent_input(rng, dtype)
-    if dtype == np.float64:
-        y = y.astype(np.float64)
+    if dtype == BF16:
+        y = y.astype(np.int32)                         # any int dtype
     per = xent64(2.0 * x.astype(np.float64), y)
     tol = {np.float32: 4e-6, np.float64: 1e-13}.get(dtype, 2 * float(np.finfo(BF16).eps))
     for red, want in (("none", per), ("sum", per.sum()), ("mean", per.sum() / (y != -100).sum())):
@@ -471,12 +473,18 @@ def test_cross_entropy_plant_without_picked_logit_fails(rng, monkeypatch):
 
 def test_cross_entropy_bad_input_is_coded(rng):
     x, y = _xent_input(rng, np.float32)
-    with pytest.raises(TesseraError) as e:                                                   # float labels
-        ts.jit(lambda a, b: ts.ops.cross_entropy(a, b))(x, y)
-    assert e.value.code == "DTYPE_UNSUPPORTED" and "labels must be an integer" in str(e.value)
+    cases = [((x, y.astype(np.float32)), {}, "DTYPE_UNSUPPORTED", "labels must be an integer"),   # float labels
+             ((x, y > 3), {}, "DTYPE_UNSUPPORTED", "labels must be an integer"),                     # bool labels
+             ((x, y[:, :2]), {}, "SHAPE_MISMATCH", "labels of shape"),
+             ((x[0, 0], y[0]), {}, "SHAPE_MISMATCH", "labels of shape"),
+             ((x, y), {"reduction": "avg"}, "BAD_ARGUMENT", "reduction='avg'"),
+             ((x, y), {"ignore_index": 1.5}, "BAD_ARGUMENT", "ignore_index")]
+    for args, kw, code, msg in cases:
+        with pytest.raises(TesseraError) as e:
+            ts.jit(lambda a, b, kw=kw: ts.ops.cross_entropy(a, b, **kw))(*args)
+        assert e.value.code == code and msg in str(e.value), (code, str(e.value))
     with pytest.raises(ScheduleIllegalError, match=r"tessera\.cross_entropy.*nvidia lane"):
-        from tessera.frontend.rowops import _cross_entropy_rows
-        ts.compile(lambda a, b: _cross_entropy_rows(a, b, "none", -100), x, y, target="nvidia", arch="sm_90")
+        ts.compile(lambda a, b: ts.ops.cross_entropy(a, b, "none"), x, y, target="nvidia", arch="sm_90")
 
 
 def test_tensor_methods_as_numpy(rng):

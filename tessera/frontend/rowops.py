@@ -84,7 +84,7 @@ def prod(x, axis=None, keepdims: bool = False) -> Tensor:
 
 def _logical(op: str, x, axis, keepdims: bool) -> Tensor:
     x = ops._t(x, op)
-    if x.dtype != dt.bool_:
+    if x.dtype != dt.bool_ and np.dtype(x.dtype).kind not in "iu":
         require_float(x, op)
     if axis is None:
         axes = tuple(range(x.ndim))
@@ -128,8 +128,8 @@ def _arg(op: str, x, axis, keepdims: bool) -> Tensor:
 def argmax(x, axis=None, keepdims: bool = False) -> Tensor:
     """Index of the first maximum along ``axis`` (None: of the flattened array), as numpy: a NaN is
     the maximum (the first NaN's index).  A row kernel over the last axis with the elementwise
-    producers fused (another axis is moved last by a copy first).  Indices are float32 until the
-    int dtypes land (exact below 2^24 elements per row)."""
+    producers fused (another axis is moved last by a copy first).  Indices are int64 (computed in
+    f32 registers: exact below 2^24 elements per row; f64 ones for f64 inputs)."""
     return _arg("argmax", x, axis, keepdims)
 
 
@@ -143,8 +143,7 @@ def top_k(x, k, axis: int = -1) -> tuple[Tensor, Tensor]:
     values by lower index first (a stable sort); a NaN ranks above +inf (torch.topk's order).  ``k``
     is static: 1 <= k <= the axis' size (that size is compiled in), else ``SHAPE_MISMATCH``.  One
     row kernel over the last axis (k selection passes over the cached row: O(k n) per row) with
-    the elementwise producers fused; another axis is moved last by a copy.  Indices are float32
-    until the int dtypes land."""
+    the elementwise producers fused; another axis is moved last by a copy.  Indices are int64."""
     x = _row_op_input(x, "top_k")
     k = require_int(k, "top_k: k")
     ax = normalize_axis(axis, x.ndim, "top_k")
@@ -171,7 +170,7 @@ def cross_entropy(logits, labels, reduction: str = "mean", ignore_index: int = -
     the labelled logit, a sum-of-exp pass; no one-hot, no softmax in memory) with the logits'
     elementwise producers fused.  ``reduction``: "mean" (over the rows whose label is not
     ``ignore_index``, as torch: NaN when every row is ignored), "sum", or "none" (per row, 0 for an
-    ignored row).  Computed in f32 (f64 for f64 logits), returned in the logits' dtype.  A label
+    ignored row).  Labels are read in the kernel (f32 holds them exactly below 2^24 classes).  Computed in f32 (f64 for f64 logits), returned in the logits' dtype.  A label
     outside [0, C) other than ``ignore_index`` reads no memory and gives a loss of +inf."""
     logits = _row_op_input(logits, "cross_entropy")
     labels = ops._t(labels, "cross_entropy labels")
@@ -184,12 +183,6 @@ def cross_entropy(logits, labels, reduction: str = "mean", ignore_index: int = -
     if reduction not in REDUCTIONS:
         raise _err(ArgumentError, f"cross_entropy: reduction={reduction!r}; legal: {', '.join(REDUCTIONS)}")
     ignore = require_int(ignore_index, "cross_entropy: ignore_index", ArgumentError)
-    return _cross_entropy_rows(logits, ops.cast(labels, dt.float64 if logits.dtype == dt.float64 else dt.float32),
-                               reduction, ignore)
-
-
-def _cross_entropy_rows(logits: Tensor, labels: Tensor, reduction: str, ignore: int) -> Tensor:
-    """The graph of ``cross_entropy`` from labels already held as floats (integers)."""
     reg = dt.float64 if logits.dtype == dt.float64 else dt.float32
     loss = add_node("cross_entropy", [logits._node, labels._node], {"ignore_index": ignore}, labels.shape, reg)
     if reduction == "none":
@@ -260,7 +253,7 @@ REFERENCE = {
     "reduce_any": lambda x, n: np.any(x[0], axis=n.attrs["axes"], keepdims=n.attrs["keepdims"]),
     "reduce_all": lambda x, n: np.all(x[0], axis=n.attrs["axes"], keepdims=n.attrs["keepdims"]),
     "cross_entropy": lambda x, n: _xent64(x[0], x[1], n.attrs["ignore_index"]),
-    "cross_entropy_valid": lambda x, n: (x[1] != n.attrs["ignore_index"]).astype(np.float64),
+    "cross_entropy_valid": lambda x, n: (np.asarray(x[1]) != n.attrs["ignore_index"]).astype(np.float64),
     "top_k": lambda x, n: np.take_along_axis(x[0], _top_k_order(x[0], n.attrs["k"]), -1),
     "top_k_indices": lambda x, n: _top_k_order(x[1], n.shape[-1]),
 }

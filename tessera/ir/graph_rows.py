@@ -15,7 +15,7 @@ from xdsl.dialects.builtin import BoolAttr, Float64Type, IntegerAttr, IntegerTyp
 from xdsl.irdl import attr_def, irdl_op_definition, operand_def, result_def, traits_def
 from xdsl.traits import Pure
 
-from tessera.errors import GraphRankError, GraphResultTypeError, GraphShapeError
+from tessera.errors import GraphDtypeError, GraphRankError, GraphResultTypeError, GraphShapeError
 from tessera.ir.attrs import ints, ival
 from tessera.ir.graph import (  # noqa: I001
     _FMT1,
@@ -104,11 +104,11 @@ class ReduceProdOp(_Reduce):
 
 class _Logical(_Reduce):
     """Whether any (every) element over ``axes`` is nonzero (NaN counts as nonzero, as numpy's
-    ``bool(nan)``): a float or bool input, a bool (i1) result."""
+    ``bool(nan)``): a float, int or bool input, a bool (i1) result."""
 
     def infer_result_type(self) -> TensorType:
         t = _operand_tensor(self.name, self.input)
-        if not (isinstance(t.element_type, IntegerType) and t.element_type.width.data == 1):
+        if not isinstance(t.element_type, IntegerType):   # bool and int inputs too
             _require_float(self.name, t.element_type)
         r = infer_reduce(self.name, t, ints(self.axes), bool(self.keepdims.value.data))
         return TensorType.of(list(r.dims), IntegerType(1))
@@ -126,9 +126,9 @@ class ReduceAllOp(_Logical):
     KIND: ClassVar[str] = "all"
 
 
-# the element type of argmax / argmin indices: f32 until the int dtypes land (exact below 2^24)
-INDEX_ELEM = f32
-INDEX_ELEM_NP = np.dtype(np.float32)   # the same, as the tracer's numpy dtype
+# the element type of argmax / argmin / top_k indices (numpy's argmax gives int64)
+INDEX_ELEM = IntegerType(64)
+INDEX_ELEM_NP = np.dtype(np.int64)   # the same, as the tracer's numpy dtype
 
 
 class _Arg(GraphOp):
@@ -191,9 +191,8 @@ class TopKOp(GraphOp):
 
 @irdl_op_definition
 class CrossEntropyOp(GraphOp):
-    """Per-row softmax cross-entropy of logits [..., C] (float) against class labels [...] (held as
-    floats: the tracer casts integer labels; exact below 2^24): ``loss = logsumexp(row) -
-    row[label]`` and ``valid = 1`` where ``label != ignore_index`` (both 0 for an ignored row).  A
+    """Per-row softmax cross-entropy of logits [..., C] (float) against integer class labels [...]
+    (i8 / i32 / i64): ``loss = logsumexp(row) - row[label]`` and ``valid = 1`` where ``label != ignore_index`` (both 0 for an ignored row).  A
     label outside [0, C) other than ``ignore_index`` picks no logit: its loss is +inf.  Both results
     are [...] in the registers' type (f32, f64 for f64 logits)."""
 
@@ -209,7 +208,8 @@ class CrossEntropyOp(GraphOp):
     def infer_result_type(self) -> TensorType:
         t = _row_input(self)
         lt = _operand_tensor(self.name, self.labels)
-        _require_float(self.name, lt.element_type)
+        if not (isinstance(lt.element_type, IntegerType) and lt.element_type.width.data > 1):
+            raise GraphDtypeError(f"{self.name}: labels must be integers, got {lt.element_type}")
         if tuple(lt.dims) != tuple(t.dims[:-1]):
             raise GraphShapeError(f"{self.name}: labels {list(lt.dims)} must have the logits' leading dims "
                                   f"{list(t.dims[:-1])}")

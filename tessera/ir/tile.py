@@ -558,9 +558,9 @@ class StoreOp(IRDLOperation):
 
 @irdl_op_definition
 class ConstantOp(IRDLOperation):
-    """A tile of one value: a FloatAttr for float tiles, an IntegerAttr for int and bool (i1) ones;
-    with ``step`` (float tiles), element (i, j) is ``value + j * step`` (column indices for argmax /
-    top_k on the CPU lane; the GPU lanes refuse a step)."""
+    """A tile of one value: a FloatAttr for float tiles, an IntegerAttr for int and bool (i1) ones.
+    With ``step`` (float tiles), element (i, j) is ``value + j * step``: column indices for argmax /
+    top_k on the CPU lane (the GPU lanes refuse a step)."""
 
     name = "tile.constant"
     value = attr_def(FloatAttr | IntegerAttr)

@@ -224,6 +224,33 @@ FAMILIES: tuple[Family, ...] = (
            "rows that see it NaN; a NaN or inf in V reaches every output that weighs it",
            "a (batch, head, query block) item belongs to one thread, whichever claims it"),
 )
+# reductions, scans and the loss ops (tests/test_reductions_scans.py)
+FAMILIES += (
+    Family("logsumexp / log_softmax / cross_entropy", "logrows.py, xent.py",
+           "f32 (f64 for f64; bf16/f16 widened): a max pass, then lane-wise partial sums of exp(x - s) over the "
+           "chunk and the fixed halving tree; s is the row maximum clamped to the finite range; cross_entropy's "
+           "mean is a reduce_sum of the per-row losses over one of the valid flags",
+           "kept",
+           "as scipy.special: an all -inf row has logsumexp -inf (log_softmax and cross_entropy NaN), a +inf "
+           "entry gives +inf, a NaN gives NaN; an ignored label's loss is 0 whatever its logits; a label outside "
+           "[0, C) reads nothing and gives +inf",
+           "a row belongs to one thread, and its order of summation is fixed by the chunk"),
+    Family("argmax / argmin / top_k", "argrows.py, topk.py",
+           "none (comparisons); indices found in the float registers (exact below 2^24 columns in f32) and "
+           "stored as int64",
+           "kept (compared as they are)",
+           "argmax/argmin as numpy: a NaN is the extreme and the first NaN's index is returned; top_k in "
+           "torch.topk's order: NaN above +inf, then descending, equal values by lower index",
+           "a row belongs to one thread"),
+    Family("cumsum / cumprod, reduce_prod / any / all", "scan.py, reduce.py",
+           "scans: in order along the axis in the registers (f32 for f32/bf16/f16, so an f32 scan is numpy's "
+           "own result; f64 for f64), each output rounded once as stored.  reduce_prod: lane-wise partial "
+           "products and the fixed halving tree, as reduce_sum.  any/all: min/max of (x == 0) flags",
+           "kept",
+           "IEEE through the running sum/product (a NaN propagates along the axis from where it appears); any / "
+           "all count NaN as nonzero, as numpy's bool(nan)",
+           "an output column (scan) or element (reduction) is computed by one thread, in the same order"),
+)
 
 MEASURE_THREADS = (1, 2)
 

@@ -11,8 +11,8 @@ Per row, two passes over x:
           ``select_max`` keeps the lowest matching column, the masked tail is -inf; the row's
           maximum of those negated indices is the first index.
 
-The index is stored as ``graph_rows.INDEX_ELEM`` (f32 until the int dtypes land: exact below
-2^24 columns).
+The index is computed in the float registers (exact below 2^24 columns in f32) and converted to
+``graph_rows.INDEX_ELEM`` (int64) as it is stored.
 """
 from __future__ import annotations
 

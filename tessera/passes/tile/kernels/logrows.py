@@ -18,7 +18,7 @@ f16 inputs compute in f32 registers, f64 in f64.
 """
 from __future__ import annotations
 
-from xdsl.dialects.builtin import StringAttr, f64
+from xdsl.dialects.builtin import IntegerType, StringAttr, f64
 
 from tessera.errors import ScheduleIllegalError
 from tessera.ir import graph as g
@@ -26,6 +26,7 @@ from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr
 from tessera.passes.tile.kernels import rows as R
 from tessera.passes.tile.kernels.common import KernelSig, elementwise, mask_cols, splat_row, tile_const
+from tessera.passes.tile.kernels.typed import elementwise_typed
 from tessera.passes.util import register_elem
 
 F32_MAX = 3.4028234663852886e38
@@ -110,6 +111,8 @@ class RowSetup:
     def store_one(self, br, r, value, which: int = 0) -> None:
         """Store a [1, 1] value at element r of the kernel's output ``which``."""
         elem = self.outs[which].type.element_type
+        if isinstance(elem, IntegerType) and value.type.element_type != elem:   # indices: float -> int
+            value = elementwise_typed(br, "cvt", [value], elem)
         view = t.ViewOp.create(operands=[self.kf.buffer_args[self.out_bufs[which]], br.c(r), br.c(0), br.c(1),
                                          br.c(1), br.c(1)], result_types=[t.view_type(1, 1, elem, "global")])
         br.op(view)

@@ -15,7 +15,7 @@ written with the tile fns ``same`` / ``max`` on 0.0 / 1.0 flags.  Round j:
   store m and that column at [row, j]; they are the next round's (pv, pi).
 
 The first round starts from (NaN, -1), which makes every entry eligible.  O(k n) per row; indices
-are stored as ``graph_rows.INDEX_ELEM`` (f32 until the int dtypes land).
+are converted to ``graph_rows.INDEX_ELEM`` (int64) as they are stored.
 """
 from __future__ import annotations
 

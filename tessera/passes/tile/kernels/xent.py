@@ -1,6 +1,6 @@
 """Row kernel of ``cross_entropy`` (``graph_rows.CrossEntropyOp``; ``rowwise.generate`` hands it
-here): per row of logits, with their fused elementwise prologue, and the row's label y (a float
-holding an integer, read once per row from a contiguous [rows] buffer):
+here): per row of logits, with their fused elementwise prologue, and the row's integer label y
+(read once per row from a contiguous [rows] buffer and converted to the registers' float type):
 
   pass 1: m = the row's maximum (select_max) and p = the logit at column y (a running max of
           ``mask_select(x, same(column, y))``: -inf where no column is y); the shift s is logrows'
@@ -22,6 +22,7 @@ from tessera.passes.tile.kernels.argrows import column_indices
 from tessera.passes.tile.kernels.common import elementwise as ew
 from tessera.passes.tile.kernels.common import mask_cols, row_major_strides, splat_row, tile_const, trace_view
 from tessera.passes.tile.kernels.logrows import F32_MAX, F64_MAX, RowSetup, _reduce
+from tessera.passes.tile.kernels.typed import elementwise_typed
 
 NEG_INF = float("-inf")
 PICK = True   # the picked logit enters the loss (a test plants False: the loss is logsumexp alone)
@@ -45,9 +46,9 @@ def generate(kop, prologue, op, epilogue):
         view = t.ViewOp.create(operands=[lbuf, br.c(r), br.c(0), br.c(1), br.c(1), br.c(1)],
                                result_types=[t.view_type(1, 1, lelem, "global")])
         br.op(view)
-        ld = t.LoadOp.create(operands=[view.result], result_types=[t.tile_type(1, 1, reg)])
+        ld = t.LoadOp.create(operands=[view.result], result_types=[t.tile_type(1, 1, lelem)])
         br.op(ld)
-        y = ld.result
+        y = elementwise_typed(br, "cvt", [ld.result], reg)   # the label as a float (exact below 2^24 in f32)
 
         def max_body(bc, c, carried):
             xv, left = S.x_chunk(bc, ctx, c, NEG_INF)
