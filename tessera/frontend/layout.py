@@ -88,7 +88,8 @@ def std(x, axis=None, keepdims: bool = False, ddof: int = 0) -> Tensor:
 
 def index(x: Tensor, item) -> Tensor:
     """``x[item]`` with numpy's basic indexing: integers (negative from the end), slices with
-    bounds and positive steps, ``None`` (a new axis) and ``...``.  A sliced or indexed axis is
+    bounds and steps (a negative step walks backwards: a view with negative strides), ``None``
+    (a new axis) and ``...``.  A sliced or indexed axis is
     compiled in (its size is specialised on); the result is a ``slice`` node (a strided view of x)
     and a reshape for the axes integers drop and ``None`` adds."""
     items = item if isinstance(item, tuple) else (item,)
@@ -100,7 +101,7 @@ def index(x: Tensor, item) -> Tensor:
         if isinstance(i, (Tensor, list, bool, np.ndarray)):
             raise _err(UnsupportedConstructError,
                        f"x[{_show(item)}]: indexing with an array (gather) is not supported yet; basic "
-                       "indexing traces: integers, slices with positive steps, None and '...'")
+                       "indexing traces: integers, slices, None and '...'")
     taken = sum(i is not None and i is not Ellipsis for i in items)
     if taken > x.ndim:
         raise _err(RankMismatchError, f"x[{_show(item)}]: {taken} indices for a rank-{x.ndim} tensor")
@@ -122,12 +123,13 @@ def index(x: Tensor, item) -> Tensor:
         if isinstance(i, slice):
             bounds = [None if v is None else require_int(v, f"x[{_show(item)}]: a slice bound") for v in
                       (i.start, i.stop, i.step)]
-            if bounds[2] is not None and bounds[2] < 1:
-                raise _err(UnsupportedConstructError, f"x[{_show(item)}]: step {bounds[2]}: only positive steps "
-                                                      "trace (a reversal has no op yet)")
+            if bounds[2] == 0:
+                raise _err(ShapeMismatchError, f"x[{_show(item)}]: slice step cannot be zero")
             a, stop, st = slice(*bounds).indices(n)
             m = len(range(a, stop, st))
-            starts.append(a if m else 0), steps.append(st), sizes.append(m), final.append(m)
+            if not m:
+                a, st = 0, 1
+            starts.append(a), steps.append(st), sizes.append(m), final.append(m)
         else:
             k = require_int(i, f"x[{_show(item)}]: an index")
             if not -n <= k < n:

@@ -127,7 +127,8 @@ def evaluate(graph: TraceGraph, arrays: list[np.ndarray]) -> list[np.ndarray]:
         elif op == "concat":
             r = np.concatenate(x, axis=n.attrs["axis"])
         elif op == "slice":
-            r = x[0][tuple(slice(a, a + m * st, st) for a, m, st in zip(n.attrs["starts"], n.shape, n.attrs["steps"]))]
+            r = x[0][tuple(slice(a, a + m * st if a + m * st >= 0 else None, st)   # (a stop of -1 reads the end)
+                           for a, m, st in zip(n.attrs["starts"], n.shape, n.attrs["steps"]))]
         elif op == "attention":
             sc = n.attrs["scale"] if n.attrs["scale"] is not None else 1 / math.sqrt(max(x[0].shape[-1], 1))
             r = attention64(x[0], x[1], x[2], x[3] if n.attrs["mask"] else None, sc,
