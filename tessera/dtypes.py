@@ -14,8 +14,12 @@ bfloat16 = np.dtype(ml_dtypes.bfloat16)
 float64 = np.dtype(np.float64)
 
 bool_ = np.dtype(np.bool_)
+int8 = np.dtype(np.int8)
+int32 = np.dtype(np.int32)
+int64 = np.dtype(np.int64)
 
-_BY_NAME = {"f32": float32, "f16": float16, "bf16": bfloat16, "f64": float64, "bool": bool_}
+_BY_NAME = {"f32": float32, "f16": float16, "bf16": bfloat16, "f64": float64, "bool": bool_,
+            "i8": int8, "i32": int32, "i64": int64}
 _NAME = {v: k for k, v in _BY_NAME.items()}
 SUPPORTED = tuple(_BY_NAME)
 
@@ -36,6 +40,7 @@ def as_dtype(d) -> np.dtype:
 # Float type promotion, as JAX's lattice: bf16 and f16 each below f32 (and each other's join is
 # f32), f32 below f64.  A Python number is weak (it takes the other operand's dtype: frontend/trace).
 _FLOAT_RANK = {bfloat16: 1, float16: 1, float32: 2, float64: 3}
+_INT_RANK = {int8: 1, int32: 2, int64: 3}
 
 
 def promote(a, b) -> np.dtype | None:
@@ -60,6 +65,8 @@ def ir_type(d) -> Attribute:
     dt = as_dtype(d)
     if dt == bool_:
         return IntegerType(1)
+    if dt in _INT_RANK:
+        return IntegerType(dt.itemsize * 8)
     return {float32: Float32Type(), float16: Float16Type(), bfloat16: BFloat16Type(), float64: Float64Type()}[dt]
 
 

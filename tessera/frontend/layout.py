@@ -89,19 +89,29 @@ def std(x, axis=None, keepdims: bool = False, ddof: int = 0) -> Tensor:
 def index(x: Tensor, item) -> Tensor:
     """``x[item]`` with numpy's basic indexing: integers (negative from the end), slices with
     bounds and steps (a negative step walks backwards: a view with negative strides), ``None``
-    (a new axis) and ``...``.  A sliced or indexed axis is
+    (a new axis) and ``...``; one int32/int64 index array is a gather (``frontend/gather.py``).  A sliced or indexed axis is
     compiled in (its size is specialised on); the result is a ``slice`` node (a strided view of x)
     and a reshape for the axes integers drop and ``None`` adds."""
+    from tessera.frontend import gather
     items = item if isinstance(item, tuple) else (item,)
     if sum(i is Ellipsis for i in items) > 1:
         raise _err(UnsupportedConstructError, "an index can only have one ellipsis ('...')")
+    arrays = [i for i in items if gather.is_array_index(i)]
+    if len(arrays) > 1:
+        raise _err(UnsupportedConstructError, f"x[{_show(item)}]: {len(arrays)} index arrays: only one array "
+                                              "index traces (numpy's broadcasting of several is not supported)")
     for i in items:
         if isinstance(i, Tensor) and i._node.scalar_of and i.ndim == 0:
             require_int(i, f"x[{_show(item)}]: an index")   # a Python-number argument: specialised on
-        if isinstance(i, (Tensor, list, bool, np.ndarray)):
+        if isinstance(i, (list, bool, np.ndarray)):
             raise _err(UnsupportedConstructError,
-                       f"x[{_show(item)}]: indexing with an array (gather) is not supported yet; basic "
-                       "indexing traces: integers, slices, None and '...'")
+                       f"x[{_show(item)}]: indexing with a constant array or a bool is not supported; an index "
+                       "array traces as an int32/int64 argument (one per index)")
+    if arrays:
+        taken = sum(i is not None and i is not Ellipsis for i in items)
+        if taken > x.ndim:
+            raise _err(RankMismatchError, f"x[{_show(item)}]: {taken} indices for a rank-{x.ndim} tensor")
+        return gather.index_with_array(x, items, index)
     taken = sum(i is not None and i is not Ellipsis for i in items)
     if taken > x.ndim:
         raise _err(RankMismatchError, f"x[{_show(item)}]: {taken} indices for a rank-{x.ndim} tensor")
@@ -224,7 +234,7 @@ def chunk(x, chunks: int, axis: int = 0) -> list[Tensor]:
 
 def _show(item) -> str:
     items = item if isinstance(item, tuple) else (item,)
-    return ", ".join("..." if i is Ellipsis else ":" if isinstance(i, slice) and i == slice(None) else
+    return ", ".join("..." if i is Ellipsis else "<array>" if isinstance(i, Tensor) else ":" if isinstance(i, slice) and i == slice(None) else
                      (f"{'' if i.start is None else i.start}:{'' if i.stop is None else i.stop}"
                       + ("" if i.step is None else f":{i.step}")) if isinstance(i, slice) else repr(i)
                      for i in items)

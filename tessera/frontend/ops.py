@@ -430,3 +430,8 @@ from tessera.frontend.layout import (  # noqa: E402
 )
 
 __all__ += ["expand_dims", "squeeze", "swapaxes", "moveaxis", "var", "std", "concatenate", "stack", "split", "chunk"]
+
+# gathers (frontend/gather.py imports this module)
+from tessera.frontend.gather import one_hot, take, take_along_axis  # noqa: E402
+
+__all__ += ["take", "take_along_axis", "one_hot"]

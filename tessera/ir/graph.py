@@ -831,13 +831,17 @@ ELEMENTWISE_BINARY = (AddOp, SubOp, MulOp, DivOp, MaximumOp, MinimumOp)
 REDUCTIONS = (ReduceSumOp, ReduceMaxOp, ReduceMeanOp)
 ROWWISE = (SoftmaxOp, LayerNormOp, RmsNormOp)
 
+# gathers (take, take_along_axis, one_hot) live in their own module, which imports the above
+from tessera.ir.graph_index import GATHERS, OneHotOp, TakeAlongAxisOp, TakeOp  # noqa: E402
+
 Graph = Dialect(
     "tessera",
     [MatmulOp, AddOp, SubOp, MulOp, DivOp, MaximumOp, NegOp, ExpOp, TanhOp, ErfOp, ReluOp, SiluOp, SqrtOp, GeluOp,
      SoftmaxOp, LayerNormOp, RmsNormOp, ReduceSumOp, ReduceMaxOp, ReduceMeanOp, TransposeOp, ReshapeOp,
      SliceOp, ConcatOp, CastOp, ConstantOp, AttentionOp, FusionOp, YieldOp, MinimumOp,
      LogOp, Log1pOp, Exp2Op, Expm1Op, SinOp, CosOp, SigmoidOp, AbsOp, SignOp, RsqrtOp, ReciprocalOp, FloorOp, CeilOp,
-     RoundOp, SquareOp],
+     RoundOp, SquareOp,
+     TakeOp, TakeAlongAxisOp, OneHotOp],
     [TensorType],
 )
 
