@@ -221,6 +221,19 @@ def test_the_graph_verifier_checks_gathers():
         assert info.value.code == code, (old, info.value)
 
 
+@pytest.mark.parametrize("dtype,itype", [(np.float32, np.int32), (np.float64, np.int64), (dt.bfloat16, np.int64)])
+def test_a_take_feeding_a_gemm_packs_rows_through_the_index(rng, dtype, itype):
+    """table[ids] @ w (+ bias, gelu): one gemm kernel whose A blocks are staged from the table
+    rows the ids pick (the gathered A is never written); odd sizes, 1-d and 3-d ids."""
+    f = ts.jit(lambda t, j, w, b: ts.ops.gelu(t[j] @ w + b))
+    for (v, k, n), ishape in (((37, 19, 23), (4, 5)), ((61, 130, 40), (2, 3, 11))):
+        t, w, b = arr(rng, v, k, dtype=dtype), arr(rng, k, n, dtype=dtype), arr(rng, n, dtype=dtype)
+        i = ids(rng, ishape, v, itype)
+        y = O.f64(t)[policy(i, v)] @ O.f64(w) + O.f64(b)
+        O.assert_close(f(t, i, w, b), O.gelu_tanh(y), {np.float64: 1e-12, np.float32: 1e-5}.get(dtype, 2e-2))
+    assert [k["kind"] for k in ts.explain(f, t, i, w, b).kernels] == ["gemm"]
+
+
 @pytest.mark.parametrize("target,arch", [("rocm", "gfx1151"), ("nvidia", "sm_90")])
 def test_gpu_lanes_refuse_gathers_by_name(rng, target, arch):
     t, i = arr(rng, 4, 16), ids(rng, (4,), 4)
@@ -230,15 +243,20 @@ def test_gpu_lanes_refuse_gathers_by_name(rng, target, arch):
             ts.compile(fn, t, i, target=target, arch=arch)
         assert info.value.code == "SCHEDULE_ILLEGAL" and op in str(info.value) and f"the {target} lane" in \
             str(info.value)
+    h = arr(rng, 64, 64, dtype=np.float16)   # a take feeding an f16 GEMM: refused by the GEMM generator
+    with pytest.raises(TesseraError, match=f"tessera.take feeding a matmul has no {target} lowering") as info:
+        ts.compile(lambda a, j: a[j] @ a, h, ids(rng, (64,), 64), target=target, arch=arch)
+    assert info.value.code == "SCHEDULE_ILLEGAL"
 
 
 def test_plant_an_off_by_one_row_address_is_caught(rng, monkeypatch):
     """Planted: every index read one row further (still clamped, so in bounds): the gathered
     rows, in the gather kernel and read in place alike, differ and the gate fails."""
-    from tessera.passes.tile.kernels import gather, gather_leaf
-    progs = [lambda a, j: ts.ops.take(a, j), lambda a, j: a[j] * 2, lambda a, j: ts.ops.take_along_axis(a, j, 0)]
+    from tessera.passes.tile.kernels import gather, gather_leaf, gemm_gather
+    progs = [lambda a, j: ts.ops.take(a, j), lambda a, j: a[j] * 2, lambda a, j: ts.ops.take_along_axis(a, j, 0),
+             lambda a, j: a[j] @ a.T]
     wants = [lambda a, j: a[policy(j, a.shape[0])], lambda a, j: a[policy(j, a.shape[0])] * 2,
-             lambda a, j: np.take_along_axis(a, policy(j, a.shape[0]), 0)]
+             lambda a, j: np.take_along_axis(a, policy(j, a.shape[0]), 0), lambda a, j: a[policy(j, a.shape[0])] @ a.T]
     t, i = arr(rng, 23, 9), ids(rng, (5, 9), 23)
     for p, w in zip(progs, wants):
         O.assert_close(ts.jit(p)(t, i), w(O.f64(t), i), 1e-6)   # the real kernels pass
@@ -246,6 +264,7 @@ def test_plant_an_off_by_one_row_address_is_caught(rng, monkeypatch):
     plant = lambda b, k, n: real(b, b.add(k, 1), n)  # noqa: E731
     monkeypatch.setattr(gather, "bounded_index", plant)
     monkeypatch.setattr(gather_leaf, "bounded_index", plant)
+    monkeypatch.setattr(gemm_gather, "bounded_index", plant)
     t = arr(rng, 24, 9)   # (another static size: not the cached kernels)
     i = ids(rng, (5, 9), 24)
     for p, w in zip(progs, wants):
