@@ -37,24 +37,57 @@ def as_dtype(d) -> np.dtype:
     return dt
 
 
-# Float type promotion, as JAX's lattice: bf16 and f16 each below f32 (and each other's join is
-# f32), f32 below f64.  A Python number is weak (it takes the other operand's dtype: frontend/trace).
+# Type promotion, as JAX's lattice (jax.numpy.promote_types, without x64 surprises):
+#   bool < int8 < int32 < int64 < (every float);  bf16 and f16 each below f32 (their join is f32),
+#   f32 below f64.
+# So int with int is the wider int, int with float is the float, bool with anything is the other.
+# A Python number is weak (frontend/trace): a weak int takes the dtype of an int or float array it
+# meets (int32 beside a bool array, JAX's default int); a weak float takes a float array's dtype and
+# gives float32 (JAX's default float) beside an int or bool array.
 _FLOAT_RANK = {bfloat16: 1, float16: 1, float32: 2, float64: 3}
 _INT_RANK = {int8: 1, int32: 2, int64: 3}
+INTS = (int8, int32, int64)
+FLOATS = (float32, float16, bfloat16, float64)
+DEFAULT_INT, DEFAULT_FLOAT = int32, float32
+
+
+def kind(d) -> str:
+    """'b' (bool), 'i' (signed int) or 'f' (float)."""
+    d = np.dtype(d)
+    return "b" if d == bool_ else "i" if d in _INT_RANK else "f"
 
 
 def promote(a, b) -> np.dtype | None:
-    """The dtype two float operands of different dtypes compute in, or None where they do not
-    promote (a non-float)."""
+    """The dtype two operands of these dtypes compute in (JAX's lattice above), or None for a
+    dtype outside it."""
     a, b = np.dtype(a), np.dtype(b)
     if a == b:
         return a
-    ra, rb = _FLOAT_RANK.get(a), _FLOAT_RANK.get(b)
-    if ra is None or rb is None:
+    if a not in _NAME or b not in _NAME:
         return None
+    ka, kb = kind(a), kind(b)
+    if ka != kb:   # bool < int < float: the higher kind wins whole
+        order = "bif"
+        return a if order.index(ka) > order.index(kb) else b
+    if ka == "i":
+        return a if _INT_RANK[a] > _INT_RANK[b] else b
+    ra, rb = _FLOAT_RANK[a], _FLOAT_RANK[b]
     if ra == rb:   # bf16 with f16
         return float32
     return a if ra > rb else b
+
+
+def promote_weak(strong, weak_kind: str) -> np.dtype:
+    """The dtype an array of dtype ``strong`` and a weak Python number of kind ``weak_kind``
+    ('i' for int, 'f' for float) compute in: the array's where its kind is at least the number's,
+    else the number kind's default (int32, float32), as JAX's weak types."""
+    strong = np.dtype(strong)
+    ks = kind(strong)
+    if weak_kind == "f" and ks != "f":
+        return DEFAULT_FLOAT
+    if weak_kind == "i" and ks == "b":
+        return DEFAULT_INT
+    return strong
 
 
 def name(d) -> str:

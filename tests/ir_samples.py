@@ -220,6 +220,11 @@ SAMPLES: dict[str, str] = {
     "tessera_x86.vunary": None, "tessera_x86.vreduce": None, "tessera_x86.vcvt": None,
     "tessera_x86.workspace": None, "tessera_x86.vinterleave": None, "tessera_x86.vlaneselect": None,
     "tessera_x86.aligned": None, "tessera_x86.sfence": None, "tessera_x86.vtranspose": None, "tessera_x86.barrier": None,
+    "tessera_x86.velem": _fn("%a : vector<8xi32>, %f : vector<8xf32>", """  %c = tessera_x86.velem "cmp_lt" %a, %a : (vector<8xi32>, vector<8xi32>) -> vector<8xi1>
+  %s = tessera_x86.velem "select" %c, %a, %a : (vector<8xi1>, vector<8xi32>, vector<8xi32>) -> vector<8xi32>
+  %v = tessera_x86.velem "cvt" %s : (vector<8xi32>) -> vector<8xf32>
+  %k = tessera_x86.vconstant (-3 : i32) : vector<8xi32>
+  func.return"""),
     "tessera_x86.launch": _fn(f"%x : {Y}", f"""  %r = tessera_x86.launch @k0(%x) {{dims = ["M", "N"], workspace = 0 : i64, team = 0 : i64, threads = 2 : i64, parallel = "r"}} : ({Y}) -> {Y}
   func.return %r : {Y}""", Y),
     # ---- Target IR: NVIDIA, ROCm

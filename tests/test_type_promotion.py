@@ -50,12 +50,16 @@ def test_mixed_matmul_operands_promote(rng):
     O.assert_close(got, O.f64(a) @ O.f64(b), 1e-6)
 
 
-def test_non_floats_still_refused(rng):
+def test_bool_operand_promotes_to_the_float(rng):
+    """JAX's lattice puts bool below every number (tests/test_int_dtypes.py has the whole table)."""
     x = arr(rng, (4, 4), np.float32)
     m = rng.standard_normal((4, 4)) > 0
+    got = ts.jit(lambda p, q: p * q)(x, m)
+    assert got.dtype == np.float32 and np.array_equal(got, x * m)
+    assert dt.promote(np.float32, np.bool_) == np.float32
+    assert dt.promote(np.float32, np.uint16) is None
     with pytest.raises(DtypeError):
-        ts.jit(lambda p, q: p * q)(x, m)
-    assert dt.promote(np.float32, np.bool_) is None
+        ts.jit(lambda p, q: p * q)(m, m)
 
 
 def test_plant_a_narrow_join_is_caught(rng, monkeypatch):

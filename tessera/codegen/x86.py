@@ -229,7 +229,10 @@ class _Fn(FnCodegen):
 
     def op_tessera_x86_vconstant(self, op):
         vt = llvm_type(op.result.type)
-        self.set(op, ir.Constant(vt, [ir.Constant(vt.element, op.value.value.data)] * vt.count))
+        v = op.value.value.data
+        if isinstance(vt.element, ir.IntType) and vt.element.width == 1:
+            v = int(v != 0)   # an i1 IntegerAttr reads true as -1
+        self.set(op, ir.Constant(vt, [ir.Constant(vt.element, v)] * vt.count))
 
     def op_tessera_x86_vsplat(self, op):
         self.set(op, self._splat(self.v(op.scalar), llvm_type(op.result.type)))
@@ -373,6 +376,10 @@ class _Fn(FnCodegen):
             n = half
         s = b.extract_element(cur, ir.Constant(I32, 0))
         self.set(op, self._splat(s, vt))
+
+    def op_tessera_x86_velem(self, op):   # typed lanes: int / bool, comparisons, conversions
+        from tessera.codegen.x86_int_elem import emit
+        self.set(op, emit(self, op))
 
     def op_tessera_x86_vlaneselect(self, op):
         vt = llvm_type(op.result.type)

@@ -66,6 +66,15 @@ def _finite_max(dtype: np.dtype) -> float:
 def to_scalar(a, dtype: np.dtype, i: int = 0) -> np.ndarray:
     """A Python number as the 0-d array a kernel reads, converted as numpy converts it (NEP 50: the
     number takes the array's dtype, and one beyond its range is +-inf, as ``x * 1e39`` is in f32)."""
+    if dtype.kind in "iub":   # an int dtype (learned from the arrays a Python int met)
+        if isinstance(a, float) and not a.is_integer() or dtype.kind == "b":
+            raise ArgumentError(f"argument {i}: {a!r} cannot be passed as {dtype} (an int compiled for int "
+                                "arrays); pass an int, or mark the argument static")
+        info = np.iinfo(dtype)
+        if not info.min <= a <= info.max:
+            raise ArgumentError(f"argument {i}: the integer {a} is beyond the range of {dtype} (numpy raises "
+                                "OverflowError too)")
+        return np.asarray(int(a), dtype)
     try:
         m = _FINITE_MAX.get(dtype) or _finite_max(dtype)
         if -m <= a <= m:
@@ -88,6 +97,7 @@ class Variant:
     key: tuple = ()                          # its key in JitFunction._variants
     scalars: tuple[int, ...] = ()            # argument positions passed as runtime scalars
     scalar_dtype: np.dtype = np.dtype(np.float32)   # ... as 0-d arrays of this dtype
+    ints: frozenset | None = None            # which scalars were Python ints, where that changed the trace
 
     def bind(self, args) -> list[np.ndarray]:
         """The kernel's arrays for a call whose signature matched: arrays and runtime scalars
@@ -215,7 +225,7 @@ class JitFunction:
                 a = np.asarray(a)
                 try:
                     if a.dtype not in _ACCEPTED:
-                        _ACCEPTED.add(dt.as_dtype(a.dtype))  # float dtypes, and bool (attention masks)
+                        _ACCEPTED.add(dt.as_dtype(a.dtype))  # float, int8/int32/int64 and bool dtypes
                 except DtypeError:
                     raise DtypeError(f"argument {i} of {self.name}: dtype {a.dtype} is not supported "
                                      f"(supported: {', '.join(dt.SUPPORTED)})") from None
@@ -236,17 +246,17 @@ class JitFunction:
                                     f"{type(a).__name__} (another value may be passed as a static argument: "
                                     "tessera.jit(static_argnums=..., static_argnames=...))")
         if SCALAR in kinds:   # the numbers' dtype follows the arrays' (below), so it is known before tracing
-            sd = self._scalar_dtype(kinds, arrays)
+            sd = self._scalar_dtype(kinds, arrays, _int_scalars(args, kinds))
             it = iter(arrays)
             arrays = [to_scalar(a, sd, i) if k == SCALAR else next(it) for i, (a, k) in enumerate(zip(args, kinds))
                       if k != STATIC]
             prepared = [to_scalar(a, sd, i) if k == SCALAR else a for i, (a, k) in enumerate(zip(prepared, kinds))]
         return prepared, kinds, arrays, copies
 
-    def _scalar_dtype(self, kinds, arrays) -> np.dtype:
+    def _scalar_dtype(self, kinds, arrays, ints=frozenset()) -> np.dtype:
         """The dtype runtime scalars are passed in: what a trace of this pattern learned, else
         float64 where an argument is float64 and float32 otherwise (a first guess)."""
-        learned = self._scalar_dtypes.get(_pattern(kinds, arrays))
+        learned = self._scalar_dtypes.get(_pattern(kinds, arrays, ints))
         if learned is not None:
             return learned
         return np.dtype(np.float64 if any(a.dtype == np.float64 for a in arrays) else np.float32)
@@ -279,10 +289,13 @@ class JitFunction:
     def _variant(self, args) -> tuple[Variant, list[np.ndarray], dict | None]:
         while True:
             prepared, kinds, arrays, copies = self._split_args(args)
+            ints = _int_scalars(args, kinds)
             key = self._key(prepared, kinds)
             with self._lock:
                 vs = self._variants.get(key)
                 for v in vs or ():
+                    if v.ints is not None and v.ints != ints:   # a Python int traced unlike a float here
+                        continue
                     env = v.matches(arrays)
                     if env is not None:
                         if copies:
@@ -293,7 +306,7 @@ class JitFunction:
                             vs.append(v)
                         return v, arrays, env
             try:
-                v = self._build(prepared, kinds, arrays)
+                v = self._build(prepared, kinds, arrays, ints)
             except ScalarSpecialize as e:   # the trace read a number argument as a Python value
                 if not self._learn(e, kinds):
                     raise
@@ -366,15 +379,15 @@ class JitFunction:
             ids = {id(v) for v in gone}
             self._plans = {s: p for s, p in self._plans.items() if id(p[0]) not in ids}
 
-    def _build(self, prepared, kinds, arrays) -> Variant | None:
+    def _build(self, prepared, kinds, arrays, ints=frozenset()) -> Variant | None:
         """The compiled specialisation, or None where the trace shows the runtime scalars are
         better passed in another dtype (recorded: the caller prepares the arguments again)."""
-        graph = trace(self.fn, prepared, kinds, lane=(self.target, self.arch, self.schedule))
+        graph = trace(self.fn, prepared, kinds, lane=(self.target, self.arch, self.schedule), int_scalars=ints)
         if SCALAR in kinds:
             have = next(a.dtype for a, k in zip(prepared, kinds) if k == SCALAR)
             want = np.dtype(scalar_dtype_for(graph, have))
             if want != have:
-                pattern = _pattern(kinds, [a for a, k in zip(prepared, kinds) if k == ARRAY])
+                pattern = _pattern(kinds, [a for a, k in zip(prepared, kinds) if k == ARRAY], ints)
                 with self._lock:
                     if self._scalar_dtypes.get(pattern) is None:   # learned once: no back and forth
                         self._scalar_dtypes[pattern] = want
@@ -397,14 +410,14 @@ class JitFunction:
                     fixed = frozenset(more)
             static = {(pos.index(a), axis): arrays[pos.index(a)].shape[axis] for a, axis in gir.static}
             c.static = frozenset(static)
-            return Variant(static, c, graph)
+            return Variant(static, c, graph, ints=ints if graph.int_sensitive else None)
         except FrontendError:
             raise
         except TesseraError as e:
             if self.strict:
                 raise
             return Variant({(i, ax): s for i, a in enumerate(arrays) for ax, s in enumerate(a.shape)}, None, graph,
-                           reason=f"{e.code}: {e.message}")
+                           reason=f"{e.code}: {e.message}", ints=ints if graph.int_sensitive else None)
 
     # ------------------------------------------------------------------ call
     def _signature(self, args) -> tuple | None:
@@ -546,9 +559,16 @@ class Artifact:
         return self.fn(*args)
 
 
-def _pattern(kinds, arrays) -> tuple:
-    """Argument kinds and array dtypes: what the runtime scalars' dtype is learned for."""
-    return (tuple(kinds), tuple(a.dtype for a in arrays))
+def _int_scalars(args, kinds) -> frozenset:
+    """The positions of Python-int runtime scalars (a weak int and a weak float trace alike unless
+    one meets an int or bool value: then the variant records which were ints, Variant.ints)."""
+    return frozenset(i for i, (a, k) in enumerate(zip(args, kinds)) if k == SCALAR and isinstance(a, int))
+
+
+def _pattern(kinds, arrays, ints=frozenset()) -> tuple:
+    """Argument kinds, array dtypes and which numbers are ints: what the runtime scalars' dtype is
+    learned for."""
+    return (tuple(kinds), tuple(a.dtype for a in arrays), tuple(sorted(ints)))
 
 
 def _as_tuple(v) -> tuple:

@@ -156,13 +156,11 @@ def index(x: Tensor, item) -> Tensor:
 
 
 def concatenate(xs, axis: int = 0) -> Tensor:
-    """``xs`` joined along ``axis`` (numpy's rules; float dtypes promote to their join).  The
+    """``xs`` joined along ``axis`` (numpy's rules; dtypes promote to their join).  The
     joined axis of each operand is compiled in (specialised on)."""
     if isinstance(xs, Tensor) or not isinstance(xs, (tuple, list)) or not xs:
         raise _err(RankMismatchError, "concatenate takes a non-empty list or tuple of tensors")
     xs = [ops._t(x, "concatenate") for x in xs]
-    for x in xs:
-        require_float(x, "concatenate")
     rank = xs[0].ndim
     if rank == 0:
         raise _err(RankMismatchError, "concatenate: zero-dimensional tensors cannot be concatenated")

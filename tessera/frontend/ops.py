@@ -24,6 +24,7 @@ from tessera.frontend.trace import (
     promote_pair,
     require_float,
     require_int,
+    require_number,
     same_dtype,
 )
 
@@ -36,13 +37,26 @@ def _t(x, what: str) -> Tensor:
     return x
 
 
+# ops that take int tensors too (integer arithmetic wraps around, as numpy's)
+INT_BINARY = ("add", "sub", "mul", "maximum", "minimum")
+INT_UNARY = ("neg", "abs")
+
+
 def _binary(op: str, a, b) -> Tensor:
     if not isinstance(a, Tensor) and isinstance(b, Tensor):
         a = as_tensor(a, b, op)
     a = _t(a, op)
     b = as_tensor(b, a, op)
-    require_float(a, op)
-    require_float(b, op)
+    if op in INT_BINARY:
+        if a.dtype == dt.bool_ and b.dtype == dt.bool_:   # one bool beside a number promotes to it
+            require_number(a, op)
+    elif op == "div" and dt.kind(a.dtype) != "f" and dt.kind(b.dtype) != "f" and not (a._node.weak and b._node.weak):
+        require_number(a, op)   # int / int is float32, as JAX's true division
+        require_number(b, op)
+        a, b = (x if x._node.weak else cast(x, dt.DEFAULT_FLOAT) for x in (a, b))
+    else:
+        require_float(a, op)
+        require_float(b, op)
     a, b = promote_pair(a, b, op)
     return add_node(op, [a._node, b._node], {}, broadcast_shapes(a.shape, b.shape, op), a.dtype)
 
@@ -69,7 +83,10 @@ def maximum(a, b) -> Tensor:
 
 def _unary(op: str, x, **attrs) -> Tensor:
     x = _t(x, op)
-    require_float(x, op)
+    if op in INT_UNARY:
+        require_number(x, op)
+    else:
+        require_float(x, op)
     return add_node(op, [x._node], attrs, x.shape, x.dtype)
 
 
@@ -185,7 +202,7 @@ def clip(x, lo=None, hi=None) -> Tensor:
     """numpy's ``clip``: ``minimum(maximum(x, lo), hi)``, either bound optional (a Python number
     or a tensor)."""
     x = _t(x, "clip")
-    require_float(x, "clip")
+    require_number(x, "clip")
     if lo is None and hi is None:
         raise _err(DtypeError, "clip: give lo, hi or both")
     if lo is not None:
@@ -303,6 +320,9 @@ def reshape(x, shape) -> Tensor:
 
 
 def cast(x, dtype) -> Tensor:
+    """``x.astype(dtype)`` between f64/f32/f16/bf16/int8/int32/int64/bool.  float -> int truncates
+    toward zero and saturates: NaN gives 0, values beyond the int's range its min / max (numpy
+    leaves both undefined); int -> int wraps around (keeps the low bits); -> bool is ``x != 0``."""
     x = _t(x, "cast")
     d = dt.as_dtype(dtype)
     if d == x.dtype and not x._node.weak:

@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from tessera.frontend import reference_ints as R
 from tessera.frontend.trace import TraceGraph
 
 _erf = np.frompyfunc(math.erf, 1, 1)
@@ -94,12 +95,14 @@ def evaluate(graph: TraceGraph, arrays: list[np.ndarray]) -> list[np.ndarray]:
     vals: dict[int, np.ndarray] = {}
     for a in graph.args:
         arr = np.asarray(arrays[a.index])
-        vals[id(a)] = arr if arr.dtype == np.bool_ else arr.astype(np.float64)
+        vals[id(a)] = arr if arr.dtype.kind in "biu" else arr.astype(np.float64)   # ints in their own dtype
     for n in graph.nodes:
         x = [vals[id(i)] for i in n.inputs]
         op = n.op
         if op == "constant":
-            r = np.float64(n.value)
+            r = np.asarray(n.value, n.dtype) if n.dtype.kind in "biu" else np.float64(n.value)
+        elif op in R.OPS:   # typed ops: comparisons, where, logic, integer arithmetic (reference_ints.py)
+            r = R.OPS[op](n, x)
         elif op in ("add", "sub", "mul", "div", "maximum", "minimum"):
             r = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
                  "maximum": np.maximum, "minimum": np.minimum}[op](x[0], x[1])
@@ -162,8 +165,9 @@ def evaluate(graph: TraceGraph, arrays: list[np.ndarray]) -> list[np.ndarray]:
             r = attention64(x[0], x[1], x[2], x[3] if n.attrs["mask"] else None, sc,
                             n.attrs["causal"], n.attrs["masked_rows"])
         elif op == "cast":
-            r = x[0].astype(n.dtype).astype(np.float64)
+            r = R.cast(x[0], n.dtype)
+            r = r if n.dtype.kind in "biu" else r.astype(np.float64)
         else:
             raise NotImplementedError(op)
-        vals[id(n)] = np.asarray(r, dtype=np.float64).reshape(n.shape)
+        vals[id(n)] = np.asarray(r, dtype=n.dtype if n.dtype.kind in "biu" else np.float64).reshape(n.shape)
     return [vals[id(o)].astype(o.dtype) for o in graph.outputs]

@@ -69,6 +69,9 @@ class Node:
     # the Python-number arguments this value is computed from, when it depends on nothing else (None:
     # it depends on an array): reading it as a Python value specialises them (ScalarSpecialize)
     scalar_of: frozenset | None = None
+    # a weak value's kind: 'i' where it stands for Python ints only, else 'f' (JAX's weak types:
+    # a weak int keeps an int array's dtype, a weak float beside an int array gives float32)
+    pykind: str = "f"
 
 
 @dataclass
@@ -80,6 +83,8 @@ class TraceGraph:
     # each time a weak scalar met a value of a dtype: (that dtype, whether the scalar was an argument
     # itself rather than computed from numbers), which picks the dtype the numbers are passed in
     weak_uses: list[tuple[np.dtype, bool]] = field(default_factory=list)
+    # a weak Python number met an int or bool value: whether it was an int or a float mattered
+    int_sensitive: bool = False
 
 
 def tracing() -> bool:
@@ -110,17 +115,32 @@ def add_node(op: str, inputs: list[Node], attrs: dict, shape, dtype, weak: bool 
     if inputs and all(i.scalar_of is not None for i in inputs):
         n.scalar_of = frozenset().union(*(i.scalar_of for i in inputs))
     n.weak = bool(inputs) and all(i.weak for i in inputs) if weak is None else weak
+    if n.weak and inputs:   # Python ints alone give a weak int (their true division a weak float)
+        n.pykind = "i" if all(i.pykind == "i" for i in inputs) and op != "div" else "f"
     _graph().nodes.append(n)
     return Tensor(n)
 
 
-def constant(value: float, dtype, weak: bool = False) -> "Tensor":
+def constant(value: float, dtype, weak: bool = False, pykind: str = "f") -> "Tensor":
     """A scalar in ``dtype``: a Python number converts as numpy converts it (NEP 50: the array's
-    dtype wins), so one beyond the dtype's range is +-inf, as ``x * 70000.0`` is in numpy for f16."""
+    dtype wins), so one beyond the dtype's range is +-inf, as ``x * 70000.0`` is in numpy for f16;
+    an int beyond an int dtype's range is refused, as numpy and JAX refuse it (OverflowError)."""
     d = dt.as_dtype(dtype)
-    with np.errstate(over="ignore", invalid="ignore"):
-        v = float(np.asarray(float(value), np.float64).astype(d)) if d.kind in "fV" else float(value)
-    n = Node("constant", [], {}, (), d, user_location(), value=v, weak=weak, scalar_of=frozenset())
+    if d.kind in "iub":
+        if d.kind == "b":
+            v = int(bool(value))
+        else:
+            if isinstance(value, float) and not value.is_integer():
+                raise _err(DtypeError, f"the number {value!r} cannot be a {dt.name(d)} constant")
+            v = int(value)
+            info = np.iinfo(d)
+            if not info.min <= v <= info.max:
+                raise _err(DtypeError, f"the Python int {value} is out of range for {dt.name(d)} "
+                                       f"({info.min}..{info.max}); numpy and JAX refuse it too")
+    else:
+        with np.errstate(over="ignore", invalid="ignore"):
+            v = float(np.asarray(float(value), np.float64).astype(d)) if d.kind in "fV" else float(value)
+    n = Node("constant", [], {}, (), d, user_location(), value=v, weak=weak, scalar_of=frozenset(), pykind=pykind)
     _graph().nodes.append(n)
     return Tensor(n)
 
@@ -140,7 +160,12 @@ def as_tensor(v, like: "Tensor", what: str) -> "Tensor":
     if isinstance(v, Tensor):
         return v
     if isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool):
-        return constant(float(v), like.dtype, weak=like._node.weak)
+        pk = "i" if isinstance(v, (int, np.integer)) else "f"
+        if like._node.weak:
+            return constant(v, like.dtype, weak=True, pykind=pk if like._node.pykind == "i" else "f")
+        return constant(v, dt.promote_weak(like.dtype, pk))   # JAX: x_int * 0.5 is float32
+    if isinstance(v, bool):
+        return constant(v, dt.bool_ if not like._node.weak else like.dtype, weak=like._node.weak)
     if isinstance(v, np.ndarray):
         raise _err(UnsupportedConstructError, f"{what}: a numpy array captured inside the traced function; "
                                                "pass it as an argument instead")
@@ -153,12 +178,16 @@ def promote_weak(a: "Tensor", b: "Tensor") -> tuple["Tensor", "Tensor"]:
     if a._node.weak == b._node.weak:
         return a, b
     w, strong = (a, b) if a._node.weak else (b, a)
+    to = dt.promote_weak(strong.dtype, w._node.pykind)
+    if dt.kind(strong.dtype) != "f":
+        _graph().int_sensitive = True
     if w._node.scalar_of:
-        _graph().weak_uses.append((strong.dtype, w._node.op == "arg"))
-    if a.dtype == b.dtype:
-        return a, b
-    w = add_node("cast", [w._node], {}, w.shape, strong.dtype, weak=False)
-    return (w, b) if a._node.weak else (a, w)
+        _graph().weak_uses.append((to, w._node.op == "arg"))
+    if strong.dtype != to:   # a weak float beside an int array: float32 (JAX)
+        strong = add_node("cast", [strong._node], {}, strong.shape, to, weak=False)
+    if w.dtype != to:
+        w = add_node("cast", [w._node], {}, w.shape, to, weak=False)
+    return (w, strong) if a._node.weak else (strong, w)
 
 
 def scalar_dtype_for(graph: TraceGraph, current: np.dtype) -> np.dtype:
@@ -469,7 +498,15 @@ def _power(x: Tensor, o) -> Tensor:
 
 def require_float(t: Tensor, what: str) -> None:
     if t.dtype not in (dt.float32, dt.bfloat16, dt.float16, dt.float64):
-        raise _err(DtypeError, f"{what}: dtype {t.dtype} is not supported")
+        raise _err(DtypeError, f"{what}: dtype {dt.name(t.dtype)} is not supported ({what} takes floating-point "
+                               "tensors; cast with .astype(np.float32))")
+
+
+def require_number(t: Tensor, what: str) -> None:
+    """A float or int tensor (not bool: numpy's arithmetic on two bools is logic; spell it so)."""
+    if t.dtype == dt.bool_:
+        raise _err(DtypeError, f"{what}: dtype bool is not supported (cast with .astype(np.int32), or use "
+                               "logical_and / logical_or)")
 
 
 def promote_pair(a: Tensor, b: Tensor, what: str) -> tuple[Tensor, Tensor]:
@@ -510,12 +547,12 @@ def normalize_axis(axis: int, rank: int, what: str) -> int:
 ARRAY, SCALAR, STATIC = "array", "scalar", "static"   # how trace() takes each argument
 
 
-def trace(fn, args: list, kinds: list, lane: tuple | None = None) -> TraceGraph:
+def trace(fn, args: list, kinds: list, lane: tuple | None = None, int_scalars=frozenset()) -> TraceGraph:
     """Run ``fn`` on Tensors standing for its arguments.  ``kinds``: per argument, ARRAY (a Tensor
     of its shape and dtype), SCALAR (a Python number passed at run time, as a 0-d array: a weak
     0-d Tensor) or STATIC (passed to ``fn`` as it is; True/False are taken as ARRAY/STATIC).
     ``lane``: (target, arch, schedule pins) the graph is compiled for, which a jitted function
-    called inside checks against."""
+    called inside checks against.  ``int_scalars``: the SCALAR positions given as Python ints."""
     graph = TraceGraph()
     prev, prev_lane = getattr(_state, "graph", None), getattr(_state, "lane", None)
     _state.graph, _state.lane = graph, lane
@@ -529,6 +566,7 @@ def trace(fn, args: list, kinds: list, lane: tuple | None = None) -> TraceGraph:
             n = Node("arg", [], {}, tuple(a.shape), dt.as_dtype(a.dtype), None, index=i)
             if kind == SCALAR:
                 n.weak, n.scalar_of = True, frozenset((i,))
+                n.pykind = "i" if i in int_scalars else "f"
             graph.args.append(n)
             call_args.append(Tensor(n))
         try:

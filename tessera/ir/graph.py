@@ -161,10 +161,20 @@ def normalize_axis(axis: int, rank: int, what: str) -> int:
     return axis % rank
 
 
+def is_int(t: Attribute) -> bool:
+    """A signed integer element type (int8/int32/int64; i1 is bool)."""
+    return isinstance(t, IntegerType) and t.width.data in (8, 32, 64)
+
+
+def is_bool(t: Attribute) -> bool:
+    return isinstance(t, IntegerType) and t.width.data == 1
+
+
 def _require_float(op_name: str, *types: Attribute) -> None:
     for t in types:
-        if not is_float(t):
-            raise GraphDtypeError(f"{op_name} needs floating-point operands, got {t}")
+        if is_float(t) or op_name in INT_OPS and is_int(t) or op_name in ANY_DTYPE_OPS and (is_int(t) or is_bool(t)):
+            continue
+        raise GraphDtypeError(f"{op_name} needs floating-point operands, got {t}")
 
 
 def _operand_tensor(op_name: str, v) -> TensorType:
@@ -844,6 +854,11 @@ Graph = Dialect(
      TakeOp, TakeAlongAxisOp, OneHotOp],
     [TensorType],
 )
+
+# Graph IR ops that take int tensors (int8/int32/int64) besides floats, and those that take any dtype
+INT_OPS = ("tessera.add", "tessera.sub", "tessera.mul", "tessera.maximum", "tessera.minimum", "tessera.neg",
+           "tessera.abs")
+ANY_DTYPE_OPS = ("tessera.cast",)
 
 # keep IntegerType importable for dtype tables built on this module
 __all__ = ["Graph", "TensorType", "IntegerType"]

@@ -576,8 +576,10 @@ class StoreOp(IRDLOperation):
 
 @irdl_op_definition
 class ConstantOp(IRDLOperation):
+    """A tile of one value: a FloatAttr for float tiles, an IntegerAttr for int and bool (i1) ones."""
+
     name = "tile.constant"
-    value = attr_def(FloatAttr)
+    value = attr_def(FloatAttr | IntegerAttr)
     result = result_def(TileType)
     traits = traits_def(Pure())
     assembly_format = "`(` $value `)` attr-dict `:` type($result)"
@@ -640,7 +642,8 @@ class ElementwiseOp(IRDLOperation):
 
     def verify_(self) -> None:
         fn = self.fn.data
-        arity = 1 if fn in UNARY_FNS else 2 if fn in BINARY_FNS else None
+        arity = 1 if fn in UNARY_FNS + TYPED_UNARY_FNS else 2 if fn in BINARY_FNS + TYPED_BINARY_FNS else \
+            3 if fn in TYPED_TERNARY_FNS else None
         if arity is None:
             raise TileVerifyError(f"tile.elementwise fn {fn!r}; legal: {', '.join(ELEMENTWISE_FNS)}", op=self)
         if len(self.inputs) != arity:
@@ -652,7 +655,9 @@ class ElementwiseOp(IRDLOperation):
         if shape is None or r.dims != shape:  # type: ignore[attr-defined]
             raise TileShapeMismatch(f"tile.elementwise {fn}: operand shapes "
                                     f"{[list(v.type.dims) for v in self.inputs]} do not give {r}", op=self)  # type: ignore[attr-defined]
-        if any(v.type.element_type != r.element_type for v in self.inputs):  # type: ignore[attr-defined]
+        if fn in TYPED_UNARY_FNS + TYPED_BINARY_FNS + TYPED_TERNARY_FNS:
+            check_typed_elementwise(self)
+        elif any(v.type.element_type != r.element_type for v in self.inputs):  # type: ignore[attr-defined]
             raise TileShapeMismatch(f"tile.elementwise {fn}: element types differ", op=self)
 
 
@@ -762,6 +767,53 @@ class LaunchOp(IRDLOperation):
     grid = opt_attr_def(ArrayAttr)     # GPU: workgroups along x, y, z (symbolic size expressions)
     block = opt_attr_def(IntegerAttr)  # GPU: threads per workgroup
     assembly_format = "$callee `(` $args `)` attr-dict `:` functional-type($args, results)"
+
+
+# Elementwise functions whose operand and result element types may differ, or that take int
+# (i8/i32/i64) and bool (i1) tiles: int and bool tiles hold their own type in registers (a float
+# tile holds the kernel's register type, f32 or f64).  Rules (check_typed_elementwise):
+#   cvt            any -> any (numpy's astype; float -> int truncates and saturates, NaN -> 0)
+#   cmp_*          T, T -> i1 (IEEE: NaN compares unequal, and false for every ordered predicate)
+#   select         i1, T, T -> T
+#   isnan/isinf/isfinite   float -> i1
+#   not / and / or / xor   i1 or int (bitwise), one type;  shl / shr   int
+#   floordiv / mod / pow   one type (numpy's floor division and modulo; pow on floats)
+#   iadd ... the ints' add/sub/mul/max/min/neg/abs are the float names on int tiles
+CMP_FNS = ("cmp_eq", "cmp_ne", "cmp_lt", "cmp_le", "cmp_gt", "cmp_ge")
+TYPED_UNARY_FNS = ("cvt", "not", "isnan", "isinf", "isfinite")
+TYPED_BINARY_FNS = CMP_FNS + ("and", "or", "xor", "shl", "shr", "floordiv", "mod", "pow")
+TYPED_TERNARY_FNS = ("select",)
+
+
+def check_typed_elementwise(op) -> None:
+    fn = op.fn.data
+    ins = [v.type.element_type for v in op.inputs]
+    r = op.result.type.element_type
+
+    def bad(why: str):
+        raise TileShapeMismatch(f"tile.elementwise {fn}: {why} (operands {', '.join(map(str, ins))} -> {r})",
+                                op=op)
+
+    def is_i1(e) -> bool:
+        return isinstance(e, IntegerType) and e.width.data == 1
+    if fn == "cvt":
+        return
+    if fn in CMP_FNS or fn in ("isnan", "isinf", "isfinite"):
+        if not is_i1(r) or len(set(ins)) != 1:
+            bad("compares operands of one type into an i1 tile")
+        if fn in ("isnan", "isinf", "isfinite") and isinstance(ins[0], IntegerType):
+            bad("takes a float tile")
+        return
+    if fn == "select":
+        if not is_i1(ins[0]) or ins[1] != r or ins[2] != r:
+            bad("takes an i1 condition and two values of the result's type")
+        return
+    if any(e != r for e in ins):
+        bad("element types differ")
+    if fn in ("not", "and", "or", "xor", "shl", "shr") and not isinstance(r, IntegerType):
+        bad("takes int or bool tiles")
+    if fn in ("shl", "shr") and is_i1(r):
+        bad("takes int tiles")
 
 
 Tile = Dialect(

@@ -82,7 +82,7 @@ class VZeroOp(IRDLOperation):
 @irdl_op_definition
 class VConstantOp(IRDLOperation):
     name = "tessera_x86.vconstant"
-    value = attr_def(FloatAttr)
+    value = attr_def(FloatAttr | IntegerAttr)
     result = result_def(VectorType)
     traits = traits_def(Pure())
     assembly_format = "`(` $value `)` attr-dict `:` type($result)"
@@ -470,10 +470,13 @@ class LaunchOp(IRDLOperation):
     assembly_format = "$callee `(` $args `)` attr-dict `:` functional-type($args, results)"
 
 
+from tessera.ir.target.x86_elem import VElemOp  # noqa: E402  (typed and integer lanes)
+
 X86 = Dialect(
     "tessera_x86",
     [VZeroOp, VConstantOp, VSplatOp, VBroadcastOp, VLoadOp, VGatherOp, VStoreOp, AlignedOp, SFenceOp, BarrierOp, ClaimOp, PrefetchOp, LoadOp, StoreOp, VFmaOp, VDpbf16psOp,
      VBinaryOp, VUnaryOp, VReduceOp, VCvtOp, VLaneSelectOp, VTransposeOp, VInterleaveOp, TZeroOp, TLoadOp, TStoreOp,
-     TDpOp, WorkspaceOp, LaunchOp],
+     TDpOp, WorkspaceOp, LaunchOp,
+     VElemOp],
     [AmxTileType],
 )

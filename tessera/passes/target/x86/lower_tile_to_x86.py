@@ -53,6 +53,7 @@ from tessera.mma.selector import get_isa
 from tessera.passes.base import TesseraPass, option, register
 from tessera.passes.schedule import bounds
 from tessera.passes.target.lowering import OpLowerer
+from tessera.passes.target.x86 import lower_typed_elem as TE
 from tessera.passes.target.x86.lower_index import LoadIndexLowering
 from tessera.passes.util import swap_op
 
@@ -132,7 +133,9 @@ class _Lowerer(LoadIndexLowering, OpLowerer):
     def flatten_types(self, ty: Attribute) -> list[Attribute]:
         if isinstance(ty, t.FragmentType) and ty.family.data == "amx":
             return [x.AmxTileType()] * self._nregs(ty)
-        if isinstance(ty, (t.TileType, t.FragmentType)):
+        if isinstance(ty, t.TileType):
+            return [TE.reg_vec(self, ty.element_type)] * self._nregs(ty)
+        if isinstance(ty, t.FragmentType):
             return [self.vreg] * self._nregs(ty)
         if isinstance(ty, t.BufferType):
             return [PTR]
@@ -255,16 +258,21 @@ class _Lowerer(LoadIndexLowering, OpLowerer):
             elem = IntegerType(8)  # a bool in memory is one byte
         return VectorType(elem, [n or self.w])
 
-    def _load_vec(self, b: Builder, base, off, elem, count=None, pad: float = 0.0, stride=None) -> SSAValue:
-        """Load W elements (converted to the register type); with count: masked, missing lanes = pad; with
-        stride: lane l from base[off + l * stride] (a gather)."""
+    def _load_vec(self, b: Builder, base, off, elem, count=None, pad: float = 0.0, stride=None,
+                  rt: Attribute | None = None) -> SSAValue:
+        """Load W elements (converted to the register type, or to ``rt``'s int / bool lanes); with count:
+        masked, missing lanes = pad; with stride: lane l from base[off + l * stride] (a gather)."""
         operands = [base, b.c(off)] + ([b.c(stride)] if stride is not None else []) + (
             [b.c(count)] if count is not None else [])
         ld = (x.VGatherOp if stride is not None else x.VLoadOp).create(operands=operands,
                                                                        result_types=[self.vtype(elem)])
         b.op(ld)
         v = ld.result
-        if elem != self.reg:
+        if rt is not None and TE.is_int_elem(rt):   # int / bool lanes: missing lanes are 0 (false)
+            return TE.convert(b, v, TE.reg_vec(self, rt))
+        if TE.is_int_elem(elem) and elem.width.data != 1:   # int memory into float registers
+            v = TE.convert(b, v, self.vreg)
+        elif elem != self.reg:
             cv = x.VCvtOp.create(operands=[v], result_types=[self.vreg])
             b.op(cv)
             v = cv.result
@@ -280,7 +288,9 @@ class _Lowerer(LoadIndexLowering, OpLowerer):
         return op.result
 
     def _store_vec(self, b: Builder, v, base, off, elem, count=None, nontemporal: bool = False) -> None:
-        if elem != self.reg:
+        if TE.is_int_elem(v.type.element_type):   # int lanes, bool lanes -> bytes
+            v = TE.convert(b, v, self.vtype(elem))
+        elif elem != self.reg:
             cv = x.VCvtOp.create(operands=[v], result_types=[self.vtype(elem)])
             b.op(cv)
             v = cv.result
@@ -288,12 +298,14 @@ class _Lowerer(LoadIndexLowering, OpLowerer):
         attrs = {"nontemporal": UnitAttr()} if nontemporal and count is None else {}
         b.op(x.VStoreOp.create(operands=operands, attributes=attrs))
 
-    def _bcast(self, b: Builder, base, off, elem, group: int = 1) -> SSAValue:
+    def _bcast(self, b: Builder, base, off, elem, group: int = 1, rt: Attribute | None = None) -> SSAValue:
         if group == 1:
             op = x.VBroadcastOp.create(operands=[base, b.c(off)], attributes={"group": i64_attr(1)},
                                        result_types=[self.vtype(elem)])
             b.op(op)
             v = op.result
+            if rt is not None and TE.is_int_elem(rt):
+                return TE.convert(b, v, TE.reg_vec(self, rt))
             if elem != self.reg:
                 cv = x.VCvtOp.create(operands=[v], result_types=[self.vreg])
                 b.op(cv)
@@ -333,20 +345,22 @@ class _Lowerer(LoadIndexLowering, OpLowerer):
         return b.op(arith.AndIOp(ok_r, ok_c)).results[0]
 
     # ------------------------------------------------------------------ loads / stores
-    def _load_tile(self, b: Builder, vv: ViewVal, pad: float = 0.0) -> Regs:
+    def _load_tile(self, b: Builder, vv: ViewVal, pad: float = 0.0, rt: Attribute | None = None) -> Regs:
         R, C = vv.shape
         cs = _const_int(vv.cs)
+        typed = rt is not None and TE.is_int_elem(rt)
+        rvt = TE.reg_vec(self, rt) if typed else self.vreg
         if C == 1:
             rows = []
             for i in range(R):
                 if R == 1:
                     off = vv.off
-                    rows.append([self._bcast(b, vv.base, off, vv.elem)])
+                    rows.append([self._bcast(b, vv.base, off, vv.elem, rt=rt)])
                     continue
                 ok = b.cmp("slt", i, vv.rows)
                 off = b.select(ok, b.c(b.add(vv.off, b.mul(i, vv.rs))), b.c(vv.off))
-                val = self._bcast(b, vv.base, off, vv.elem)
-                sel = arith.SelectOp(ok, val, self.vconst(b, pad))
+                val = self._bcast(b, vv.base, off, vv.elem, rt=rt)
+                sel = arith.SelectOp(ok, val, TE.int_const(b, 0, rvt) if typed else self.vconst(b, pad))
                 b.op(sel)
                 rows.append([sel.result])
             return Regs((R, C), rows)
@@ -363,7 +377,7 @@ class _Lowerer(LoadIndexLowering, OpLowerer):
                 roff = bb.add(vv.off, bb.mul(i, vv.rs))
                 for v in range(nv):
                     out.append(self._load_vec(bb, vv.base, vec_off(bb, roff, v), vv.elem,
-                                              self._static_count(C, v), pad, stride))
+                                              self._static_count(C, v), pad, stride, rt))
             return out
 
         def edge_path(bb: Builder) -> list[SSAValue]:
@@ -371,13 +385,13 @@ class _Lowerer(LoadIndexLowering, OpLowerer):
             for i, (ok, cnts) in enumerate(self._edge_counts(bb, vv, R, nv)):
                 roff = bb.select(ok, bb.c(bb.add(vv.off, bb.mul(i, vv.rs))), bb.c(vv.off))
                 for v in range(nv):
-                    out.append(self._load_vec(bb, vv.base, vec_off(bb, roff, v), vv.elem, cnts[v], pad, stride))
+                    out.append(self._load_vec(bb, vv.base, vec_off(bb, roff, v), vv.elem, cnts[v], pad, stride, rt))
             return out
 
         if full is None:
             vals = full_path(b)
         else:
-            vals = b.if_(full, full_path, edge_path, [self.vreg] * (R * nv))
+            vals = b.if_(full, full_path, edge_path, [rvt] * (R * nv))
         return Regs((R, C), [vals[i * nv:(i + 1) * nv] for i in range(R)])
 
     def _store_tile(self, b: Builder, regs: Regs, vv: ViewVal, stream: SSAValue | None = None) -> None:
@@ -448,7 +462,7 @@ class _Lowerer(LoadIndexLowering, OpLowerer):
 
     def op_tile_load(self, op: t.LoadOp, b: Builder) -> None:
         pad = op.pad.value.data if op.pad is not None else 0.0
-        self.vmap[op.result] = self._load_tile(b, self.get(op.source), pad)
+        self.vmap[op.result] = self._load_tile(b, self.get(op.source), pad, op.result.type.element_type)
 
     def op_tile_store(self, op: t.StoreOp, b: Builder) -> None:
         stream = self.scalar(op.stream) if op.stream is not None else None
@@ -456,7 +470,9 @@ class _Lowerer(LoadIndexLowering, OpLowerer):
 
     def op_tile_constant(self, op: t.ConstantOp, b: Builder) -> None:
         R, C = op.result.type.dims
-        v = self.vconst(b, op.value.value.data)
+        elem = op.result.type.element_type
+        v = (TE.int_const(b, op.value.value.data, TE.reg_vec(self, elem)) if TE.is_int_elem(elem)
+             else self.vconst(b, float(op.value.value.data)))
         self.vmap[op.result] = Regs((R, C), [[v] * self.nvec(C) for _ in range(R)])
 
     # ------------------------------------------------------------------ fragments
@@ -621,6 +637,9 @@ class _Lowerer(LoadIndexLowering, OpLowerer):
 
     # ------------------------------------------------------------------ compute
     def op_tile_elementwise(self, op: t.ElementwiseOp, b: Builder) -> None:
+        if TE.needs_typed(op):
+            TE.lower_elementwise(self, op, b)
+            return
         fn = op.fn.data
         R, C = op.result.type.dims
         ins = [self._expand(self.get(v), R, C) for v in op.inputs]
@@ -999,7 +1018,7 @@ class LowerTileToX86(TesseraPass):
                 "tessera_x86.vdpbf16ps", "tessera_x86.vbinary", "tessera_x86.vunary", "tessera_x86.vreduce",
                 "tessera_x86.vcvt", "tessera_x86.vinterleave", "tessera_x86.vtranspose", "tessera_x86.vlaneselect", "tessera_x86.aligned",
                 "tessera_x86.sfence", "tessera_x86.barrier", "tessera_x86.claim", "tessera_x86.prefetch", "tessera_x86.tzero", "tessera_x86.tload",
-                "tessera_x86.tstore", "tessera_x86.tdp",
+                "tessera_x86.tstore", "tessera_x86.tdp", "tessera_x86.velem",
                 "tessera_x86.workspace", "tessera_x86.launch")
     arch: str = option(doc="x86 CPU name or ISA level (host resolved before lowering); required")
     threads: int = option(0, doc="most threads a launch may use (0: the CPUs this process may use)")

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from xdsl.dialects import func
-from xdsl.dialects.builtin import FloatAttr, IntegerType, f32
+from xdsl.dialects.builtin import FloatAttr, IntegerAttr, IntegerType, f32
 from xdsl.ir import Attribute, Block, BlockArgument, Region, SSAValue
 
 from tessera.errors import ScheduleIllegalError
@@ -137,16 +137,26 @@ def trace_view(value: SSAValue, block: Block) -> StridedView | None:
     return view
 
 
-def scalar_constant(op) -> float | None:
+def scalar_constant(op) -> float | int | None:
+    """The value of a one-element constant: a float, or an int for an int / bool constant."""
     if isinstance(op, g.ConstantOp):
         vals = op.value.get_values()  # type: ignore[attr-defined]
         if len(vals) == 1:
+            if isinstance(op.result.type.element_type, IntegerType):
+                return int(vals[0]) if op.result.type.element_type.width.data > 1 else int(vals[0] != 0)
             return float(vals[0])
     return None
 
 
+def reg_elem(elem: Attribute, reg: Attribute) -> Attribute:
+    """The element type of a register tile holding values of ``elem``: int / bool (i1) tiles keep
+    their type; float ones take the kernel's register type ``reg``."""
+    return elem if isinstance(elem, IntegerType) else reg
+
+
 def tile_const(b: Builder, value: float, elem: Attribute = f32) -> SSAValue:
-    op = t.ConstantOp.create(attributes={"value": FloatAttr(value, elem)}, result_types=[t.tile_type(1, 1, elem)])
+    attr = IntegerAttr(int(value), elem) if isinstance(elem, IntegerType) else FloatAttr(value, elem)
+    op = t.ConstantOp.create(attributes={"value": attr}, result_types=[t.tile_type(1, 1, elem)])
     b.op(op)
     return op.result
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from xdsl.dialects.builtin import FloatAttr, StringAttr, f32
+from xdsl.dialects.builtin import FloatAttr, IntegerAttr, IntegerType, StringAttr, f32
 from xdsl.ir import Block, BlockArgument, SSAValue
 
 from tessera.errors import ScheduleIllegalError
@@ -27,6 +27,7 @@ from tessera.passes.tile.kernels.common import (
     StridedView,
     elementwise,
     for_claimed,
+    reg_elem,
     row_major_strides,
     scalar_constant,
     tile_const,
@@ -166,8 +167,8 @@ def load_leaf(kf: KernelFn, b: Builder, lf: Leaf, row_off, c, cols_left, chunk: 
                            result_types=[t.view_type(1, width, lf.elem, "global")])
     b.op(view)
     attrs = {"pad": FloatAttr(pad, f32)} if pad is not None and pad != 0.0 else {}
-    ld = t.LoadOp.create(operands=[view.result], attributes=attrs,
-                         result_types=[t.tile_type(1, width, kf.reg)])  # registers: f32 (f64 kernels: f64)
+    ld = t.LoadOp.create(operands=[view.result], attributes=attrs,   # registers: f32 (f64 kernels: f64),
+                         result_types=[t.tile_type(1, width, reg_elem(lf.elem, kf.reg))])   # ints their own
     b.op(ld)
     return ld.result
 
@@ -194,8 +195,10 @@ def store_row(kf: KernelFn, b: Builder, buf_index: int, elem, value, off, cols_l
 
 
 def _widen(b: Builder, value, chunk: int):
-    zero = t.ConstantOp.create(attributes={"value": FloatAttr(0.0, value.type.element_type)},
-                               result_types=[t.tile_type(1, chunk, value.type.element_type)])
+    et = value.type.element_type
+    zero = t.ConstantOp.create(attributes={"value": IntegerAttr(0, et) if isinstance(et, IntegerType)
+                                           else FloatAttr(0.0, et)},
+                               result_types=[t.tile_type(1, chunk, et)])
     b.op(zero)
     return elementwise(b, "add", [zero.result, value])
 
@@ -221,15 +224,23 @@ def emit_ops(b: Builder, ops, vals: dict, reg=f32) -> None:
             c = scalar_constant(op)
             if c is None:
                 raise ScheduleIllegalError("only scalar constants are supported inside kernels")
-            vals[op.result] = tile_const(b, c, reg)
+            vals[op.result] = tile_const(b, c, reg_elem(op.result.type.element_type, reg))
         elif isinstance(op, g.CastOp):
-            vals[op.result] = vals[op.input]
+            src, dst = op.input.type.element_type, op.result.type.element_type
+            if isinstance(src, IntegerType) or isinstance(dst, IntegerType):   # int / bool lanes: convert
+                vals[op.result] = elementwise_typed(b, "cvt", [vals[op.input]], reg_elem(dst, reg))
+            else:
+                vals[op.result] = vals[op.input]
+        elif typed_fn(op) is not None:   # comparisons, where, logic, integer ops (kernels/typed.py)
+            vals[op.result] = emit_typed(b, op, vals, reg)
         elif isinstance(op, g.ELEMENTWISE_UNARY):
             vals[op.result] = elementwise(b, g.elementwise_fn(op), [vals[op.input]])
         elif isinstance(op, g.ELEMENTWISE_BINARY):
             vals[op.result] = elementwise(b, g.elementwise_fn(op), [vals[op.lhs], vals[op.rhs]])
         else:
             raise ScheduleIllegalError(f"{op.name} is not an elementwise op")
+        if isinstance(op.result.type.element_type, IntegerType):
+            continue
         narrow = round_fn(op.result.type.element_type, reg)
         # a cast rounds to its type; an op of a narrower type to f32 (in f64 registers; in f32 ones
         # bf16 / f16 ops keep computing in f32, as before)
@@ -251,6 +262,8 @@ def check_rows_schedule(kop: s.KernelOp) -> None:
         raise ScheduleIllegalError(f"kernel {kop.sym_name.data}: the column chunk must be a multiple of the "
                                    "vector width")
 
+
+from tessera.passes.tile.kernels.typed import elementwise_typed, emit_typed, typed_fn  # noqa: E402
 
 __all__ = ["Leaf", "find_leaves", "register_dims", "for_row_runs", "for_rows", "RowCtx", "load_leaf", "prefetch_leaves", "store_row",
            "emit_ops", "round_fn", "chunk_of", "check_rows_schedule", "StringAttr"]
