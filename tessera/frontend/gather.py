@@ -42,6 +42,12 @@ def index_array(i, what: str) -> Tensor:
     return i
 
 
+def _require_table(x: Tensor, what: str) -> None:
+    """A gather copies floats and int8 / int32 / int64 values (exactly); bool is refused."""
+    if x.dtype not in dt.INTS:
+        require_float(x, what)
+
+
 def _gathered_axis(x: Tensor, axis, what: str) -> int:
     ax = normalize_axis(axis, x.ndim, what) if x.ndim else None
     if ax is None:
@@ -57,7 +63,7 @@ def take(x, indices, axis: int | None = 0) -> Tensor:
     (``axis=None``: of ``x`` flattened).  ``take(table, ids)`` with table [V, D] and ids [B, S]
     is the embedding lookup [B, S, D]: one table row copied per id."""
     x = ops._t(x, "take")
-    require_float(x, "take")
+    _require_table(x, "take")
     idx = index_array(indices, "take: indices")
     if axis is None:
         x = ops.reshape(x, (math.prod(x._node.shape),))
@@ -72,7 +78,7 @@ def take_along_axis(x, indices, axis: int) -> Tensor:
     """``numpy.take_along_axis``: indices of x's rank; off ``axis`` the two broadcast, along it
     each index picks an element (e.g. the logit at each label: ``take_along_axis(z, y[:, None], -1)``)."""
     x = ops._t(x, "take_along_axis")
-    require_float(x, "take_along_axis")
+    _require_table(x, "take_along_axis")
     idx = index_array(indices, "take_along_axis: indices")
     if axis is None:
         raise _err(UnsupportedConstructError, "take_along_axis: axis=None (flattened) is not supported; give an axis")

@@ -22,6 +22,12 @@ from tessera.ir.graph import GraphOp, TensorType, _operand_tensor, _require_floa
 _FMT = "$input `,` $indices attr-dict `:` functional-type(operands, results)"
 
 
+def _require_table(op_name: str, elem) -> None:
+    """What a take copies: a float, or an int8 / int32 / int64 (copied exactly in integer lanes)."""
+    if not (isinstance(elem, IntegerType) and elem.width.data in (8, 32, 64)):
+        _require_float(op_name, elem)
+
+
 def is_index_type(t) -> bool:
     return isinstance(t, IntegerType) and t.width.data in (32, 64)
 
@@ -55,7 +61,7 @@ class TakeOp(GraphOp):
 
     def infer_result_type(self) -> TensorType:
         x, i = _operand_tensor(self.name, self.input), _operand_tensor(self.name, self.indices)
-        _require_float(self.name, x.element_type)
+        _require_table(self.name, x.element_type)
         _require_index(self.name, i)
         ax = ival(self.axis)
         _gathered_axis(self.name, x, ax)
@@ -96,7 +102,7 @@ class TakeAlongAxisOp(GraphOp):
 
     def infer_result_type(self) -> TensorType:
         x, i = _operand_tensor(self.name, self.input), _operand_tensor(self.name, self.indices)
-        _require_float(self.name, x.element_type)
+        _require_table(self.name, x.element_type)
         _require_index(self.name, i)
         ax = ival(self.axis)
         _gathered_axis(self.name, x, ax)

@@ -23,11 +23,11 @@ from tessera.ir.attrs import ival
 from tessera.ir.builder import INDEX, Builder
 from tessera.ir.strided import row_major_strides
 from tessera.passes.tile.kernels import rows as R
-from tessera.passes.tile.kernels.common import KernelFn, KernelSig, splat_row, tile_const, trace_view
+from tessera.passes.tile.kernels.common import KernelFn, KernelSig, reg_elem, splat_row, tile_const, trace_view
 from tessera.passes.util import register_elem
 
 
-D_BYTES = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2}
+D_BYTES = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "i64": 8, "i32": 4, "i8": 1}
 
 
 def load_index(kf: KernelFn, b: Builder, buf: int, off):
@@ -45,11 +45,11 @@ def bounded_index(b: Builder, i, n: int):
 def _copy(kf: KernelFn, b: Builder, elem, src_buf: int, src, dst_buf: int, dst, width: int, left,
           stream=None) -> None:
     """``left`` (up to ``width``) elements from ``src`` to ``dst``, through the kernel's registers
-    (exact for every float type: narrower ones widen to f32 and back)."""
+    (exact: narrower floats widen to f32 and back, integers stay in integer lanes)."""
     view = t.ViewOp.create(operands=[kf.buffer_args[src_buf], b.c(src), b.c(0), b.c(1), b.c(1), b.c(left)],
                            result_types=[t.view_type(1, width, elem, "global")])
     b.op(view)
-    ld = t.LoadOp.create(operands=[view.result], result_types=[t.tile_type(1, width, kf.reg)])
+    ld = t.LoadOp.create(operands=[view.result], result_types=[t.tile_type(1, width, reg_elem(elem, kf.reg))])
     b.op(ld)
     R.store_row(kf, b, dst_buf, elem, ld.result, dst, left, width, stream)
 
