@@ -1,7 +1,8 @@
 """Gathers: ``take`` (the embedding lookup ``table[ids]``), ``take_along_axis``, ``one_hot`` and
 ``x[idx]`` with one integer-array index (numpy's semantics for a single advanced index).
 
-Index arrays are int32 or int64 tensors (traced arguments or computed values).  Runtime
+Index arrays are int32 or int64 tensors (traced arguments or computed values); the gathered
+tensor is a float or an int8 / int32 / int64 one (integers are copied exactly).  Runtime
 index values follow one policy, the Graph IR's (``ir/graph_index.py``): in [-n, n) they mean
 what numpy means, outside they are clamped into the axis (as jax.numpy's indexing); no read
 leaves the array.  ``one_hot`` gives a row of zeros for a label outside [0, num_classes).

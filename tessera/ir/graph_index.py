@@ -1,6 +1,6 @@
 """Graph IR gathers: ``tessera.take``, ``tessera.take_along_axis``, ``tessera.one_hot``.
 
-Index operands are i32 or i64 tensors.  Runtime indices follow one policy (every kernel and
+Index operands are i32 or i64 tensors; a take copies floats or i8 / i32 / i64 values.  Runtime indices follow one policy (every kernel and
 the reference lane): an index in ``[-n, n)`` means what numpy means (negative counts from the
 end); anything outside is clamped into the axis -- below ``-n`` reads element 0, at or past
 ``n`` element ``n - 1`` (jax.numpy's indexing does the same).  No read ever leaves the array.
