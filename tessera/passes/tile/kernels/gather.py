@@ -12,7 +12,7 @@ its label when the label is in [0, C).
 """
 from __future__ import annotations
 
-from xdsl.dialects.builtin import IntegerType
+from xdsl.dialects import arith
 
 from tessera.errors import ScheduleIllegalError
 from tessera.ir import dims as D
@@ -190,9 +190,11 @@ def _one_hot(kop, op, sig: KernelSig, out_buf: int):
             return []
         br.for_(0, C, chunk, body)
         lab = load_index(kf, br, lb, r)
-        hit = br.op(_and(br, br.cmp("sge", lab, 0), br.cmp("slt", lab, C))).results[0]
-        br.if_(hit, lambda bt: R.store_row(kf, bt, out_buf, elem, tile_const(bt, 1.0, kf.reg),
-                                           bt.add(base, lab), 1, 1) and None)
+        hit = br.op(arith.AndIOp(br.cmp("sge", lab, 0), br.cmp("slt", lab, C))).results[0]
+
+        def one(bt: Builder):
+            R.store_row(kf, bt, out_buf, elem, tile_const(bt, 1.0, kf.reg), bt.add(base, lab), 1, 1)
+        br.if_(hit, one)
         return []
 
     if C:
@@ -200,9 +202,4 @@ def _one_hot(kop, op, sig: KernelSig, out_buf: int):
     return kf.finish(), sig.dims, 0, []
 
 
-def _and(b: Builder, x, y):
-    from xdsl.dialects import arith
-    return arith.AndIOp(x, y)
-
-
-__all__ = ["generate", "load_index", "bounded_index", "IntegerType"]
+__all__ = ["generate", "load_index", "bounded_index", "operand_arg"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from xdsl.ir import Block
 
-from tessera.ir import dims as D
 from tessera.ir import graph as g
 from tessera.ir.attrs import ival
 from tessera.ir.builder import Builder
@@ -68,4 +67,4 @@ def offsets(kf: KernelFn, b: Builder, r, dims, leaves: dict) -> dict:
     return out
 
 
-__all__ = ["find", "register", "offsets", "D"]
+__all__ = ["find", "register", "offsets"]
