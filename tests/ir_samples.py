@@ -298,3 +298,14 @@ SAMPLES.update({
                                             "  func.return %r : !tessera.tensor<[M, 1], f32>",
                                "!tessera.tensor<[M, 1], f32>"),
 })
+# gathers (tessera/ir/graph_index.py) and the index load their kernels use
+_E, _I = "!tessera.tensor<[37, D], f32>", "!tessera.tensor<[B, S], i32>"
+SAMPLES.update({
+    "tessera.take": _fn(f"%t : {_E}, %i : {_I}, %l : !tessera.tensor<[3, D], i64>", f"""  %r = tessera.take %t, %i {{axis = 0 : i64}} : ({_E}, {_I}) -> !tessera.tensor<[B, S, D], f32>
+  %a = tessera.take_along_axis %t, %l {{axis = 0 : i64}} : ({_E}, !tessera.tensor<[3, D], i64>) -> !tessera.tensor<[3, D], f32>
+  %h = tessera.one_hot %i : ({_I}) -> !tessera.tensor<[B, S, 10], bf16>
+  func.return %r : !tessera.tensor<[B, S, D], f32>""", "!tessera.tensor<[B, S, D], f32>"),
+    "tessera.take_along_axis": None, "tessera.one_hot": None,
+    "tile.load_index": _tile("  %k = tile.load_index %q[%c6] : !tile.buffer<i64, global>",
+                             f"%p : {BUF}, %q : !tile.buffer<i64, global>"),
+})

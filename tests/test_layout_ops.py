@@ -76,13 +76,13 @@ def test_bad_layout_arguments_are_coded(rng):
                     (lambda a: a.var(ddof=1.5), ShapeMismatchError)]:
         with pytest.raises(cls):
             ts.jit(fn)(x)
-    for item in (lambda a: a[a], lambda a: a[::-1], lambda a: a[..., ...], lambda a: a[[0, 1]],
+    for item in (lambda a: a[..., ...], lambda a: a[[0, 1]],
                  lambda a: a[np.array([0])], lambda a: a[True]):
         with pytest.raises(TesseraError) as info:
             ts.jit(item)(x)
         assert info.value.code == "UNSUPPORTED_CONSTRUCT"
-    with pytest.raises(TesseraError, match=r"x\[:, ::-1\]"):
-        ts.jit(lambda a: a[:, ::-1])(x)
+    with pytest.raises(ShapeMismatchError, match=r"x\[:, ::0\]: slice step cannot be zero"):
+        ts.jit(lambda a: a[:, ::0])(x)   # (negative steps: tests/test_gather_index.py)
     for item in (lambda a: a[3], lambda a: a[:, -5]):
         with pytest.raises(ShapeMismatchError, match="out of range"):
             ts.jit(item)(x)

@@ -205,6 +205,8 @@ def _infer(graph: TraceGraph, uf: _UF, dims: dict) -> None:
             d[ax] = n.shape[ax]
         elif op == "reshape":
             d = _reshape_dims(ins[0], n.inputs[0].shape, n.shape)
+        elif op in ("take", "take_along_axis", "one_hot"):
+            d = _gather_dims(uf, n, ins)
         elif op == "attention":
             q, k, v = ins[:3]
             _unify(uf, q[0], k[0])
@@ -267,6 +269,31 @@ def _emit(graph: TraceGraph, uf: _UF, dims: dict, static) -> GraphIR:
     return GraphIR(module, arg_dims, static)
 
 
+def _gather_dims(uf: _UF, n: Node, ins) -> list[D.Dim]:
+    """take: the axis (static: the tracer observed it) replaced by the indices' dims;
+    take_along_axis: off the axis the operands broadcast, on it the indices' dim; one_hot: the
+    labels' dims and the static class count."""
+    if n.op == "one_hot":
+        return list(ins[0]) + [n.shape[-1]]
+    ax = n.attrs["axis"]
+    x, i = ins
+    if n.op == "take":
+        return list(x[:ax]) + list(i) + list(x[ax + 1:])
+    out = []
+    for k, (a, b) in enumerate(zip(x, i)):
+        ca, cb = n.inputs[0].shape[k], n.inputs[1].shape[k]
+        if k == ax:
+            out.append(b)
+        elif ca == 1 and cb != 1:
+            out.append(b)
+        elif cb == 1 and ca != 1:
+            out.append(a)
+        else:
+            _unify(uf, a, b)
+            out.append(a)
+    return out
+
+
 class _Shape:
     def __init__(self, shape):
         self.shape = shape
@@ -307,6 +334,11 @@ def _make_op(n: Node, operands, T):
     if n.op == "slice":
         return g.SliceOp.create(operands=operands, result_types=[T], attributes={
             "starts": int_array(n.attrs["starts"]), "steps": int_array(n.attrs["steps"])})
+    if n.op in ("take", "take_along_axis"):
+        cls = g.TakeOp if n.op == "take" else g.TakeAlongAxisOp
+        return cls.create(operands=operands, result_types=[T], attributes={"axis": i64_attr(n.attrs["axis"])})
+    if n.op == "one_hot":
+        return g.OneHotOp.create(operands=operands, result_types=[T])
     if n.op == "attention":
         groups = [[operands[0]], [operands[1]], [operands[2]], [operands[3]] if n.attrs["mask"] else []]
         attrs = {"causal": BoolAttr(n.attrs["causal"], i1), "masked_rows": StringAttr(n.attrs["masked_rows"])}

@@ -88,19 +88,30 @@ def std(x, axis=None, keepdims: bool = False, ddof: int = 0) -> Tensor:
 
 def index(x: Tensor, item) -> Tensor:
     """``x[item]`` with numpy's basic indexing: integers (negative from the end), slices with
-    bounds and positive steps, ``None`` (a new axis) and ``...``.  A sliced or indexed axis is
+    bounds and steps (a negative step walks backwards: a view with negative strides), ``None``
+    (a new axis) and ``...``; one int32/int64 index array is a gather (``frontend/gather.py``).  A sliced or indexed axis is
     compiled in (its size is specialised on); the result is a ``slice`` node (a strided view of x)
     and a reshape for the axes integers drop and ``None`` adds."""
+    from tessera.frontend import gather
     items = item if isinstance(item, tuple) else (item,)
     if sum(i is Ellipsis for i in items) > 1:
         raise _err(UnsupportedConstructError, "an index can only have one ellipsis ('...')")
+    arrays = [i for i in items if gather.is_array_index(i)]
+    if len(arrays) > 1:
+        raise _err(UnsupportedConstructError, f"x[{_show(item)}]: {len(arrays)} index arrays: only one array "
+                                              "index traces (numpy's broadcasting of several is not supported)")
     for i in items:
         if isinstance(i, Tensor) and i._node.scalar_of and i.ndim == 0:
             require_int(i, f"x[{_show(item)}]: an index")   # a Python-number argument: specialised on
-        if isinstance(i, (Tensor, list, bool, np.ndarray)):
+        if isinstance(i, (list, bool, np.ndarray)):
             raise _err(UnsupportedConstructError,
-                       f"x[{_show(item)}]: indexing with an array (gather) is not supported yet; basic "
-                       "indexing traces: integers, slices with positive steps, None and '...'")
+                       f"x[{_show(item)}]: indexing with a constant array or a bool is not supported; an index "
+                       "array traces as an int32/int64 argument (one per index)")
+    if arrays:
+        taken = sum(i is not None and i is not Ellipsis for i in items)
+        if taken > x.ndim:
+            raise _err(RankMismatchError, f"x[{_show(item)}]: {taken} indices for a rank-{x.ndim} tensor")
+        return gather.index_with_array(x, items, index)
     taken = sum(i is not None and i is not Ellipsis for i in items)
     if taken > x.ndim:
         raise _err(RankMismatchError, f"x[{_show(item)}]: {taken} indices for a rank-{x.ndim} tensor")
@@ -122,12 +133,13 @@ def index(x: Tensor, item) -> Tensor:
         if isinstance(i, slice):
             bounds = [None if v is None else require_int(v, f"x[{_show(item)}]: a slice bound") for v in
                       (i.start, i.stop, i.step)]
-            if bounds[2] is not None and bounds[2] < 1:
-                raise _err(UnsupportedConstructError, f"x[{_show(item)}]: step {bounds[2]}: only positive steps "
-                                                      "trace (a reversal has no op yet)")
+            if bounds[2] == 0:
+                raise _err(ShapeMismatchError, f"x[{_show(item)}]: slice step cannot be zero")
             a, stop, st = slice(*bounds).indices(n)
             m = len(range(a, stop, st))
-            starts.append(a if m else 0), steps.append(st), sizes.append(m), final.append(m)
+            if not m:
+                a, st = 0, 1
+            starts.append(a), steps.append(st), sizes.append(m), final.append(m)
         else:
             k = require_int(i, f"x[{_show(item)}]: an index")
             if not -n <= k < n:
@@ -220,7 +232,7 @@ def chunk(x, chunks: int, axis: int = 0) -> list[Tensor]:
 
 def _show(item) -> str:
     items = item if isinstance(item, tuple) else (item,)
-    return ", ".join("..." if i is Ellipsis else ":" if isinstance(i, slice) and i == slice(None) else
+    return ", ".join("..." if i is Ellipsis else "<array>" if isinstance(i, Tensor) else ":" if isinstance(i, slice) and i == slice(None) else
                      (f"{'' if i.start is None else i.start}:{'' if i.stop is None else i.stop}"
                       + ("" if i.step is None else f":{i.step}")) if isinstance(i, slice) else repr(i)
                      for i in items)

@@ -458,3 +458,8 @@ from tessera.frontend.rowops import (  # noqa: E402
 
 __all__ += ["logsumexp", "log_softmax", "cumsum", "cumprod", "prod", "argmax", "argmin", "top_k", "any", "all",
             "cross_entropy"]
+
+# gathers (frontend/gather.py imports this module)
+from tessera.frontend.gather import one_hot, take, take_along_axis  # noqa: E402
+
+__all__ += ["take", "take_along_axis", "one_hot"]

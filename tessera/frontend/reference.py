@@ -55,6 +55,32 @@ def attention64(q, k, v, mask, scale, causal, masked_rows="zero"):
 
 
 
+def bounded_indices(i, n: int) -> np.ndarray:
+    """The gathers' index policy (ir/graph_index.py): numpy's meaning in [-n, n), clamped outside."""
+    i = np.asarray(i).astype(np.int64)
+    return np.clip(np.where(i < 0, i + n, i), 0, n - 1)
+
+
+def gather64(op: str, x: list, attrs: dict, shape) -> np.ndarray:
+    """take / take_along_axis / one_hot on float64 values (indices arrive as float64 here)."""
+    if op == "one_hot":
+        lab = np.asarray(x[0]).astype(np.int64)
+        return (lab[..., None] == np.arange(shape[-1])).astype(np.float64)
+    ax = attrs["axis"]
+    i = bounded_indices(x[1], x[0].shape[ax])
+    if op == "take":
+        return np.take(x[0], i, axis=ax)
+    return _along(x[0], i, ax)
+
+
+def _along(a, i, ax):
+    """take_along_axis with the off-axis dims broadcast both ways (numpy broadcasts them too)."""
+    sa, si = list(a.shape), list(i.shape)
+    out = [max(p, q) if k != ax else si[k] for k, (p, q) in enumerate(zip(sa, si))]
+    a = np.broadcast_to(a, [out[k] if k != ax else sa[k] for k in range(len(sa))])
+    return np.take_along_axis(a, np.broadcast_to(i, out), ax)
+
+
 def _sigmoid_np(v):
     return sigmoid64(v)
 
@@ -131,7 +157,10 @@ def evaluate(graph: TraceGraph, arrays: list[np.ndarray]) -> list[np.ndarray]:
         elif op == "concat":
             r = np.concatenate(x, axis=n.attrs["axis"])
         elif op == "slice":
-            r = x[0][tuple(slice(a, a + m * st, st) for a, m, st in zip(n.attrs["starts"], n.shape, n.attrs["steps"]))]
+            r = x[0][tuple(slice(a, a + m * st if a + m * st >= 0 else None, st)   # (a stop of -1 reads the end)
+                           for a, m, st in zip(n.attrs["starts"], n.shape, n.attrs["steps"]))]
+        elif op in ("take", "take_along_axis", "one_hot"):
+            r = gather64(op, x, n.attrs, n.shape)
         elif op == "attention":
             sc = n.attrs["scale"] if n.attrs["scale"] is not None else 1 / math.sqrt(max(x[0].shape[-1], 1))
             r = attention64(x[0], x[1], x[2], x[3] if n.attrs["mask"] else None, sc,

@@ -2,7 +2,8 @@
 
 A dimension is an ``int`` (a fact the kernel is specialised on) or a canonical
 product expression of symbols and an integer coefficient, spelled ``"B*S"`` or
-``"4*N"``.  Two dimensions are equal when their canonical forms are equal; the
+``"4*N"`` (a stride may have a negative coefficient, ``"-1*N"``: a view walking an axis
+backwards).  Two dimensions are equal when their canonical forms are equal; the
 runtime binds symbols to sizes when a kernel is called.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ def _factors(dim: Dim) -> tuple[int, list[str]]:
     syms: list[str] = []
     for part in dim.split("*"):
         part = part.strip()
-        if part.isdigit():
+        if part.lstrip("-").isdigit():
             coef *= int(part)
         elif _SYMBOL.match(part):
             syms.append(part)

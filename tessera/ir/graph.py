@@ -592,10 +592,11 @@ class TransposeOp(GraphOp):
 
 @irdl_op_definition
 class SliceOp(GraphOp):
-    """``input[start : start + size * step : step]`` along every axis (``starts``, ``steps`` >= 1,
-    and the result type's dims as the sizes).  A sliced axis of the input has a static size
-    (the window must lie inside it); an axis taken whole (start 0, step 1, the same dim) may be
-    symbolic.  CPU kernels read the input through its strides and an offset."""
+    """``input[start : start + size * step : step]`` along every axis (``starts``, nonzero
+    ``steps``, and the result type's dims as the sizes; a negative step walks the axis backwards
+    from its start).  A sliced axis of the input has a static size (the window must lie inside
+    it); an axis taken whole (start 0, step 1, the same dim) may be symbolic.  CPU kernels read
+    the input through its strides (negative ones for a negative step) and an offset."""
 
     name = "tessera.slice"
     input = operand_def(TensorType)
@@ -615,14 +616,14 @@ class SliceOp(GraphOp):
             raise GraphAttributeError(f"tessera.slice: {len(starts)} starts and {len(steps)} steps for rank "
                                       f"{t.rank} -> {r.rank}")
         for ax, (n, m, a, st) in enumerate(zip(t.dims, r.dims, starts, steps)):
-            if st < 1 or a < 0:
-                raise GraphAttributeError(f"tessera.slice: axis {ax}: start {a} and step {st} (start >= 0, step >= 1)")
+            if st == 0 or a < 0:
+                raise GraphAttributeError(f"tessera.slice: axis {ax}: start {a} and step {st} (start >= 0, step != 0)")
             if n == m and a == 0 and st == 1:
                 continue
             if not (isinstance(n, int) and isinstance(m, int)):
                 raise GraphAttributeError(f"tessera.slice: axis {ax} is sliced, so its sizes must be static "
                                           f"({n} -> {m})")
-            if m < 0 or (m > 0 and a + (m - 1) * st >= n):
+            if m < 0 or (m > 0 and not 0 <= a + (m - 1) * st < n) or (m > 0 and a >= n):
                 raise GraphAttributeError(f"tessera.slice: axis {ax}: {m} elements from {a} in steps of {st} "
                                           f"do not fit in {n}")
         return TensorType.of(list(r.dims), t.element_type)
@@ -846,13 +847,17 @@ from tessera.ir.graph_rows import (ARGS, INDEX_ELEM, INDEX_ELEM_NP, NEW_REDUCTIO
 REDUCTIONS = REDUCTIONS + NEW_REDUCTIONS
 ROWWISE = ROWWISE + ROW_LOG + ARGS + (TopKOp, CrossEntropyOp)
 
+# gathers (take, take_along_axis, one_hot) live in their own module, which imports the above
+from tessera.ir.graph_index import GATHERS, OneHotOp, TakeAlongAxisOp, TakeOp  # noqa: E402
+
 Graph = Dialect(
     "tessera",
     [MatmulOp, AddOp, SubOp, MulOp, DivOp, MaximumOp, NegOp, ExpOp, TanhOp, ErfOp, ReluOp, SiluOp, SqrtOp, GeluOp,
      SoftmaxOp, LayerNormOp, RmsNormOp, ReduceSumOp, ReduceMaxOp, ReduceMeanOp, TransposeOp, ReshapeOp,
      SliceOp, ConcatOp, CastOp, ConstantOp, AttentionOp, FusionOp, YieldOp, MinimumOp,
      LogOp, Log1pOp, Exp2Op, Expm1Op, SinOp, CosOp, SigmoidOp, AbsOp, SignOp, RsqrtOp, ReciprocalOp, FloorOp, CeilOp,
-     RoundOp, SquareOp]
+     RoundOp, SquareOp,
+     TakeOp, TakeAlongAxisOp, OneHotOp]
     + ROWS_OPS,
     [TensorType],
 )

@@ -509,6 +509,24 @@ class FragmentUnpackOp(IRDLOperation):
 
 # --------------------------------------------------------------------------- tile values
 @irdl_op_definition
+class LoadIndexOp(IRDLOperation):
+    """``%i = tile.load_index %buf[%offset]``: one element of an i32 / i64 buffer (a gather's
+    index array) as a signed ``index`` value; a kernel then bounds it before addressing with it."""
+
+    name = "tile.load_index"
+    source = operand_def(BufferType)
+    offset = operand_def(IndexType)
+    result = result_def(IndexType)
+    traits = traits_def(Pure())
+    assembly_format = "$source `[` $offset `]` attr-dict `:` type($source)"
+
+    def verify_(self) -> None:
+        e = self.source.type.element_type if isinstance(self.source.type, BufferType) else None
+        if not (isinstance(e, IntegerType) and e.width.data in (32, 64)):
+            raise TileVerifyError(f"tile.load_index reads an i32 or i64 buffer, not {self.source.type}", op=self)
+
+
+@irdl_op_definition
 class PrefetchOp(IRDLOperation):
     """``tile.prefetch %view``: ask for the memory of the view's first row ahead of its use (a
     hint: no value changes, and an address past the data is harmless).  Row kernels fetch
@@ -808,6 +826,7 @@ def check_typed_elementwise(op) -> None:
 Tile = Dialect(
     "tile",
     [AllocOp, ViewOp, AsyncCopyOp, WaitOp, BarrierOp, ClaimOp, PrefetchOp, FragmentZeroOp, FragmentPackOp, MmaOp, FragmentUnpackOp, LoadOp,
-     StoreOp, ConstantOp, SplatIndexOp, ElementwiseOp, MaskOp, ReduceOp, ProgramIdOp, WaveIdOp, LaunchOp],
+     StoreOp, ConstantOp, SplatIndexOp, ElementwiseOp, MaskOp, ReduceOp, ProgramIdOp, WaveIdOp, LaunchOp,
+     LoadIndexOp],
     [BufferType, ViewType, TileType, FragmentType, TokenType],
 )

@@ -2,8 +2,9 @@
 use and the output's shape become one ``elementwise`` group: one loop nest, no
 intermediate tensors.  A single-use slice with a unit step along the last axis feeding
 the tree joins it: the kernel reads the slice's input in place (strides and an offset); so
-does a reshape of a kernel input, and one join along the last axis whose operands are such
-trees (computed per column segment: rotate-half in RoPE is one kernel)."""
+do a reshape of a kernel input, a single-use ``take`` along any axis but the last
+(``kernels/gather_leaf.py``), and one join along the last axis whose operands are such trees
+(computed per column segment: rotate-half in RoPE is one kernel)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,10 +13,11 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 
 from tessera.ir import graph as g
-from tessera.ir.attrs import ints
+from tessera.ir.attrs import ints, ival
 from tessera.ir.strided import StridedView
 from tessera.passes.base import TesseraPass, register
 from tessera.passes.graph.outline import is_elementwise, outline, single_use
+from tessera.passes.graph.outline_kernels import operand_reshapes
 from tessera.passes.util import function_blocks
 
 
@@ -44,15 +46,22 @@ def _view_chain(v, block) -> list | None:
     return chain
 
 
+def _take_in_place(op, shape) -> bool:
+    """A take whose rows are contiguous pieces of its input rows (not along the last axis) and
+    whose shape is the group's: the kernel reads it through its indices."""
+    return (isinstance(op, g.TakeOp) and ival(op.axis) < op.input.type.rank - 1
+            and tuple(op.result.type.dims) == tuple(shape))
+
+
 def _grow(op, shape, group: list, block) -> None:
     """Add the tree of producers feeding ``op`` (an explicit work list: a chain of thousands of
     ops must not recurse once per op).  One join along the last axis may come in: the trees
     feeding its operands (of their own shapes) come with it."""
     seen = set(group)
-    work = [(op, shape)]
+    work = [(op, shape, False)]
     joined = any(isinstance(o, g.ConcatOp) for o in group)
     while work:
-        cur, shape = work.pop()
+        cur, shape, in_join = work.pop()
         for v in cur.operands:
             p = v.owner
             if getattr(p, "parent", None) is not block:
@@ -63,17 +72,22 @@ def _grow(op, shape, group: list, block) -> None:
             elif chain:
                 seen.update(chain)   # views of a kernel input, read in place through their strides
                 group.extend(chain)
-            elif isinstance(p, g.SliceOp) and single_use(v) and ints(p.steps)[-1] == 1 and p not in seen:
-                seen.add(p)          # read in place: a strided view with an offset (unit column stride)
+            elif isinstance(p, g.SliceOp) and single_use(v) and ints(p.steps)[-1] in (1, -1) and p not in seen:
+                seen.add(p)          # read in place: a strided view with an offset (column stride 1 or -1)
                 group.append(p)
             elif (isinstance(p, g.ReshapeOp) and single_use(v) and p not in seen
                   and not isinstance(p.input.owner, g.GraphOp)):
                 seen.add(p)          # a reshape of a kernel input: its row-major strides, read in place
                 group.append(p)
+            elif not in_join and _take_in_place(p, shape) and single_use(v) and p not in seen:
+                seen.add(p)          # read in place: rows of its input through the indices
+                group.append(p)
+                group.extend(r for r in operand_reshapes(p, block) if r not in seen)
+                seen.update(group)
             elif is_elementwise(p) and single_use(v) and p.results[0].type.dims == shape and p not in seen:
                 seen.add(p)
                 group.append(p)
-                work.append((p, shape))
+                work.append((p, shape, in_join))
             elif (isinstance(p, g.ConcatOp) and not joined and single_use(v) and p not in seen
                   and p.result.type.dims == shape and p.axis.value.data == len(shape) - 1
                   and all(isinstance(u.owner, g.SliceOp) and ints(u.owner.steps)[-1] == 1
@@ -94,7 +108,7 @@ def _grow(op, shape, group: list, block) -> None:
                     elif is_elementwise(q) and single_use(u) and q not in seen:
                         seen.add(q)
                         group.append(q)
-                        work.append((q, tuple(u.type.dims)))
+                        work.append((q, tuple(u.type.dims), True))   # (no take inside a segment)
 
 
 @register

@@ -18,7 +18,9 @@ from tessera.ir import graph as g
 from tessera.ir.attrs import ints
 from tessera.ir.strided import StridedView
 from tessera.passes.base import TesseraPass, register
+from tessera.ir.attrs import ival
 from tessera.passes.graph.outline import outline, single_use
+from tessera.passes.graph.outline_kernels import operand_reshapes
 from tessera.passes.util import function_blocks
 
 
@@ -50,6 +52,12 @@ def _operand_views(v, group: list) -> None:
     group.extend(chain[:len(chain) - keep])
 
 
+def _take_as_a(op) -> bool:
+    """A take of rows of a 2-D table (axis 0): the GEMM packs A's rows through the index
+    (kernels/gemm_gather.py) instead of reading a gathered copy."""
+    return isinstance(op, g.TakeOp) and ival(op.axis) == 0 and op.input.type.rank == 2
+
+
 def _epilogue(mm: g.MatmulOp, group: list) -> None:
     chain = mm.result
     while single_use(chain):
@@ -76,7 +84,11 @@ def fuse_matmuls(block) -> bool:
     for op in list(block.ops):
         if isinstance(op, g.MatmulOp) and op.parent is block:
             group = [op]
-            _operand_views(op.lhs, group)
+            take = op.lhs.owner
+            if _take_as_a(take) and single_use(op.lhs) and op.rhs != op.lhs:
+                group += [take] + operand_reshapes(take, block)   # A rows read through the index
+            else:
+                _operand_views(op.lhs, group)
             if op.rhs != op.lhs:
                 _operand_views(op.rhs, group)
             _epilogue(op, group)

@@ -16,7 +16,18 @@ from tessera.passes.graph.outline import outline, single_use
 from tessera.passes.util import function_blocks
 
 KIND_OF = {g.TransposeOp: "transpose", g.SliceOp: "transpose", g.ConcatOp: "concat", g.ReshapeOp: "elementwise", g.ConstantOp: "elementwise",
-           g.MatmulOp: "gemm", g.AttentionOp: "attention"}
+           g.MatmulOp: "gemm", g.AttentionOp: "attention",
+           g.TakeOp: "gather", g.TakeAlongAxisOp: "gather", g.OneHotOp: "gather"}
+
+
+def operand_reshapes(op, block) -> list:
+    """A gather reads its operands in place through single-use reshapes of them (a reshape of a
+    tensor outside any group is row-major: the same buffer); they join its group, so no copy
+    kernel (which would carry integer indices through float registers) runs first."""
+    if not isinstance(op, g.GATHERS):
+        return []
+    return [v.owner for v in op.operands if isinstance(v.owner, g.ReshapeOp) and v.owner.parent is block
+            and single_use(v)]
 
 
 def _kind(op) -> str:
@@ -47,6 +58,8 @@ class OutlineKernels(TesseraPass):
     def apply(self, ctx: Context, module: ModuleOp) -> None:
         for block in function_blocks(module):
             for op in reversed(list(block.ops)):  # consumers first: they copy constants in
+                if op.parent is not block:   # (already moved into a group: a gather's operand reshape)
+                    continue
                 if op.dialect_name() == "tessera" and not isinstance(op, (g.FusionOp, g.YieldOp)):
                     if op.parent is not block:
                         continue   # taken into a copy kernel with the reshape of its result
@@ -58,4 +71,4 @@ class OutlineKernels(TesseraPass):
                     if isinstance(src, (g.TransposeOp, g.SliceOp)) and src.parent is block and single_use(op.input):
                         outline([src, op], "transpose")   # the copy is written in order: its reshape is free
                         continue
-                    outline([op], _kind(op))
+                    outline([op] + operand_reshapes(op, block), _kind(op))

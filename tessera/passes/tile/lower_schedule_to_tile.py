@@ -24,6 +24,7 @@ from tessera.passes.util import function_blocks, swap_op
 from tessera.passes.tile.kernels import (attention, concat, elementwise, gemm, gpu_attention, gpu_gemm, reduce, rowwise,
                                         transpose)
 from tessera.passes.tile.kernels import scan
+from tessera.passes.tile.kernels import gather
 
 
 def _selection(kop: s.KernelOp) -> MmaSelection:
@@ -33,12 +34,14 @@ def _selection(kop: s.KernelOp) -> MmaSelection:
 
 
 GPU = ("rocm", "nvidia")
-CPU_ONLY = ("tile.splat_index", "tile.claim", "tile.prefetch")
+CPU_ONLY = ("tile.splat_index", "tile.claim", "tile.prefetch",
+            "tile.load_index")
 GPU_ONLY = ("tile.program_id", "tile.wave_id")
 ALL_PRODUCED = ("func.func", "tile.launch", "tile.alloc", "tile.view", "tile.async_copy", "tile.wait", "tile.barrier",
                 "tile.claim", "tile.prefetch", "tile.fragment_zero", "tile.fragment_pack", "tile.mma", "tile.fragment_unpack", "tile.load",
                 "tile.store", "tile.constant", "tile.splat_index", "tile.elementwise", "tile.mask", "tile.reduce",
-                "tile.program_id", "tile.wave_id")
+                "tile.program_id", "tile.wave_id",
+                "tile.load_index")
 
 
 def check_bounds(kop: s.KernelOp, target: str) -> None:
@@ -78,7 +81,7 @@ def generate(kop: s.KernelOp, target: str = "x86"):
             return gpu_gemm.generate(kop, plan, sel)
         return gemm.generate(kop, plan, gemm.config(kop, sel))
     mod = {"rowwise": rowwise, "elementwise": elementwise, "reduce": reduce, "transpose": transpose,
-           "concat": concat, "attention": attention,
+           "concat": concat, "attention": attention, "gather": gather,
            "scan": scan}.get(kind)
     if mod is None:
         raise ScheduleIllegalError(f"no Tile IR generator for kernel kind {kind!r}")

@@ -54,6 +54,7 @@ from tessera.passes.base import TesseraPass, option, register
 from tessera.passes.schedule import bounds
 from tessera.passes.target.lowering import OpLowerer
 from tessera.passes.target.x86 import lower_typed_elem as TE
+from tessera.passes.target.x86.lower_index import LoadIndexLowering
 from tessera.passes.util import swap_op
 
 PTR = x.PTR
@@ -101,7 +102,7 @@ def _elem_bytes(elem: Attribute) -> int:
 
 
 @dataclass
-class _Lowerer(OpLowerer):
+class _Lowerer(LoadIndexLowering, OpLowerer):
     w: int
     features: frozenset[str]
     ws_offset: int = 0
@@ -1020,7 +1021,8 @@ class LowerTileToX86(TesseraPass):
     consumes = ("tile.alloc", "tile.view", "tile.async_copy", "tile.wait", "tile.barrier", "tile.claim", "tile.prefetch",
                 "tile.fragment_zero",
                 "tile.fragment_pack", "tile.mma", "tile.fragment_unpack", "tile.load", "tile.store",
-                "tile.constant", "tile.splat_index", "tile.elementwise", "tile.mask", "tile.reduce", "tile.launch")
+                "tile.constant", "tile.splat_index", "tile.elementwise", "tile.mask", "tile.reduce", "tile.launch",
+                "tile.load_index")
     produces = ("tessera_x86.vzero", "tessera_x86.vconstant", "tessera_x86.vbroadcast", "tessera_x86.vload",
                 "tessera_x86.vstore", "tessera_x86.load", "tessera_x86.store", "tessera_x86.vfma", "tessera_x86.vsplat",
                 "tessera_x86.vdpbf16ps", "tessera_x86.vbinary", "tessera_x86.vunary", "tessera_x86.vreduce",

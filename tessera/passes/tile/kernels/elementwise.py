@@ -15,6 +15,7 @@ from tessera.errors import ScheduleIllegalError
 from tessera.ir import dims as D
 from tessera.ir import graph as g
 from tessera.ir import schedule as s
+from tessera.passes.tile.kernels import gather_leaf
 from tessera.passes.tile.kernels import rows as R
 from tessera.passes.tile.kernels.common import KernelSig, StridedView
 from tessera.passes.util import register_elem
@@ -30,7 +31,8 @@ def generate(kop: s.KernelOp):
     out_dims = outs[0].type.dims
     if any(o.type.dims != out_dims for o in outs):
         raise ScheduleIllegalError(f"kernel {kop.sym_name.data}: outputs of one elementwise kernel share a shape")
-    compute = [o for o in block.ops if o is not yield_op and not isinstance(o, (g.ReshapeOp, g.TransposeOp, g.SliceOp))]
+    compute = [o for o in block.ops if o is not yield_op and not isinstance(o, (g.ReshapeOp, g.TransposeOp, g.SliceOp,
+                                                                                g.TakeOp))]
     chunk = R.chunk_of(kop)
     dims = tuple(out_dims) if out_dims else (1,)
     segments = _segments(kop, compute)
@@ -40,8 +42,9 @@ def generate(kop: s.KernelOp):
         compute = [o for o in compute if o not in inner and o is not cat]
         seg_leaves = [R.find_leaves(block, tuple(v.type.dims), sub, extra=(v,)) for v, sub in zip(cat.inputs, subs)]
     leaves = R.find_leaves(block, dims, compute + [yield_op])
-    flat = not segments and all(lf.mode in ("contig",) or (lf.mode == "bcast" and lf.col_stride == 0)
-                                for lf in leaves.values())
+    takes = gather_leaf.find(kop.sym_name.data, block)   # takes read in place: per-row offsets through their indices
+    flat = not segments and not takes and all(lf.mode in ("contig",) or (lf.mode == "bcast" and lf.col_stride == 0)
+                                              for lf in leaves.values())
     sig = KernelSig(kop.sym_name.data, reg=register_elem(kop))
     for v in kop.inputs:
         sig.buffer(v.type.element_type)
@@ -53,6 +56,7 @@ def generate(kop: s.KernelOp):
         R.register_dims(sig, dims, leaves)
         for v, lv in zip(cat.inputs, seg_leaves) if segments else ():
             R.register_dims(sig, tuple(v.type.dims), lv)
+        gather_leaf.register(sig, takes)
     kf = sig.build()
     b = kf.b
     if flat:
@@ -74,12 +78,13 @@ def generate(kop: s.KernelOp):
         else:
             row_len = C
             ctx = R.RowCtx(kf, br, r, dims, leaves)
-            offsets = ctx.offsets
+            offsets = {**ctx.offsets, **gather_leaf.offsets(kf, br, r, dims, takes)}
             out_off = br.mul(r, C)
 
         def col_body(bc, c, end, seg=None):
             left = bc.sub(end, c)
-            vals = {v: R.load_leaf(kf, bc, lf, offsets[v], c, left, chunk) for v, lf in leaves.items()}
+            vals = {v: R.load_leaf(kf, bc, lf, offsets[v], c, left, chunk)
+                    for v, lf in [*leaves.items(), *((v, t[0]) for v, t in takes.items())]}
             if seg is not None:   # this segment's operand of the join, from its own leaves
                 i, start, sub_offsets = seg
                 cs = bc.sub(c, start)

@@ -37,6 +37,7 @@ from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr
 from tessera.ir.builder import Builder
 from tessera.mma.selector import MmaSelection
+from tessera.passes.tile.kernels import gemm_gather
 from tessera.passes.tile.kernels.common import (
     ALIGN,
     KernelFn,
@@ -77,6 +78,7 @@ class GemmPlan:
     c0: Operand | None = None
     epilogue: list[tuple] = field(default_factory=list)   # ("un", fn) | ("bin", fn, Operand|float, chain_is_lhs)
     out_arg_types: list[Attribute] = field(default_factory=list)
+    gather: object = None   # A is a take of table rows (gemm_gather.GatherA): a counts in rows
 
     def describe(self) -> dict:
         steps = []
@@ -110,7 +112,12 @@ def analyse(kop: s.KernelOp) -> GemmPlan:
     if len(mms) != 1:
         raise illegal(name, f"a gemm kernel holds exactly one tessera.matmul, found {len(mms)}")
     mm = mms[0]
-    a, b = trace_view(mm.lhs, block), trace_view(mm.rhs, block)
+    gather = None
+    if isinstance(mm.lhs.owner, g.TakeOp):   # A rows through an index (gemm_gather.py)
+        a, gather = gemm_gather.analyse(name, mm.lhs.owner)
+    else:
+        a = trace_view(mm.lhs, block)
+    b = trace_view(mm.rhs, block)
     if a is None or b is None:
         raise illegal(name, "matmul operands must be kernel inputs seen through reshape/transpose")
     rt = mm.result.type
@@ -119,10 +126,11 @@ def analyse(kop: s.KernelOp) -> GemmPlan:
     k = mm.lhs.type.dims[-1]
     a = _broadcast_view(a, (*batch, m, k))
     b = _broadcast_view(b, (*batch, k, n))
-    plan = GemmPlan(a, b, batch, m, n, k, mm.lhs.type.element_type, rt.element_type)
+    plan = GemmPlan(a, b, batch, m, n, k, mm.lhs.type.element_type, rt.element_type, gather=gather)
     chain: SSAValue = mm.result
     for op in block.ops:
-        if op is mm or isinstance(op, (g.ReshapeOp, g.TransposeOp, g.SliceOp, g.ConstantOp)) and chain not in op.operands:
+        if op is mm or isinstance(op, (g.ReshapeOp, g.TransposeOp, g.SliceOp, g.ConstantOp, g.TakeOp)) \
+                and chain not in op.operands:
             continue
         if isinstance(op, g.YieldOp):
             if list(op.values) != [chain]:
@@ -248,6 +256,9 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
     if heavy:
         escratch = kf.alloc(b, MR * NRW, acc_elem, "l1")
         workspace += _round(MR * NRW * esz)
+    if plan.gather is not None:   # the gathered A block's rows, before packing
+        a_stage = kf.alloc(b, a_elems, in_elem, "l2")
+        workspace += _round(a_elems * gemm_gather.ELEM_BYTES[str(in_elem)])
 
     # ---- n-blocks: a B whose columns fit in NC is packed as one block (as before: one phase and
     # barrier per k-block); a wider one in blocks of half NC.  On a Zen 3 VM (NC = 1024, an eighth of
@@ -340,8 +351,12 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
 
                 def body_ic(bi2: Builder, ic: SSAValue, _c, rows=MC) -> None:
                     mc = bi2.min(rows, bi2.sub(m_hi, ic))
-                    asrc = view(bi2, buf[plan.a.arg], in_elem, "global", (MC, KC),
-                                bi2.add(off_a, bi2.add(bi2.mul(ic, sAm), bi2.mul(pc, sAk))), sAm, sAk, mc, kc)
+                    if plan.gather is not None:
+                        asrc = gemm_gather.stage(kf, bi2, plan.gather, a_stage, in_elem, bi2.add(off_a, bi2.mul(ic, sAm)),
+                                                 sAm, pc, mc, kc, K, (MC, KC), cfg.w)
+                    else:
+                        asrc = view(bi2, buf[plan.a.arg], in_elem, "global", (MC, KC),
+                                    bi2.add(off_a, bi2.add(bi2.mul(ic, sAm), bi2.mul(pc, sAk))), sAm, sAk, mc, kc)
                     tok2 = t.AsyncCopyOp.create(operands=[asrc, apack, bi2.c(0)], attributes={
                         "layout": StringAttr("a_panel"), "panel": i64_attr(MR), "kpack": i64_attr(kp)},
                         result_types=[t.TokenType()])

@@ -31,6 +31,7 @@ from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr, int_array, str_array
 from tessera.ir.builder import Builder
 from tessera.mma.selector import MmaSelection
+from tessera.passes.tile.kernels import gemm_gather
 from tessera.passes.tile.kernels.common import KernelSig, gpu_ids, illegal
 from tessera.passes.tile.kernels.gemm import GemmPlan, apply_epilogue, batch_offset_of, register_sizes, view
 
@@ -41,6 +42,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
     """Build the kernel; returns (func, dims, workspace bytes, extra output types)."""
     name = kop.sym_name.data
     rec = sel.record
+    gemm_gather.refuse_on_gpu(name, plan, rec.target)
     im, in_, ik = rec.shape
     tiles = kop.tile_sizes
     BM, BN, BK = tiles["m"], tiles["n"], tiles["k"]

@@ -40,7 +40,7 @@ class Leaf:
     value: SSAValue
     view: StridedView        # broadcast to the iteration dims
     mode: str                # contig | bcast | general
-    col_stride: int          # 1 or 0
+    col_stride: int          # 1 or 0 (-1: a reversed last axis, read backwards from the row offset)
     elem: object
 
 
@@ -60,8 +60,8 @@ def classify(view: StridedView, dims: tuple[D.Dim, ...]) -> tuple[str, int]:
     cs = view.strides[-1] if dims else 0
     if dims and dims[-1] == 1:
         cs = 0
-    if cs not in (0, 1):
-        raise ScheduleIllegalError("a row kernel reads operands with unit or zero column stride "
+    if cs not in (0, 1, -1):
+        raise ScheduleIllegalError("a row kernel reads operands with unit, zero or -1 (reversed) column stride "
                                    f"(got {cs}); a transpose kernel must copy it first")
     lead = view.strides[:-1]
     if view.offset:   # a slice: read at its offset (RowCtx)
@@ -160,8 +160,8 @@ def prefetch_leaves(kf: KernelFn, b: Builder, leaves: dict[SSAValue, Leaf], offs
 
 def load_leaf(kf: KernelFn, b: Builder, lf: Leaf, row_off, c, cols_left, chunk: int, pad: float | None = None):
     buf = kf.buffer_args[lf.view.arg]
-    width = chunk if lf.col_stride == 1 else 1
-    off = b.add(row_off, c) if lf.col_stride == 1 else row_off
+    width = chunk if lf.col_stride != 0 else 1
+    off = b.add(row_off, c) if lf.col_stride == 1 else b.sub(row_off, c) if lf.col_stride == -1 else row_off
     view = t.ViewOp.create(operands=[buf, b.c(off), b.c(0), b.c(lf.col_stride), b.c(1),
                                      b.c(cols_left if width > 1 else 1)],
                            result_types=[t.view_type(1, width, lf.elem, "global")])
