@@ -12,7 +12,7 @@ from xdsl.dialects.builtin import ModuleOp
 from tessera.ir import graph as g
 from tessera.ir.attrs import ints
 from tessera.passes.base import TesseraPass, register
-from tessera.passes.graph.outline import is_elementwise, outline, single_use
+from tessera.passes.graph.outline import generated, is_elementwise, outline, single_use
 from tessera.passes.util import function_blocks
 
 
@@ -36,6 +36,11 @@ def _grow(op, shape, group: list, block) -> None:
                 seen.add(p)
                 group.append(p)
                 work.append(p)
+            elif p not in seen and (gen := generated(v)) is not None:   # an iota-made mask of another shape
+                for q in gen:
+                    if q not in seen:
+                        seen.add(q)
+                        group.append(q)
 
 
 @register

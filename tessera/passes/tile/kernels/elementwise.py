@@ -12,6 +12,7 @@ from tessera.ir import graph as g
 from tessera.ir import schedule as s
 from tessera.passes.tile.kernels import rows as R
 from tessera.passes.tile.kernels.common import KernelSig, StridedView
+from tessera.passes.tile.kernels.typed import emit_iotas, row_digit
 from tessera.passes.util import register_elem
 
 FLAT_ROW = 4096
@@ -29,7 +30,9 @@ def generate(kop: s.KernelOp):
     chunk = R.chunk_of(kop)
     dims = tuple(out_dims) if out_dims else (1,)
     leaves = R.find_leaves(block, dims, compute + [yield_op])
-    flat = all(lf.mode in ("contig",) or (lf.mode == "bcast" and lf.col_stride == 0) for lf in leaves.values())
+    iotas = any(isinstance(o, g.IotaOp) for o in compute)   # generators read the row / column indices
+    flat = not iotas and all(lf.mode in ("contig",) or (lf.mode == "bcast" and lf.col_stride == 0)
+                             for lf in leaves.values())
     sig = KernelSig(kop.sym_name.data, reg=register_elem(kop))
     for v in kop.inputs:
         sig.buffer(v.type.element_type)
@@ -66,6 +69,9 @@ def generate(kop: s.KernelOp):
         def col_body(bc, c, _c2):
             left = bc.sub(row_len, c)
             vals = {v: R.load_leaf(kf, bc, lf, offsets[v], c, left, chunk) for v, lf in leaves.items()}
+            if iotas:
+                emit_iotas(bc, compute, vals, kf.reg, len(dims), lambda ax: (
+                    (c, (1, chunk), 0, 1) if ax == len(dims) - 1 else (row_digit(bc, kf, r, dims, ax), (1, 1), 0, 0)))
             R.emit_ops(bc, compute, vals, kf.reg)
             for o, bi in zip(outs, out_bufs):
                 R.store_row(kf, bc, bi, o.type.element_type, vals[o], bc.add(out_off, c), left, chunk, stream)
