@@ -309,3 +309,37 @@ SAMPLES.update({
     "tile.load_index": _tile("  %k = tile.load_index %q[%c6] : !tile.buffer<i64, global>",
                              f"%p : {BUF}, %q : !tile.buffer<i64, global>"),
 })
+})
+# ---- typed ops (tessera/ir/graph_typed.py): comparisons, where, logic, integer ops, pow, iota
+YB = "!tessera.tensor<[M, N], i1>"
+YI = "!tessera.tensor<[M, N], i32>"
+VI = "!tessera.tensor<[N], i32>"
+
+
+def _typed_binary(op: str, x: str, v: str, r: str) -> str:
+    return _fn(f"%x : {x}, %b : {v}", f"  %r = {op} %x, %b : ({x}, {v}) -> {r}\n  func.return %r : {r}", r)
+
+
+def _typed_unary(op: str, x: str, r: str) -> str:
+    return _fn(f"%x : {x}", f"  %r = {op} %x : ({x}) -> {r}\n  func.return %r : {r}", r)
+
+
+TYPED_SAMPLES = {
+    **{f"tessera.{n}": _typed_binary(f"tessera.{n}", Y, V, YB)
+       for n in ("equal", "not_equal", "less", "less_equal", "greater", "greater_equal")},
+    **{f"tessera.{n}": _typed_binary(f"tessera.{n}", YI, VI, YI)
+       for n in ("bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift", "floor_divide", "mod")},
+    "tessera.pow": _typed_binary("tessera.pow", Y, V, Y),
+    "tessera.bitwise_not": _typed_unary("tessera.bitwise_not", YB, YB),
+    **{f"tessera.{n}": _typed_unary(f"tessera.{n}", Y, YB) for n in ("isnan", "isinf", "isfinite")},
+    "tessera.where": _fn(f"%c : {YB}, %x : {Y}, %b : {V}", f"  %r = tessera.where %c, %x, %b : ({YB}, {Y}, {V}) -> {Y}\n"
+                                                             f"  func.return %r : {Y}", Y),
+    "tessera.iota": _fn("", "  %r = tessera.iota {axis = 1 : i64} : !tessera.tensor<[4, 7], i64>\n"
+                            "  func.return %r : !tessera.tensor<[4, 7], i64>", "!tessera.tensor<[4, 7], i64>"),
+    "tile.index": _fn("%i : index", "  %r = tile.index %i {row_step = 0 : i64, col_step = 1 : i64} : !tile.tile<[1, 16], i32>\n"
+                                    "  %s = tile.index %i {row_step = 1 : i64, col_step = 0 : i64} : !tile.tile<[4, 1], f32>\n"
+                                    "  %c = tile.constant (7 : i32) : !tile.tile<[1, 1], i32>\n"
+                                    "  %e = tile.elementwise \"cmp_lt\" %r, %c : (!tile.tile<[1, 16], i32>, !tile.tile<[1, 1], i32>) -> !tile.tile<[1, 16], i1>\n"
+                                    "  func.return"),
+}
+SAMPLES.update(TYPED_SAMPLES)

@@ -54,6 +54,8 @@ def emit(cg, op) -> ir.Value:
     a = args[0]
     if fn == "cvt":
         return convert(cg, a, rt)
+    if fn == "ramp":
+        return b.add(a, ir.Constant(a.type, list(range(a.type.count))))
     if fn == "select":
         return b.select(args[0], args[1], args[2])
     if fn in ("isnan", "isinf", "isfinite"):

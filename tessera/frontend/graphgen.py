@@ -179,8 +179,14 @@ def _infer(graph: TraceGraph, uf: _UF, dims: dict) -> None:
         op = n.op
         if op == "constant":
             d = []
-        elif op in ("add", "sub", "mul", "div", "maximum", "minimum"):
+        elif op in ("add", "sub", "mul", "div", "maximum", "minimum") or op in TYPED_BINARY_NAMES:
             d = _broadcast(uf, n.inputs[0], n.inputs[1], ins[0], ins[1])
+        elif op == "where":
+            ab = _broadcast(uf, n.inputs[1], n.inputs[2], ins[1], ins[2])
+            shape_ab = _Shape(broadcast_concrete(n.inputs[1].shape, n.inputs[2].shape))
+            d = _broadcast(uf, n.inputs[0], shape_ab, ins[0], ab)
+        elif op == "iota":
+            d = list(n.shape)
         elif op == "matmul":
             a, b = ins
             _unify(uf, a[-1], b[-2])
@@ -305,9 +311,22 @@ _SIMPLE = {"add": g.AddOp, "sub": g.SubOp, "mul": g.MulOp, "div": g.DivOp, "maxi
            "log": g.LogOp, "log1p": g.Log1pOp, "exp2": g.Exp2Op, "expm1": g.Expm1Op, "sin": g.SinOp, "cos": g.CosOp, "sigmoid": g.SigmoidOp, "abs": g.AbsOp, "sign": g.SignOp, "rsqrt": g.RsqrtOp, "reciprocal": g.ReciprocalOp, "floor": g.FloorOp, "ceil": g.CeilOp, "round": g.RoundOp, "square": g.SquareOp}
 
 
+TYPED_BY_NAME = {c.name.split(".", 1)[1]: c for c in g.TYPED_OPS}
+TYPED_BINARY_NAMES = frozenset(c.name.split(".", 1)[1] for c in g.TYPED_BINARY)
+
+
+def broadcast_concrete(a, b) -> tuple:
+    return tuple(reversed([y if x == 1 else x for x, y in zip(reversed((1,) * (len(b) - len(a)) + tuple(a)),
+                                                              reversed((1,) * (len(a) - len(b)) + tuple(b)))]))
+
+
 def _make_op(n: Node, operands, T):
     if n.op in _SIMPLE:
         return _SIMPLE[n.op].create(operands=operands, result_types=[T])
+    if n.op == "iota":
+        return g.IotaOp.create(result_types=[T], attributes={"axis": i64_attr(n.attrs["axis"])})
+    if n.op in TYPED_BY_NAME:
+        return TYPED_BY_NAME[n.op].create(operands=operands, result_types=[T])
     if n.op == "gelu":
         return g.GeluOp.create(operands=operands, result_types=[T],
                                attributes={"approximate": StringAttr(n.attrs["approximate"])})

@@ -409,8 +409,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, mask
 
 
 # names users reach for that tessera.ops spells differently, or that are spelled as operators
-_SPELLED = {"absolute": "abs(x)", "pow": "x ** n (small integer n, or +-0.5)",
-            "power": "x ** n (small integer n, or +-0.5)", "sum": "reduce_sum or x.sum()",
+_SPELLED = {"absolute": "abs(x)", "power": "pow(x, y) or x ** y", "sum": "reduce_sum or x.sum()",
             "mean": "reduce_mean or x.mean()", "max": "maximum (elementwise) or reduce_max / x.max()",
             "amax": "reduce_max", "negative": "neg or -x", "multiply": "mul or *", "subtract": "sub or -",
             "divide": "div or /", "true_divide": "div or /", "astype": "cast or x.astype()", "T": "transpose or x.T",
@@ -463,3 +462,38 @@ __all__ += ["logsumexp", "log_softmax", "cumsum", "cumprod", "prod", "argmax", "
 from tessera.frontend.gather import one_hot, take, take_along_axis  # noqa: E402
 
 __all__ += ["take", "take_along_axis", "one_hot"]
+
+# comparisons, where, logic, integer ops, pow and index generators (frontend/ops_typed.py)
+from tessera.frontend.ops_typed import (  # noqa: E402
+    __all__ as _TYPED_ALL,
+    arange,
+    bitwise_and,
+    bitwise_not,
+    bitwise_or,
+    bitwise_xor,
+    equal,
+    floor_divide,
+    greater,
+    greater_equal,
+    iota,
+    isfinite,
+    isinf,
+    isnan,
+    left_shift,
+    less,
+    less_equal,
+    logical_and,
+    logical_not,
+    logical_or,
+    logical_xor,
+    mod,
+    not_equal,
+    pow,
+    remainder,
+    right_shift,
+    tril,
+    triu,
+    where,
+)
+
+__all__ += list(_TYPED_ALL)

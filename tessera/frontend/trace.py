@@ -288,34 +288,85 @@ class Tensor:
         return self
 
     def __pow__(self, o):
-        return _power(self, o)
+        from tessera.frontend import ops
+        return ops.pow(self, o)
 
     def __rpow__(self, o):
-        scalar_value_needed(self, "an exponent")
-        raise _err(UnsupportedConstructError, f"{o!r} ** x with a traced exponent has no op yet; for e ** x use "
-                                              "tessera.ops.exp(x), for b ** x tessera.ops.exp(x * math.log(b))")
+        from tessera.frontend import ops
+        return ops.pow(as_tensor(o, self, "pow"), self)
 
     def __abs__(self):
         from tessera.frontend import ops
         return ops.abs(self)
 
+    # comparisons give bool tensors, as numpy's (frontend/ops_typed.py)
     def __lt__(self, o):
-        _refuse_comparison("<", self, o)
+        return self._bin(o, "less")
 
     def __le__(self, o):
-        _refuse_comparison("<=", self, o)
+        return self._bin(o, "less_equal")
 
     def __gt__(self, o):
-        _refuse_comparison(">", self, o)
+        return self._bin(o, "greater")
 
     def __ge__(self, o):
-        _refuse_comparison(">=", self, o)
+        return self._bin(o, "greater_equal")
 
     def __eq__(self, o):
-        _refuse_comparison("==", self, o)
+        if not isinstance(o, (Tensor, numbers.Number)):   # x == None, x == slice(...): Python's identity answer
+            return NotImplemented
+        return self._bin(o, "equal")
 
     def __ne__(self, o):
-        _refuse_comparison("!=", self, o)
+        if not isinstance(o, (Tensor, numbers.Number)):
+            return NotImplemented
+        return self._bin(o, "not_equal")
+
+    def __floordiv__(self, o):
+        return self._bin(o, "floor_divide")
+
+    def __rfloordiv__(self, o):
+        return self._bin(o, "floor_divide", True)
+
+    def __mod__(self, o):
+        return self._bin(o, "mod")
+
+    def __rmod__(self, o):
+        return self._bin(o, "mod", True)
+
+    def __and__(self, o):
+        return self._bin(o, "bitwise_and")
+
+    def __rand__(self, o):
+        return self._bin(o, "bitwise_and", True)
+
+    def __or__(self, o):
+        return self._bin(o, "bitwise_or")
+
+    def __ror__(self, o):
+        return self._bin(o, "bitwise_or", True)
+
+    def __xor__(self, o):
+        return self._bin(o, "bitwise_xor")
+
+    def __rxor__(self, o):
+        return self._bin(o, "bitwise_xor", True)
+
+    def __invert__(self):
+        from tessera.frontend import ops
+        return ops.bitwise_not(self)
+
+    def __lshift__(self, o):
+        return self._bin(o, "left_shift")
+
+    def __rlshift__(self, o):
+        return self._bin(o, "left_shift", True)
+
+    def __rshift__(self, o):
+        return self._bin(o, "right_shift")
+
+    def __rrshift__(self, o):
+        return self._bin(o, "right_shift", True)
 
     # --- methods numpy users reach for
     @property
@@ -444,24 +495,13 @@ def _refuse_operator(symbol: str):
     return refuse
 
 
-ELEMENTWISE_OPERATORS = ("+", "-", "*", "/", "@", "unary -", "abs()", "** n (small integer n, or +-0.5)")
-for _names, _symbol in ((("__floordiv__", "__rfloordiv__"), "//"), (("__mod__", "__rmod__"), "%"),
-                        (("__divmod__", "__rdivmod__"), "divmod()"), (("__and__", "__rand__"), "&"),
-                        (("__or__", "__ror__"), "|"), (("__xor__", "__rxor__"), "^"), (("__invert__",), "~"),
-                        (("__lshift__", "__rlshift__"), "<<"), (("__rshift__", "__rrshift__"), ">>"),
+ELEMENTWISE_OPERATORS = ("+", "-", "*", "/", "//", "%", "**", "@", "unary -", "abs()", "== != < <= > >=",
+                         "& | ^ ~", "<< >>")
+for _names, _symbol in ((("__divmod__", "__rdivmod__"), "divmod()"),
                         (("__round__",), "round()"), (("__trunc__",), "math.trunc()"),
                         (("__floor__",), "math.floor()"), (("__ceil__",), "math.ceil()")):
     for _name in _names:
         setattr(Tensor, _name, _refuse_operator(_symbol))
-
-
-def _refuse_comparison(symbol: str, a=None, b=None):
-    for t in (a, b):
-        if isinstance(t, Tensor):
-            scalar_value_needed(t, f"a comparison ({symbol})")
-    raise _err(UnsupportedConstructError, f"x {symbol} y on traced tensors: comparisons have no op yet (boolean "
-                                          "results and a where() come later); what exists: tessera.ops.maximum "
-                                          "(elementwise max), tessera.ops.relu (max with 0), reduce_max / .max()")
 
 
 POW_INTEGER_MAX = 8   # x ** n for 1 <= |n| <= this traces as multiplications (by squaring)

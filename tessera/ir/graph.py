@@ -850,9 +850,16 @@ ROWWISE = ROWWISE + ROW_LOG + ARGS + (TopKOp, CrossEntropyOp)
 # gathers (take, take_along_axis, one_hot) live in their own module, which imports the above
 from tessera.ir.graph_index import GATHERS, OneHotOp, TakeAlongAxisOp, TakeOp  # noqa: E402
 
+from tessera.ir.graph_typed import TYPED_BINARY, TYPED_OPS, TYPED_UNARY, IotaOp, WhereOp  # noqa: E402
+
+ELEMENTWISE_UNARY += TYPED_UNARY
+ELEMENTWISE_BINARY += TYPED_BINARY
+ELEMENTWISE_OTHER = (WhereOp, IotaOp)   # elementwise with three operands / none
+
 Graph = Dialect(
     "tessera",
-    [MatmulOp, AddOp, SubOp, MulOp, DivOp, MaximumOp, NegOp, ExpOp, TanhOp, ErfOp, ReluOp, SiluOp, SqrtOp, GeluOp,
+    [*TYPED_OPS,
+     MatmulOp, AddOp, SubOp, MulOp, DivOp, MaximumOp, NegOp, ExpOp, TanhOp, ErfOp, ReluOp, SiluOp, SqrtOp, GeluOp,
      SoftmaxOp, LayerNormOp, RmsNormOp, ReduceSumOp, ReduceMaxOp, ReduceMeanOp, TransposeOp, ReshapeOp,
      SliceOp, ConcatOp, CastOp, ConstantOp, AttentionOp, FusionOp, YieldOp, MinimumOp,
      LogOp, Log1pOp, Exp2Op, Expm1Op, SinOp, CosOp, SigmoidOp, AbsOp, SignOp, RsqrtOp, ReciprocalOp, FloorOp, CeilOp,

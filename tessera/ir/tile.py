@@ -823,9 +823,28 @@ def check_typed_elementwise(op) -> None:
         bad("takes int tiles")
 
 
+@irdl_op_definition
+class IndexOp(IRDLOperation):
+    """A tile of indices: element (i, j) = base + i * row_step + j * col_step, in the result's
+    element type (int, or the float registers): the loop coordinates an ``iota`` reads."""
+
+    name = "tile.index"
+    base = operand_def(IndexType)
+    row_step = attr_def(IntegerAttr)
+    col_step = attr_def(IntegerAttr)
+    result = result_def(TileType)
+    traits = traits_def(Pure())
+    assembly_format = "$base attr-dict `:` type($result)"
+
+    def verify_(self) -> None:
+        if ival(self.row_step) not in (0, 1) or ival(self.col_step) not in (0, 1):
+            raise TileVerifyError("tile.index steps are 0 or 1", op=self)
+
+
 Tile = Dialect(
     "tile",
-    [AllocOp, ViewOp, AsyncCopyOp, WaitOp, BarrierOp, ClaimOp, PrefetchOp, FragmentZeroOp, FragmentPackOp, MmaOp, FragmentUnpackOp, LoadOp,
+    [IndexOp,
+     AllocOp, ViewOp, AsyncCopyOp, WaitOp, BarrierOp, ClaimOp, PrefetchOp, FragmentZeroOp, FragmentPackOp, MmaOp, FragmentUnpackOp, LoadOp,
      StoreOp, ConstantOp, SplatIndexOp, ElementwiseOp, MaskOp, ReduceOp, ProgramIdOp, WaveIdOp, LaunchOp,
      LoadIndexOp],
     [BufferType, ViewType, TileType, FragmentType, TokenType],

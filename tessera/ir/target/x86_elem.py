@@ -15,7 +15,8 @@ from tessera.errors import TargetVerifyError
 from tessera.ir.tile import CMP_FNS, TYPED_BINARY_FNS, TYPED_TERNARY_FNS, TYPED_UNARY_FNS
 
 INT_FNS = ("add", "sub", "mul", "max", "min", "neg", "abs")   # float names on int lanes
-VELEM_FNS = TYPED_UNARY_FNS + TYPED_BINARY_FNS + TYPED_TERNARY_FNS + INT_FNS
+RAMP = ("ramp",)   # i64 lanes: lane l of the result is lane l of the input + l (tile.index)
+VELEM_FNS = TYPED_UNARY_FNS + TYPED_BINARY_FNS + TYPED_TERNARY_FNS + INT_FNS + RAMP
 
 
 @irdl_op_definition

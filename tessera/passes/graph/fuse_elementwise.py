@@ -16,7 +16,7 @@ from tessera.ir import graph as g
 from tessera.ir.attrs import ints, ival
 from tessera.ir.strided import StridedView
 from tessera.passes.base import TesseraPass, register
-from tessera.passes.graph.outline import is_elementwise, outline, single_use
+from tessera.passes.graph.outline import generated, is_elementwise, outline, single_use
 from tessera.passes.graph.outline_kernels import operand_reshapes
 from tessera.passes.util import function_blocks
 
@@ -84,14 +84,16 @@ def _grow(op, shape, group: list, block) -> None:
                 group.append(p)
                 group.extend(r for r in operand_reshapes(p, block) if r not in seen)
                 seen.update(group)
-            elif is_elementwise(p) and single_use(v) and p.results[0].type.dims == shape and p not in seen:
+            elif (is_elementwise(p) and single_use(v) and p.results[0].type.dims == shape and p not in seen
+                  and not (in_join and isinstance(p, g.IotaOp))):   # (an iota in a segment would read the wrong column)
                 seen.add(p)
                 group.append(p)
                 work.append((p, shape, in_join))
             elif (isinstance(p, g.ConcatOp) and not joined and single_use(v) and p not in seen
                   and p.result.type.dims == shape and p.axis.value.data == len(shape) - 1
                   and all(isinstance(u.owner, g.SliceOp) and ints(u.owner.steps)[-1] == 1
-                          or is_elementwise(u.owner) or not isinstance(u.owner, g.GraphOp) for u in p.inputs)
+                          or is_elementwise(u.owner) and not isinstance(u.owner, g.IotaOp)
+                          or not isinstance(u.owner, g.GraphOp) for u in p.inputs)
                   and len(set(p.inputs)) == len(p.inputs)):
                 joined = True        # computed per column segment (kernels/elementwise.py)
                 seen.add(p)
@@ -109,6 +111,11 @@ def _grow(op, shape, group: list, block) -> None:
                         seen.add(q)
                         group.append(q)
                         work.append((q, tuple(u.type.dims), True))   # (no take inside a segment)
+            elif not in_join and p not in seen and (gen := generated(v)) is not None:   # an iota-made mask
+                for q in gen:
+                    if q not in seen:
+                        seen.add(q)
+                        group.append(q)
 
 
 @register

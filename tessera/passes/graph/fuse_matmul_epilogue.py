@@ -19,6 +19,7 @@ from tessera.ir.attrs import ints
 from tessera.ir.strided import StridedView
 from tessera.passes.base import TesseraPass, register
 from tessera.ir.attrs import ival
+from tessera.passes.graph import epilogue_dag
 from tessera.passes.graph.outline import outline, single_use
 from tessera.passes.graph.outline_kernels import operand_reshapes
 from tessera.passes.util import function_blocks
@@ -91,7 +92,11 @@ def fuse_matmuls(block) -> bool:
                 _operand_views(op.lhs, group)
             if op.rhs != op.lhs:
                 _operand_views(op.rhs, group)
-            _epilogue(op, group)
+            dag = epilogue_dag.grow(op)   # comparisons, where, a value used twice (epilogue_dag.py)
+            if dag is not None:
+                group.extend(dag)
+            else:
+                _epilogue(op, group)
             outline(group, "gemm")
             changed = True
     return changed

@@ -16,7 +16,7 @@ from xdsl.dialects.builtin import ModuleOp
 from tessera.ir import graph as g
 from tessera.ir.attrs import ival
 from tessera.passes.base import TesseraPass, register
-from tessera.passes.graph.outline import outline, single_use
+from tessera.passes.graph.outline import generated, outline, single_use
 from tessera.passes.util import function_blocks
 
 
@@ -33,19 +33,18 @@ def _prologue(v, shape, group: list) -> None:
     while work:
         v = work.pop()
         op = v.owner
-        if not (isinstance(op, g.ELEMENTWISE_UNARY + g.ELEMENTWISE_BINARY) and single_use(v)
+        if not (isinstance(op, g.ELEMENTWISE_UNARY + g.ELEMENTWISE_BINARY + g.ELEMENTWISE_OTHER) and single_use(v)
                 and op.results[0].type.dims == shape and op.parent is not None
                 and not isinstance(op.parent.parent_op(), g.FusionOp)):
             continue
         group.append(op)
-        if isinstance(op, g.ELEMENTWISE_UNARY):
-            work.append(op.input)
-            continue
-        for o in (op.rhs, op.lhs):
+        for o in reversed(list(op.operands)):   # where's three, a binary op's two, a unary op's one
             if isinstance(o.owner, g.ConstantOp) and single_use(o):
                 group.append(o.owner)
             elif o.type.dims == shape:
                 work.append(o)
+            elif (gen := generated(o)) is not None:   # an iota-made mask of another shape
+                group.extend(x for x in gen if x not in group)
 
 
 def _epilogue(v, group: list) -> None:
@@ -54,13 +53,12 @@ def _epilogue(v, group: list) -> None:
         if isinstance(user, g.CastOp):
             group.append(user)
             return
-        if not isinstance(user, g.ELEMENTWISE_UNARY + g.ELEMENTWISE_BINARY):
+        if not isinstance(user, g.ELEMENTWISE_UNARY + g.ELEMENTWISE_BINARY + g.ELEMENTWISE_OTHER):
             return
         if user.results[0].type.dims != v.type.dims:
             return
-        if isinstance(user, g.ELEMENTWISE_BINARY):
-            other = user.rhs if user.lhs == v else user.lhs
-            if isinstance(other.owner, g.ConstantOp) and single_use(other):
+        for other in user.operands:
+            if other != v and isinstance(other.owner, g.ConstantOp) and single_use(other):
                 group.append(other.owner)
         group.append(user)
         v = user.results[0]

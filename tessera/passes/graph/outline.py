@@ -59,10 +59,32 @@ def outline(ops: Sequence[Operation], kind: str) -> g.FusionOp:
     return fusion
 
 
+def generated(v: SSAValue) -> list | None:
+    """The single-use ops computing ``v`` from ``tessera.iota`` generators and constants alone
+    (``tril``'s mask, a causal mask), in dependency order, or None.  A fused kernel computes them
+    from its loop indices, whatever their shape broadcasts to."""
+    op = v.owner
+    if not single_use(v) or getattr(op, "parent", None) is None:
+        return None
+    if isinstance(op, g.IotaOp):
+        return [op]
+    if isinstance(op, g.ConstantOp):
+        return [op]
+    if not is_elementwise(op):
+        return None
+    out = []
+    for o in op.operands:
+        sub = generated(o)
+        if sub is None:
+            return None
+        out += [x for x in sub if x not in out]
+    return out + [op] if any(isinstance(x, g.IotaOp) for x in out) else None
+
+
 def single_use(v: SSAValue) -> bool:
     return len(list(v.uses)) == 1
 
 
 def is_elementwise(op: Operation) -> bool:
-    return isinstance(op, g.ELEMENTWISE_UNARY + g.ELEMENTWISE_BINARY) or (
+    return isinstance(op, g.ELEMENTWISE_UNARY + g.ELEMENTWISE_BINARY + g.ELEMENTWISE_OTHER) or (
         isinstance(op, g.CastOp))

@@ -40,7 +40,7 @@ def _kind(op) -> str:
     for cls, k in KIND_OF.items():
         if isinstance(op, cls):
             return k
-    if isinstance(op, g.ELEMENTWISE_UNARY + g.ELEMENTWISE_BINARY + (g.CastOp,)):
+    if isinstance(op, g.ELEMENTWISE_UNARY + g.ELEMENTWISE_BINARY + g.ELEMENTWISE_OTHER + (g.CastOp,)):
         return "elementwise"
     raise PassFailedError(f"outline-kernels: no kernel kind for {op.name}")
 

@@ -34,14 +34,14 @@ def _selection(kop: s.KernelOp) -> MmaSelection:
 
 
 GPU = ("rocm", "nvidia")
-CPU_ONLY = ("tile.splat_index", "tile.claim", "tile.prefetch",
-            "tile.load_index")
+CPU_ONLY = ("tile.splat_index", "tile.claim", "tile.prefetch", "tile.load_index",
+            "tile.index")   # GPU lowerings refuse iota by name
 GPU_ONLY = ("tile.program_id", "tile.wave_id")
 ALL_PRODUCED = ("func.func", "tile.launch", "tile.alloc", "tile.view", "tile.async_copy", "tile.wait", "tile.barrier",
                 "tile.claim", "tile.prefetch", "tile.fragment_zero", "tile.fragment_pack", "tile.mma", "tile.fragment_unpack", "tile.load",
                 "tile.store", "tile.constant", "tile.splat_index", "tile.elementwise", "tile.mask", "tile.reduce",
                 "tile.program_id", "tile.wave_id",
-                "tile.load_index")
+                "tile.load_index", "tile.index")
 
 
 def check_bounds(kop: s.KernelOp, target: str) -> None:

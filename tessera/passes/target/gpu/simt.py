@@ -46,6 +46,14 @@ from tessera.errors import CodegenError, PassFailedError
 
 # tile.elementwise functions the GPU lanes refuse by name (tessera.ops's log, log1p, exp2, expm1, sin, cos)
 GPU_REFUSED_FNS = ("log", "log1p", "exp2", "expm1", "sin", "cos")
+# typed tile functions (comparisons, where, logic, integer ops, pow, casts to/from int and bool):
+# refused on the GPU lanes, naming the tessera.ops function they come from
+GPU_REFUSED_TYPED = {"cmp_eq": "equal (==)", "cmp_ne": "not_equal (!=)", "cmp_lt": "less (<)", "cmp_le": "less_equal (<=)",
+                     "cmp_gt": "greater (>)", "cmp_ge": "greater_equal (>=)", "select": "where", "cvt": "cast to/from int or bool",
+                     "and": "bitwise_and / logical_and (&)", "or": "bitwise_or / logical_or (|)",
+                     "xor": "bitwise_xor / logical_xor (^)", "not": "bitwise_not / logical_not (~)", "isnan": "isnan",
+                     "isinf": "isinf", "isfinite": "isfinite", "shl": "left_shift (<<)", "shr": "right_shift (>>)",
+                     "floordiv": "floor_divide (//)", "mod": "mod (%)", "pow": "pow (**)"}
 from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr, ival
 from tessera.ir.builder import INDEX, Builder
@@ -515,7 +523,15 @@ class SimtLowerer(OpLowerer):
             return parts
         raise CodegenError(f"cannot use {type(v).__name__} as a tile operand on the GPU")
 
+    def op_tile_index(self, op, b: Builder) -> None:
+        raise CodegenError(f"tessera.ops.iota / arange / tril / triu have no GPU lowering (lane: {self.lowering_name}); "
+                           "they run on the CPU lane (cpu-x86)")
+
     def op_tile_elementwise(self, op: t.ElementwiseOp, b: Builder) -> None:
+        if op.fn.data in GPU_REFUSED_TYPED or any(isinstance(v.type.element_type, IntegerType) for v in op.inputs):
+            what = GPU_REFUSED_TYPED.get(op.fn.data, f"{op.fn.data} on int or bool values")
+            raise CodegenError(f"tessera.ops.{what} has no GPU lowering (lane: {self.lowering_name}); it runs on the "
+                               "CPU lane (cpu-x86)")
         if op.fn.data in GPU_REFUSED_FNS:
             raise CodegenError(f"tile.elementwise {op.fn.data} has no GPU lowering (lane: {self.lowering_name}); "
                                "tessera.ops.{op.fn.data} runs on the CPU lane (cpu-x86) only")

@@ -669,6 +669,9 @@ class _Lowerer(LoadIndexLowering, OpLowerer):
             rows.append(row)
         self.vmap[op.result] = Regs((R, C), rows)
 
+    def op_tile_index(self, op, b: Builder) -> None:
+        TE.lower_index(self, op, b)
+
     def op_tile_splat_index(self, op, b: Builder) -> None:
         i = b.op(arith.IndexCastOp(self.scalar(op.input), IntegerType(64))).results[0]
         fv = b.op(arith.SIToFPOp(i, self.reg)).results[0]
@@ -1022,7 +1025,7 @@ class LowerTileToX86(TesseraPass):
                 "tile.fragment_zero",
                 "tile.fragment_pack", "tile.mma", "tile.fragment_unpack", "tile.load", "tile.store",
                 "tile.constant", "tile.splat_index", "tile.elementwise", "tile.mask", "tile.reduce", "tile.launch",
-                "tile.load_index")
+                "tile.load_index", "tile.index")
     produces = ("tessera_x86.vzero", "tessera_x86.vconstant", "tessera_x86.vbroadcast", "tessera_x86.vload",
                 "tessera_x86.vstore", "tessera_x86.load", "tessera_x86.store", "tessera_x86.vfma", "tessera_x86.vsplat",
                 "tessera_x86.vdpbf16ps", "tessera_x86.vbinary", "tessera_x86.vunary", "tessera_x86.vreduce",

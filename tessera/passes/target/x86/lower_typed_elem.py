@@ -61,3 +61,30 @@ def lower_elementwise(low, op: t.ElementwiseOp, b: Builder) -> None:
 
 
 __all__ = ["reg_vec", "convert", "int_const", "needs_typed", "lower_elementwise", "is_int_elem"]
+
+
+def lower_index(low, op, b: Builder) -> None:
+    """``tile.index``: per register, the splat of its first element's index (+ the lane number
+    where the index runs along the columns), converted to the tile's registers."""
+    from xdsl.dialects import arith
+    from xdsl.dialects.builtin import IntegerType as IT
+
+    from tessera.ir.attrs import ival
+    from tessera.passes.target.x86.lower_tile_to_x86 import Regs
+    R, C = op.result.type.dims
+    rs, cs = ival(op.row_step), ival(op.col_step)
+    base = low.scalar(op.base)
+    i64v = VectorType(IT(64), [low.w])
+    rt = reg_vec(low, op.result.type.element_type)
+    rows = []
+    for i in range(R):
+        row = []
+        for v in range(low.nvec(C)):
+            first = b.add(base, i * rs + (v * low.w * cs if C > 1 else 0))
+            s = b.op(arith.IndexCastOp(b.c(first), IT(64))).results[0]
+            vec = b.op(x.VSplatOp.create(operands=[s], result_types=[i64v])).results[0]
+            if C > 1 and cs:
+                vec = velem(b, "ramp", [vec], i64v)
+            row.append(convert(b, vec, rt))
+        rows.append(row)
+    low.vmap[op.result] = Regs((R, C), rows)

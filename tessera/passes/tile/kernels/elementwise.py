@@ -18,6 +18,7 @@ from tessera.ir import schedule as s
 from tessera.passes.tile.kernels import gather_leaf
 from tessera.passes.tile.kernels import rows as R
 from tessera.passes.tile.kernels.common import KernelSig, StridedView
+from tessera.passes.tile.kernels.typed import emit_iotas, row_digit
 from tessera.passes.util import register_elem
 
 FLAT_ROW = 4096
@@ -43,8 +44,9 @@ def generate(kop: s.KernelOp):
         seg_leaves = [R.find_leaves(block, tuple(v.type.dims), sub, extra=(v,)) for v, sub in zip(cat.inputs, subs)]
     leaves = R.find_leaves(block, dims, compute + [yield_op])
     takes = gather_leaf.find(kop.sym_name.data, block)   # takes read in place: per-row offsets through their indices
-    flat = not segments and not takes and all(lf.mode in ("contig",) or (lf.mode == "bcast" and lf.col_stride == 0)
-                                              for lf in leaves.values())
+    iotas = any(isinstance(o, g.IotaOp) for o in compute)   # generators read the row / column indices
+    flat = not segments and not takes and not iotas and all(
+        lf.mode in ("contig",) or (lf.mode == "bcast" and lf.col_stride == 0) for lf in leaves.values())
     sig = KernelSig(kop.sym_name.data, reg=register_elem(kop))
     for v in kop.inputs:
         sig.buffer(v.type.element_type)
@@ -92,6 +94,9 @@ def generate(kop: s.KernelOp):
                        for v, lf in seg_leaves[i].items()}
                 R.emit_ops(bc, subs[i], sub, kf.reg)
                 vals[cat.result] = sub[cat.inputs[i]]
+            if iotas:
+                emit_iotas(bc, compute, vals, kf.reg, len(dims), lambda ax: (
+                    (c, (1, chunk), 0, 1) if ax == len(dims) - 1 else (row_digit(bc, kf, r, dims, ax), (1, 1), 0, 0)))
             R.emit_ops(bc, compute, vals, kf.reg)
             for o, bi in zip(outs, out_bufs):
                 R.store_row(kf, bc, bi, o.type.element_type, vals[o], bc.add(out_off, c), left, chunk, stream)

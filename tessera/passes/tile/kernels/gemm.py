@@ -38,6 +38,7 @@ from tessera.ir.attrs import i64_attr
 from tessera.ir.builder import Builder
 from tessera.mma.selector import MmaSelection
 from tessera.passes.tile.kernels import gemm_gather
+from tessera.passes.tile.kernels import gemm_dag
 from tessera.passes.tile.kernels.common import (
     ALIGN,
     KernelFn,
@@ -83,7 +84,9 @@ class GemmPlan:
     def describe(self) -> dict:
         steps = []
         for st in self.epilogue:
-            if st[0] == "un":
+            if st[0] == "dag":
+                steps.append(gemm_dag.describe(st))
+            elif st[0] == "un":
                 steps.append(st[1])
             else:
                 o = st[2]
@@ -127,6 +130,12 @@ def analyse(kop: s.KernelOp) -> GemmPlan:
     a = _broadcast_view(a, (*batch, m, k))
     b = _broadcast_view(b, (*batch, k, n))
     plan = GemmPlan(a, b, batch, m, n, k, mm.lhs.type.element_type, rt.element_type, gather=gather)
+    if gemm_dag.needs_dag(block, mm):   # comparisons, where, a value used twice: the epilogue is a graph
+        def operand_of(view):
+            ov = _broadcast_view(view, out_dims)
+            return Operand(view.arg, ov.strides[-2] == 0, ov.strides[-1] == 0, ov)
+        gemm_dag.analyse(kop, block, mm, plan, out_dims, operand_of)
+        return plan
     chain: SSAValue = mm.result
     for op in block.ops:
         if op is mm or isinstance(op, (g.ReshapeOp, g.TransposeOp, g.SliceOp, g.ConstantOp, g.TakeOp)) \
@@ -252,7 +261,8 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
     workspace = _round(a_elems * esize) + (0 if shared else _round(b_elems * esize))
     # an epilogue with polynomial functions runs row by row from a scratch copy of the tile: one
     # copy of its code per tile shape instead of one per register (LLVM compile time)
-    heavy = any(st[0] in ("un", "self") and st[1] in HEAVY_FNS for st in plan.epilogue)
+    heavy = any(st[0] in ("un", "self") and st[1] in HEAVY_FNS for st in plan.epilogue) or \
+        gemm_dag.heavy(plan, HEAVY_FNS)
     if heavy:
         escratch = kf.alloc(b, MR * NRW, acc_elem, "l1")
         workspace += _round(MR * NRW * esz)
@@ -518,7 +528,7 @@ def register_sizes(sig: KernelSig, plan: GemmPlan) -> list[StridedView]:
     for d in (*plan.batch, plan.m, plan.n, plan.k):
         sig.dim(d)
     views = [plan.a, plan.b] + ([plan.c0.view] if plan.c0 else []) + [
-        st[2].view for st in plan.epilogue if st[0] == "bin" and isinstance(st[2], Operand)]
+        st[2].view for st in plan.epilogue if st[0] == "bin" and isinstance(st[2], Operand)] + gemm_dag.views(plan)
     for v in views:
         for st in (*v.strides, *v.offset):
             sig.dim(st)
@@ -562,7 +572,12 @@ def apply_epilogue(bf: Builder, kf: KernelFn, kop: s.KernelOp, plan: GemmPlan, v
     R, C = shape
     buf = kf.buffer_args
     for st in plan.epilogue:
-        if st[0] == "un":
+        if st[0] == "dag":
+            mm = next(o for o in kop.body.block.ops if isinstance(o, g.MatmulOp))
+            val = gemm_dag.apply(bf, kf, kop, st, val, shape, row, col, vr, vc, epi_offs, mm.result,
+                                 lambda bb, operand, elem: _load_operand(bb, kf, kop, operand, R, C, row, col, vr,
+                                                                         vc, epi_offs, elem))
+        elif st[0] == "un":
             val = elementwise(bf, st[1], [val])
         elif st[0] == "self":
             val = elementwise(bf, st[1], [val, val])
@@ -585,6 +600,20 @@ def apply_epilogue(bf: Builder, kf: KernelFn, kop: s.KernelOp, plan: GemmPlan, v
                 other = ld.result
             val = elementwise(bf, fn, [val, other] if chain_lhs else [other, val])
     return val
+
+
+def _load_operand(bf, kf, kop, operand: Operand, R, C, row, col, vr, vc, epi_offs, elem):
+    """An epilogue operand's R x C tile (broadcast where its shape is 1) in registers of ``elem``."""
+    ov = operand.view
+    r = 1 if operand.row_bcast else R
+    c = 1 if operand.col_bcast else C
+    rs = 0 if operand.row_bcast else kf.size(ov.strides[-2])
+    cs = 0 if operand.col_bcast else kf.size(ov.strides[-1])
+    off = bf.add(epi_offs[id(ov)], bf.add(bf.mul(row, rs), bf.mul(col, cs)))
+    mem = kop.inputs[operand.arg].type.element_type
+    vw = view(bf, kf.buffer_args[operand.arg], mem, "global", (r, c), off, rs, cs,
+              1 if r == 1 else vr, 1 if c == 1 else vc)
+    return bf.op(t.LoadOp.create(operands=[vw], result_types=[t.tile_type(r, c, elem)])).results[0]
 
 
 def _round(n: int) -> int:

@@ -231,6 +231,10 @@ def emit_ops(b: Builder, ops, vals: dict, reg=f32) -> None:
                 vals[op.result] = elementwise_typed(b, "cvt", [vals[op.input]], reg_elem(dst, reg))
             else:
                 vals[op.result] = vals[op.input]
+        elif isinstance(op, g.IotaOp):
+            if op.result not in vals:
+                raise ScheduleIllegalError("tessera.iota in a kernel that does not provide its indices")
+            continue
         elif typed_fn(op) is not None:   # comparisons, where, logic, integer ops (kernels/typed.py)
             vals[op.result] = emit_typed(b, op, vals, reg)
         elif isinstance(op, g.ELEMENTWISE_UNARY):
