@@ -261,3 +261,58 @@ def test_causal_strips_on_the_diagonal_do_not_take_unmasked_maxima(rng, monkeypa
     monkeypatch.setattr(attention_kernel, "sees_block", lambda b, q0, c0, j0, nk: b.cmp("sle", 0, 0))
     bad = ts.jit(lambda q, k, v: ts.ops.attention(q, k, v, causal=True))(q, k, v)
     assert not O.gate(bad, ref(q, k, v, causal=True), 1e-5)
+
+
+def _masked_attention(cmp):
+    def f(q, k, v):
+        s = q.shape[-2]
+        pos = ts.ops.arange(s)
+        scores = (q @ k.swapaxes(-1, -2)) * (1.0 / np.sqrt(q.shape[-1]))
+        return ts.ops.softmax(ts.ops.where(cmp(pos[:, None], pos[None, :]), scores, -np.inf)) @ v
+    return f
+
+
+def _masked_oracle(q, k, v, keep):
+    s = O.f64(q) @ np.swapaxes(O.f64(k), -1, -2) / np.sqrt(q.shape[-1])
+    s = np.where(keep, s, -np.inf)
+    with np.errstate(invalid="ignore"):   # a row with no key: NaN, as the composed form
+        p = np.exp(s - s.max(-1, keepdims=True))
+        return p / p.sum(-1, keepdims=True) @ O.f64(v)
+
+
+@pytest.mark.parametrize("form", ["ge", "le_swapped", "band", "strict"])
+def test_a_where_mask_built_from_iotas_is_attention(rng, form):
+    """softmax(where(mask, scores, -inf)) @ v is recognised as attention: "row >= column" (either
+    spelling) as causal (its blocks skipped), any other mask as the kernel's bool mask; a strict
+    ">" is not causal (its first row has no key: NaN, as the composed form)."""
+    cmp = {"ge": lambda i, j: i >= j, "le_swapped": lambda i, j: j <= i,
+           "band": lambda i, j: (i >= j) & (i - j < 4), "strict": lambda i, j: i > j}[form]
+    q, k, v = (rng.standard_normal((2, 3, 37, 16)).astype(np.float32) for _ in range(3))
+    i, j = np.arange(37)[:, None], np.arange(37)[None, :]
+    keep = {"ge": i >= j, "le_swapped": i >= j, "band": (i >= j) & (i - j < 4), "strict": i > j}[form]
+    f = ts.jit(_masked_attention(cmp))
+    got = f(q, k, v)
+    want = _masked_oracle(q, k, v, keep)
+    fin = np.isfinite(want)
+    O.assert_close(np.where(fin, got, 0), np.where(fin, want, 0), 1e-5)
+    assert np.array_equal(np.isnan(got), ~fin)
+    art = ts.compile(f, q, k, v)
+    assert [k_["kind"] for k_ in art.report().kernels].count("attention") == 1
+    fused = art.ir("graph-fused")
+    assert ("causal = true" in fused) == (form in ("ge", "le_swapped")), fused
+
+
+def test_teeth_calling_a_strict_comparison_causal_fails(rng, monkeypatch):
+    """A recogniser that took "row > column" for causal (the diagonal kept) misses the float64
+    check of the graph-built mask: the first query sees no key (NaN), every other one fewer."""
+    from tessera.passes.graph import fuse_attention
+    monkeypatch.setattr(fuse_attention, "_row_ge_col", lambda cond: True)
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    q, k, v = (rng.standard_normal((1, 2, 29, 16)).astype(np.float32) for _ in range(3))
+    keep = np.arange(29)[:, None] > np.arange(29)[None, :]
+    got = ts.jit(_masked_attention(lambda i, j: i > j))(q, k, v)
+    want = _masked_oracle(q, k, v, keep)
+    fin = np.isfinite(want)
+    with pytest.raises(AssertionError):
+        O.assert_close(np.where(fin, got, 0), np.where(fin, want, 0), 1e-5)
+        assert np.array_equal(np.isnan(got), ~fin)

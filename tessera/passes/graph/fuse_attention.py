@@ -1,5 +1,10 @@
 """``fuse-attention``: recognise ``softmax((q @ k^T) * scale [+ mask]) @ v`` and group attention.
 
+A mask may also be a ``where(cond, scores, -inf)``: ``cond`` (bool, True = attend) becomes the
+attention's mask, and the iota comparison ``i[:, None] >= j[None, :]`` (row index at least the
+column index: top-left causal, whatever the two lengths) becomes ``causal``, whose blocks the
+kernel skips.
+
 The composed form is rewritten into ``tessera.attention`` (with ``masked_rows = "nan"``: a
 row whose every score is -inf gives NaN in the composed form, and so it does in the fused
 kernel) only where the result is the same computation: rank-4 (or rank-3, seen as one batch)
@@ -16,15 +21,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
+from xdsl.traits import Pure
 from xdsl.dialects.builtin import BoolAttr, Float32Type, FloatAttr, ModuleOp, StringAttr, f64, i1
 
 from tessera.ir import graph as g
+from tessera.ir.graph_typed import GreaterEqualOp, LessEqualOp
 from tessera.ir.attrs import int_array, ival
 from tessera.passes.base import TesseraPass, register
 from tessera.passes.graph.fuse_matmul_epilogue import _operand_views
 from tessera.passes.graph.outline import outline, single_use
 from tessera.passes.tile.kernels.common import scalar_constant
-from tessera.passes.util import function_blocks
+from tessera.passes.util import erase_dead, function_blocks
 
 
 def _only_user(v):
@@ -42,7 +49,19 @@ def _match(pv: g.MatmulOp):
     x = p.input
     chain = [p]
     mask = None
-    if isinstance(x.owner, g.AddOp) and single_use(x):
+    causal = False
+    if isinstance(x.owner, g.WhereOp) and single_use(x):
+        # where(cond, scores, -inf): cond is the mask (True = attend); an iota comparison
+        # "query row >= key column" is the causal mask, which the kernel applies by skipping blocks
+        w = x.owner
+        fill = scalar_constant(w.on_false.owner) if isinstance(w.on_false.owner, g.ConstantOp) else None
+        if fill != float("-inf") or not isinstance(w.on_true.owner, (g.MatmulOp, g.MulOp, g.DivOp)):
+            return None
+        causal = _row_ge_col(w.cond)
+        mask = None if causal else w.cond
+        x = w.on_true
+        chain.append(w)
+    elif isinstance(x.owner, g.AddOp) and single_use(x):
         add = x.owner
         for a, m in ((add.lhs, add.rhs), (add.rhs, add.lhs)):
             if isinstance(a.owner, (g.MatmulOp, g.MulOp, g.DivOp)) and not isinstance(m.owner, g.ConstantOp):
@@ -76,7 +95,38 @@ def _match(pv: g.MatmulOp):
     if any(t.type.rank != rank for t in (qk.lhs, pv.rhs)) or (mask is not None and mask.type.rank > rank):
         return None
     chain += [qk, kt]
-    return qk.lhs, (kt.input, kperm), pv.rhs, scale, mask, chain
+    return qk.lhs, (kt.input, kperm), pv.rhs, scale, mask, chain, causal
+
+
+def _row_ge_col(cond) -> bool:
+    """Whether the bool ``cond`` is "row index >= column index" over its last two axes, built
+    from iotas: ``i[:, None] >= j[None, :]`` (or ``j[None, :] <= i[:, None]``)."""
+    op = cond.owner
+    if isinstance(op, GreaterEqualOp):
+        row, col = op.lhs, op.rhs
+    elif isinstance(op, LessEqualOp):
+        row, col = op.rhs, op.lhs
+    else:
+        return False
+    if cond.type.rank < 2:
+        return False
+
+    def along(v, want: int) -> bool:
+        """v holds its element's index along axis ``want`` (from the end) and is constant along
+        the others: an iota, or a 1-D iota reshaped with unit dims around it."""
+        full = v.type.dims
+        it = v.owner
+        if isinstance(it, g.IotaOp) and it.result.type.rank >= 2:
+            return ival(it.axis) - it.result.type.rank == want
+        while isinstance(v.owner, g.ReshapeOp):
+            v = v.owner.input
+        it = v.owner
+        if not isinstance(it, g.IotaOp) or it.result.type.rank != 1:
+            return False
+        pos = len(full) + want
+        return pos >= 0 and full[pos] == it.result.type.dims[0] and all(
+            d == 1 for i, d in enumerate(full) if i != pos)
+    return along(row, -2) and along(col, -1)
 
 
 def _unsqueeze(v, new_ops: list):
@@ -93,7 +143,7 @@ def rewrite_composed(block) -> bool:
         m = _match(op)
         if m is None:
             continue
-        q, (kx, kperm), v, scale, mask, chain = m
+        q, (kx, kperm), v, scale, mask, chain, causal = m
         new_ops = []
         if kperm == list(range(len(kperm))):
             k = kx
@@ -111,7 +161,7 @@ def rewrite_composed(block) -> bool:
         except Exception:  # noqa: BLE001 - shapes the op does not take: leave the composed form
             continue
         att = g.AttentionOp(operands=[[q], [k], [v], [mask] if mask is not None else []], result_types=[rt],
-                            attributes={"scale": FloatAttr(scale, f64), "causal": BoolAttr(False, i1),
+                            attributes={"scale": FloatAttr(scale, f64), "causal": BoolAttr(causal, i1),
                                         "masked_rows": StringAttr("nan")})
         new_ops.append(att)
         result = att.result
@@ -127,6 +177,9 @@ def rewrite_composed(block) -> bool:
             dead.detach()
             dead.erase()
         changed = True
+    if changed:   # a causal mask's iota comparison, no longer read
+        while erase_dead(block, lambda o: o.dialect_name() == "tessera" and o.has_trait(Pure)):
+            pass
     return changed
 
 

@@ -30,7 +30,8 @@ def needs_dag(block, mm) -> bool:
 def analyse(kop, block, mm, plan, out_dims, operand_of) -> None:
     """``plan.epilogue`` = one dag step; ``operand_of(view)`` makes a broadcast Operand."""
     name = kop.sym_name.data
-    ops = [o for o in block.ops if o is not mm and not isinstance(o, (g.YieldOp, g.ReshapeOp, g.TransposeOp))]
+    ops = [o for o in block.ops if o is not mm and not isinstance(o, (g.YieldOp, g.ReshapeOp, g.TransposeOp,
+                                                                       g.SliceOp, g.TakeOp))]
     produced = {mm.result} | {r for o in ops for r in o.results}
     yielded = list(block.last_op.values)
     if len(yielded) != 1 or yielded[0] not in produced:
