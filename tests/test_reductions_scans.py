@@ -496,3 +496,26 @@ def test_tensor_methods_as_numpy(rng):
     for got, w in zip(f(x), want):
         ok, err = close(np.asarray(got, np.float64), np.asarray(w, np.float64), 1e-6)
         assert ok, (got, w)
+
+
+def test_reference_lane_matches_the_oracles(rng):
+    """The numpy reference lane (strict=False fallback) of every op here, against the oracles above."""
+    from tessera.frontend.reference import evaluate
+    from tessera.frontend.trace import trace
+    x = _arg_input(rng, np.float32, (6, 11))
+    y = rng.integers(0, 11, 6)
+    y[1] = -100
+
+    def fn(a, lab):
+        v, i = ts.ops.top_k(a, 3)
+        return (ts.ops.argmax(a, -1), ts.ops.argmin(a, 0), v, i, ts.ops.cumsum(a, 1), ts.ops.prod(a, 0),
+                ts.ops.any(a, 1), ts.ops.cross_entropy(ts.ops.cumsum(a, 1) * 0.0 + a * 0.5, lab, "none"))
+    got = evaluate(trace(fn, [x, y], [True, True]), [x, y])
+    x64 = x.astype(np.float64)
+    order = top_k_order64(x64, 3)
+    with np.errstate(all="ignore"):
+        want = (np.argmax(x64, -1), np.argmin(x64, 0), np.take_along_axis(x64, order, -1), order,
+                np.cumsum(x64, 1), np.prod(x64, 0), np.any(x64, 1), xent64(x64 * 0.5 + np.cumsum(x64, 1) * 0.0, y))
+    for k, (a, b) in enumerate(zip(got, want)):
+        ok, err = close(np.asarray(a, np.float64), np.asarray(b, np.float64), 1e-6)
+        assert ok, (k, a, b)
