@@ -430,3 +430,8 @@ from tessera.frontend.layout import (  # noqa: E402
 )
 
 __all__ += ["expand_dims", "squeeze", "swapaxes", "moveaxis", "var", "std", "concatenate", "stack", "split", "chunk"]
+
+# neural-network ops (frontend/nn.py imports this module)
+from tessera.frontend.nn import avg_pool2d, conv2d, max_pool2d, pad  # noqa: E402
+
+__all__ += ["pad", "conv2d", "max_pool2d", "avg_pool2d"]

@@ -126,6 +126,9 @@ def evaluate(graph: TraceGraph, arrays: list[np.ndarray]) -> list[np.ndarray]:
             r = np.reshape(x[0], n.shape)
         elif op == "concat":
             r = np.concatenate(x, axis=n.attrs["axis"])
+        elif op == "pad":
+            kw = {"constant_values": n.attrs["value"]} if n.attrs["mode"] == "constant" else {}
+            r = np.pad(x[0], n.attrs["pads"], mode=n.attrs["mode"], **kw)
         elif op == "slice":
             r = x[0][tuple(slice(a, a + m * st, st) for a, m, st in zip(n.attrs["starts"], n.shape, n.attrs["steps"]))]
         elif op == "attention":

@@ -33,7 +33,8 @@ from tessera.errors import ScheduleVerifyError
 from tessera.ir.attrs import ints, ival, strs
 from tessera.ir.graph import TensorType, YieldOp
 
-KINDS = ("gemm", "rowwise", "elementwise", "reduce", "transpose", "concat", "attention")
+KINDS = ("gemm", "rowwise", "elementwise", "reduce", "transpose", "concat", "attention",
+         "pad")
 
 
 _strs, _ints = strs, ints

@@ -15,7 +15,8 @@ from tessera.passes.graph.outline import outline
 from tessera.passes.util import function_blocks
 
 KIND_OF = {g.TransposeOp: "transpose", g.SliceOp: "transpose", g.ConcatOp: "concat", g.ReshapeOp: "elementwise", g.ConstantOp: "elementwise",
-           g.MatmulOp: "gemm", g.AttentionOp: "attention"}
+           g.MatmulOp: "gemm", g.AttentionOp: "attention",
+           g.PadOp: "pad"}
 
 
 def _kind(op) -> str:

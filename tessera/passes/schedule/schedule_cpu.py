@@ -39,7 +39,8 @@ from tessera.passes.util import function_blocks, register_elem, swap_op
 DTYPE = {Float32Type: "f32", BFloat16Type: "bf16", Float16Type: "f16"}
 PARALLEL_LEGAL = {"gemm": ("m", "b*m", "none"), "rowwise": ("r", "none"), "elementwise": ("r", "none"),
                   "reduce": ("r", "none"), "transpose": ("r", "none"), "concat": ("r", "none"),
-                  "attention": ("bh*q", "none")}
+                  "attention": ("bh*q", "none"),
+                  "pad": ("r", "none")}
 
 
 def _dtype(elem) -> str:

@@ -23,6 +23,7 @@ from tessera.passes.schedule import bounds
 from tessera.passes.util import function_blocks, swap_op
 from tessera.passes.tile.kernels import (attention, concat, elementwise, gemm, gpu_attention, gpu_gemm, reduce, rowwise,
                                         transpose)
+from tessera.passes.tile.kernels import pad
 
 
 def _selection(kop: s.KernelOp) -> MmaSelection:
@@ -77,7 +78,8 @@ def generate(kop: s.KernelOp, target: str = "x86"):
             return gpu_gemm.generate(kop, plan, sel)
         return gemm.generate(kop, plan, gemm.config(kop, sel))
     mod = {"rowwise": rowwise, "elementwise": elementwise, "reduce": reduce, "transpose": transpose,
-           "concat": concat, "attention": attention}.get(kind)
+           "concat": concat, "attention": attention,
+           "pad": pad}.get(kind)
     if mod is None:
         raise ScheduleIllegalError(f"no Tile IR generator for kernel kind {kind!r}")
     return mod.generate(kop)
