@@ -75,7 +75,7 @@ def pad(x, pad_width, mode: str = "constant", constant_values=0) -> Tensor:
     if isinstance(constant_values, bool) or not isinstance(constant_values, numbers.Real):
         raise _err(ArgumentError, f"pad: constant_values must be one Python number, got {constant_values!r}")
     if mode != "constant" and constant_values != 0:
-        raise _err(ArgumentError, f"pad: constant_values is for mode='constant' (got mode={mode!r})")
+        raise _err(ArgumentError, f"pad: constant_values applies to the constant mode only (got {mode!r})")
     widths = _widths(pad_width, x.ndim)
     shape = x._node.shape
     for ax, ((lo, hi), n) in enumerate(zip(widths, shape)):
@@ -103,9 +103,9 @@ def _pair(v, what: str) -> tuple[int, int]:
     return n, n
 
 
-def _layout(layout) -> str:
+def _layout(layout, op: str) -> str:
     if layout not in LAYOUTS:
-        raise _err(ArgumentError, f"layout {layout!r}; legal: {', '.join(LAYOUTS)}")
+        raise _err(ArgumentError, f"{op}: layout {layout!r}; legal: {', '.join(LAYOUTS)}")
     return layout
 
 
@@ -123,15 +123,15 @@ def _padding(padding, hw, khw, stride, dil) -> tuple[tuple[int, int], tuple[int,
             return (0, 0), (0, 0)
         if p == "same":
             return tuple(_same(n, k, s, d) for n, k, s, d in zip(hw, khw, stride, dil))
-        raise _err(ArgumentError, f"padding {padding!r}; legal: an int, (ph, pw), ((top, bottom), (left, right)), "
+        raise _err(ArgumentError, f"conv2d: padding {padding!r}; legal: an int, (ph, pw), ((top, bottom), (left, right)), "
                                   "'same', 'valid'")
     if isinstance(padding, (tuple, list)) and len(padding) == 2 and all(isinstance(p, (tuple, list)) for p in padding):
-        out = tuple(_pair(p, "padding") for p in padding)
+        out = tuple(_pair(p, "conv2d: padding") for p in padding)
     else:
-        ph, pw = _pair(padding, "padding")
+        ph, pw = _pair(padding, "conv2d: padding")
         out = ((ph, ph), (pw, pw))
     if any(v < 0 for p in out for v in p):
-        raise _err(ArgumentError, f"padding must be >= 0, got {padding!r}")
+        raise _err(ArgumentError, f"conv2d: padding must be >= 0, got {padding!r}")
     return out
 
 
@@ -169,7 +169,7 @@ def conv2d(x, w, bias=None, stride=1, padding=0, dilation=1, groups: int = 1, la
     require_float(x, "conv2d")
     require_float(w, "conv2d")
     _cpu_only("conv2d")
-    lay = _layout(layout)
+    lay = _layout(layout, "conv2d")
     if x.ndim != 4 or w.ndim != 4:
         raise _err(RankMismatchError, f"conv2d: x and w must have rank 4, got {x.shape} and {w.shape}")
     x, w = promote_pair(x, w, "conv2d")
@@ -202,47 +202,34 @@ def conv2d(x, w, bias=None, stride=1, padding=0, dilation=1, groups: int = 1, la
             raise _err(ShapeMismatchError, f"conv2d: bias must have shape ({cout},), got {bias.shape}")
         if bias.dtype != x.dtype:
             bias = ops.cast(bias, dt.promote(bias.dtype, x.dtype))
-    hax = 2 if lay == "NCHW" else 1
-    spatial = [(0, 0)] * 4
-    spatial[hax], spatial[hax + 1] = pads
-    xp = pad(x, tuple(spatial)) if any(p != (0, 0) for p in pads) else x
     cog = cout // g
-    taps = [(i, j) for i in range(kh) for j in range(kw)]
-    if cig == 1:
+    if cig == 1:   # depthwise: one elementwise chain over the taps' windows, in the input's layout
+        hax = 2 if lay == "NCHW" else 1
+        spatial = [(0, 0)] * 4
+        spatial[hax], spatial[hax + 1] = pads
+        xp = pad(x, tuple(spatial)) if any(p != (0, 0) for p in pads) else x
+        taps = [(i, j) for i in range(kh) for j in range(kw)]
         y = _depthwise(xp, w, lay, taps, hax, d, s, ho, wo, g, cog)
-    else:
-        y = _gemms(xp, w, lay, taps, hax, d, s, ho, wo, g, cig, cog)
-    if bias is not None:
-        if lay == "NCHW" and cig != 1 and g == 1:   # [N, C_out, Ho*Wo]: the bias rides the last GEMM
-            y = y + ops.reshape(bias, (cout, 1))
-        elif lay == "NCHW":
-            y = y + ops.reshape(bias, (cout, 1, 1))
-        else:
-            y = y + bias
-    out = (n, cout, ho, wo) if lay == "NCHW" else (n, ho, wo, cout)
-    return ops.reshape(y, out)
-
-
-def _gemms(xp, w, lay, taps, hax, d, s, ho, wo, g, cig, cog) -> Tensor:
-    n = xp.shape[0]
+        if bias is not None:
+            y = y + (ops.reshape(bias, (cout, 1, 1)) if lay == "NCHW" else bias)
+        return y
+    # implicit GEMM over NHWC: an NCHW input is transposed (by the pad kernel where there is padding)
+    xh = ops.transpose(x, (0, 2, 3, 1)) if lay == "NCHW" else x
+    xp = pad(xh, ((0, 0), pads[0], pads[1], (0, 0)))
+    wh = ops.transpose(w, (2, 3, 1, 0)) if lay == "NCHW" else w          # HWIO
+    for ax in (1, 2, 3):
+        xp._node.observed.add(ax)                                        # H, W, C compiled in
     parts = []
     for gi in range(g):
-        acc = None
-        for i, j in taps:
-            win = _window(xp, hax, i * d[0], j * d[1], ho, wo, s)
-            if lay == "NHWC":
-                a = win[..., gi * cig:(gi + 1) * cig] if g > 1 else win
-                term = ops.reshape(a, (n * ho * wo, cig)) @ w[i, j, :, gi * cog:(gi + 1) * cog]
-            else:
-                a = win[:, gi * cig:(gi + 1) * cig] if g > 1 else win
-                term = w[gi * cog:(gi + 1) * cog, :, i, j] @ ops.reshape(a, (n, cig, ho * wo))
-            acc = term if acc is None else term + acc
-        parts.append(acc)
-    if g == 1:
-        return parts[0]
-    if lay == "NHWC":
-        return ops.concatenate(parts, axis=-1)
-    return ops.reshape(ops.concatenate(parts, axis=1), (n, g * cog, ho, wo))
+        patches = add_node("conv_patches", [xp._node], {"kernel": (kh, kw), "stride": s, "dilation": d,
+                                                        "channels": (gi * cig, cig)},
+                           (n, ho, wo, kh * kw * cig), xp.dtype)
+        wg = wh[..., gi * cog:(gi + 1) * cog] if g > 1 else wh
+        parts.append(patches @ ops.reshape(wg, (kh * kw * cig, cog)))   # [N, Ho, Wo, C_out/groups]
+    y = parts[0] if g == 1 else ops.concatenate(parts, axis=-1)
+    if bias is not None:
+        y = y + bias                                                     # the GEMM's epilogue
+    return ops.transpose(y, (0, 3, 1, 2)) if lay == "NCHW" else y
 
 
 def _depthwise(xp, w, lay, taps, hax, d, s, ho, wo, g, cog) -> Tensor:
@@ -267,7 +254,7 @@ def _pool(op: str, x, kernel_size, stride, padding, layout):
     x = ops._t(x, op)
     require_float(x, op)
     _cpu_only(op)
-    lay = _layout(layout)
+    lay = _layout(layout, op)
     if x.ndim != 4:
         raise _err(RankMismatchError, f"{op}: x must have rank 4 ({lay}), got {x.shape}")
     k = _pair(kernel_size, f"{op}: kernel_size")

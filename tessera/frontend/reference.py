@@ -129,6 +129,11 @@ def evaluate(graph: TraceGraph, arrays: list[np.ndarray]) -> list[np.ndarray]:
         elif op == "pad":
             kw = {"constant_values": n.attrs["value"]} if n.attrs["mode"] == "constant" else {}
             r = np.pad(x[0], n.attrs["pads"], mode=n.attrs["mode"], **kw)
+        elif op == "conv_patches":
+            (kh, kw), (sh, sw), (dh, dw), (c0, cg) = (n.attrs[k] for k in ("kernel", "stride", "dilation", "channels"))
+            _, ho, wo, _ = n.shape
+            r = np.concatenate([x[0][:, a * dh:a * dh + (ho - 1) * sh + 1:sh, b * dw:b * dw + (wo - 1) * sw + 1:sw,
+                                     c0:c0 + cg] for a in range(kh) for b in range(kw)], axis=-1)
         elif op == "slice":
             r = x[0][tuple(slice(a, a + m * st, st) for a, m, st in zip(n.attrs["starts"], n.shape, n.attrs["steps"]))]
         elif op == "attention":

@@ -830,7 +830,7 @@ ELEMENTWISE_BINARY = (AddOp, SubOp, MulOp, DivOp, MaximumOp, MinimumOp)
 REDUCTIONS = (ReduceSumOp, ReduceMaxOp, ReduceMeanOp)
 ROWWISE = (SoftmaxOp, LayerNormOp, RmsNormOp)
 
-from tessera.ir.graph_pad import PadOp  # noqa: E402  (defined beside, on GraphOp)
+from tessera.ir.graph_nn import ConvPatchesOp, PadOp  # noqa: E402  (defined beside, on GraphOp)
 
 Graph = Dialect(
     "tessera",
@@ -839,7 +839,7 @@ Graph = Dialect(
      SliceOp, ConcatOp, CastOp, ConstantOp, AttentionOp, FusionOp, YieldOp, MinimumOp,
      LogOp, Log1pOp, Exp2Op, Expm1Op, SinOp, CosOp, SigmoidOp, AbsOp, SignOp, RsqrtOp, ReciprocalOp, FloorOp, CeilOp,
      RoundOp, SquareOp,
-     PadOp],
+     PadOp, ConvPatchesOp],
     [TensorType],
 )
 

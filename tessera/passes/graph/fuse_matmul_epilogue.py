@@ -22,7 +22,11 @@ from tessera.passes.util import function_blocks
 
 def _operand_views(v, group: list) -> None:
     """Absorb the single-use reshape/transpose chain feeding a matmul operand, as far as it
-    stays expressible as strides of the chain's source (otherwise the rest stays a copy)."""
+    stays expressible as strides of the chain's source (otherwise the rest stays a copy).  A
+    convolution's ``conv_patches`` operand comes along: the GEMM packs A through it."""
+    if isinstance(v.owner, g.ConvPatchesOp) and single_use(v):
+        group.append(v.owner)
+        return
     chain = []
     while isinstance(v.owner, (g.ReshapeOp, g.TransposeOp)) and single_use(v):
         chain.append(v.owner)
@@ -30,12 +34,19 @@ def _operand_views(v, group: list) -> None:
     # walk from the source towards the matmul; keep the longest expressible suffix
     view = StridedView.contiguous(0, v.type.dims)
     keep = 0
+    def step(view, op):
+        return view.transpose(op.permutation) if isinstance(op, g.TransposeOp) else view.reshape(op.result.type.dims)
+
     for i, op in enumerate(reversed(chain)):
-        view = view.transpose(op.permutation) if isinstance(op, g.TransposeOp) else view.reshape(op.result.type.dims)
-        if view is None:
-            # everything from this op towards the source must stay outside; restart from its result
-            view = StridedView.contiguous(0, op.result.type.dims)
-            keep = i + 1
+        nxt = step(view, op)
+        if nxt is None:
+            # everything towards the source stays outside (one copy); this op reads that copy when it
+            # can (a reshape of a transposed weight), else it stays outside too
+            keep = i
+            nxt = step(StridedView.contiguous(0, op.input.type.dims), op)
+            if nxt is None:
+                keep, nxt = i + 1, StridedView.contiguous(0, op.result.type.dims)
+        view = nxt
     group.extend(chain[:len(chain) - keep])
 
 

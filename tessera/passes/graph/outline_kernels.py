@@ -11,7 +11,8 @@ from xdsl.dialects.builtin import ModuleOp
 from tessera.errors import PassFailedError
 from tessera.ir import graph as g
 from tessera.passes.base import TesseraPass, register
-from tessera.passes.graph.outline import outline
+from tessera.ir.strided import StridedView
+from tessera.passes.graph.outline import outline, single_use
 from tessera.passes.util import function_blocks
 
 KIND_OF = {g.TransposeOp: "transpose", g.SliceOp: "transpose", g.ConcatOp: "concat", g.ReshapeOp: "elementwise", g.ConstantOp: "elementwise",
@@ -32,6 +33,25 @@ def _kind(op) -> str:
     raise PassFailedError(f"outline-kernels: no kernel kind for {op.name}")
 
 
+def _with_input_views(op) -> list:
+    """A pad with the single-use transposes/reshapes feeding it, as far as they stay strides of
+    their source (its kernel reads through them: an NCHW convolution's input is transposed and
+    padded in one pass)."""
+    chain, v = [], op.input
+    while isinstance(v.owner, (g.TransposeOp, g.ReshapeOp)) and single_use(v):
+        chain.append(v.owner)
+        v = v.owner.input
+    while chain:   # drop ops from the source end until the rest is expressible as strides
+        view = StridedView.contiguous(0, chain[-1].input.type.dims)
+        for o in reversed(chain):
+            view = view and (view.transpose(o.permutation) if isinstance(o, g.TransposeOp)
+                             else view.reshape(o.result.type.dims))
+        if view is not None:
+            break
+        chain.pop()
+    return [*reversed(chain), op]
+
+
 @register
 @dataclass(frozen=True)
 class OutlineKernels(TesseraPass):
@@ -45,9 +65,11 @@ class OutlineKernels(TesseraPass):
     def apply(self, ctx: Context, module: ModuleOp) -> None:
         for block in function_blocks(module):
             for op in reversed(list(block.ops)):  # consumers first: they copy constants in
+                if op.parent is not block:   # already taken into a group (a pad's input views)
+                    continue
                 if op.dialect_name() == "tessera" and not isinstance(op, (g.FusionOp, g.YieldOp)):
                     if isinstance(op, g.ConstantOp) and not op.result.uses:
                         op.detach()
                         op.erase()
                         continue
-                    outline([op], _kind(op))
+                    outline(_with_input_views(op) if isinstance(op, g.PadOp) else [op], _kind(op))

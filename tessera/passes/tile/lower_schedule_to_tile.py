@@ -14,6 +14,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import FlatSymbolRefAttr, ModuleOp, StringAttr
 
 from tessera.errors import ScheduleIllegalError
+from tessera.ir import graph as g
 from tessera.ir import schedule as s
 from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr, ival, str_array
@@ -64,6 +65,9 @@ def check_bounds(kop: s.KernelOp, target: str) -> None:
 def generate(kop: s.KernelOp, target: str = "x86"):
     check_bounds(kop, target)
     kind = kop.kind.data
+    if target in GPU and any(isinstance(o, g.ConvPatchesOp) for o in kop.body.block.ops):
+        raise ScheduleIllegalError(f"kernel {kop.sym_name.data}: tessera.conv_patches (conv2d's implicit GEMM) "
+                                   f"has no {target} lowering; conv2d runs on the CPU lane")
     if target in GPU and kind not in ("gemm", "attention"):
         raise ScheduleIllegalError(f"kernel {kop.sym_name.data}: no {target} generator for {kind} kernels")
     if kind == "gemm" or target in GPU:     # kernels whose instruction record names their target
