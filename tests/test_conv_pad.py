@@ -58,6 +58,16 @@ def test_pad_of_a_transposed_view_and_varying_batch(rng):
         O.assert_close(f(x), 2 * np.pad(O.f64(x).T, ((0, 0), (2, 2)), mode="reflect"), 1e-6)
 
 
+def test_pad_rows_joined_when_the_last_axis_is_unpadded(rng):
+    """Constant mode joins an unpadded last axis to the padded one before it (rows of W*C, as a
+    convolution's NHWC input); the batch stays symbolic (one compile for both sizes)."""
+    f = ts.jit(lambda v: ts.ops.pad(v, ((0, 0), (1, 2), (2, 1), (0, 0)), constant_values=-3.0))
+    for n in (2, 3):
+        x = arr(rng, n, 5, 6, 4)
+        O.assert_close(f(x), np.pad(O.f64(x), ((0, 0), (1, 2), (2, 1), (0, 0)), constant_values=-3.0), 1e-7)
+    assert len(f.compiles) == 1, f.compiles
+
+
 def test_pad_errors(rng):
     x = arr(rng, 4, 5)
     for fn, cls in [(lambda v: ts.ops.pad(v, -1), ArgumentError),

@@ -9,11 +9,12 @@ from __future__ import annotations
 from xdsl.dialects import arith
 
 from tessera.errors import ScheduleIllegalError
+from tessera.ir import dims as D
 from tessera.ir import graph as g
 from tessera.ir import schedule as s
 from tessera.ir.attrs import ints
 from tessera.passes.tile.kernels import rows as R
-from tessera.passes.tile.kernels.common import KernelSig, splat_row, trace_view
+from tessera.passes.tile.kernels.common import KernelSig, StridedView, splat_row, trace_view
 from tessera.passes.util import register_elem
 
 
@@ -41,6 +42,14 @@ def generate(kop: s.KernelOp):
     widths = [(p[2 * i], p[2 * i + 1]) for i in range(len(p) // 2)]
     dims = tuple(out.type.dims)
     in_dims = tuple(op.input.type.dims)
+    if mode == "constant":   # an unpadded, contiguous last axis joins the one before (longer rows)
+        while (len(widths) > 1 and widths[-1] == (0, 0) and isinstance(dims[-1], int) and view.strides[-1] == 1
+               and D.canon(view.strides[-2]) == dims[-1]):
+            c = dims[-1]
+            widths = widths[:-2] + [(widths[-2][0] * c, widths[-2][1] * c)]
+            dims = dims[:-2] + (D.mul(dims[-2], c),)
+            in_dims = in_dims[:-2] + (D.mul(in_dims[-2], c),)
+            view = StridedView(view.arg, in_dims, view.strides[:-2] + (1,), view.offset)
     elem = out.type.element_type
     sig = KernelSig(kop.sym_name.data, reg=register_elem(kop))
     for v in kop.inputs:
