@@ -343,3 +343,57 @@ def test_conv2d_sweep(rng, lay, st, pad_, dil, g):
     pads = ((same_pads(17, 3, st, d2[0]), same_pads(23, 5, st, d2[1])) if pad_ == "same" else
             ((0, 0), (0, 0)) if pad_ == "valid" else ((pad_, pad_), (pad_, pad_)))
     O.assert_close(got, conv_ref(x, w, None, s2, pads, d2, g, lay), 5e-5)
+
+
+# --------------------------------------------------------------------------- NCHW epilogues
+def test_nchw_bias_relu_ride_the_gemm(rng):
+    """relu(conv2d(x, w) + b[:, None, None]) in NCHW: canonicalize moves the add and relu above
+    the transpose back to NCHW, so they run in the GEMM's epilogue (no elementwise kernel)."""
+    x, w, b = arr(rng, 2, 3, 9, 11), arr(rng, 5, 3, 3, 3), arr(rng, 5)
+    f = ts.jit(lambda x, w, b: ts.ops.relu(ts.ops.conv2d(x, w, padding=1) + b.reshape(5, 1, 1)))
+    O.assert_close(f(x, w, b), np.maximum(conv_ref(x, w, b, (1, 1), ((1, 1), (1, 1)), (1, 1), 1, "NCHW"), 0), 5e-5)
+    kernels = ts.explain(f, x, w, b).kernels
+    assert [k["kind"] for k in kernels].count("elementwise") == 0, kernels
+    gemm = next(k for k in kernels if k["kind"] == "gemm")
+    assert {"tessera.add", "tessera.relu"} <= set(gemm["ops"]), gemm
+
+
+SINK_CASES = {
+    "sub-row": lambda y, c: 2.0 - y.transpose(0, 2, 1) * c[:, None],     # c along the transposed axis
+    "div-full": lambda y, c: ts.ops.tanh(c[None, :, None] / y.transpose(0, 2, 1)),
+    "perm3": lambda y, c: ts.ops.maximum(y.transpose(2, 0, 1), c[:, None, None] * 0.5),
+}
+
+
+@pytest.mark.parametrize("name", list(SINK_CASES))
+def test_ops_sunk_below_a_transposed_gemm_keep_their_meaning(rng, name):
+    a, w, c = arr(rng, 3, 7, 4), arr(rng, 4, 5), arr(rng, 5)
+    fn = SINK_CASES[name]
+    got = ts.jit(lambda a, w, c: fn(a @ w, c))(a, w, c)
+    y, c64 = O.f64(a) @ O.f64(w), O.f64(c)
+    want = {"sub-row": lambda: 2.0 - y.transpose(0, 2, 1) * c64[:, None],
+            "div-full": lambda: np.tanh(c64[None, :, None] / y.transpose(0, 2, 1)),
+            "perm3": lambda: np.maximum(y.transpose(2, 0, 1), c64[:, None, None] * 0.5)}[name]()
+    O.assert_close(got, want, 1e-5, name)
+
+
+def test_plant_a_sunk_operand_in_the_wrong_axis_order_is_caught(rng, monkeypatch):
+    """Planted: the moved bias is laid out by the permutation instead of its inverse: with
+    Wo == C_out it broadcasts along W instead of the channels."""
+    from tessera.passes.graph import sink_transpose as S
+    monkeypatch.setattr(S, "_in_source_order", _unpermuted)
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    x, w, b = arr(rng, 2, 3, 5, 5), arr(rng, 5, 3, 3, 3), arr(rng, 5)
+    got = ts.jit(lambda x, w, b: ts.ops.conv2d(x, w, padding=1) + b.reshape(5, 1, 1))(x, w, b)
+    with pytest.raises(AssertionError):
+        O.assert_close(got, conv_ref(x, w, b, (1, 1), ((1, 1), (1, 1)), (1, 1), 1, "NCHW"), 5e-5)
+
+
+def _unpermuted(c, perm, at):
+    from tessera.ir import graph as g
+    from tessera.passes.util import insert_before
+    dims = (1,) * (len(perm) - c.type.rank) + tuple(c.type.dims)
+    dims = [dims[p] for p in perm]
+    rs = g.ReshapeOp.create(operands=[c], result_types=[g.TensorType.of(dims, c.type.element_type)])
+    insert_before(at, rs)
+    return rs.result

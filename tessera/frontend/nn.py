@@ -203,6 +203,8 @@ def conv2d(x, w, bias=None, stride=1, padding=0, dilation=1, groups: int = 1, la
         if bias.dtype != x.dtype:
             bias = ops.cast(bias, dt.promote(bias.dtype, x.dtype))
     cog = cout // g
+    for ax in range(4):
+        w._node.observed.add(ax)          # the kernel's shape and channels are compiled in
     if cig == 1:   # depthwise: one elementwise chain over the taps' windows, in the input's layout
         hax = 2 if lay == "NCHW" else 1
         spatial = [(0, 0)] * 4

@@ -65,6 +65,9 @@ def _epilogue(mm: g.MatmulOp, group: list) -> None:
             other = user.rhs if user.lhs == chain else user.lhs
             if isinstance(other.owner, g.ConstantOp) and single_use(other):
                 group.append(other.owner)
+            elif (isinstance(other.owner, g.ReshapeOp) and single_use(other)
+                  and StridedView.contiguous(0, other.owner.input.type.dims).reshape(other.type.dims) is not None):
+                group.append(other.owner)   # a reshaped bias is read through strides
         else:
             return
         group.append(user)
