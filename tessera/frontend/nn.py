@@ -1,18 +1,15 @@
 """Neural-network ops of ``tessera.ops``: ``pad``, ``conv2d``, ``max_pool2d``, ``avg_pool2d``.
 
-``pad`` is one Graph IR op (``tessera.pad``, a ``pad`` kernel).  The others are made of ops
-that already have kernels (pad, strided slices, GEMMs, elementwise chains):
-
-* conv2d is a sum over the kernel taps of shifted GEMMs: tap (kh, kw) reads the padded input
-  at ``[kh*d :: stride, kw*d :: stride]`` (a strided slice) and multiplies it by that tap's
-  C_in/groups x C_out/groups weight block; each GEMM takes the previous one's result as its
-  incoming accumulator (``x @ w + acc``), and bias and activations fuse into the last GEMM's
-  epilogue.  No im2col buffer (Kh*Kw copies of the input side by side) exists; each tap's
-  window is copied on its own before its GEMM (a GEMM does not read a strided slice in place
-  yet).  NHWC is ``[N*Ho*Wo, C_in] @ [C_in, C_out]``; NCHW is ``[C_out, C_in] @ [N, C_in,
-  Ho*Wo]`` (batched, so the result is NCHW with no transpose).  Depthwise convolutions
-  (C_in/groups == 1) are one elementwise chain (multiply-adds of the taps' windows).
-* pooling is a maximum / sum over the taps' windows: one elementwise kernel after the pad.
+``pad`` is one Graph IR op (``tessera.pad``, a ``pad`` kernel).  ``conv2d`` is an implicit
+GEMM: ``tessera.conv_patches`` views the padded NHWC input as [N, Ho, Wo, Kh*Kw*C_in/groups]
+without materialising it, and a matmul with the HWIO weights reshaped to [Kh*Kw*C_in/groups,
+C_out/groups] takes it as its A operand: the GEMM kernel packs each A panel from one strided
+view of the input per kernel tap (passes/tile/kernels/gemm.py), so no im2col buffer exists.
+Bias and activations ride the GEMM's epilogue.  NCHW is transposed to NHWC inside the pad
+kernel and back after the GEMM (canonicalize moves the elementwise ops that follow above that
+transpose, into the epilogue).  Depthwise convolutions (C_in/groups == 1) are one elementwise
+chain of multiply-adds over the taps' strided windows; pooling is a maximum / sum chain over
+the windows (one elementwise kernel after the pad).
 
 These run on the CPU lane; on a GPU lane (target ``nvidia`` / ``rocm``) they are refused by
 name at trace time (``UNSUPPORTED_CONSTRUCT``).
