@@ -103,6 +103,15 @@ SAMPLES: dict[str, str] = {
                                                  "!tessera.tensor<[8, N], f32>\n"
                                                  "  func.return %r : !tessera.tensor<[8, N], f32>",
                           "!tessera.tensor<[8, N], f32>"),
+    "tessera.pad": _fn("%x : !tessera.tensor<[M, 5], f32>", "  %r = tessera.pad %x {pads = [0 : i64, 0 : i64, 2 : i64, "
+                       "1 : i64], mode = \"reflect\", value = 0.000000e+00 : f64} : (!tessera.tensor<[M, 5], f32>) -> "
+                       "!tessera.tensor<[M, 8], f32>\n  func.return %r : !tessera.tensor<[M, 8], f32>",
+                       "!tessera.tensor<[M, 8], f32>"),
+    "tessera.conv_patches": _fn("%x : !tessera.tensor<[N, 9, 11, 3], f32>", "  %r = tessera.conv_patches %x {kernel = "
+                                "[3 : i64, 3 : i64], stride = [2 : i64, 1 : i64], dilation = [1 : i64, 2 : i64], "
+                                "channels = [0 : i64, 3 : i64]} : (!tessera.tensor<[N, 9, 11, 3], f32>) -> "
+                                "!tessera.tensor<[N, 4, 7, 27], f32>\n  func.return %r : !tessera.tensor<[N, 4, 7, 27], f32>",
+                                "!tessera.tensor<[N, 4, 7, 27], f32>"),
     "tessera.slice": _fn(f"%x : !tessera.tensor<[M, 16], f32>", "  %r = tessera.slice %x {starts = [0 : i64, 3 : i64], "
                                                                    "steps = [1 : i64, 2 : i64]} : "
                                                                    "(!tessera.tensor<[M, 16], f32>) -> "

@@ -209,6 +209,10 @@ def _infer(graph: TraceGraph, uf: _UF, dims: dict) -> None:
                     if k != ax:
                         _unify(uf, a, c)
             d[ax] = n.shape[ax]
+        elif op == "pad":   # a padded axis is static (observed); the others keep their dim
+            d = [x if p == (0, 0) else size for x, size, p in zip(ins[0], n.shape, n.attrs["pads"])]
+        elif op == "conv_patches":   # H, W, C static (observed); the batch keeps its dim
+            d = [ins[0][0], *n.shape[1:]]
         elif op == "reshape":
             d = _reshape_dims(ins[0], n.inputs[0].shape, n.shape)
         elif op in ("take", "take_along_axis", "one_hot"):
@@ -350,6 +354,13 @@ def _make_op(n: Node, operands, T):
         return g.TransposeOp.create(operands=operands, result_types=[T], attributes={"perm": int_array(n.attrs["perm"])})
     if n.op == "concat":
         return g.ConcatOp.create(operands=operands, result_types=[T], attributes={"axis": i64_attr(n.attrs["axis"])})
+    if n.op == "pad":
+        return g.PadOp.create(operands=operands, result_types=[T], attributes={
+            "pads": int_array([w for p in n.attrs["pads"] for w in p]), "mode": StringAttr(n.attrs["mode"]),
+            "value": FloatAttr(n.attrs["value"], f64)})
+    if n.op == "conv_patches":
+        return g.ConvPatchesOp.create(operands=operands, result_types=[T], attributes={
+            k: int_array(n.attrs[k]) for k in ("kernel", "stride", "dilation", "channels")})
     if n.op == "slice":
         return g.SliceOp.create(operands=operands, result_types=[T], attributes={
             "starts": int_array(n.attrs["starts"]), "steps": int_array(n.attrs["steps"])})

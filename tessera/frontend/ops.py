@@ -497,3 +497,8 @@ from tessera.frontend.ops_typed import (  # noqa: E402
 )
 
 __all__ += list(_TYPED_ALL)
+
+# neural-network ops (frontend/nn.py imports this module)
+from tessera.frontend.nn import avg_pool2d, conv2d, max_pool2d, pad  # noqa: E402
+
+__all__ += ["pad", "conv2d", "max_pool2d", "avg_pool2d"]

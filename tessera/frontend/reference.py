@@ -156,6 +156,14 @@ def evaluate(graph: TraceGraph, arrays: list[np.ndarray]) -> list[np.ndarray]:
             r = np.reshape(x[0], n.shape)
         elif op == "concat":
             r = np.concatenate(x, axis=n.attrs["axis"])
+        elif op == "pad":
+            kw = {"constant_values": n.attrs["value"]} if n.attrs["mode"] == "constant" else {}
+            r = np.pad(x[0], n.attrs["pads"], mode=n.attrs["mode"], **kw)
+        elif op == "conv_patches":
+            (kh, kw), (sh, sw), (dh, dw), (c0, cg) = (n.attrs[k] for k in ("kernel", "stride", "dilation", "channels"))
+            _, ho, wo, _ = n.shape
+            r = np.concatenate([x[0][:, a * dh:a * dh + (ho - 1) * sh + 1:sh, b * dw:b * dw + (wo - 1) * sw + 1:sw,
+                                     c0:c0 + cg] for a in range(kh) for b in range(kw)], axis=-1)
         elif op == "slice":
             r = x[0][tuple(slice(a, a + m * st if a + m * st >= 0 else None, st)   # (a stop of -1 reads the end)
                            for a, m, st in zip(n.attrs["starts"], n.shape, n.attrs["steps"]))]

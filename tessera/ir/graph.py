@@ -856,6 +856,8 @@ ELEMENTWISE_UNARY += TYPED_UNARY
 ELEMENTWISE_BINARY += TYPED_BINARY
 ELEMENTWISE_OTHER = (WhereOp, IotaOp)   # elementwise with three operands / none
 
+from tessera.ir.graph_nn import ConvPatchesOp, PadOp  # noqa: E402  (defined beside, on GraphOp)
+
 Graph = Dialect(
     "tessera",
     [*TYPED_OPS,
@@ -864,7 +866,8 @@ Graph = Dialect(
      SliceOp, ConcatOp, CastOp, ConstantOp, AttentionOp, FusionOp, YieldOp, MinimumOp,
      LogOp, Log1pOp, Exp2Op, Expm1Op, SinOp, CosOp, SigmoidOp, AbsOp, SignOp, RsqrtOp, ReciprocalOp, FloorOp, CeilOp,
      RoundOp, SquareOp,
-     TakeOp, TakeAlongAxisOp, OneHotOp]
+     TakeOp, TakeAlongAxisOp, OneHotOp,
+     PadOp, ConvPatchesOp]
     + ROWS_OPS,
     [TensorType],
 )

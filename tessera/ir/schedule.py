@@ -34,7 +34,7 @@ from tessera.ir.attrs import ints, ival, strs
 from tessera.ir.graph import TensorType, YieldOp
 
 KINDS = ("gemm", "rowwise", "elementwise", "reduce", "transpose", "concat", "attention",
-         "gather")
+         "gather", "pad")
 KINDS += ("scan",)   # cumsum / cumprod (passes/tile/kernels/scan.py)
 
 

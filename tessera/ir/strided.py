@@ -30,6 +30,10 @@ class StridedView:
     # elements from the buffer's start to the view's first: a sum of these terms (sizes are
     # products of symbols, so a sum stays a list)
     offset: tuple[D.Dim, ...] = ()
+    # a convolution's implicit-GEMM operand (tessera.conv_patches): the last axis runs over taps of
+    # ``cg`` elements (stride 1 within a tap); tap t starts (t // kw) * step_h + (t % kw) * step_w
+    # further in.  (kw, cg, step_h, step_w), or () for a plain strided view.
+    taps: tuple[int, ...] = ()
 
     @staticmethod
     def contiguous(arg: int, dims: Sequence[D.Dim]) -> "StridedView":
@@ -56,6 +60,8 @@ class StridedView:
         nothing: any reshape of it is the contiguous view of the new shape."""
         if any(isinstance(d, int) and d == 0 for d in (*self.dims, *new)):
             return StridedView.contiguous(self.arg, new)
+        if self.taps:
+            return None   # (an implicit-GEMM patches view is read by the GEMM packing only)
         old = [(d, s) for d, s in zip(self.dims, self.strides) if d != 1]
         new_nz = [d for d in new if d != 1]
         out: list[D.Dim] = []

@@ -5,6 +5,7 @@
 - ``cast`` to the input's own type -> x; ``neg(neg(x))`` -> x
 - ``softmax`` over a non-last axis -> transpose, softmax over the last axis, transpose back
 - a reduction over non-contiguous axes -> successive reductions over contiguous runs
+- elementwise ops move above a transpose of a GEMM's result (``sink_transpose.py``)
 - unused pure Graph IR ops are removed
 - a reshape, or a transpose or slice that keeps the last axis contiguous, with several uses is
   cloned per use: a view is free, so each consumer can read it through its own strides
@@ -24,10 +25,13 @@ from xdsl.dialects.builtin import BoolAttr, i1
 
 from tessera.ir.attrs import i64_attr, int_array, ints, ival
 from tessera.passes.base import TesseraPass, register
+from tessera.passes.graph.sink_transpose import sink_transpose
 from tessera.passes.util import erase_dead, function_blocks, insert_before, replace_op
 
 
 def _simplify_once(op) -> bool:
+    if sink_transpose(op):
+        return True
     if isinstance(op, g.ReshapeOp):
         src = op.input
         if src.type == op.result.type:

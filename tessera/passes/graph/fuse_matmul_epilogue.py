@@ -15,10 +15,9 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 
 from tessera.ir import graph as g
-from tessera.ir.attrs import ints
+from tessera.ir.attrs import ints, ival
 from tessera.ir.strided import StridedView
 from tessera.passes.base import TesseraPass, register
-from tessera.ir.attrs import ival
 from tessera.passes.graph import epilogue_dag
 from tessera.passes.graph.outline import outline, single_use
 from tessera.passes.graph.outline_kernels import operand_reshapes
@@ -27,7 +26,11 @@ from tessera.passes.util import function_blocks
 
 def _operand_views(v, group: list) -> None:
     """Absorb the single-use reshape/transpose chain feeding a matmul operand, as far as it
-    stays expressible as strides of the chain's source (otherwise the rest stays a copy)."""
+    stays expressible as strides of the chain's source (otherwise the rest stays a copy).  A
+    convolution's ``conv_patches`` operand comes along: the GEMM packs A through it."""
+    if isinstance(v.owner, g.ConvPatchesOp) and single_use(v):
+        group.append(v.owner)
+        return
     chain = []
     while isinstance(v.owner, (g.ReshapeOp, g.TransposeOp)) and single_use(v):
         chain.append(v.owner)
@@ -38,18 +41,21 @@ def _operand_views(v, group: list) -> None:
     # walk from the source towards the matmul; keep the longest expressible suffix
     view = StridedView.contiguous(0, v.type.dims)
     keep = 0
-    for i, op in enumerate(reversed(chain)):
+    def step(view, op):
         if isinstance(op, g.SliceOp):
-            view = view.slice(ints(op.starts), ints(op.steps), op.result.type.dims)
-        elif isinstance(op, g.TransposeOp):
-            view = view.transpose(op.permutation)
-        else:
-            view = view.reshape(op.result.type.dims)
-        if view is None:
-            # a reshape strides cannot express: everything before it towards the source stays
-            # outside (one copy materialises it contiguously), and the reshape of that copy is free
-            view = StridedView.contiguous(0, op.result.type.dims)
+            return view.slice(ints(op.starts), ints(op.steps), op.result.type.dims)
+        return view.transpose(op.permutation) if isinstance(op, g.TransposeOp) else view.reshape(op.result.type.dims)
+
+    for i, op in enumerate(reversed(chain)):
+        nxt = step(view, op)
+        if nxt is None:
+            # everything towards the source stays outside (one copy); this op reads that copy when it
+            # can (a reshape of a transposed weight), else it stays outside too
             keep = i
+            nxt = step(StridedView.contiguous(0, op.input.type.dims), op)
+            if nxt is None:
+                keep, nxt = i + 1, StridedView.contiguous(0, op.result.type.dims)
+        view = nxt
     group.extend(chain[:len(chain) - keep])
 
 
@@ -74,6 +80,9 @@ def _epilogue(mm: g.MatmulOp, group: list) -> None:
             other = user.rhs if user.lhs == chain else user.lhs
             if isinstance(other.owner, g.ConstantOp) and single_use(other):
                 group.append(other.owner)
+            elif (isinstance(other.owner, g.ReshapeOp) and single_use(other)
+                  and StridedView.contiguous(0, other.owner.input.type.dims).reshape(other.type.dims) is not None):
+                group.append(other.owner)   # a reshaped bias is read through strides
         else:
             return
         group.append(user)

@@ -12,12 +12,14 @@ from xdsl.dialects.builtin import ModuleOp
 from tessera.errors import PassFailedError
 from tessera.ir import graph as g
 from tessera.passes.base import TesseraPass, register
+from tessera.ir.strided import StridedView
 from tessera.passes.graph.outline import outline, single_use
 from tessera.passes.util import function_blocks
 
 KIND_OF = {g.TransposeOp: "transpose", g.SliceOp: "transpose", g.ConcatOp: "concat", g.ReshapeOp: "elementwise", g.ConstantOp: "elementwise",
            g.MatmulOp: "gemm", g.AttentionOp: "attention",
-           g.TakeOp: "gather", g.TakeAlongAxisOp: "gather", g.OneHotOp: "gather"}
+           g.TakeOp: "gather", g.TakeAlongAxisOp: "gather", g.OneHotOp: "gather",
+           g.PadOp: "pad"}
 
 
 def operand_reshapes(op, block) -> list:
@@ -43,6 +45,25 @@ def _kind(op) -> str:
     if isinstance(op, g.ELEMENTWISE_UNARY + g.ELEMENTWISE_BINARY + g.ELEMENTWISE_OTHER + (g.CastOp,)):
         return "elementwise"
     raise PassFailedError(f"outline-kernels: no kernel kind for {op.name}")
+
+
+def _with_input_views(op) -> list:
+    """A pad with the single-use transposes/reshapes feeding it, as far as they stay strides of
+    their source (its kernel reads through them: an NCHW convolution's input is transposed and
+    padded in one pass)."""
+    chain, v = [], op.input
+    while isinstance(v.owner, (g.TransposeOp, g.ReshapeOp)) and single_use(v):
+        chain.append(v.owner)
+        v = v.owner.input
+    while chain:   # drop ops from the source end until the rest is expressible as strides
+        view = StridedView.contiguous(0, chain[-1].input.type.dims)
+        for o in reversed(chain):
+            view = view and (view.transpose(o.permutation) if isinstance(o, g.TransposeOp)
+                             else view.reshape(o.result.type.dims))
+        if view is not None:
+            break
+        chain.pop()
+    return [*reversed(chain), op]
 
 
 @register
@@ -71,4 +92,7 @@ class OutlineKernels(TesseraPass):
                     if isinstance(src, (g.TransposeOp, g.SliceOp)) and src.parent is block and single_use(op.input):
                         outline([src, op], "transpose")   # the copy is written in order: its reshape is free
                         continue
-                    outline([op] + operand_reshapes(op, block), _kind(op))
+                    if isinstance(op, g.PadOp):
+                        outline(_with_input_views(op), _kind(op))
+                    else:
+                        outline([op] + operand_reshapes(op, block), _kind(op))

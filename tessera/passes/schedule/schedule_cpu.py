@@ -40,7 +40,8 @@ DTYPE = {Float32Type: "f32", BFloat16Type: "bf16", Float16Type: "f16"}
 PARALLEL_LEGAL = {"gemm": ("m", "b*m", "none"), "rowwise": ("r", "none"), "elementwise": ("r", "none"),
                   "reduce": ("r", "none"), "transpose": ("r", "none"), "concat": ("r", "none"),
                   "attention": ("bh*q", "none"),
-                  "gather": ("r", "none")}
+                  "gather": ("r", "none"),
+                  "pad": ("r", "none")}
 PARALLEL_LEGAL["scan"] = ("r", "none")
 
 

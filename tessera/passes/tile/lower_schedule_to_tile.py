@@ -14,6 +14,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import FlatSymbolRefAttr, ModuleOp, StringAttr
 
 from tessera.errors import ScheduleIllegalError
+from tessera.ir import graph as g
 from tessera.ir import schedule as s
 from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr, ival, str_array
@@ -25,6 +26,7 @@ from tessera.passes.tile.kernels import (attention, concat, elementwise, gemm, g
                                         transpose)
 from tessera.passes.tile.kernels import scan
 from tessera.passes.tile.kernels import gather
+from tessera.passes.tile.kernels import pad
 
 
 def _selection(kop: s.KernelOp) -> MmaSelection:
@@ -67,6 +69,9 @@ def check_bounds(kop: s.KernelOp, target: str) -> None:
 def generate(kop: s.KernelOp, target: str = "x86"):
     check_bounds(kop, target)
     kind = kop.kind.data
+    if target in GPU and any(isinstance(o, g.ConvPatchesOp) for o in kop.body.block.ops):
+        raise ScheduleIllegalError(f"kernel {kop.sym_name.data}: tessera.conv_patches (conv2d's implicit GEMM) "
+                                   f"has no {target} lowering; conv2d runs on the CPU lane")
     if target in GPU and kind not in ("gemm", "attention"):
         raise ScheduleIllegalError(f"kernel {kop.sym_name.data}: no {target} generator for {kind} kernels")
     if kind == "gemm" or target in GPU:     # kernels whose instruction record names their target
@@ -82,7 +87,7 @@ def generate(kop: s.KernelOp, target: str = "x86"):
         return gemm.generate(kop, plan, gemm.config(kop, sel))
     mod = {"rowwise": rowwise, "elementwise": elementwise, "reduce": reduce, "transpose": transpose,
            "concat": concat, "attention": attention, "gather": gather,
-           "scan": scan}.get(kind)
+           "scan": scan, "pad": pad}.get(kind)
     if mod is None:
         raise ScheduleIllegalError(f"no Tile IR generator for kernel kind {kind!r}")
     return mod.generate(kop)

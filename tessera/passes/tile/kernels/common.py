@@ -115,6 +115,8 @@ class KernelFn:
 
 def trace_view(value: SSAValue, block: Block) -> StridedView | None:
     """Follow reshape/transpose ops from ``value`` back to a block argument."""
+    if isinstance(value.owner, g.ConvPatchesOp):   # only read directly, from a kernel input
+        return patches_view(value.owner, block)
     chain = []
     v = value
     while not (isinstance(v, BlockArgument) and v.block is block):
@@ -135,6 +137,18 @@ def trace_view(value: SSAValue, block: Block) -> StridedView | None:
             if view is None:
                 return None
     return view
+
+
+def patches_view(op, block: Block) -> StridedView | None:
+    """The implicit-GEMM view of ``tessera.conv_patches`` over a contiguous NHWC kernel input."""
+    src = op.input
+    if not (isinstance(src, BlockArgument) and src.block is block):
+        return None
+    _, H, W, C = src.type.dims
+    (kh, kw), (sh, sw), (dh, dw), (c0, cg) = (ints(a) for a in (op.kernel, op.stride, op.dilation, op.channels))
+    n, ho, wo, k = op.result.type.dims
+    return StridedView(src.index, (n, ho, wo, k), (H * W * C, sh * W * C, sw * C, 1), (c0,) if c0 else (),
+                       (kw, cg, dh * W * C, dw * C))
 
 
 def scalar_constant(op) -> float | int | None:

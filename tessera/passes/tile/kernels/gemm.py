@@ -105,7 +105,7 @@ def _broadcast_view(view: StridedView, out_dims: tuple[D.Dim, ...]) -> StridedVi
     for i, (d, od) in enumerate(zip(dims, out_dims)):
         if d == 1 and od != 1:
             strides[i] = 0
-    return StridedView(view.arg, tuple(out_dims), tuple(strides), view.offset)
+    return StridedView(view.arg, tuple(out_dims), tuple(strides), view.offset, view.taps)
 
 
 def analyse(kop: s.KernelOp) -> GemmPlan:
@@ -138,8 +138,8 @@ def analyse(kop: s.KernelOp) -> GemmPlan:
         return plan
     chain: SSAValue = mm.result
     for op in block.ops:
-        if op is mm or isinstance(op, (g.ReshapeOp, g.TransposeOp, g.SliceOp, g.ConstantOp, g.TakeOp)) \
-                and chain not in op.operands:
+        if op is mm or isinstance(op, (g.ReshapeOp, g.TransposeOp, g.SliceOp, g.ConstantOp, g.TakeOp,
+                                       g.ConvPatchesOp)) and chain not in op.operands:
             continue
         if isinstance(op, g.YieldOp):
             if list(op.values) != [chain]:
@@ -315,6 +315,34 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
     kstep = b.max(b.mul(b.ceil_div(b.ceil_div(K, nkb), kp * U), kp * U), kp * U)
     kstep = b.min(kstep, KC)
     nkloop = b.ceil_div(b.max(K, 1), kstep)   # iterations of the k-block loop below
+    taps = plan.a.taps
+    if taps:   # an implicit-GEMM A (conv_patches): k-blocks within one tap, each one strided view
+        kw_, cg, step_h, step_w = taps
+        ntaps = D.canon(plan.k) // cg
+        cstep = min(-(-(-(-cg // max(-(-cg // KC), 1))) // (kp * U)) * kp * U, KC)
+        nk_tap = -(-cg // cstep)
+        nkloop = ntaps * nk_tap
+        a_fixed = sum(o for o in plan.a.offset if isinstance(o, int))
+
+    def k_blocks(bj: Builder, body) -> None:
+        """``body(builder, pc, kc, k-block index, A's element offset of k-block pc)`` for every
+        k-block: blocks of ``kstep``, or for an implicit-GEMM A the taps' blocks of ``cstep``."""
+        if not taps:
+            def plain(bp: Builder, pc: SSAValue, _c) -> None:
+                body(bp, pc, bp.max(bp.min(kstep, bp.sub(K, pc)), 0), bp.div(pc, kstep), bp.mul(pc, kf.size(
+                    plan.a.strides[-1])))
+            # at least one k-block, so K == 0 still writes C (zeros or C0, then the epilogue)
+            bj.for_(0, bj.max(K, 1), kstep, plain)
+            return
+
+        def per_tap(bt: Builder, tp: SSAValue, _c) -> None:
+            toff = bt.add(bt.add(bt.mul(bt.div(tp, kw_), step_h), bt.mul(bt.rem(tp, kw_), step_w)), a_fixed)
+
+            def block(bp: Builder, ci: SSAValue, _c2) -> None:
+                body(bp, bp.add(bp.mul(tp, cg), ci), bp.min(cstep, bp.sub(cg, ci)),
+                     bp.add(bp.mul(tp, nk_tap), bp.div(ci, cstep)), bp.add(toff, ci))
+            bt.for_(0, cg, cstep, block)
+        bj.for_(0, ntaps, 1, per_tap)
 
     def body_batch(bb: Builder, bi: SSAValue, _c) -> None:
         if shared:
@@ -334,8 +362,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
         def body_jc(bj: Builder, jc: SSAValue, _c) -> None:
             nc = bj.min(nstep, bj.sub(N, jc))
 
-            def body_pc(bp: Builder, pc: SSAValue, _c) -> None:
-                kc = bp.max(bp.min(kstep, bp.sub(K, pc)), 0)
+            def body_pc(bp: Builder, pc: SSAValue, kc, kidx, a_koff) -> None:
                 kcp = bp.mul(bp.ceil_div(kc, kp), kp)
                 if shared:  # this thread's share of the panel's NR*W-column slivers
                     npan = bp.ceil_div(nc, NRW)
@@ -366,7 +393,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
                                                  sAm, pc, mc, kc, K, (MC, KC), cfg.w)
                     else:
                         asrc = view(bi2, buf[plan.a.arg], in_elem, "global", (MC, KC),
-                                    bi2.add(off_a, bi2.add(bi2.mul(ic, sAm), bi2.mul(pc, sAk))), sAm, sAk, mc, kc)
+                                    bi2.add(off_a, bi2.add(bi2.mul(ic, sAm), a_koff)), sAm, sAk, mc, kc)
                     tok2 = t.AsyncCopyOp.create(operands=[asrc, apack, bi2.c(0)], attributes={
                         "layout": StringAttr("a_panel"), "panel": i64_attr(MR), "kpack": i64_attr(kp)},
                         result_types=[t.TokenType()])
@@ -395,7 +422,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
                     bi2.if_(bi2.cmp("sgt", rem, 0), lambda b3: remainder(b3, 1))
 
                 if shared:
-                    phase = bp.add(bp.mul(bp.add(bp.mul(bi, njc), bp.div(jc, nstep)), nkloop), bp.div(pc, kstep))
+                    phase = bp.add(bp.mul(bp.add(bp.mul(bi, njc), bp.div(jc, nstep)), nkloop), kidx)
 
                     def chunk(bw: Builder, item):
                         lo = bw.mul(chunk_start(bw, item, mtiles, nchunks), MR)
@@ -407,8 +434,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
                 if shared:
                     bp.op(t.BarrierOp.create())  # everyone is done with the panel before it is repacked
 
-            # at least one k-block, so K == 0 still writes C (zeros or C0, then the epilogue)
-            bj.for_(0, bj.max(K, 1), kstep, body_pc)
+            k_blocks(bj, body_pc)
 
         bb.for_(0, N, nstep, body_jc)
 
