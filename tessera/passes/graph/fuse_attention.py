@@ -21,6 +21,7 @@ from xdsl.dialects.builtin import BoolAttr, Float32Type, FloatAttr, ModuleOp, St
 from tessera.ir import graph as g
 from tessera.ir.attrs import int_array, ival
 from tessera.passes.base import TesseraPass, register
+from tessera.passes.graph import causal_mask
 from tessera.passes.graph.fuse_matmul_epilogue import _operand_views
 from tessera.passes.graph.outline import outline, single_use
 from tessera.passes.tile.kernels.common import scalar_constant
@@ -42,6 +43,10 @@ def _match(pv: g.MatmulOp):
     x = p.input
     chain = [p]
     mask = None
+    causal = causal_mask.match(x, rank)   # where(iota_row >= iota_col, s, -inf): a causal mask in the graph
+    if causal is not None:
+        x = causal[0]
+        chain += causal[1]
     if isinstance(x.owner, g.AddOp) and single_use(x):
         add = x.owner
         for a, m in ((add.lhs, add.rhs), (add.rhs, add.lhs)):
@@ -76,7 +81,7 @@ def _match(pv: g.MatmulOp):
     if any(t.type.rank != rank for t in (qk.lhs, pv.rhs)) or (mask is not None and mask.type.rank > rank):
         return None
     chain += [qk, kt]
-    return qk.lhs, (kt.input, kperm), pv.rhs, scale, mask, chain
+    return qk.lhs, (kt.input, kperm), pv.rhs, scale, mask, chain, causal is not None
 
 
 def _unsqueeze(v, new_ops: list):
@@ -93,7 +98,7 @@ def rewrite_composed(block) -> bool:
         m = _match(op)
         if m is None:
             continue
-        q, (kx, kperm), v, scale, mask, chain = m
+        q, (kx, kperm), v, scale, mask, chain, causal = m
         new_ops = []
         if kperm == list(range(len(kperm))):
             k = kx
@@ -111,7 +116,7 @@ def rewrite_composed(block) -> bool:
         except Exception:  # noqa: BLE001 - shapes the op does not take: leave the composed form
             continue
         att = g.AttentionOp(operands=[[q], [k], [v], [mask] if mask is not None else []], result_types=[rt],
-                            attributes={"scale": FloatAttr(scale, f64), "causal": BoolAttr(False, i1),
+                            attributes={"scale": FloatAttr(scale, f64), "causal": BoolAttr(causal, i1),
                                         "masked_rows": StringAttr("nan")})
         new_ops.append(att)
         result = att.result
@@ -138,7 +143,8 @@ class FuseAttention(TesseraPass):
     name = "fuse-attention"
     kind = "graph-transform"
     consumes = ("tessera.matmul", "tessera.softmax", "tessera.transpose", "tessera.mul", "tessera.div",
-                "tessera.add", "tessera.constant")
+                "tessera.add", "tessera.constant", "tessera.where", "tessera.iota", "tessera.greater_equal",
+                "tessera.less_equal")
     produces = ("tessera.attention", "tessera.reshape", "tessera.fusion", "tessera.yield")
 
     def apply(self, ctx: Context, module: ModuleOp) -> None:
