@@ -103,6 +103,9 @@ def test_dtype_errors(rng):
         with pytest.raises(TesseraError) as info:
             ts.jit(lambda a: a * 2.0)(bad)
         assert info.value.code == "DTYPE_UNSUPPORTED" and str(bad.dtype) in str(info.value)
+    with pytest.raises(TesseraError) as info:   # dtypes promote (tests/test_type_promotion.py); bool + bool does not
+        ts.jit(lambda a, b: a + b)(rnd(rng, 3) > 0, rnd(rng, 3) > 0)
+    assert info.value.code == "DTYPE_UNSUPPORTED"
 
 
 def test_unsupported_python_constructs(rng):

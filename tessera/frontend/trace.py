@@ -299,19 +299,8 @@ class Tensor:
         from tessera.frontend import ops
         return ops.abs(self)
 
-    # comparisons give bool tensors, as numpy's (frontend/ops_typed.py)
-    def __lt__(self, o):
-        return self._bin(o, "less")
-
-    def __le__(self, o):
-        return self._bin(o, "less_equal")
-
-    def __gt__(self, o):
-        return self._bin(o, "greater")
-
-    def __ge__(self, o):
-        return self._bin(o, "greater_equal")
-
+    # comparisons give bool tensors, as numpy's; // % & | ^ << >> (frontend/ops_typed.py; the
+    # methods are set below the class)
     def __eq__(self, o):
         if not isinstance(o, (Tensor, numbers.Number)):   # x == None, x == slice(...): Python's identity answer
             return NotImplemented
@@ -322,51 +311,9 @@ class Tensor:
             return NotImplemented
         return self._bin(o, "not_equal")
 
-    def __floordiv__(self, o):
-        return self._bin(o, "floor_divide")
-
-    def __rfloordiv__(self, o):
-        return self._bin(o, "floor_divide", True)
-
-    def __mod__(self, o):
-        return self._bin(o, "mod")
-
-    def __rmod__(self, o):
-        return self._bin(o, "mod", True)
-
-    def __and__(self, o):
-        return self._bin(o, "bitwise_and")
-
-    def __rand__(self, o):
-        return self._bin(o, "bitwise_and", True)
-
-    def __or__(self, o):
-        return self._bin(o, "bitwise_or")
-
-    def __ror__(self, o):
-        return self._bin(o, "bitwise_or", True)
-
-    def __xor__(self, o):
-        return self._bin(o, "bitwise_xor")
-
-    def __rxor__(self, o):
-        return self._bin(o, "bitwise_xor", True)
-
     def __invert__(self):
         from tessera.frontend import ops
         return ops.bitwise_not(self)
-
-    def __lshift__(self, o):
-        return self._bin(o, "left_shift")
-
-    def __rlshift__(self, o):
-        return self._bin(o, "left_shift", True)
-
-    def __rshift__(self, o):
-        return self._bin(o, "right_shift")
-
-    def __rrshift__(self, o):
-        return self._bin(o, "right_shift", True)
 
     # --- methods numpy users reach for
     @property
@@ -484,6 +431,21 @@ class Tensor:
                                      "other ops are in tessera.ops)")
 
     __hash__ = object.__hash__
+
+
+def _operator(op: str, reverse: bool):
+    def method(self, o):
+        return self._bin(o, op, reverse)
+    method.__name__ = op
+    return method
+
+
+for _name, _op in (("lt", "less"), ("le", "less_equal"), ("gt", "greater"), ("ge", "greater_equal"),
+                   ("floordiv", "floor_divide"), ("mod", "mod"), ("and", "bitwise_and"), ("or", "bitwise_or"),
+                   ("xor", "bitwise_xor"), ("lshift", "left_shift"), ("rshift", "right_shift")):
+    setattr(Tensor, f"__{_name}__", _operator(_op, False))
+    if _name not in ("lt", "le", "gt", "ge"):   # Python reflects comparisons itself
+        setattr(Tensor, f"__r{_name}__", _operator(_op, True))
 
 
 def _refuse_operator(symbol: str):

@@ -191,7 +191,8 @@ class FuseAttention(TesseraPass):
     name = "fuse-attention"
     kind = "graph-transform"
     consumes = ("tessera.matmul", "tessera.softmax", "tessera.transpose", "tessera.mul", "tessera.div",
-                "tessera.add", "tessera.constant")
+                "tessera.add", "tessera.constant", "tessera.where", "tessera.iota", "tessera.greater_equal",
+                "tessera.less_equal")
     produces = ("tessera.attention", "tessera.reshape", "tessera.fusion", "tessera.yield")
 
     def apply(self, ctx: Context, module: ModuleOp) -> None:

@@ -596,7 +596,6 @@ def apply_epilogue(bf: Builder, kf: KernelFn, kop: s.KernelOp, plan: GemmPlan, v
     """The fused epilogue on an R x C tile of results at (row, col) with ``vr`` x ``vc`` valid:
     unary functions, and binary ones with a constant or a broadcast kernel input."""
     R, C = shape
-    buf = kf.buffer_args
     for st in plan.epilogue:
         if st[0] == "dag":
             mm = next(o for o in kop.body.block.ops if isinstance(o, g.MatmulOp))
@@ -611,19 +610,8 @@ def apply_epilogue(bf: Builder, kf: KernelFn, kop: s.KernelOp, plan: GemmPlan, v
             _, fn, operand, chain_lhs = st
             if isinstance(operand, float):
                 other = tile_const(bf, operand, kf.reg)
-            else:
-                ov = operand.view
-                r = 1 if operand.row_bcast else R
-                c = 1 if operand.col_bcast else C
-                rs = 0 if operand.row_bcast else kf.size(ov.strides[-2])
-                cs = 0 if operand.col_bcast else kf.size(ov.strides[-1])
-                off = bf.add(epi_offs[id(ov)], bf.add(bf.mul(row, rs), bf.mul(col, cs)))
-                elem = kop.inputs[operand.arg].type.element_type
-                vw = view(bf, buf[operand.arg], elem, "global", (r, c), off, rs, cs,
-                          1 if r == 1 else vr, 1 if c == 1 else vc)
-                ld = t.LoadOp.create(operands=[vw], result_types=[t.tile_type(r, c, kf.reg)])  # the registers' type
-                bf.op(ld)
-                other = ld.result
+            else:   # in the registers' type
+                other = _load_operand(bf, kf, kop, operand, R, C, row, col, vr, vc, epi_offs, kf.reg)
             val = elementwise(bf, fn, [val, other] if chain_lhs else [other, val])
     return val
 
