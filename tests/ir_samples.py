@@ -318,7 +318,6 @@ SAMPLES.update({
     "tile.load_index": _tile("  %k = tile.load_index %q[%c6] : !tile.buffer<i64, global>",
                              f"%p : {BUF}, %q : !tile.buffer<i64, global>"),
 })
-})
 # ---- typed ops (tessera/ir/graph_typed.py): comparisons, where, logic, integer ops, pow, iota
 YB = "!tessera.tensor<[M, N], i1>"
 YI = "!tessera.tensor<[M, N], i32>"

@@ -321,8 +321,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
         ntaps = D.canon(plan.k) // cg
         cstep = min(-(-(-(-cg // max(-(-cg // KC), 1))) // (kp * U)) * kp * U, KC)
         nk_tap = -(-cg // cstep)
-        nkloop = ntaps * nk_tap
-        a_fixed = sum(o for o in plan.a.offset if isinstance(o, int))
+        nkloop = ntaps * nk_tap   # (the view's channel offset is in off_a: batch_offset_of adds every view's offset)
 
     def k_blocks(bj: Builder, body) -> None:
         """``body(builder, pc, kc, k-block index, A's element offset of k-block pc)`` for every
@@ -336,7 +335,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
             return
 
         def per_tap(bt: Builder, tp: SSAValue, _c) -> None:
-            toff = bt.add(bt.add(bt.mul(bt.div(tp, kw_), step_h), bt.mul(bt.rem(tp, kw_), step_w)), a_fixed)
+            toff = bt.add(bt.mul(bt.div(tp, kw_), step_h), bt.mul(bt.rem(tp, kw_), step_w))
 
             def block(bp: Builder, ci: SSAValue, _c2) -> None:
                 body(bp, bp.add(bp.mul(tp, cg), ci), bp.min(cstep, bp.sub(cg, ci)),
