@@ -93,6 +93,13 @@ _NUMPY_UNARY = {"log": np.log, "log1p": np.log1p, "exp2": np.exp2, "expm1": np.e
 
 
 def evaluate(graph: TraceGraph, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """The graph in float64 numpy (ints in their own dtypes).  IEEE results (inf * 0, 0 / 0, the
+    log of a negative) are values here, as in the kernels: numpy's warnings about them are off."""
+    with np.errstate(all="ignore"):
+        return _evaluate(graph, arrays)
+
+
+def _evaluate(graph: TraceGraph, arrays: list[np.ndarray]) -> list[np.ndarray]:
     vals: dict[int, np.ndarray] = {}
     for a in graph.args:
         arr = np.asarray(arrays[a.index])
