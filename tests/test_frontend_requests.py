@@ -488,6 +488,7 @@ def _rss_mb() -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::tessera.errors.RecompileWarning")
 def test_memory_stays_flat_over_1000_distinct_floats(rng, monkeypatch):
     """The reported case at the default bound: after 300 distinct floats, 700 more leave the
     Python heap where it was (the retained variants are replaced, not added to).  Unbounded
@@ -530,6 +531,7 @@ def test_rss_stays_flat_over_1000_distinct_floats(rng):
                    "and running it ~70 KB more, pass managers and builders closed; an empty module pass "
                    "manager run leaks nothing); with it fixed and compile.py's cache bounded this passes, "
                    "and strict=True says so")
+@pytest.mark.filterwarnings("ignore::tessera.errors.RecompileWarning")
 def test_rss_stays_flat_over_1000_distinct_static_floats(rng):
     """Floats compiled in (static_argnames): one compile each, bounded in Python but not in LLVM."""
     x = rng.standard_normal((8, 8)).astype(np.float32)
