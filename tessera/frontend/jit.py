@@ -128,6 +128,8 @@ class JitFunction:
         # argument positions whose values are baked in: asked for, and learned from a trace that read
         # a Python-number argument as a Python value (ScalarSpecialize)
         self._params = _call_params(fn)
+        # parameters before the keyword-only ones (which _call_fn passes by name)
+        self._npositional = sum(p.kind != p.KEYWORD_ONLY for p in self._params or ())
         self._static = _static_positions(fn, self.static_argnums, self.static_argnames)
         self._learned: dict[int, str] = {}   # position -> where the trace read it as a Python value
         # the dtype runtime scalars are passed in, learned from a trace (trace.scalar_dtype_for), per
@@ -189,14 +191,10 @@ class JitFunction:
 
     def _call_fn(self, *flat):
         """``fn`` called with arguments in parameter order (keyword-only ones by name)."""
-        if self._params is None or len(flat) <= self._npositional:
-            return self.fn(*flat)
         n = self._npositional
+        if self._params is None or len(flat) <= n:
+            return self.fn(*flat)
         return self.fn(*flat[:n], **{p.name: v for p, v in zip(self._params[n:], flat[n:])})
-
-    @property
-    def _npositional(self) -> int:
-        return sum(p.kind != p.KEYWORD_ONLY for p in self._params)
 
     def with_schedule(self, **pins) -> "JitFunction":
         """The same function with schedule choices pinned (per-call overrides)."""

@@ -5,6 +5,27 @@ from xdsl.dialects import func
 from xdsl.ir import Block, Operation, SSAValue
 
 
+def view_through(view, op):
+    """``view`` (a ``StridedView``) seen through one Graph IR view op: a transpose, a slice or a
+    reshape; None where strides cannot express the reshape."""
+    from tessera.ir import graph as g
+    from tessera.ir.attrs import ints
+    if isinstance(op, g.TransposeOp):
+        return view.transpose(op.permutation)
+    if isinstance(op, g.SliceOp):
+        return view.slice(ints(op.starts), ints(op.steps), op.result.type.dims)
+    return view.reshape(op.result.type.dims)
+
+
+def view_through_all(view, ops):
+    """``view`` seen through ``ops`` in order (source first), or None where one cannot be."""
+    for op in ops:
+        view = view_through(view, op)
+        if view is None:
+            return None
+    return view
+
+
 def function_blocks(module: Operation) -> list[Block]:
     """The body block of every function with a body (taken up front: passes edit them)."""
     return [f.body.block for f in module.walk() if isinstance(f, func.FuncOp) and f.body.blocks]

@@ -105,6 +105,8 @@ def write_run(run: dict, log_dir: Path = LOG_DIR) -> Path:
 
 
 def latest_runs(log_dir: Path = LOG_DIR) -> list[dict]:
+    """Each host's latest full run, else its latest quick one (``bench_doc.latest_run``'s rule)."""
+    from tessera.tools import bench_doc
     out = []
     d = Path(log_dir)
     for host in sorted(p for p in d.iterdir() if p.is_dir()) if d.is_dir() else []:
@@ -116,9 +118,8 @@ def latest_runs(log_dir: Path = LOG_DIR) -> list[dict]:
                 raise BenchLogError(f"{p}: not a readable models log ({e})") from None
             check(run, p.name)
             runs.append(run)
-        full = [r for r in runs if not r["quick"]]
         if runs:
-            out.append(max(full or runs, key=lambda r: r["date"]))
+            out.append(bench_doc.latest_run(runs))
     return out
 
 

@@ -177,9 +177,8 @@ def rewrite_composed(block) -> bool:
             dead.detach()
             dead.erase()
         changed = True
-    if changed:   # a causal mask's iota comparison, no longer read
-        while erase_dead(block, lambda o: o.dialect_name() == "tessera" and o.has_trait(Pure)):
-            pass
+    if changed:   # a causal mask's iota comparison, no longer read (consumers go first: one pass)
+        erase_dead(block, lambda o: o.dialect_name() == "tessera" and o.has_trait(Pure))
     return changed
 
 

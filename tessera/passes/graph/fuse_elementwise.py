@@ -18,7 +18,7 @@ from tessera.ir.strided import StridedView
 from tessera.passes.base import TesseraPass, register
 from tessera.passes.graph.outline import generated, is_elementwise, outline, single_use
 from tessera.passes.graph.outline_kernels import operand_reshapes
-from tessera.passes.util import function_blocks
+from tessera.passes.util import function_blocks, view_through_all
 
 
 def _view_chain(v, block) -> list | None:
@@ -31,16 +31,9 @@ def _view_chain(v, block) -> list | None:
         u = u.owner.input
     if not chain or isinstance(u.owner, g.GraphOp):
         return None
-    view = StridedView.contiguous(0, u.type.dims)
-    for op in reversed(chain):
-        if isinstance(op, g.SliceOp):
-            view = view.slice(ints(op.starts), ints(op.steps), op.result.type.dims)
-        elif isinstance(op, g.TransposeOp):
-            view = view.transpose(op.permutation)
-        else:
-            view = view.reshape(op.result.type.dims)
-        if view is None:
-            return None
+    view = view_through_all(StridedView.contiguous(0, u.type.dims), reversed(chain))
+    if view is None:
+        return None
     if view.dims and view.strides[-1] != 1 and view.dims[-1] != 1:
         return None
     return chain
@@ -74,10 +67,6 @@ def _grow(op, shape, group: list, block) -> None:
                 group.extend(chain)
             elif isinstance(p, g.SliceOp) and single_use(v) and ints(p.steps)[-1] in (1, -1) and p not in seen:
                 seen.add(p)          # read in place: a strided view with an offset (column stride 1 or -1)
-                group.append(p)
-            elif (isinstance(p, g.ReshapeOp) and single_use(v) and p not in seen
-                  and not isinstance(p.input.owner, g.GraphOp)):
-                seen.add(p)          # a reshape of a kernel input: its row-major strides, read in place
                 group.append(p)
             elif not in_join and _take_in_place(p, shape) and single_use(v) and p not in seen:
                 seen.add(p)          # read in place: rows of its input through the indices

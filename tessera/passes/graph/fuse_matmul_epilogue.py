@@ -15,13 +15,13 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 
 from tessera.ir import graph as g
-from tessera.ir.attrs import ints, ival
+from tessera.ir.attrs import ival
 from tessera.ir.strided import StridedView
 from tessera.passes.base import TesseraPass, register
 from tessera.passes.graph import epilogue_dag
 from tessera.passes.graph.outline import outline, single_use
 from tessera.passes.graph.outline_kernels import operand_reshapes
-from tessera.passes.util import function_blocks
+from tessera.passes.util import function_blocks, view_through
 
 
 def _operand_views(v, group: list) -> None:
@@ -41,18 +41,13 @@ def _operand_views(v, group: list) -> None:
     # walk from the source towards the matmul; keep the longest expressible suffix
     view = StridedView.contiguous(0, v.type.dims)
     keep = 0
-    def step(view, op):
-        if isinstance(op, g.SliceOp):
-            return view.slice(ints(op.starts), ints(op.steps), op.result.type.dims)
-        return view.transpose(op.permutation) if isinstance(op, g.TransposeOp) else view.reshape(op.result.type.dims)
-
     for i, op in enumerate(reversed(chain)):
-        nxt = step(view, op)
+        nxt = view_through(view, op)
         if nxt is None:
             # everything towards the source stays outside (one copy); this op reads that copy when it
             # can (a reshape of a transposed weight), else it stays outside too
             keep = i
-            nxt = step(StridedView.contiguous(0, op.input.type.dims), op)
+            nxt = view_through(StridedView.contiguous(0, op.input.type.dims), op)
             if nxt is None:
                 keep, nxt = i + 1, StridedView.contiguous(0, op.result.type.dims)
         view = nxt

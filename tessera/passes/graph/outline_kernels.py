@@ -14,7 +14,7 @@ from tessera.ir import graph as g
 from tessera.passes.base import TesseraPass, register
 from tessera.ir.strided import StridedView
 from tessera.passes.graph.outline import outline, single_use
-from tessera.passes.util import function_blocks
+from tessera.passes.util import function_blocks, view_through_all
 
 KIND_OF = {g.TransposeOp: "transpose", g.SliceOp: "transpose", g.ConcatOp: "concat", g.ReshapeOp: "elementwise", g.ConstantOp: "elementwise",
            g.MatmulOp: "gemm", g.AttentionOp: "attention",
@@ -55,13 +55,8 @@ def _with_input_views(op) -> list:
     while isinstance(v.owner, (g.TransposeOp, g.ReshapeOp)) and single_use(v):
         chain.append(v.owner)
         v = v.owner.input
-    while chain:   # drop ops from the source end until the rest is expressible as strides
-        view = StridedView.contiguous(0, chain[-1].input.type.dims)
-        for o in reversed(chain):
-            view = view and (view.transpose(o.permutation) if isinstance(o, g.TransposeOp)
-                             else view.reshape(o.result.type.dims))
-        if view is not None:
-            break
+    # drop ops from the source end until the rest is expressible as strides
+    while chain and view_through_all(StridedView.contiguous(0, chain[-1].input.type.dims), reversed(chain)) is None:
         chain.pop()
     return [*reversed(chain), op]
 
@@ -79,11 +74,10 @@ class OutlineKernels(TesseraPass):
     def apply(self, ctx: Context, module: ModuleOp) -> None:
         for block in function_blocks(module):
             for op in reversed(list(block.ops)):  # consumers first: they copy constants in
-                if op.parent is not block:   # (already moved into a group: a gather's operand reshape)
+                if op.parent is not block:   # already moved into a group (a gather's operand reshape, a
+                    # pad's input views, a transpose copied with the reshape of its result)
                     continue
                 if op.dialect_name() == "tessera" and not isinstance(op, (g.FusionOp, g.YieldOp)):
-                    if op.parent is not block:
-                        continue   # taken into a copy kernel with the reshape of its result
                     if isinstance(op, g.ConstantOp) and not op.result.uses:
                         op.detach()
                         op.erase()

@@ -263,9 +263,7 @@ def generate(kop: s.KernelOp):
         def off(bb, v, hh, row):
             base = bb.add(bb.add(bb.mul(bidx, kf.size(v.strides[0])), bb.mul(hh, kf.size(v.strides[1]))),
                           bb.mul(row, kf.size(v.strides[2])))
-            for term in v.offset:   # a sliced q/k/v (a split of a fused qkv projection)
-                base = bb.add(base, kf.size(term))
-            return base
+            return bb.add(base, kf.view_offset(bb, v))   # a sliced q/k/v (a split of a fused qkv projection)
 
         qv, kv_, vv = views["q"], views["k"], views["v"]
 

@@ -32,6 +32,7 @@ from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr, ints
 from tessera.ir.builder import INDEX, Builder
 from tessera.ir.strided import StridedView, row_major_strides
+from tessera.passes.util import view_through_all
 
 WS_TYPE = t.buffer(IntegerType(8), "workspace")
 TEAM_TYPE = t.buffer(IntegerType(8), "team")
@@ -103,6 +104,14 @@ class KernelFn:
             return self.dim_args[expr]
         raise KeyError(f"dimension {expr} was not registered on kernel {self.sig.name}")
 
+    def view_offset(self, b: Builder, view: StridedView) -> SSAValue | int:
+        """Elements from the buffer's start to ``view``'s first: its offset terms summed (a slice's
+        window start; 0 for a whole tensor).  Each term was registered with ``KernelSig.dim``."""
+        off: SSAValue | int = 0
+        for term in view.offset:
+            off = b.add(off, self.size(term))
+        return off
+
     def alloc(self, b: Builder, elems: int, elem: Attribute, space: str) -> SSAValue:
         op = t.AllocOp.create(attributes={"size": i64_attr(elems)}, result_types=[t.buffer(elem, space)])
         b.op(op)
@@ -126,17 +135,7 @@ def trace_view(value: SSAValue, block: Block) -> StridedView | None:
             v = op.input
         else:
             return None
-    view = StridedView.contiguous(v.index, v.type.dims)  # type: ignore[attr-defined]
-    for op in reversed(chain):
-        if isinstance(op, g.TransposeOp):
-            view = view.transpose(op.permutation)
-        elif isinstance(op, g.SliceOp):
-            view = view.slice(ints(op.starts), ints(op.steps), op.result.type.dims)
-        else:
-            view = view.reshape(op.result.type.dims)
-            if view is None:
-                return None
-    return view
+    return view_through_all(StridedView.contiguous(v.index, v.type.dims), reversed(chain))  # type: ignore[attr-defined]
 
 
 def patches_view(op, block: Block) -> StridedView | None:

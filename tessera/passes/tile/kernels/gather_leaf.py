@@ -42,13 +42,7 @@ def offsets(kf: KernelFn, b: Builder, r, dims, leaves: dict) -> dict:
     """The row offset of each take leaf for row ``r`` of the iteration space ``dims``."""
     if not leaves:
         return {}
-    lead = dims[:-1]
-    digits, rem = [], r
-    for i in reversed(range(len(lead))):
-        size = kf.size(lead[i])
-        digits.append(b.rem(rem, size) if i > 0 else rem)
-        rem = b.div(rem, size) if i > 0 else 0
-    digits.reverse()
+    digits = R.row_digits(kf, b, r, dims[:-1])
     out = {}
     for v, (lf, op, ib) in leaves.items():
         ax, m = ival(op.axis), op.indices.type.rank

@@ -572,9 +572,7 @@ def view(bb: Builder, src: SSAValue, elem, space, shape, off, rs, cs, rows, cols
 def batch_offset_of(bb: Builder, kf: KernelFn, plan: GemmPlan, bidx: SSAValue, v: StridedView) -> SSAValue | int:
     """Element offset of batch entry ``bidx`` (row-major over the batch dims) in view ``v``, from
     the buffer's start (a sliced view starts at its offset)."""
-    off: SSAValue | int = 0
-    for term in v.offset:
-        off = bb.add(off, kf.size(term))
+    off = kf.view_offset(bb, v)
     rem: SSAValue | int = bidx
     nbatch = len(plan.batch)
     for i in reversed(range(nbatch)):

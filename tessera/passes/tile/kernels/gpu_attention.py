@@ -105,10 +105,7 @@ def generate(kop: s.KernelOp, sel: MmaSelection):
     p_off = b.mul(w, im * PP)
 
     def strides(v):   # [batch, head, row, col] strides, then the view's offset (a sliced q/k/v)
-        base = 0
-        for term in v.offset:
-            base = b.add(base, kf.size(term))
-        return [kf.size(st) for st in v.strides] + [base]
+        return [kf.size(st) for st in v.strides] + [kf.view_offset(b, v)]
 
     qv, kv_, vv = plan.views["q"], plan.views["k"], plan.views["v"]
     qs, ks, vs = strides(qv), strides(kv_), strides(vv)

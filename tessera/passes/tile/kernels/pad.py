@@ -112,15 +112,8 @@ def generate(kop: s.KernelOp):
 
     def row(br, r, _c):
         dst = br.mul(r, C_out)
-        digits, rem = [], r
-        for i in reversed(range(len(lead))):
-            size = kf.size(dims[i])
-            digits.append(br.rem(rem, size) if i > 0 else rem)
-            rem = br.div(rem, size) if i > 0 else 0
-        digits.reverse()
-        src = 0
-        for term in view.offset:
-            src = br.add(src, kf.size(term))
+        digits = R.row_digits(kf, br, r, dims[:len(lead)])
+        src = kf.view_offset(br, view)
         inside = None
         for i, (o, (lo, hi)) in enumerate(zip(digits, lead)):
             j = o

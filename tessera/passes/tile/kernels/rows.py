@@ -100,6 +100,17 @@ def register_dims(sig: KernelSig, dims, leaves: dict[SSAValue, Leaf]) -> None:
                 sig.dim(st)
 
 
+def row_digits(kf: KernelFn, b: Builder, r, lead) -> list:
+    """Row ``r``'s coordinates along the leading dims ``lead`` (rows run over them row-major)."""
+    digits, rem = [], r
+    for i in reversed(range(len(lead))):
+        size = kf.size(lead[i])
+        digits.append(b.rem(rem, size) if i > 0 else rem)
+        rem = b.div(rem, size) if i > 0 else 0
+    digits.reverse()
+    return digits
+
+
 def for_row_runs(kf: KernelFn, b: Builder, total, body) -> None:
     """``body(builder, lo, hi)`` for runs of rows lo..hi-1 (never empty) of about an eighth of a
     thread's share, handed out from the team's work counter (a slower core takes fewer runs)."""
@@ -130,16 +141,8 @@ class RowCtx:
                 self.offsets[v] = 0
             else:
                 if digits is None:
-                    digits = []
-                    rem = r
-                    for i in reversed(range(len(lead))):
-                        size = kf.size(lead[i])
-                        digits.append(b.rem(rem, size) if i > 0 else rem)
-                        rem = b.div(rem, size) if i > 0 else 0
-                    digits.reverse()
-                off = 0
-                for term in lf.view.offset:
-                    off = b.add(off, kf.size(term))
+                    digits = row_digits(kf, b, r, lead)
+                off = kf.view_offset(b, lf.view)
                 for dgt, st in zip(digits, lf.view.strides[:-1]):
                     if st != 0:
                         off = b.add(off, b.mul(dgt, kf.size(st)))
