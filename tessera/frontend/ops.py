@@ -15,6 +15,7 @@ import numpy as np
 
 from tessera import dtypes as dt
 from tessera.errors import DtypeError, RankMismatchError, ShapeMismatchError, UnknownNameError
+from tessera.ir import opset
 from tessera.frontend.trace import (
     Tensor,
     _err,
@@ -38,17 +39,12 @@ def _t(x, what: str) -> Tensor:
     return x
 
 
-# ops that take int tensors too (integer arithmetic wraps around, as numpy's)
-INT_BINARY = ("add", "sub", "mul", "maximum", "minimum")
-INT_UNARY = ("neg", "abs")
-
-
 def _binary(op: str, a, b) -> Tensor:
     if not isinstance(a, Tensor) and isinstance(b, Tensor):
         a = as_tensor(a, b, op)
     a = _t(a, op)
     b = as_tensor(b, a, op)
-    if op in INT_BINARY:
+    if opset.takes_int(op):   # integer arithmetic wraps around, as numpy's
         if a.dtype == dt.bool_ and b.dtype == dt.bool_:   # one bool beside a number promotes to it
             require_number(a, op)
     elif op == "div" and dt.kind(a.dtype) != "f" and dt.kind(b.dtype) != "f" and not (a._node.weak and b._node.weak):
@@ -84,7 +80,7 @@ def maximum(a, b) -> Tensor:
 
 def _unary(op: str, x, **attrs) -> Tensor:
     x = _t(x, op)
-    if op in INT_UNARY:
+    if opset.takes_int(op):
         require_number(x, op)
     else:
         require_float(x, op)
@@ -502,3 +498,9 @@ __all__ += list(_TYPED_ALL)
 from tessera.frontend.nn import avg_pool2d, conv2d, max_pool2d, pad  # noqa: E402
 
 __all__ += ["pad", "conv2d", "max_pool2d", "avg_pool2d"]
+
+# the Tensor operators and methods (frontend/trace.py) call these
+from tessera.frontend import layout as _layout  # noqa: E402
+from tessera.frontend.trace import publish as _publish  # noqa: E402
+
+_publish({**{n: globals()[n] for n in __all__ if n != "np"}, "index": _layout.index})

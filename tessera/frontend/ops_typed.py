@@ -12,6 +12,7 @@ import numpy as np
 from tessera import dtypes as dt
 from tessera.errors import DtypeError, RankMismatchError, ShapeMismatchError, UnsupportedConstructError
 from tessera.frontend import reference_ints as R
+from tessera.ir import opset
 from tessera.frontend.trace import (Tensor, _err, add_node, as_tensor, broadcast_shapes, constant, normalize_axis,
                                     promote_pair, require_int)
 
@@ -28,54 +29,53 @@ def _pair(op: str, a, b) -> tuple[Tensor, Tensor]:
     return promote_pair(a, b, op)
 
 
-def _bin(op: str, a, b, kinds: str, bool_result: bool = False) -> Tensor:
+def _bin(op: str, a, b, bool_result: bool = False) -> Tensor:
     a, b = _pair(op, a, b)
-    k = dt.kind(a.dtype)
+    k, kinds = dt.kind(a.dtype), opset.kinds(op)   # the operand kinds the registry allows
     if k not in kinds:
-        what = {"f": "float", "i": "int", "b": "bool"}
         raise _err(DtypeError, f"{op}: dtype {dt.name(a.dtype)} is not supported ({op} takes "
-                               f"{' or '.join(what[c] for c in kinds)} tensors)")
+                               f"{' or '.join(opset.KIND_NAMES[c] for c in kinds)} tensors)")
     return add_node(op, [a._node, b._node], {}, broadcast_shapes(a.shape, b.shape, op),
                     dt.bool_ if bool_result else a.dtype)
 
 
 def equal(a, b) -> Tensor:
     """``a == b`` -> bool (NaN is unequal to everything)."""
-    return _bin("equal", a, b, "fib", True)
+    return _bin("equal", a, b, True)
 
 
 def not_equal(a, b) -> Tensor:
     """``a != b`` -> bool (true for NaN)."""
-    return _bin("not_equal", a, b, "fib", True)
+    return _bin("not_equal", a, b, True)
 
 
 def less(a, b) -> Tensor:
-    return _bin("less", a, b, "fib", True)
+    return _bin("less", a, b, True)
 
 
 def less_equal(a, b) -> Tensor:
-    return _bin("less_equal", a, b, "fib", True)
+    return _bin("less_equal", a, b, True)
 
 
 def greater(a, b) -> Tensor:
-    return _bin("greater", a, b, "fib", True)
+    return _bin("greater", a, b, True)
 
 
 def greater_equal(a, b) -> Tensor:
-    return _bin("greater_equal", a, b, "fib", True)
+    return _bin("greater_equal", a, b, True)
 
 
 def bitwise_and(a, b) -> Tensor:
     """``a & b`` on bool (logical) or int tensors."""
-    return _bin("bitwise_and", a, b, "ib")
+    return _bin("bitwise_and", a, b)
 
 
 def bitwise_or(a, b) -> Tensor:
-    return _bin("bitwise_or", a, b, "ib")
+    return _bin("bitwise_or", a, b)
 
 
 def bitwise_xor(a, b) -> Tensor:
-    return _bin("bitwise_xor", a, b, "ib")
+    return _bin("bitwise_xor", a, b)
 
 
 def bitwise_not(x) -> Tensor:
@@ -131,12 +131,12 @@ def isfinite(x) -> Tensor:
 
 def floor_divide(a, b) -> Tensor:
     """``a // b``: numpy's floor division; an int divided by 0 is 0 (numpy: 0 and a warning)."""
-    return _bin("floor_divide", a, b, "fi")
+    return _bin("floor_divide", a, b)
 
 
 def mod(a, b) -> Tensor:
     """``a % b``: numpy's remainder (the divisor's sign); an int modulo 0 is 0."""
-    return _bin("mod", a, b, "fi")
+    return _bin("mod", a, b)
 
 
 remainder = mod
@@ -144,12 +144,12 @@ remainder = mod
 
 def left_shift(a, b) -> Tensor:
     """``a << b`` on ints; a count >= the width or < 0 gives 0, as numpy's."""
-    return _bin("left_shift", a, b, "i")
+    return _bin("left_shift", a, b)
 
 
 def right_shift(a, b) -> Tensor:
     """``a >> b`` on ints (arithmetic); a count >= the width or < 0 gives 0, or -1 for a < 0."""
-    return _bin("right_shift", a, b, "i")
+    return _bin("right_shift", a, b)
 
 
 def pow(x, y) -> Tensor:   # noqa: A001 - numpy's name

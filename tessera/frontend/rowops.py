@@ -18,6 +18,7 @@ from tessera.frontend import ops
 from tessera.frontend.layout import expand_dims, moveaxis, swapaxes
 from tessera.frontend.trace import Tensor, _err, add_node, normalize_axis, require_float, require_int
 from tessera.ir import graph as g
+from tessera.ir import opset
 from tessera.ir.attrs import i64_attr
 
 
@@ -257,7 +258,7 @@ REFERENCE = {
     "top_k": lambda x, n: np.take_along_axis(x[0], _top_k_order(x[0], n.attrs["k"]), -1),
     "top_k_indices": lambda x, n: _top_k_order(x[1], n.shape[-1]),
 }
-SECOND_RESULT = ("top_k_indices", "cross_entropy_valid")   # nodes that are the second result of their first input's op
+SECOND_RESULT = tuple(opset.SECOND_RESULTS)   # nodes that are the second result of their first input's op
 
 
 # ----------------------------------------------------------------------------- Graph IR builders

@@ -22,6 +22,7 @@ from tessera import dtypes as dt
 from tessera.errors import (
     DtypeError,
     FrontendError,
+    InternalError,
     RankMismatchError,
     ScalarSpecialize,
     ShapeMismatchError,
@@ -30,6 +31,7 @@ from tessera.errors import (
     UnknownNameError,
     UnsupportedConstructError,
 )
+from tessera.ir import opset
 
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _state = threading.local()
@@ -110,7 +112,9 @@ def _err(cls, msg: str) -> TesseraError:
 
 def add_node(op: str, inputs: list[Node], attrs: dict, shape, dtype, weak: bool | None = None) -> "Tensor":
     """Record a node.  It is weak (``weak`` None) when every input is, and computed from Python
-    numbers alone when every input is."""
+    numbers alone when every input is.  Only ops of the registry (``ir/opset.py``) are recorded."""
+    if op not in opset.OPS and op not in opset.SECOND_RESULTS:
+        raise InternalError(f"the tracer recorded {op!r}, which the op registry (tessera/ir/opset.py) does not know")
     n = Node(op, inputs, attrs, tuple(int(s) for s in shape), dt.as_dtype(dtype), user_location())
     if inputs and all(i.scalar_of is not None for i in inputs):
         n.scalar_of = frozenset().union(*(i.scalar_of for i in inputs))
@@ -211,6 +215,27 @@ def scalar_value_needed(t: "Tensor", what: str) -> None:
                                indices=deps, location=user_location())
 
 
+_FUNCTIONS: dict = {}
+
+
+class _Published:
+    """The ``tessera.ops`` functions, as ``frontend/ops.py`` publishes them when it loads (it
+    imports this module, so this one cannot import it): the Tensor operators call through here."""
+
+    def __getattr__(self, name: str):
+        try:
+            return _FUNCTIONS[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+ops = _Published()
+
+
+def publish(functions: dict) -> None:
+    _FUNCTIONS.update(functions)
+
+
 class Tensor:
     """A traced array (shape and dtype are concrete at trace time)."""
 
@@ -244,7 +269,6 @@ class Tensor:
 
     # --- operators
     def _bin(self, other, op: str, reverse: bool = False) -> "Tensor":
-        from tessera.frontend import ops
         o = as_tensor(other, self, op)
         return getattr(ops, op)(o, self) if reverse else getattr(ops, op)(self, o)
 
@@ -273,30 +297,24 @@ class Tensor:
         return self._bin(o, "div", True)
 
     def __matmul__(self, o):
-        from tessera.frontend import ops
         return ops.matmul(self, as_tensor(o, self, "matmul"))
 
     def __rmatmul__(self, o):
-        from tessera.frontend import ops
         return ops.matmul(as_tensor(o, self, "matmul"), self)
 
     def __neg__(self):
-        from tessera.frontend import ops
         return ops.neg(self)
 
     def __pos__(self):
         return self
 
     def __pow__(self, o):
-        from tessera.frontend import ops
         return ops.pow(self, o)
 
     def __rpow__(self, o):
-        from tessera.frontend import ops
         return ops.pow(as_tensor(o, self, "pow"), self)
 
     def __abs__(self):
-        from tessera.frontend import ops
         return ops.abs(self)
 
     # comparisons give bool tensors, as numpy's; // % & | ^ << >> (frontend/ops_typed.py; the
@@ -312,57 +330,45 @@ class Tensor:
         return self._bin(o, "not_equal")
 
     def __invert__(self):
-        from tessera.frontend import ops
         return ops.bitwise_not(self)
 
     # --- methods numpy users reach for
     @property
     def T(self) -> "Tensor":
-        from tessera.frontend import ops
         return ops.transpose(self)
 
     def transpose(self, *axes) -> "Tensor":
-        from tessera.frontend import ops
         if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
             axes = tuple(axes[0])
         return ops.transpose(self, axes or None)
 
     def reshape(self, *shape) -> "Tensor":
-        from tessera.frontend import ops
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
         return ops.reshape(self, shape)
 
     def astype(self, dtype) -> "Tensor":
-        from tessera.frontend import ops
         return ops.cast(self, dtype)
 
     def sum(self, axis=None, keepdims=False):
-        from tessera.frontend import ops
         return ops.reduce_sum(self, axis, keepdims)
 
     def max(self, axis=None, keepdims=False):
-        from tessera.frontend import ops
         return ops.reduce_max(self, axis, keepdims)
 
     def mean(self, axis=None, keepdims=False):
-        from tessera.frontend import ops
         return ops.reduce_mean(self, axis, keepdims)
 
     def var(self, axis=None, keepdims=False, ddof=0):
-        from tessera.frontend import ops
         return ops.var(self, axis, keepdims, ddof)
 
     def std(self, axis=None, keepdims=False, ddof=0):
-        from tessera.frontend import ops
         return ops.std(self, axis, keepdims, ddof)
 
     def squeeze(self, axis=None):
-        from tessera.frontend import ops
         return ops.squeeze(self, axis)
 
     def swapaxes(self, axis1, axis2):
-        from tessera.frontend import ops
         return ops.swapaxes(self, axis1, axis2)
 
     def __len__(self) -> int:
@@ -394,8 +400,7 @@ class Tensor:
         raise _err(UnsupportedConstructError, "iterating over a traced tensor is not supported")
 
     def __getitem__(self, item):
-        from tessera.frontend import layout
-        return layout.index(self, item)
+        return ops.index(self, item)
 
     def __array__(self, *a, **k):
         scalar_value_needed(self, "numpy conversion")
@@ -419,11 +424,10 @@ class Tensor:
     def __getattr__(self, name: str):
         if name.startswith("_"):   # protocol probes (copy, pickle, numpy's __array_*__) get the plain answer
             raise AttributeError(name)
-        from tessera.frontend import ops
         known = sorted(n for n in dir(Tensor) if not n.startswith("_"))
         near = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
         msg = f"a traced tensor has no attribute {name!r}"
-        if name in ops.__all__:
+        if name in _FUNCTIONS:
             msg += f"; it is a function: tessera.ops.{name}(x)"
         elif near:
             msg += f"; nearest: {', '.join(near)}"
@@ -472,7 +476,6 @@ _POW_HELP = (f"traced exponents: integers +-1..+-{POW_INTEGER_MAX} (multiplicati
 
 
 def _power(x: Tensor, o) -> Tensor:
-    from tessera.frontend import ops
     if isinstance(o, Tensor):
         scalar_value_needed(o, "an exponent")
         raise _err(UnsupportedConstructError, f"x ** y with a traced exponent has no op yet; {_POW_HELP}")

@@ -53,6 +53,7 @@ from tessera.errors import (
     GraphShapeError,
 )
 from tessera.ir import dims as D
+from tessera.ir import opset
 from tessera.ir.attrs import ints, ival
 
 FLOAT_TYPES = (Float32Type, Float16Type, BFloat16Type, Float64Type)
@@ -170,11 +171,21 @@ def is_bool(t: Attribute) -> bool:
     return isinstance(t, IntegerType) and t.width.data == 1
 
 
+def elem_kind(t: Attribute) -> str:
+    """``dtypes.kind``'s letter for an element type: f(loat), i(nt), b(ool); '?' for others."""
+    return "f" if is_float(t) else "i" if is_int(t) else "b" if is_bool(t) else "?"
+
+
 def _require_float(op_name: str, *types: Attribute) -> None:
+    """The op's operands have the element kinds its registry entry (``ir/opset.py``) allows
+    (floats only for an op the registry does not know)."""
+    d = opset.OPS.get(op_name.removeprefix("tessera."))
+    allowed = d.kinds if d is not None else "f"
     for t in types:
-        if is_float(t) or op_name in INT_OPS and is_int(t) or op_name in ANY_DTYPE_OPS and (is_int(t) or is_bool(t)):
+        if elem_kind(t) in allowed:
             continue
-        raise GraphDtypeError(f"{op_name} needs floating-point operands, got {t}")
+        kinds = " or ".join(opset.KIND_NAMES[k] for k in allowed)
+        raise GraphDtypeError(f"{op_name} needs {'floating-point' if allowed == 'f' else kinds} operands, got {t}")
 
 
 def _operand_tensor(op_name: str, v) -> TensorType:
@@ -872,10 +883,6 @@ Graph = Dialect(
     [TensorType],
 )
 
-# Graph IR ops that take int tensors (int8/int32/int64) besides floats, and those that take any dtype
-INT_OPS = ("tessera.add", "tessera.sub", "tessera.mul", "tessera.maximum", "tessera.minimum", "tessera.neg",
-           "tessera.abs")
-ANY_DTYPE_OPS = ("tessera.cast",)
 
 # keep IntegerType importable for dtype tables built on this module
 __all__ = ["Graph", "TensorType", "IntegerType"]

@@ -17,7 +17,7 @@ from xdsl.traits import Pure
 
 from tessera.errors import GraphAttributeError, GraphDtypeError, GraphRankError, GraphShapeError
 from tessera.ir.attrs import ival
-from tessera.ir.graph import GraphOp, TensorType, _operand_tensor, _require_float
+from tessera.ir.graph import GraphOp, TensorType, _operand_tensor, _require_float, is_float
 
 _FMT = "$input `,` $indices attr-dict `:` functional-type(operands, results)"
 
@@ -126,7 +126,8 @@ class OneHotOp(GraphOp):
         r = self.result.type
         if not isinstance(r, TensorType) or r.rank != i.rank + 1:
             raise GraphDtypeError(f"{self.name}: the result must be a !tessera.tensor of rank {i.rank + 1}")
-        _require_float(self.name, r.element_type)
+        if not is_float(r.element_type):
+            raise GraphDtypeError(f"{self.name}: the result must be floating-point, got {r.element_type}")
         c = r.dims[-1]
         if not isinstance(c, int):
             raise GraphShapeError(f"{self.name}: num_classes (the result's last dim) must be static, got {c}")

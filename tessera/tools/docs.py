@@ -81,7 +81,13 @@ def _abi_md() -> str:
     return abi_md()
 
 
+def _ops_md() -> str:
+    from tessera.tools.ops_doc import render
+    return HEADER.format(cmd="tessera docs ops --write") + render()
+
+
 GENERATORS: dict[str, tuple[str, Callable[[], str]]] = {
+    "ops": ("docs/ops.md", _ops_md),
     "abi": ("docs/abi.md", _abi_md),
     "errors": ("docs/errors.md", errors_md),
     "numerics": ("docs/numerics.md", _numerics_md),
