@@ -21,9 +21,11 @@ TINY = {
     "mlp_train_step": dict(batch=16, din=24, hidden=32, classes=5),
     "conv_block": dict(batch=2, channels=8, size=10),
     "sampler": dict(batch=3, seq=5, vocab=300, dim=32, k=4),
+    "decode_attention": dict(batch=2, heads=8, kv_heads=2, head_dim=32, seq=700),
 }
 TOL = {"gpt2_block": 1e-5, "bert_block": 1e-5, "llama_block": 1e-5, "mlp_train_step": 1e-5, "conv_block": 1e-5,
-       "sampler": 1e-5}
+       "sampler": 1e-5,
+       "decode_attention": 1e-5}
 BLOCKS = ("gpt2_block", "bert_block", "llama_block")
 
 
@@ -51,6 +53,8 @@ def test_model_runs_as_written_and_matches_float64(name, rng):
     kinds = [k["kind"] for k in rep.kernels]
     if name in BLOCKS:   # one attention kernel (composed forms recognised); heads split and merged by strides
         assert kinds.count("attention") == 1 and "transpose" not in kinds, kinds
+    if name == "decode_attention":   # one query row per head: the split-K decode kernel
+        assert [k["kernel"] for k in rep.kernels] == ["k0_attention_decode"], rep.kernels
     if name == "gpt2_block":   # the causal mask built from iotas is the kernel's causal flag
         assert kinds == ["rowwise", "gemm", "attention", "gemm", "rowwise", "gemm", "gemm"], kinds
 

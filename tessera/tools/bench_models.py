@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LOG_DIR = ROOT / "benchmarks" / "results" / "models"
 SCHEMA = 1
 MODELS = ("gpt2_block", "llama_block", "bert_block", "mlp_train_step", "conv_block", "sampler")
+MODELS += ("decode_attention",)
 POOLED, FRESH = "tessera", "tessera (fresh outputs)"
 PEERS = ("numpy", "torch", "torch.compile", "jax.jit")
 

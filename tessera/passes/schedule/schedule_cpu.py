@@ -34,6 +34,7 @@ from tessera.ir.attrs import i64_attr, int_array, str_array
 from tessera.mma.selector import get_isa, register_tile, require_lowering, select_mma
 from tessera.passes.base import TesseraPass, option, register
 from tessera.passes.schedule import bounds
+from tessera.passes.tile.kernels import attention_decode
 from tessera.passes.util import function_blocks, register_elem, swap_op
 
 DTYPE = {Float32Type: "f32", BFloat16Type: "bf16", Float16Type: "f16"}
@@ -43,6 +44,7 @@ PARALLEL_LEGAL = {"gemm": ("m", "b*m", "none"), "rowwise": ("r", "none"), "eleme
                   "gather": ("r", "none"),
                   "pad": ("r", "none")}
 PARALLEL_LEGAL["scan"] = ("r", "none")
+PARALLEL_LEGAL["attention"] += ("bh*kv",)   # bh*kv: the split-K decode kernel (kernels/attention_decode.py)
 
 
 def _dtype(elem) -> str:
@@ -50,6 +52,12 @@ def _dtype(elem) -> str:
         if isinstance(elem, cls):
             return name
     return str(elem)
+
+
+def _decode_rows(fop: g.FusionOp) -> int | None:
+    """Rows per work item when the fusion's attention runs as the split-K decode kernel, else None."""
+    att = [o for o in fop.body.block.ops if isinstance(o, g.AttentionOp)]
+    return attention_decode.decode_rows(att[0]) if len(att) == 1 else None
 
 
 def _round_down(v: int, m: int) -> int:
@@ -102,8 +110,9 @@ class ScheduleCpu(TesseraPass):
         kind = fop.kind.data
         if register_elem(fop) != f32:
             w //= 2   # f64 registers: the same vector bits, half the lanes
-        par = self.parallel or (self._gemm_parallel(fop) if kind == "gemm" else "bh*q" if kind == "attention"
-                                else "r")
+        decode = _decode_rows(fop) if kind == "attention" else None
+        par = self.parallel or (self._gemm_parallel(fop) if kind == "gemm" else
+                                ("bh*kv" if decode else "bh*q") if kind == "attention" else "r")
         if par not in PARALLEL_LEGAL.get(kind, ()):
             raise ScheduleIllegalError(f"kernel {name}: parallel={par!r} is not legal for a {kind} kernel; "
                                        f"legal: {', '.join(PARALLEL_LEGAL[kind])}")
@@ -113,6 +122,13 @@ class ScheduleCpu(TesseraPass):
                  "vector": i64_attr(w)}
         if kind == "gemm":
             attrs.update(self._gemm(fop, isa, w, name, threads if par != "none" else 1))
+        elif kind == "attention" and par == "bh*kv" or kind == "attention" and par == "none" and decode:
+            if not decode:
+                raise ScheduleIllegalError(f"kernel {name}: parallel='bh*kv' (the decode kernel) needs at most "
+                                           f"{attention_decode.MAX_SQ} queries and {attention_decode.MAX_ROWS} rows "
+                                           f"per kv head, static heads and head dims")
+            attrs["sym_name"] = StringAttr(f"{name}_decode")
+            attrs.update(self._attention_decode(isa, w, decode, _dtype(register_elem(fop))))
         elif kind == "attention":
             attrs.update(self._attention(isa, w, name, _dtype(register_elem(fop))))
         else:
@@ -155,6 +171,28 @@ class ScheduleCpu(TesseraPass):
         return {"vector": i64_attr(w), "loops": str_array(["bh", "q", "kv"]), "tiles": int_array([1, bq, bkv]),
                 "order": str_array(["bh", "q", "kv"]), "mma": StringAttr(sel.record.id),
                 "register_tile": int_array([rt.mr, rt.nr]), "unroll": i64_attr(self.unroll)}
+
+    # Decode attention: keys per block (its S^T scratch: BKV x rows, in L1) and the largest O row tile.
+    DECODE_BLOCK = 256
+    DECODE_MR = 8
+
+    def _attention_decode(self, isa, w: int, rows: int, acc: str = "f32") -> dict:
+        """Split-K decode attention: S^T tiles of MRS keys x the item's rows (whole vectors), O tiles
+        of MRO rows x NRO vectors, each within the register file."""
+        sel = select_mma(isa, acc, out_dtype=acc)
+        require_lowering(sel, "lower-tile-to-x86")
+        w = sel.record.vector_width or w
+        budget = isa.register_budget
+        nrs = -(-rows // w)
+        mrs = max(1, min(self.DECODE_MR, (budget - nrs - 1) // nrs))
+        nro = 2 if rows <= (budget - 3) // 2 else 1
+        mro = max(1, min(rows, self.DECODE_MR, (budget - nro - 1) // nro))
+        if self.register_tile:
+            mrs, mro = self.register_tile
+        bkv = self.tile_n or self.DECODE_BLOCK
+        return {"vector": i64_attr(w), "loops": str_array(["bh", "kv", "g", "v"]),
+                "tiles": int_array([1, bkv, rows, nro * w]), "order": str_array(["bh", "kv", "g", "v"]), "mma": StringAttr(sel.record.id),
+                "register_tile": int_array([mrs, mro]), "unroll": i64_attr(1)}
 
     @staticmethod
     def _gemm_parallel(fop: g.FusionOp) -> str:

@@ -27,6 +27,7 @@ from tessera.passes.tile.kernels import (attention, concat, elementwise, gemm, g
 from tessera.passes.tile.kernels import scan
 from tessera.passes.tile.kernels import gather
 from tessera.passes.tile.kernels import pad
+from tessera.passes.tile.kernels import attention_decode
 
 
 def _selection(kop: s.KernelOp) -> MmaSelection:
@@ -85,6 +86,8 @@ def generate(kop: s.KernelOp, target: str = "x86"):
         if target in GPU:
             return gpu_gemm.generate(kop, plan, sel)
         return gemm.generate(kop, plan, gemm.config(kop, sel))
+    if kind == "attention" and kop.loop_order == ["bh", "kv", "g", "v"]:   # scheduled as split-K decode
+        return attention_decode.generate(kop)
     mod = {"rowwise": rowwise, "elementwise": elementwise, "reduce": reduce, "transpose": transpose,
            "concat": concat, "attention": attention, "gather": gather,
            "scan": scan, "pad": pad}.get(kind)
