@@ -29,7 +29,7 @@ from tessera.codegen import jit as cj
 from tessera.codegen import x86 as cg
 from tessera.errors import (CompilerInternalError, PassFailedError, ScheduleIllegalError, TesseraError,
                             UnknownArchError)
-from tessera.frontend import repro
+from tessera.frontend import gc_pause, repro
 from tessera.ir import schedule as s
 from tessera.ir.attrs import ints, strs
 from tessera.ir.context import LAYERS, layer_of
@@ -263,7 +263,8 @@ def _load_or_build(module, name, target, isa, spec, passes, graph_text, key, use
     builder = _build_gpu if target in GPU_TARGETS else _build
     progress = _Progress(name, target)
     try:
-        entry = builder(module, passes, isa, spec, graph_text)
+        with gc_pause.paused():
+            entry = builder(module, passes, isa, spec, graph_text)
     except Exception as e:  # noqa: BLE001 - a compiler failure: leave a reproducer, then raise
         coded = _with_reproducer(e, graph_text, spec, target, isa, name, key)
         if coded is e:
