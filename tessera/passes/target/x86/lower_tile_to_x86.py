@@ -23,6 +23,7 @@ incoming C0 and the epilogue reuse the vector paths.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from xdsl.context import Context
 from xdsl.dialects import arith, func, scf
@@ -101,6 +102,14 @@ def _elem_bytes(elem: Attribute) -> int:
     return 2 if _is_half(elem) else 1 if isinstance(elem, IntegerType) and elem.width.data == 8 else 4
 
 
+@lru_cache(maxsize=512)
+def _vector(elem: Attribute, n: int) -> VectorType:
+    """One ``vector<n x elem>`` object per distinct type (attributes are immutable): building
+    one per register cost 0.2 s on the Llama example, and the verifier's memo matches shared
+    objects by identity."""
+    return VectorType(elem, [n])
+
+
 @dataclass
 class _Lowerer(LoadIndexLowering, OpLowerer):
     w: int
@@ -116,7 +125,7 @@ class _Lowerer(LoadIndexLowering, OpLowerer):
     @property
     def vreg(self) -> VectorType:
         """A register: W lanes of the kernel's compute type."""
-        return VectorType(self.reg, [self.w])
+        return _vector(self.reg, self.w)
 
     # ------------------------------------------------------------------ values
     def get(self, v: SSAValue):
@@ -256,7 +265,7 @@ class _Lowerer(LoadIndexLowering, OpLowerer):
     def vtype(self, elem: Attribute, n: int | None = None) -> VectorType:
         if isinstance(elem, IntegerType) and elem.width.data == 1:
             elem = IntegerType(8)  # a bool in memory is one byte
-        return VectorType(elem, [n or self.w])
+        return _vector(elem, n or self.w)
 
     def _load_vec(self, b: Builder, base, off, elem, count=None, pad: float = 0.0, stride=None,
                   rt: Attribute | None = None) -> SSAValue:
