@@ -119,3 +119,46 @@ def test_gc_pause_restores_the_collector_when_the_compile_raises():
         with gc_pause.paused():
             raise RuntimeError("a failed compile")
     assert gc.isenabled()
+
+
+# ---------------------------------------------------------------------------- the builder's shortcut
+def _build_index_ops() -> str:
+    """Every index op the builder makes, printed."""
+    from xdsl.dialects.builtin import ModuleOp
+    from xdsl.ir import Block, Region
+
+    from tessera.ir import builder as B
+    from tessera.ir.text import print_ir
+    blk = Block(arg_types=[B.INDEX, B.INDEX])
+    b = B.Builder(blk)
+    x, y = blk.args
+    c = b.cmp("slt", x, y)
+    for f in (b.add, b.sub, b.mul, b.div, b.ceil_div, b.rem, b.min, b.max):
+        f(x, y)
+    b.select(c, x, y)
+    b.cmp("uge", x, y)
+    return print_ir(ModuleOp(Region(blk)))
+
+
+def test_builder_shortcut_builds_the_ops_the_constructors_build(monkeypatch):
+    from tessera.ir import builder as B
+    monkeypatch.setattr(B, "_MADE", {})
+    constructed = _build_index_ops()          # an empty cache: xDSL's constructors, entries recorded
+    assert len(B._MADE) == 11
+    assert _build_index_ops() == constructed  # every op from a cached entry
+    for name in ("arith.addi", "arith.subi", "arith.muli", "arith.divui", "arith.ceildivui", "arith.remui",
+                 "arith.minsi", "arith.maxsi", "arith.select", "arith.cmpi slt", "arith.cmpi uge"):
+        assert name in constructed, name
+
+
+def test_planted_stale_builder_entry_shows_in_the_ir(monkeypatch):
+    """Teeth: an entry holding another op's properties (a stale entry) changes the printed IR."""
+    from xdsl.dialects import arith
+
+    from tessera.ir import builder as B
+    monkeypatch.setattr(B, "_MADE", {})
+    constructed = _build_index_ops()
+    slt = next(k for k in B._MADE if k[0] is arith.CmpiOp and k[1][0] == "slt")
+    uge = next(k for k in B._MADE if k[0] is arith.CmpiOp and k[1][0] == "uge")
+    B._MADE[slt] = B._MADE[uge]
+    assert _build_index_ops() != constructed

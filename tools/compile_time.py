@@ -112,6 +112,9 @@ def child(model: str, size: str, profile: str | None, dump_ir: str | None) -> di
         os.makedirs(dump_ir, exist_ok=True)
         with open(os.path.join(dump_ir, f"{model}-{size}.ll"), "w") as f:
             f.write(art.ir("llvm"))
+        for layer, text in art.compiled.layer_ir.items():
+            with open(os.path.join(dump_ir, f"{model}-{size}.{layer}.mlir"), "w") as f:
+                f.write(text)
     other = cpu - sum(clock.cpu.values())
     return {"model": model, "size": size, "cpu": cpu, "wall": wall, "phases_cpu": clock.cpu,
             "compile_ms": mod.forward.compile(*args, **kwargs).compiled.meta["compile_ms"],
