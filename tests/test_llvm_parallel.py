@@ -138,3 +138,30 @@ def test_llvm_core_runs_without_importing_tessera():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_a_verifier_error_after_the_last_pass_wins_and_the_llvm_thread_ends(rng, monkeypatch):
+    """LLVM starts before the last pass's IR is verified: a verifier error is still what the
+    caller sees, and the LLVM thread has been joined."""
+    import threading
+
+    from tessera.errors import IRVerifyError
+    from tessera.passes import pipeline as P
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    started = []
+    real_objects = cpu_codegen.objects
+
+    def objects(*a):
+        started.append(True)
+        return real_objects(*a)
+
+    def verify(module):
+        if "tessera_x86" in {op.dialect_name() for op in module.walk()}:
+            raise IRVerifyError("planted: the Target IR does not verify")
+    monkeypatch.setattr(cpu_codegen, "objects", objects)
+    monkeypatch.setattr(P, "verify", verify)
+    x, w = _inputs(rng)
+    with pytest.raises(IRVerifyError, match="planted"):
+        ts.jit(_two)(x, w)
+    assert started                                            # LLVM had started ...
+    assert not [t for t in threading.enumerate() if t.name == "tessera-llvm"]   # ... and was joined
