@@ -110,8 +110,8 @@ def test_planted_split_bug_is_caught(rng, split_everything, monkeypatch):
     """Teeth: a split that loses the entry wrappers fails to load (missing symbol), coded."""
     real = lp.split
 
-    def lossy(text, kernels, n):
-        parts = real(text, kernels, n)
+    def lossy(text, kernels, n, only=None):
+        parts = real(text, kernels, n, only)
         return [p.replace(".entry\"(", ".entry_lost\"(") for p in parts] if parts else parts
     monkeypatch.setattr(lp, "split", lossy)
     x, w = _inputs(rng)
@@ -123,12 +123,14 @@ def test_a_translation_error_waits_for_the_verifier(monkeypatch):
     """The translation runs before the last pass's IR is verified; its exception is kept."""
     job = cpu_codegen.CodegenJob(None, last_pass="last")
 
-    def boom(module, triple):
+    def boom(module, triple, **kw):
         raise KeyError("a value the verifier would have rejected")
     monkeypatch.setattr(cpu_codegen.cg, "translate", boom)
-    job.after_apply("last", module=None)                      # no exception here ...
+    from xdsl.dialects.builtin import ModuleOp
+    module = ModuleOp([])
+    job.after_apply("last", module=module)                    # no exception here ...
     with pytest.raises(KeyError):
-        job.result(None)                                      # ... but from result()
+        job.result(module)                                    # ... but from result()
 
 
 def test_llvm_core_runs_without_importing_tessera():
@@ -165,3 +167,40 @@ def test_a_verifier_error_after_the_last_pass_wins_and_the_llvm_thread_ends(rng,
         ts.jit(_two)(x, w)
     assert started                                            # LLVM had started ...
     assert not [t for t in threading.enumerate() if t.name == "tessera-llvm"]   # ... and was joined
+
+
+def test_helper_started_during_translation_computes_the_model(rng, split_everything, monkeypatch):
+    """A large module's leading kernels go to the helper as soon as they are translated."""
+    monkeypatch.setattr(lp, "MIN_OPS", 0)
+    helpers = []
+    real = lp.Helper
+
+    def spy(*a, **k):
+        helpers.append(real(*a, **k))
+        return helpers[-1]
+    monkeypatch.setattr(lp, "Helper", spy)
+    x, w = _inputs(rng)
+    fn = ts.jit(_two)
+    out = fn(x, w)
+    c = fn.compile(x, w).compiled
+    from tessera.runtime import cache
+    assert len(helpers) == 1 and len(cache.load(c.key)["objs"]) == 2
+    assert_close(out, oracle(x, w), 1e-5, "helper started during translation")
+    assert c.llvm_ir == two_kernels.compile(x, w).compiled.llvm_ir      # the IR text is the module's
+
+
+def test_helper_started_then_unsplittable_rest_compiles_whole(rng, split_everything, monkeypatch):
+    monkeypatch.setattr(lp, "MIN_OPS", 0)
+    real_split = lp.split
+    calls = []
+
+    def split_once(text, kernels, n, only=None):
+        calls.append(kernels)
+        return real_split(text, kernels, n, only) if len(calls) == 1 else None
+    monkeypatch.setattr(lp, "split", split_once)
+    x, w = _inputs(rng)
+    fn = ts.jit(_two)
+    out = fn(x, w)
+    from tessera.runtime import cache
+    assert len(calls) == 2 and len(cache.load(fn.compile(x, w).compiled.key)["objs"]) == 1
+    assert_close(out, oracle(x, w), 1e-5, "whole after an unsplittable rest")

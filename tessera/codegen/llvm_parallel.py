@@ -31,6 +31,7 @@ from tessera.errors import LLVMAbortError
 # below this much IR text, one process: the helper's start (~0.1 s CPU) would eat the gain
 # (LLVM takes about 0.6 s per MB of the CPU lane's IR)
 MIN_CHARS = 600_000
+MIN_OPS = 4_000          # about as many Target IR ops (~140 characters of LLVM IR each)
 _NAME = re.compile(r'@"([^"]+)"|@([-\w.$]+)')
 
 
@@ -39,9 +40,10 @@ def _defined_name(line: str) -> str | None:
     return (m.group(1) or m.group(2)) if m else None
 
 
-def split(text: str, kernels: list[str], n: int) -> list[str] | None:
-    """The module as ``n`` module texts (or fewer), each holding whole kernels with their
-    ``.entry``, about equal in size; None where the module does not have the expected shape."""
+def split(text: str, kernels: list[str], n: int, only: list[str] | None = None) -> list[str] | None:
+    """The module (whose kernels are ``kernels``) as ``n`` module texts (or fewer), each holding
+    whole kernels with their ``.entry``, about equal in size (``only``: of these kernels alone);
+    None where the module does not have the expected shape."""
     lines = text.split("\n")
     header, declares, meta = [], [], []
     defs: dict[str, str] = {}
@@ -74,7 +76,10 @@ def split(text: str, kernels: list[str], n: int) -> list[str] | None:
     if set(defs) - internal != set(kernels) | {k + ".entry" for k in kernels}:
         return None
     needs: dict[str, set[str]] = {}          # kernel -> the internal functions it reaches
-    for k in kernels:
+    chosen = list(kernels if only is None else only)
+    if not set(chosen) <= set(kernels):
+        return None
+    for k in chosen:
         seen: set[str] = set()
         todo = [defs[k], defs[k + ".entry"]]
         while todo:
@@ -87,8 +92,8 @@ def split(text: str, kernels: list[str], n: int) -> list[str] | None:
                     return None              # one kernel calls another
         needs[k] = seen
     out = []
-    for group in balance([len(defs[k]) for k in kernels], n):
-        mine = {kernels[g] for g in group}
+    for group in balance([len(defs[k]) for k in chosen], n):
+        mine = {chosen[g] for g in group}
         want = set().union(*(needs[k] for k in mine)) | mine | {k + ".entry" for k in mine}
         body = [defs[name] for name in defs if name in want]       # the module's own order
         out.append("\n".join(header + declares + body + meta) + "\n")
@@ -123,39 +128,63 @@ def helper_command(src: str, dst: str) -> list[str]:
     return [sys.executable, llvm_core.__file__, src, dst]
 
 
+class Helper:
+    """``parts`` compiled by a helper process, started now; :meth:`result` waits for it."""
+
+    def __init__(self, parts: list[str], cpu: str, features: str, opt: int, loop_passes: bool):
+        self.parts, self.args = parts, (cpu, features, opt, loop_passes)
+        self.dir = tempfile.TemporaryDirectory(prefix="tessera-llvm-")
+        src, self.dst = os.path.join(self.dir.name, "in.pkl"), os.path.join(self.dir.name, "out.pkl")
+        with open(src, "wb") as f:
+            pickle.dump((parts, cpu, features, opt, loop_passes), f)
+        try:
+            self.proc = subprocess.Popen(helper_command(src, self.dst), stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        except OSError:
+            self.proc = None
+
+    def abandon(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+        if self.proc is not None:
+            self.proc.communicate()
+        self.dir.cleanup()
+
+    def result(self) -> list[bytes]:
+        """The objects; an abort of the helper is ``LLVMAbortError``, any other failure compiles
+        the parts in this process."""
+        got = None
+        try:
+            err = self.proc.communicate()[1] if self.proc is not None else b""
+            if self.proc is not None and self.proc.returncode == 0:
+                try:
+                    with open(self.dst, "rb") as f:
+                        got = pickle.load(f)
+                except (OSError, pickle.UnpicklingError, EOFError):
+                    got = None
+            elif self.proc is not None and self.proc.returncode in (-6, 134):
+                tail = (err.decode(errors="replace").strip().splitlines() or ["(no output)"])[-1]
+                raise LLVMAbortError(f"LLVM aborted (signal 6) compiling for {self.args[0]} in the helper "
+                                     f"process: {tail}")
+        finally:
+            self.dir.cleanup()
+        if not (isinstance(got, list) and len(got) == len(self.parts) and all(isinstance(o, bytes) for o in got)):
+            got = [llvm_core.object_code(p, *self.args) for p in self.parts]
+        return got
+
+
 def compile_parts(parts: list[str], cpu: str, features: str, opt: int, loop_passes: bool,
                   helper: bool = True) -> list[bytes]:
     """The object of each part, in order: the first compiled here, the others (with ``helper``)
     by a second process at the same time."""
     if not helper or len(parts) < 2:
         return [llvm_core.object_code(p, cpu, features, opt, loop_passes) for p in parts]
-    mine, theirs = parts[:1], parts[1:]
-    got = None
-    with tempfile.TemporaryDirectory(prefix="tessera-llvm-") as d:
-        src, dst = os.path.join(d, "in.pkl"), os.path.join(d, "out.pkl")
-        with open(src, "wb") as f:
-            pickle.dump((theirs, cpu, features, opt, loop_passes), f)
-        try:
-            proc = subprocess.Popen(helper_command(src, dst), stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        except OSError:
-            proc = None
-        try:
-            objs = [llvm_core.object_code(p, cpu, features, opt, loop_passes) for p in mine]
-        finally:
-            err = proc.communicate()[1] if proc is not None else b""
-        if proc is not None and proc.returncode == 0:
-            try:
-                with open(dst, "rb") as f:
-                    got = pickle.load(f)
-            except (OSError, pickle.UnpicklingError, EOFError):
-                got = None
-        elif proc is not None and proc.returncode in (-6, 134):
-            tail = (err.decode(errors="replace").strip().splitlines() or ["(no output)"])[-1]
-            raise LLVMAbortError(f"LLVM aborted (signal 6) compiling for {cpu} in the helper process: {tail}")
-    if not (isinstance(got, list) and len(got) == len(theirs) and all(isinstance(o, bytes) for o in got)):
-        got = [llvm_core.object_code(p, cpu, features, opt, loop_passes) for p in theirs]
-    return objs + got
+    h = Helper(parts[1:], cpu, features, opt, loop_passes)
+    try:
+        objs = [llvm_core.object_code(parts[0], cpu, features, opt, loop_passes)]
+    finally:
+        theirs = h.result()
+    return objs + theirs
 
 
 def emit_objects(llvm_ir: str, kernels: list[str], cpu: str, features: str, opt: int,

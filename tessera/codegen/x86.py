@@ -572,8 +572,10 @@ class X86Codegen(ModuleCodegen):
         b.ret_void()
 
 
-def translate(module: ModuleOp, triple: str) -> tuple[str, list[str]]:
-    """LLVM IR text for every kernel function of a Target IR module, and the kernel names."""
+def translate(module: ModuleOp, triple: str, on_kernel=None) -> tuple[str, list[str]]:
+    """LLVM IR text for every kernel function of a Target IR module, and the kernel names.
+    ``on_kernel(gen, names)`` is called after each kernel (and its entry) is complete, with the
+    names translated so far (``gen.text()`` is then a module of those kernels)."""
     gen = X86Codegen(triple)
     names = []
     for op in module.body.block.ops:
@@ -584,4 +586,6 @@ def translate(module: ModuleOp, triple: str) -> tuple[str, list[str]]:
                                             "the pipeline lacks its lowering")
             gen.add_kernel(op)
             names.append(op.sym_name.data)
+            if on_kernel is not None:
+                on_kernel(gen, list(names))
     return gen.text(), names
