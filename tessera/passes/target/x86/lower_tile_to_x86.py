@@ -56,8 +56,11 @@ from tessera.passes.target.x86.lower_elem import ElementwiseLowering
 from tessera.passes.target.x86.lower_index import LoadIndexLowering
 from tessera.passes.target.x86.lower_mma import MmaLowering
 from tessera.passes.target.x86.lower_pack import PackLowering
-from tessera.passes.target.x86.lower_values import PTR, Regs, ViewVal, _const_int, _elem_bytes, _is_half  # noqa: F401
+from tessera.passes.target.x86.lower_values import (PTR, Regs, ViewVal, _const_int, _elem_bytes,  # noqa: F401
+                                                   _is_half, _vector)
 from tessera.passes.util import swap_op
+
+
 
 @dataclass
 class _Lowerer(MmaLowering, ElementwiseLowering, PackLowering, LoadIndexLowering, OpLowerer):
@@ -74,7 +77,7 @@ class _Lowerer(MmaLowering, ElementwiseLowering, PackLowering, LoadIndexLowering
     @property
     def vreg(self) -> VectorType:
         """A register: W lanes of the kernel's compute type."""
-        return VectorType(self.reg, [self.w])
+        return _vector(self.reg, self.w)
 
     # ------------------------------------------------------------------ values
     def get(self, v: SSAValue):
@@ -214,7 +217,7 @@ class _Lowerer(MmaLowering, ElementwiseLowering, PackLowering, LoadIndexLowering
     def vtype(self, elem: Attribute, n: int | None = None) -> VectorType:
         if isinstance(elem, IntegerType) and elem.width.data == 1:
             elem = IntegerType(8)  # a bool in memory is one byte
-        return VectorType(elem, [n or self.w])
+        return _vector(elem, n or self.w)
 
     def _load_vec(self, b: Builder, base, off, elem, count=None, pad: float = 0.0, stride=None,
                   rt: Attribute | None = None) -> SSAValue:
