@@ -1,0 +1,136 @@
+"""SwiGLU as one pass: two matmuls of one A whose products meet in one elementwise epilogue run as
+one dual-B GEMM kernel (passes/graph/fuse_dual_gemm.py, passes/tile/kernels/gemm_dual.py),
+checked against float64 numpy on fresh random data."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import oracle as O
+import tessera as ts
+
+BF16 = ml_dtypes.bfloat16
+TOL = {np.float32: 1e-5, BF16: 1e-2, np.float64: 1e-12}
+
+SWIGLU = ts.jit(lambda x, w1, w3: ts.ops.silu(x @ w1) * (x @ w3))
+GEGLU = ts.jit(lambda x, w1, w3: ts.ops.gelu(x @ w1, "erf") * (x @ w3))
+GATE = ts.jit(lambda x, w1, w3, b1, b3: (x @ w1 + b1) * ts.ops.sigmoid(x @ w3 + b3))
+SWIGLU_T = ts.jit(lambda x, w1, w3: ts.ops.silu(x @ w1.T) * (x @ w3.T))
+
+
+def _also_returned(x, w1, w3):
+    a = x @ w1
+    return ts.ops.silu(a) * (x @ w3), a
+
+
+ALSO_RETURNED = ts.jit(_also_returned)
+TWO_AS = ts.jit(lambda x, y, w1, w3: ts.ops.silu(x @ w1) * (y @ w3))
+
+
+def rnd(rng, *shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def swiglu64(x, w1, w3):
+    x, w1, w3 = O.f64(x), O.f64(w1), O.f64(w3)
+    return O.silu(x @ w1) * (x @ w3)
+
+
+def gemm_kernels(fn, *args):
+    return [k for k in ts.explain(fn, *args).kernels if k["kind"] == "gemm"]
+
+
+def assert_dual(fn, *args):
+    ks = ts.explain(fn, *args).kernels
+    assert len(ks) == 1 and ks[0]["ops"].count("tessera.matmul") == 2, ks
+
+
+@pytest.mark.parametrize("dtype", [np.float32, BF16, np.float64], ids=["f32", "bf16", "f64"])
+@pytest.mark.parametrize("mkn", [(37, 129, 95), (1, 3, 5), (64, 1100, 41)], ids=["odd", "tiny", "two-k-blocks"])
+def test_swiglu_matches_float64(rng, dtype, mkn):
+    m, k, n = mkn
+    x, w1, w3 = rnd(rng, m, k, dtype=dtype), rnd(rng, k, n, dtype=dtype), rnd(rng, k, n, dtype=dtype)
+    O.assert_close(SWIGLU(x, w1, w3), swiglu64(x, w1, w3), TOL[dtype], f"swiglu {dtype.__name__} {mkn}")
+
+
+def test_swiglu_large(rng):
+    """The Llama-small MLP shape (256 x 512 @ 512 x 1408): several n-blocks and row chunks."""
+    x, w1, w3 = rnd(rng, 256, 512), rnd(rng, 512, 1408), rnd(rng, 512, 1408)
+    O.assert_close(SWIGLU(x, w1, w3), swiglu64(x, w1, w3), 1e-5, "swiglu large")
+
+
+def test_swiglu_batched_a_and_transposed_b(rng):
+    x, w1, w3 = rnd(rng, 3, 21, 67), rnd(rng, 67, 45), rnd(rng, 67, 45)
+    O.assert_close(SWIGLU(x, w1, w3), swiglu64(x, w1, w3), 1e-5, "batched A")
+    assert_dual(SWIGLU, x, w1, w3)
+    x2, v1, v3 = rnd(rng, 29, 70), rnd(rng, 33, 70), rnd(rng, 33, 70)
+    O.assert_close(SWIGLU_T(x2, v1, v3), swiglu64(x2, v1.T, v3.T), 1e-5, "transposed B")
+    assert_dual(SWIGLU_T, x2, v1, v3)
+
+
+def test_geglu_and_a_biased_sigmoid_gate(rng):
+    x, w1, w3 = rnd(rng, 37, 129), rnd(rng, 129, 95), rnd(rng, 129, 95)
+    want = O.gelu_erf(O.f64(x) @ O.f64(w1)) * (O.f64(x) @ O.f64(w3))
+    O.assert_close(GEGLU(x, w1, w3), want, 1e-5, "geglu")
+    assert_dual(GEGLU, x, w1, w3)
+    b1, b3 = rnd(rng, 95), rnd(rng, 95)
+    p, q = O.f64(x) @ O.f64(w1) + b1, O.f64(x) @ O.f64(w3) + b3
+    O.assert_close(GATE(x, w1, w3, b1, b3), p / (1 + np.exp(-q)), 1e-5, "biased sigmoid gate")
+    assert_dual(GATE, x, w1, w3, b1, b3)
+
+
+def test_one_kernel_and_no_product_written(rng):
+    """One gemm kernel holds both matmuls; its launch returns the gated result and the partial-sum
+    scratch used only past one k-block ([M, 2N], f32), never a product of shape [M, N]."""
+    x, w1, w3 = rnd(rng, 37, 129), rnd(rng, 129, 95), rnd(rng, 129, 95)
+    assert_dual(SWIGLU, x, w1, w3)
+    tile = ts.compile(lambda a, b, c: ts.ops.silu(a @ b) * (a @ c), x, w1, w3).ir("tile")
+    launches = [ln for ln in tile.splitlines() if "tile.launch" in ln]
+    assert len(launches) == 1, launches
+    results = launches[0].split("->")[-1]
+    assert results.count("!tessera.tensor") == 2 and "2*" in results, results
+
+
+def test_a_product_also_returned_is_not_fused(rng):
+    x, w1, w3 = rnd(rng, 37, 129), rnd(rng, 129, 95), rnd(rng, 129, 95)
+    y, a = ALSO_RETURNED(x, w1, w3)
+    O.assert_close(y, swiglu64(x, w1, w3), 1e-5, "gated")
+    O.assert_close(a, O.f64(x) @ O.f64(w1), 1e-5, "returned product")
+    assert len(gemm_kernels(ALSO_RETURNED, x, w1, w3)) == 2
+
+
+def test_different_a_is_not_fused(rng):
+    x, y, w1, w3 = rnd(rng, 20, 33), rnd(rng, 20, 33), rnd(rng, 33, 17), rnd(rng, 33, 17)
+    want = O.silu(O.f64(x) @ O.f64(w1)) * (O.f64(y) @ O.f64(w3))
+    O.assert_close(TWO_AS(x, y, w1, w3), want, 1e-5, "two As")
+    assert len(gemm_kernels(TWO_AS, x, y, w1, w3)) == 2
+
+
+def test_teeth_swapped_products_fail_the_oracle(rng, monkeypatch):
+    """The check has teeth: a kernel whose epilogue takes A @ B3 for A @ B1 (and back) misses the
+    float64 oracle."""
+    from tessera.passes.tile.kernels import gemm_dual
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    orig = gemm_dual.epilogue
+    monkeypatch.setattr(gemm_dual, "epilogue",
+                        lambda bf, kf, kop, plan, v1, v3, *rest: orig(bf, kf, kop, plan, v3, v1, *rest))
+    x, w1, w3 = rnd(rng, 37, 129), rnd(rng, 129, 95), rnd(rng, 129, 95)
+    got = ts.jit(lambda a, b, c: ts.ops.silu(a @ b) * (a @ c))(x, w1, w3)
+    assert not O.gate(got, swiglu64(x, w1, w3), 1e-2)
+
+
+def test_teeth_one_panel_read_twice_fails_the_oracle(rng, monkeypatch):
+    """A kernel that reads B1's packed panel for both products misses the oracle (the second
+    panel's offset is what pairs columns of A @ B3 with those of A @ B1)."""
+    from tessera.passes.tile.kernels import gemm_dual
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    orig = gemm_dual.generate
+
+    def one_panel(kop, plan, cfg):
+        plan.b3 = plan.b1
+        return orig(kop, plan, cfg)
+    monkeypatch.setattr(gemm_dual, "generate", one_panel)
+    x, w1, w3 = rnd(rng, 37, 129), rnd(rng, 129, 95), rnd(rng, 129, 95)
+    got = ts.jit(lambda a, b, c: ts.ops.silu(a @ b) * (a @ c))(x, w1, w3)
+    assert not O.gate(got, swiglu64(x, w1, w3), 1e-2)
