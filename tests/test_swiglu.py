@@ -134,3 +134,28 @@ def test_teeth_one_panel_read_twice_fails_the_oracle(rng, monkeypatch):
     x, w1, w3 = rnd(rng, 37, 129), rnd(rng, 129, 95), rnd(rng, 129, 95)
     got = ts.jit(lambda a, b, c: ts.ops.silu(a @ b) * (a @ c))(x, w1, w3)
     assert not O.gate(got, swiglu64(x, w1, w3), 1e-2)
+
+
+@pytest.mark.parametrize("mkn", [(37, 129, 95), (20, 1100, 41)], ids=["odd", "two-k-blocks"])
+def test_two_panel_form_matches_float64(rng, monkeypatch, mkn):
+    """The form that records with k groups (AVX-512 BF16, AMX) take -- B1 and B3 packed apart, two
+    tile.mma per k step on one A fragment -- run here on f32 by switching the interleave off."""
+    from tessera.passes.tile.kernels import gemm_dual
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    monkeypatch.setattr(gemm_dual, "INTERLEAVE", False)
+    m, k, n = mkn
+    x, w1, w3 = rnd(rng, m, k), rnd(rng, k, n), rnd(rng, k, n)
+    got = ts.jit(lambda a, b, c: ts.ops.silu(a @ b) * (a @ c))(x, w1, w3)
+    O.assert_close(got, swiglu64(x, w1, w3), 1e-5, f"two-panel {mkn}")
+
+
+@pytest.mark.parametrize("arch,record", [("avx512_bf16", "dpbf16ps"),
+                                         pytest.param("sapphirerapids", "amx", marks=pytest.mark.slow)])
+def test_bf16_records_with_k_groups_compile(rng, arch, record):
+    """A bf16 dual gemm for a chip with a bf16 dot product or AMX compiles to machine code
+    (this host cannot run it: the two-panel form's numerics are checked above on f32)."""
+    x, w1, w3 = (rnd(rng, *s, dtype=BF16) for s in ((37, 129), (129, 95), (129, 95)))
+    art = ts.compile(lambda a, b, c: ts.ops.silu(a @ b) * (a @ c), x, w1, w3, arch=arch)
+    ks = art.report().kernels
+    assert len(ks) == 1 and ks[0]["ops"].count("tessera.matmul") == 2 and record in ks[0]["mma"]["record"], ks
+    assert {"dpbf16ps": "vdpbf16ps", "amx": "tdpbf16ps"}[record] in art.asm()

@@ -61,6 +61,10 @@ from tessera.passes.tile.kernels.gemm import (
 from tessera.passes.tile.kernels.typed import emit_iotas
 
 
+# one interleaved panel where the record allows (tests switch it off to run the two-panel form on f32)
+INTERLEAVE = True
+
+
 @dataclass
 class DualPlan:
     a: StridedView
@@ -198,9 +202,34 @@ def generate(kop: s.KernelOp, plan: DualPlan, cfg: GemmConfig) -> tuple[object, 
     bpack = kf.alloc(b, 2 * b_elems, pack_elem, "team")   # B1's panel, then B3's
     workspace = _round(a_elems * esize)
     heavy = any(isinstance(o, g.ELEMENTWISE_UNARY) and g.elementwise_fn(o) in HEAVY_FNS for o in plan.ops)
-    if heavy:
-        escratch = kf.alloc(b, 2 * MR * H, acc_elem, "l1")
-        workspace += _round(2 * MR * H * esz)
+    # the pair's accumulators as one MR x 2H tile (B1's columns, then B3's): the halves are read back
+    escratch = kf.alloc(b, 2 * MR * H, acc_elem, "l1")
+    workspace += _round(2 * MR * H * esz)
+    # one k element per step (vector FMA records): one interleaved panel and one tile.mma; records
+    # that interleave k groups in their panels (dot products, AMX) pack B1 and B3 apart
+    interleaved = INTERLEAVE and kp == 1 and bkpack == 1
+
+    def pack_interleaved(bp: Builder, bv: StridedView, src_off, sBk, sBn, dst0, ncols, kc, half: int) -> None:
+        """Columns [0, ncols) of a kc x ncols block of B (``half`` 0: B1, 1: B3) into this thread's
+        slivers: sliver p holds rows of 2H elements, H of B1's columns then the same H of B3's."""
+        def sliver(bs: Builder, p, _c):
+            vc = bs.min(H, bs.sub(ncols, bs.mul(p, H)))
+            base = bs.add(dst0, bs.add(bs.mul(p, bs.mul(2 * H, kcp_of(bs, kc))), half * H))
+            soff = bs.add(src_off, bs.mul(bs.mul(p, H), sBn))
+
+            def krow(bk: Builder, kk, _c2):
+                src = view(bk, buf[bv.arg], in_elem, "global", (1, H), bk.add(soff, bk.mul(kk, sBk)), sBk, sBn, 1, vc)
+                ld = bk.op(t.LoadOp.create(operands=[src], result_types=[t.tile_type(1, H, pack_elem)]))
+                bk.op(t.StoreOp.create(operands=[ld.results[0], view(bk, bpack, pack_elem, "team", (1, H),
+                                                                     bk.add(base, bk.mul(kk, 2 * H)), 2 * H, 1, 1,
+                                                                     H)]))
+                return []
+            bs.for_(0, kc, 1, krow)
+            return []
+        bp.for_(0, bp.ceil_div(ncols, H), 1, sliver)
+
+    def kcp_of(bb: Builder, kc):
+        return bb.mul(bb.ceil_div(kc, kp), kp)
 
     nstep = b.select(b.cmp("sle", N, NCO), b.c(NCO), b.c(max(NCO // 2 // H, 1) * H))
     batch_total = 1
@@ -241,9 +270,11 @@ def generate(kop: s.KernelOp, plan: DualPlan, cfg: GemmConfig) -> tuple[object, 
                 ncols = bp.max(bp.sub(bp.min(bp.mul(p1, H), nc), c0), 0)
                 for half, (bv, off_b) in enumerate(zip((plan.b1, plan.b3), offs_b)):
                     sBk, sBn = kf.size(bv.strides[-2]), kf.size(bv.strides[-1])
-                    bsrc = view(bp, buf[bv.arg], in_elem, "global", (KC, NCO),
-                                bp.add(off_b, bp.add(bp.mul(pc, sBk), bp.mul(bp.add(jc, c0), sBn))), sBk, sBn, kc,
-                                ncols)
+                    src_off = bp.add(off_b, bp.add(bp.mul(pc, sBk), bp.mul(bp.add(jc, c0), sBn)))
+                    if interleaved:
+                        pack_interleaved(bp, bv, src_off, sBk, sBn, bp.mul(c0, bp.mul(2, kcp)), ncols, kc, half)
+                        continue
+                    bsrc = view(bp, buf[bv.arg], in_elem, "global", (KC, NCO), src_off, sBk, sBn, kc, ncols)
                     tok = t.AsyncCopyOp.create(operands=[bsrc, bpack, bp.c(bp.add(half * b_elems, bp.mul(c0, kcp)))],
                                                attributes={"layout": StringAttr("b_panel"), "panel": i64_attr(H),
                                                            "kpack": i64_attr(bkpack),
@@ -282,7 +313,9 @@ def generate(kop: s.KernelOp, plan: DualPlan, cfg: GemmConfig) -> tuple[object, 
                                 lambda b3: remainder(b3, nrv + 1))
                         return []
 
-                    bi2.if_(bi2.cmp("sgt", rem, 0), lambda b3: remainder(b3, 1))
+                    # a narrower remainder tile where the panel keeps its halves apart (the interleaved
+                    # sliver's B3 half starts H columns in: its edge tile is a masked full one)
+                    bi2.if_(bi2.cmp("sgt", rem, 0), lambda b3: remainder(b3, HN if interleaved else 1))
 
                 phase = bp.add(bp.mul(bp.add(bp.mul(bi, njc), bp.div(jc, nstep)), nkloop), kidx)
 
@@ -301,44 +334,58 @@ def generate(kop: s.KernelOp, plan: DualPlan, cfg: GemmConfig) -> tuple[object, 
     def micro_tile(br: Builder, ic, ir, jc, jr, mc, nc, kcp, first, last, off_c, off_p, epi_offs,
                    nrv: int) -> None:
         cols = nrv * CN
-        frag_a = t.fragment((MR, cols, kp), pack_elem, acc_elem, "a", rec.a_layout, rec.family)
+        width = 2 * cols if interleaved else cols     # columns of one accumulator fragment
+        frag_a = t.fragment((MR, width, kp), pack_elem, acc_elem, "a", rec.a_layout, rec.family)
         frag_b = frag_a.with_role("b", rec.b_layout)
-        frag_c = t.fragment((MR, cols, kp), acc_elem, acc_elem, "acc", "row_major", rec.family)
+        frag_c = t.fragment((MR, width, kp), acc_elem, acc_elem, "acc", "row_major", rec.family)
         row = br.add(ic, ir)
         col = br.add(jc, jr)
         vr = br.sub(mc, ir)
         vc = br.sub(nc, jr)
         c_off = br.add(off_c, br.add(br.mul(row, N), col))
 
-        def part_views(bq: Builder):
-            if part_buf is None:
-                return None
-            p_off = bq.add(off_p, bq.add(bq.mul(row, bq.mul(N, 2)), col))
-            return [view(bq, buf[part_buf], acc_elem, "global", (MR, cols), bq.add(p_off, bq.mul(h, N)),
-                         bq.mul(N, 2), 1, vr, vc) for h in (0, 1)]
+        def half_view(bq: Builder, h: int, rows: int = MR, r=0):
+            """Product ``h``'s R x cols tile (from row ``r``) in the pair's scratch tile."""
+            return view(bq, escratch, acc_elem, "l1", (rows, cols), bq.add(h * cols, bq.mul(r, 2 * cols)), 2 * cols,
+                        1, rows, cols)
+
+        def part_view(bq: Builder, h: int):
+            p_off = bq.add(off_p, bq.add(bq.mul(row, bq.mul(N, 2)), bq.add(col, bq.mul(h, N))))
+            return view(bq, buf[part_buf], acc_elem, "global", (MR, cols), p_off, bq.mul(N, 2), 1, vr, vc)
+
+        def load(bq: Builder, v, rows=MR):
+            return bq.op(t.LoadOp.create(operands=[v], result_types=[t.tile_type(rows, cols, acc_elem)])).results[0]
+
+        nacc = 1 if interleaved else 2
 
         def init_first(bf: Builder):
-            return [bf.op(t.FragmentZeroOp.create(result_types=[frag_c])).results[0] for _ in range(2)]
+            return [bf.op(t.FragmentZeroOp.create(result_types=[frag_c])).results[0] for _ in range(nacc)]
 
         def init_partial(bf: Builder):
-            return [bf.op(t.FragmentPackOp.create(operands=[pv], result_types=[frag_c])).results[0]
-                    for pv in part_views(bf)]
+            if interleaved:   # the halves side by side in the scratch tile, packed as one fragment
+                for h in (0, 1):
+                    bf.op(t.StoreOp.create(operands=[load(bf, part_view(bf, h)), half_view(bf, h)]))
+                whole = view(bf, escratch, acc_elem, "l1", (MR, width), 0, width, 1, MR, width)
+                return [bf.op(t.FragmentPackOp.create(operands=[whole], result_types=[frag_c])).results[0]]
+            return [bf.op(t.FragmentPackOp.create(operands=[part_view(bf, h)], result_types=[frag_c])).results[0]
+                    for h in (0, 1)]
 
         if part_buf is None:
             accs0 = init_first(br)
         else:
-            accs0 = br.if_(first, init_first, init_partial, [frag_c, frag_c])
+            accs0 = br.if_(first, init_first, init_partial, [frag_c] * nacc)
         a_base = br.mul(br.div(ir, MR), br.mul(MR, kcp))
-        b_base = br.mul(br.div(jr, H), br.mul(H, kcp))
+        pitch = 2 * H if interleaved else H           # a packed k row of the sliver
+        b_base = br.mul(br.div(jr, H), br.mul(pitch, kcp))
         brs = 1 if bkpack == kp else bkpack * H
 
         def step(bk: Builder, kk, accs) -> list:
             av = view(bk, apack, pack_elem, "l2", (MR, kp), bk.add(a_base, bk.mul(kk, MR)), kp, 1, MR, kp)
             fa = bk.op(t.FragmentPackOp.create(operands=[av], result_types=[frag_a]))
             out = []
-            for half, acc in enumerate(accs):
-                bv = view(bk, bpack, pack_elem, "team", (kp, cols),
-                          bk.add(half * b_elems, bk.add(b_base, bk.mul(kk, H))), brs, bkpack, kp, cols)
+            for h, acc in enumerate(accs):
+                bv = view(bk, bpack, pack_elem, "team", (kp, width),
+                          bk.add(h * b_elems, bk.add(b_base, bk.mul(kk, pitch))), brs, bkpack, kp, width)
                 fb = bk.op(t.FragmentPackOp.create(operands=[bv], result_types=[frag_b]))
                 out.append(bk.op(t.MmaOp.create(operands=[fa.results[0], fb.results[0], acc],
                                                 result_types=[frag_c])).results[0])
@@ -354,21 +401,19 @@ def generate(kop: s.KernelOp, plan: DualPlan, cfg: GemmConfig) -> tuple[object, 
 
         accs = br.for_(0, kmain, kp * U, unrolled, list(accs0)) if U > 1 else list(accs0)
         accs = br.for_(kmain if U > 1 else 0, kcp, kp, lambda bk, kk, c: step(bk, kk, list(c)), accs)
-        tiles = [br.op(t.FragmentUnpackOp.create(operands=[a_], result_types=[t.tile_type(MR, cols, acc_elem)]))
+        tiles = [br.op(t.FragmentUnpackOp.create(operands=[a_], result_types=[t.tile_type(MR, width, acc_elem)]))
                  .results[0] for a_ in accs]
+        if interleaved:
+            br.op(t.StoreOp.create(operands=[tiles[0], view(br, escratch, acc_elem, "l1", (MR, width), 0, width, 1, MR,
+                                                             width)]))
+        elif heavy or part_buf is not None:
+            for h in (0, 1):
+                br.op(t.StoreOp.create(operands=[tiles[h], half_view(br, h)]))
 
         def finish(bf: Builder):
-            if heavy:
-                for h, tl in enumerate(tiles):
-                    bf.op(t.StoreOp.create(operands=[tl, view(bf, escratch, acc_elem, "l1", (MR, cols), h * MR * cols,
-                                                              cols, 1, MR, cols)]))
-
+            if heavy:   # row by row: one copy of the polynomial code per tile shape
                 def one_row(bw: Builder, r, _c):
-                    pair = [bw.op(t.LoadOp.create(operands=[view(bw, escratch, acc_elem, "l1", (1, cols),
-                                                                 bw.add(h * MR * cols, bw.mul(r, cols)), 0, 1, 1,
-                                                                 cols)],
-                                                  result_types=[t.tile_type(1, cols, acc_elem)])).results[0]
-                            for h in (0, 1)]
+                    pair = [load(bw, half_view(bw, h, 1, r), 1) for h in (0, 1)]
                     val = epilogue(bw, kf, kop, plan, pair[0], pair[1], (1, cols), bw.add(row, r), col, 1, vc,
                                    epi_offs)
                     bw.op(t.StoreOp.create(operands=[val, view(bw, buf[out_buf], out_elem, "global", (1, cols),
@@ -376,7 +421,8 @@ def generate(kop: s.KernelOp, plan: DualPlan, cfg: GemmConfig) -> tuple[object, 
                     return []
                 bf.for_(0, bf.min(MR, vr), 1, one_row)
                 return
-            val = epilogue(bf, kf, kop, plan, tiles[0], tiles[1], (MR, cols), row, col, vr, vc, epi_offs)
+            pair = [load(bf, half_view(bf, h)) for h in (0, 1)] if interleaved else tiles
+            val = epilogue(bf, kf, kop, plan, pair[0], pair[1], (MR, cols), row, col, vr, vc, epi_offs)
             bf.op(t.StoreOp.create(operands=[val, view(bf, buf[out_buf], out_elem, "global", (MR, cols), c_off, N, 1,
                                                        vr, vc)]))
 
@@ -385,8 +431,8 @@ def generate(kop: s.KernelOp, plan: DualPlan, cfg: GemmConfig) -> tuple[object, 
             return
 
         def keep_partial(bf: Builder):
-            for tl, pv in zip(tiles, part_views(bf)):
-                bf.op(t.StoreOp.create(operands=[tl, pv]))
+            for h in (0, 1):
+                bf.op(t.StoreOp.create(operands=[load(bf, half_view(bf, h)), part_view(bf, h)]))
 
         br.if_(last, finish, keep_partial)
 
