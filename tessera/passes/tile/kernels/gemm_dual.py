@@ -217,14 +217,19 @@ def generate(kop: s.KernelOp, plan: DualPlan, cfg: GemmConfig) -> tuple[object, 
             base = bs.add(dst0, bs.add(bs.mul(p, bs.mul(2 * H, kcp_of(bs, kc))), half * H))
             soff = bs.add(src_off, bs.mul(bs.mul(p, H), sBn))
 
-            def krow(bk: Builder, kk, _c2):
-                src = view(bk, buf[bv.arg], in_elem, "global", (1, H), bk.add(soff, bk.mul(kk, sBk)), sBk, sBn, 1, vc)
-                ld = bk.op(t.LoadOp.create(operands=[src], result_types=[t.tile_type(1, H, pack_elem)]))
-                bk.op(t.StoreOp.create(operands=[ld.results[0], view(bk, bpack, pack_elem, "team", (1, H),
-                                                                     bk.add(base, bk.mul(kk, 2 * H)), 2 * H, 1, 1,
-                                                                     H)]))
+            def rows(bb: Builder, valid):
+                def krow(bk: Builder, kk, _c2):
+                    src = view(bk, buf[bv.arg], in_elem, "global", (1, H), bk.add(soff, bk.mul(kk, sBk)), sBk, sBn,
+                               1, valid)
+                    ld = bk.op(t.LoadOp.create(operands=[src], result_types=[t.tile_type(1, H, pack_elem)]))
+                    bk.op(t.StoreOp.create(operands=[ld.results[0], view(bk, bpack, pack_elem, "team", (1, H),
+                                                                         bk.add(base, bk.mul(kk, 2 * H)), 2 * H, 1,
+                                                                         1, H)]))
+                    return []
+                bb.for_(0, kc, 1, krow)
                 return []
-            bs.for_(0, kc, 1, krow)
+            # a whole sliver copies unmasked rows (its width a constant); the edge one masks each row
+            bs.if_(bs.cmp("sge", vc, H), lambda bb: rows(bb, H), lambda bb: rows(bb, vc))
             return []
         bp.for_(0, bp.ceil_div(ncols, H), 1, sliver)
 
