@@ -20,10 +20,11 @@ partial sums live in an f32 (f64) scratch of [M, 2N] between k-blocks, as the pl
 its own partial sums in C; at the Llama sizes (K 512 and 1024, KC 1024 for f32) there is one
 k-block and nothing but the result is written.
 
-Threads share the work as the plain kernel's ``m`` mode does (the team packs each B panel
-together, then claims chunks of rows) whatever the schedule's parallel loop: a batched A walks
-its batches one after another.  Not handled here (``fuse-dual-gemm`` does not form such groups):
-a gathered A, an implicit-GEMM (conv) A, an accumulator input C0.
+Threads share the work as the plain kernel's do, by the schedule's parallel loop: ``m`` (the
+team packs each pair of B panels together, then claims chunks of rows) or ``b*m`` (contiguous
+ranges of batch x row tiles, private panels, no barrier; chosen for a rank-3 product such as
+the Llama block's [1, S, hidden]).  Not handled here (``fuse-dual-gemm`` does not form such
+groups): a gathered A, an implicit-GEMM (conv) A, an accumulator input C0.
 """
 from __future__ import annotations
 
@@ -199,8 +200,10 @@ def generate(kop: s.KernelOp, plan: DualPlan, cfg: GemmConfig) -> tuple[object, 
 
     a_elems, b_elems = MC * KC, KC * NCO
     apack = kf.alloc(b, a_elems, pack_elem, "l2")
-    bpack = kf.alloc(b, 2 * b_elems, pack_elem, "team")   # B1's panel, then B3's
-    workspace = _round(a_elems * esize)
+    shared = cfg.mode == "m"
+    bspace = "team" if shared else "l3"
+    bpack = kf.alloc(b, 2 * b_elems, pack_elem, bspace)   # B1's panel, then B3's
+    workspace = _round(a_elems * esize) + (0 if shared else _round(2 * b_elems * esize))
     heavy = any(isinstance(o, g.ELEMENTWISE_UNARY) and g.elementwise_fn(o) in HEAVY_FNS for o in plan.ops)
     # the pair's accumulators as one MR x 2H tile (B1's columns, then B3's): the halves are read back
     escratch = kf.alloc(b, 2 * MR * H, acc_elem, "l1")
@@ -222,7 +225,7 @@ def generate(kop: s.KernelOp, plan: DualPlan, cfg: GemmConfig) -> tuple[object, 
                     src = view(bk, buf[bv.arg], in_elem, "global", (1, H), bk.add(soff, bk.mul(kk, sBk)), sBk, sBn,
                                1, valid)
                     ld = bk.op(t.LoadOp.create(operands=[src], result_types=[t.tile_type(1, H, pack_elem)]))
-                    bk.op(t.StoreOp.create(operands=[ld.results[0], view(bk, bpack, pack_elem, "team", (1, H),
+                    bk.op(t.StoreOp.create(operands=[ld.results[0], view(bk, bpack, pack_elem, bspace, (1, H),
                                                                          bk.add(base, bk.mul(kk, 2 * H)), 2 * H, 1,
                                                                          1, H)]))
                     return []
@@ -245,6 +248,14 @@ def generate(kop: s.KernelOp, plan: DualPlan, cfg: GemmConfig) -> tuple[object, 
     per_thread = b.select(b.cmp("eq", kf.nthreads, 1), b.c(blocks),
                           b.c(b.max(b.ceil_div(blocks, kf.nthreads), 4)))
     nchunks = b.select(b.cmp("eq", mtiles, 0), b.c(0), b.c(b.mul(per_thread, kf.nthreads)))
+    b_lo, b_hi = 0, batch_total
+    if not shared:   # contiguous ranges of (batch x row tiles) per thread, each packing its own panels
+        total = b.mul(batch_total, mtiles)
+        per = b.ceil_div(total, kf.nthreads)
+        lo = b.min(b.mul(kf.tid, per), total)
+        hi = b.min(b.add(lo, per), total)
+        mt_safe = b.max(mtiles, 1)
+        b_lo, b_hi = b.div(lo, mt_safe), b.ceil_div(hi, mt_safe)
     njc = b.ceil_div(N, nstep)
     nkb = b.max(b.ceil_div(K, KC), 1)
     kstep = b.max(b.mul(b.ceil_div(b.ceil_div(K, nkb), kp * U), kp * U), kp * U)
@@ -252,6 +263,11 @@ def generate(kop: s.KernelOp, plan: DualPlan, cfg: GemmConfig) -> tuple[object, 
     nkloop = b.ceil_div(b.max(K, 1), kstep)
 
     def body_batch(bb: Builder, bi: SSAValue, _c) -> None:
+        if shared:
+            m_lo, m_hi = 0, M
+        else:
+            m_lo = bb.mul(bb.max(bb.sub(lo, bb.mul(bi, mtiles)), 0), MR)
+            m_hi = bb.min(bb.mul(bb.sub(hi, bb.mul(bi, mtiles)), MR), M)
         off_a = batch_offset_of(bb, kf, plan, bi, plan.a)
         offs_b = [batch_offset_of(bb, kf, plan, bi, v) for v in (plan.b1, plan.b3)]
         off_c = bb.mul(bi, bb.mul(M, N))
@@ -266,13 +282,15 @@ def generate(kop: s.KernelOp, plan: DualPlan, cfg: GemmConfig) -> tuple[object, 
                 kc = bp.max(bp.min(kstep, bp.sub(K, pc)), 0)
                 kidx = bp.div(pc, kstep)
                 kcp = bp.mul(bp.ceil_div(kc, kp), kp)
-                # this thread's share of both panels' H-column slivers
-                npan = bp.ceil_div(nc, H)
-                pper = bp.ceil_div(npan, kf.nthreads)
-                p0 = bp.min(bp.mul(kf.tid, pper), npan)
-                p1 = bp.min(bp.add(p0, pper), npan)
-                c0 = bp.mul(p0, H)
-                ncols = bp.max(bp.sub(bp.min(bp.mul(p1, H), nc), c0), 0)
+                if shared:   # this thread's share of both panels' H-column slivers
+                    npan = bp.ceil_div(nc, H)
+                    pper = bp.ceil_div(npan, kf.nthreads)
+                    p0 = bp.min(bp.mul(kf.tid, pper), npan)
+                    p1 = bp.min(bp.add(p0, pper), npan)
+                    c0 = bp.mul(p0, H)
+                    ncols = bp.max(bp.sub(bp.min(bp.mul(p1, H), nc), c0), 0)
+                else:
+                    c0, ncols = 0, nc
                 for half, (bv, off_b) in enumerate(zip((plan.b1, plan.b3), offs_b)):
                     sBk, sBn = kf.size(bv.strides[-2]), kf.size(bv.strides[-1])
                     src_off = bp.add(off_b, bp.add(bp.mul(pc, sBk), bp.mul(bp.add(jc, c0), sBn)))
@@ -287,12 +305,13 @@ def generate(kop: s.KernelOp, plan: DualPlan, cfg: GemmConfig) -> tuple[object, 
                                                result_types=[t.TokenType()])
                     bp.op(tok)
                     bp.op(t.WaitOp.create(operands=[tok.token]))
-                bp.op(t.BarrierOp.create())  # both panels are packed before anyone reads them
+                if shared:
+                    bp.op(t.BarrierOp.create())  # both panels are packed before anyone reads them
                 first = bp.cmp("eq", pc, 0)
                 last = bp.cmp("sge", bp.add(pc, kc), K)
 
                 def body_ic(bi2: Builder, ic: SSAValue, rows) -> None:
-                    mc = bi2.min(rows, bi2.sub(M, ic))
+                    mc = bi2.min(rows, bi2.sub(m_hi, ic))
                     asrc = view(bi2, buf[plan.a.arg], in_elem, "global", (MC, KC),
                                 bi2.add(off_a, bi2.add(bi2.mul(ic, sAm), bi2.mul(pc, sAk))), sAm, sAk, mc, kc)
                     tok2 = t.AsyncCopyOp.create(operands=[asrc, apack, bi2.c(0)], attributes={
@@ -322,12 +341,15 @@ def generate(kop: s.KernelOp, plan: DualPlan, cfg: GemmConfig) -> tuple[object, 
                     # sliver's B3 half starts H columns in: its edge tile is a masked full one)
                     bi2.if_(bi2.cmp("sgt", rem, 0), lambda b3: remainder(b3, HN if interleaved else 1))
 
+                if not shared:
+                    bp.for_(m_lo, m_hi, MC, lambda bi2, ic, _c: body_ic(bi2, ic, MC))
+                    return
                 phase = bp.add(bp.mul(bp.add(bp.mul(bi, njc), bp.div(jc, nstep)), nkloop), kidx)
 
                 def chunk(bw: Builder, item):
-                    lo = bw.mul(chunk_start(bw, item, mtiles, nchunks), MR)
-                    hi = bw.mul(chunk_start(bw, bw.add(item, 1), mtiles, nchunks), MR)
-                    body_ic(bw, lo, bw.sub(hi, lo))
+                    lo_ = bw.mul(chunk_start(bw, item, mtiles, nchunks), MR)
+                    hi_ = bw.mul(chunk_start(bw, bw.add(item, 1), mtiles, nchunks), MR)
+                    body_ic(bw, lo_, bw.sub(hi_, lo_))
                 for_claimed(bp, claimed_phase_base(bp, kf, phase, nchunks), nchunks, chunk)
                 bp.op(t.BarrierOp.create())  # everyone is done with the panels before they are repacked
 
@@ -389,7 +411,7 @@ def generate(kop: s.KernelOp, plan: DualPlan, cfg: GemmConfig) -> tuple[object, 
             fa = bk.op(t.FragmentPackOp.create(operands=[av], result_types=[frag_a]))
             out = []
             for h, acc in enumerate(accs):
-                bv = view(bk, bpack, pack_elem, "team", (kp, width),
+                bv = view(bk, bpack, pack_elem, bspace, (kp, width),
                           bk.add(h * b_elems, bk.add(b_base, bk.mul(kk, pitch))), brs, bkpack, kp, width)
                 fb = bk.op(t.FragmentPackOp.create(operands=[bv], result_types=[frag_b]))
                 out.append(bk.op(t.MmaOp.create(operands=[fa.results[0], fb.results[0], acc],
@@ -441,5 +463,5 @@ def generate(kop: s.KernelOp, plan: DualPlan, cfg: GemmConfig) -> tuple[object, 
 
         br.if_(last, finish, keep_partial)
 
-    b.for_(0, batch_total, 1, body_batch)
+    b.for_(b_lo, b_hi, 1, body_batch)
     return kf.finish(), sig.dims, workspace, extra_outputs
