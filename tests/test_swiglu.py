@@ -98,6 +98,15 @@ def test_one_kernel_and_no_product_written(rng):
     assert results.count("!tessera.tensor") == 2 and "2*" in results, results
 
 
+def test_gathered_rows_as_the_shared_a(rng):
+    """Embedding rows feeding both matmuls: the gather runs once, the pair is one dual gemm."""
+    table, w1, w3 = rnd(rng, 50, 64), rnd(rng, 64, 40), rnd(rng, 64, 40)
+    idx = rng.integers(0, 50, size=(30,)).astype(np.int32)
+    f = ts.jit(lambda e, i, a, b: (lambda x: ts.ops.silu(x @ a) * (x @ b))(ts.ops.take(e, i, axis=0)))
+    O.assert_close(f(table, idx, w1, w3), swiglu64(table[idx], w1, w3), 1e-5, "gathered A")
+    assert [k["ops"].count("tessera.matmul") for k in ts.explain(f, table, idx, w1, w3).kernels] == [0, 2]
+
+
 def test_a_product_also_returned_is_not_fused(rng):
     x, w1, w3 = rnd(rng, 37, 129), rnd(rng, 129, 95), rnd(rng, 129, 95)
     y, a = ALSO_RETURNED(x, w1, w3)
