@@ -86,6 +86,20 @@ def test_geglu_and_a_biased_sigmoid_gate(rng):
     assert_dual(GATE, x, w1, w3, b1, b3)
 
 
+RELU_GLU = ts.jit(lambda x, w1, w3: ts.ops.relu(x @ w1) * (x @ w3))
+
+
+@pytest.mark.parametrize("mkn", [(37, 129, 95), (64, 1100, 41)], ids=["odd", "two-k-blocks"])
+def test_a_light_epilogue_on_whole_tiles(rng, mkn):
+    """ReGLU: an epilogue without polynomial functions runs on the whole register tile (not row by
+    row), here also after partial sums past one k-block."""
+    m, k, n = mkn
+    x, w1, w3 = rnd(rng, m, k), rnd(rng, k, n), rnd(rng, k, n)
+    p, q = O.f64(x) @ O.f64(w1), O.f64(x) @ O.f64(w3)
+    O.assert_close(RELU_GLU(x, w1, w3), np.maximum(p, 0) * q, 1e-5, f"reglu {mkn}")
+    assert_dual(RELU_GLU, x, w1, w3)
+
+
 def test_one_kernel_and_no_product_written(rng):
     """One gemm kernel holds both matmuls; its launch returns the gated result and the partial-sum
     scratch used only past one k-block ([M, 2N], f32), never a product of shape [M, N]."""
@@ -122,17 +136,21 @@ def test_different_a_is_not_fused(rng):
     assert len(gemm_kernels(TWO_AS, x, y, w1, w3)) == 2
 
 
-def test_teeth_swapped_products_fail_the_oracle(rng, monkeypatch):
+@pytest.mark.parametrize("act", ["silu", "relu"])
+def test_teeth_swapped_products_fail_the_oracle(rng, monkeypatch, act):
     """The check has teeth: a kernel whose epilogue takes A @ B3 for A @ B1 (and back) misses the
-    float64 oracle."""
+    float64 oracle (silu: the row-by-row epilogue; relu: the whole-tile one)."""
     from tessera.passes.tile.kernels import gemm_dual
     monkeypatch.setenv("TESSERA_NO_CACHE", "1")
     orig = gemm_dual.epilogue
     monkeypatch.setattr(gemm_dual, "epilogue",
                         lambda bf, kf, kop, plan, v1, v3, *rest: orig(bf, kf, kop, plan, v3, v1, *rest))
     x, w1, w3 = rnd(rng, 37, 129), rnd(rng, 129, 95), rnd(rng, 129, 95)
-    got = ts.jit(lambda a, b, c: ts.ops.silu(a @ b) * (a @ c))(x, w1, w3)
-    assert not O.gate(got, swiglu64(x, w1, w3), 1e-2)
+    fn = getattr(ts.ops, act)
+    got = ts.jit(lambda a, b, c: fn(a @ b) * (a @ c))(x, w1, w3)
+    p, q = O.f64(x) @ O.f64(w1), O.f64(x) @ O.f64(w3)
+    want = O.silu(p) * q if act == "silu" else np.maximum(p, 0) * q
+    assert not O.gate(got, want, 1e-2)
 
 
 def test_teeth_one_panel_read_twice_fails_the_oracle(rng, monkeypatch):
