@@ -68,5 +68,40 @@ def main() -> None:
                   flush=True)
 
 
+def llama() -> None:
+    """The whole Llama block (examples/models/llama_block.py) before / after."""
+    sys.path.insert(0, os.path.join(os.getcwd(), "examples"))
+    from models import llama_block as m
+    rng = np.random.default_rng(0)
+    for size, dims in m.SIZES.items():
+        args, kw = m.make(rng, **dims)
+        after = m.forward
+        before = ts.jit(m.forward.fn, static_argnames=("n_head", "n_kv"))
+        after(*args, **kw)
+        saved = pipelines.CPU_GRAPH_PASSES
+        pipelines.CPU_GRAPH_PASSES = pipelines.GRAPH_PASSES
+        os.environ["TESSERA_NO_CACHE"] = "1"
+        try:
+            before(*args, **kw)
+            nb = len(ts.explain(before, *args, **kw).kernels)
+        finally:
+            pipelines.CPU_GRAPH_PASSES = saved
+            del os.environ["TESSERA_NO_CACHE"]
+        na = len(ts.explain(after, *args, **kw).kernels)
+        want = m.reference(*args, xp_dtype=np.float64, **kw)
+        for f in (after, before):
+            got = f(*args, **kw)
+            assert np.abs(got - want).max() / np.abs(want).max() < 1e-5
+        load0 = os.getloadavg()[0]
+        res, rounds = _interleaved({"before": (lambda *a: before(*a, **kw), args),
+                                    "after": (lambda *a: after(*a, **kw), args)})
+        load1 = os.getloadavg()[0]
+        med = {k: statistics.median(v["times_s"]) * 1e3 for k, v in res.items()}
+        print(f"{size:5s} llama block: before {med['before']:8.2f} ms ({nb} kernels)  after {med['after']:8.2f} ms "
+              f"({na} kernels)  before/after {med['before'] / med['after']:.3f}  ({rounds} rounds, load average "
+              f"{load0:.2f} -> {load1:.2f})", flush=True)
+
+
 if __name__ == "__main__":
     main()
+    llama()
