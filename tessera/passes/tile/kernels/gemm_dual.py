@@ -1,30 +1,37 @@
 """Dual-B GEMM kernels: ``[batch] C = epilogue(A @ B1, A @ B3)`` in one pass, neither product
 written (SwiGLU ``silu(x @ w1) * (x @ w3)``; the group comes from ``fuse-dual-gemm``).
 
-The kernel is the GEMM of ``gemm.py`` with one change in its register tile: of the schedule's
-MR x NR tile (NR vectors across), half the vectors accumulate columns ``j..j+H`` of ``A @ B1``
-and the other half the same columns of ``A @ B3`` (H = NR/2 vectors; NR = 1 takes one vector of
-each).  Every k step of the tile is still MR broadcasts of A, NR vector loads of B and MR*NR
-FMAs: ``tile.mma`` runs twice on the same A fragment, once with a B1 fragment and once with a B3
-fragment of H columns each, so the instruction stream (and the accumulator count) is the plain
-kernel's.  The pair is interleaved by where the B fragments come from rather than in one packed
-panel: B1 and B3 are packed by the plain ``b_panel`` copy (H-column slivers) into two halves of
-the team's staging, sliver p of each read side by side by the tile of output columns p*H.  This
-needs no new packing layout in the target lowering.
+The kernel is the GEMM of ``gemm.py`` (its A packing, cache blocks, k-blocks, thread split and
+micro-kernel) with one change in its register tile: of the schedule's MR x NR tile (NR vectors
+across), the first half of the vectors accumulates columns ``j..j+H`` of ``A @ B1`` and the
+second half the same columns of ``A @ B3`` (H = NR/2 vectors; NR = 1 takes one vector of each).
+B is packed interleaved to match: sliver p of the panel holds, for each k, H elements of B1's
+columns p*H.. and then the same H of B3's, so one ``tile.mma`` per k step reads a 2H-wide B
+fragment and the instruction stream is exactly the plain kernel's: MR broadcasts of A, NR vector
+loads of B and MR*NR FMAs.  (A first form ran two ``tile.mma`` of H columns on one A fragment;
+LLVM then kept the MR broadcasts live across both and spilled accumulators in the k loop: 0.36x
+to 0.54x of two plain gemms.)  The interleaved rows are copied with ``tile.load`` /
+``tile.store`` (a row of H elements at a time, unmasked for a whole sliver), so the target
+lowering needs no new packing layout.  Records whose panels interleave k groups (AVX-512 BF16
+dot products, AMX: ``kpack`` > 1) keep B1 and B3 in two plain ``b_panel`` panels and run the
+two-``tile.mma`` form (``INTERLEAVE`` off runs that form on f32, for its test).
 
-The last k-block applies the epilogue graph to the pair of accumulator tiles (row by row from a
-scratch copy when it holds polynomial functions, as the plain kernel does) and stores only its
-result.  The cache blocks are the plain kernel's: an n-block packs NC/2 columns of each B (one
-panel of NC columns in all), a k-block KC.  When K needs more than one k-block the pair's
-partial sums live in an f32 (f64) scratch of [M, 2N] between k-blocks, as the plain kernel keeps
-its own partial sums in C; at the Llama sizes (K 512 and 1024, KC 1024 for f32) there is one
-k-block and nothing but the result is written.
+The last k-block stores the accumulator tile to an L1 scratch tile, applies the epilogue graph
+to its two halves (row by row when it holds polynomial functions, as the plain kernel does: one
+copy of their code per tile shape) and stores only its result.  The cache blocks are the plain
+kernel's: an n-block packs NC/2 columns of each B (one panel of NC columns in all), a k-block
+KC.  When K needs more than one k-block the pair's partial sums live in an f32 (f64) scratch of
+[M, 2N] between k-blocks, as the plain kernel keeps its own partial sums in C (the launch always
+declares it, sizes being symbolic, but nothing writes it then); at
+the Llama sizes (K 512 and 1024, KC 1024 for f32) there is one k-block and nothing but the
+result is written.
 
 Threads share the work as the plain kernel's do, by the schedule's parallel loop: ``m`` (the
 team packs each pair of B panels together, then claims chunks of rows) or ``b*m`` (contiguous
 ranges of batch x row tiles, private panels, no barrier; chosen for a rank-3 product such as
 the Llama block's [1, S, hidden]).  Not handled here (``fuse-dual-gemm`` does not form such
-groups): a gathered A, an implicit-GEMM (conv) A, an accumulator input C0.
+groups): A rows gathered inside the kernel (a shared ``take`` runs first, as its own kernel),
+an implicit-GEMM (conv) A, an accumulator input C0.
 """
 from __future__ import annotations
 
