@@ -32,6 +32,7 @@ from tessera.passes.tile.kernels.common import elementwise, illegal
 MAX_ROWS = 16   # at most this many rows run the dot nest
 MT = 8          # rows per block: MT accumulator registers, one A load per row and k step
 K_TAIL = True   # the last, partial vector of k is read (a test plants False)
+AHEAD = 4       # X's row n + AHEAD is prefetched while row n is read (0: none)
 
 
 def fits(plan) -> bool:
@@ -72,6 +73,7 @@ def emit(b, kop, kf, plan, out_buf: int, views, epilogue) -> None:
     sAm, sBn = kf.size(plan.a.strides[-2]), kf.size(plan.b.strides[-1])
     off_a, off_b = kf.view_offset(b, plan.a), kf.view_offset(b, plan.b)
     epi_offs = {id(v): kf.view_offset(b, v) for v in views[2:]}
+    ahead = b.mul(AHEAD, sBn)
 
     def block_rows(bm, m0, n, brow, rows):
         """Rows m0 .. m0 + rows - 1 (rows: MT, or a run-time count below it) of column n."""
@@ -80,6 +82,10 @@ def emit(b, kop, kf, plan, out_buf: int, views, epilogue) -> None:
         def step(bk, kk, acc, cols=W):
             av = view(bk, buf[plan.a.arg], plan.in_elem, "global", (MT, W), bk.add(arow, kk), sAm, 1, rows, cols)
             xv = view(bk, buf[plan.b.arg], plan.in_elem, "global", (1, W), bk.add(brow, kk), 0, 1, 1, cols)
+            if AHEAD:
+                pv = view(bk, buf[plan.b.arg], plan.in_elem, "global", (1, W), bk.add(bk.add(brow, kk), ahead), 0, 1,
+                          1, W)
+                bk.op(t.PrefetchOp.create(operands=[pv]))
             a = bk.op(t.LoadOp.create(operands=[av], result_types=[t.tile_type(MT, W, reg)])).results[0]
             x = bk.op(t.LoadOp.create(operands=[xv], result_types=[t.tile_type(1, W, reg)])).results[0]
             return [elementwise(bk, "add", [acc[0], elementwise(bk, "mul", [a, x])])]
