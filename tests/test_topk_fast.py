@@ -69,6 +69,12 @@ def test_top_k_ties_f64_and_prologue(rng):
     check(top_k(17, -2.0), x.astype(np.float32), 17, -2.0)   # a fused prologue (exact) reversing the order
 
 
+def test_top_k_prefilter_off_matches(rng, fresh, monkeypatch):
+    """The same rows without the prefilter (the list alone) give the same, float64-checked result."""
+    monkeypatch.setattr(fresh, "PREFILTER", False)
+    check(ts.jit(lambda a: ts.ops.top_k(a, 40)), special_rows(rng, 9, 1001).astype(np.float32), 40)
+
+
 def test_top_k_every_value_tied(rng):
     x = np.full((3, 130), float(rng.integers(-5, 5)), np.float32)
     check(top_k(40), x, 40)                             # all equal: the first k columns, in order
@@ -87,11 +93,12 @@ def fresh(monkeypatch):
     return topk
 
 
-@pytest.mark.parametrize("plant", [("KTH", -1), ("SHIFT", 0)])
+@pytest.mark.parametrize("plant", [("KTH", -1), ("SHIFT", 0), ("FLOOR_KEEPS_EQUAL", False)])
 def test_top_k_plants_fail(rng, fresh, monkeypatch, plant):
     """A threshold one slot too high drops entries that rank between the list's last two; an
-    insert that does not shift loses the entry it overwrites: the oracle check fails."""
+    insert that does not shift loses the entry it overwrites; a prefilter that drops columns equal
+    to its floor loses tied entries (integer-valued rows): the oracle check fails."""
     monkeypatch.setattr(fresh, *plant)
-    x = rng.standard_normal((6, 501)).astype(np.float32)
+    x = rng.integers(-20, 20, (6, 501)).astype(np.float32)
     with pytest.raises(AssertionError):
         check(ts.jit(lambda a: ts.ops.top_k(a, 12)), x, 12)
