@@ -38,7 +38,7 @@ from tessera.passes.tile.kernels import attention_decode
 from tessera.passes.util import function_blocks, register_elem, swap_op
 
 DTYPE = {Float32Type: "f32", BFloat16Type: "bf16", Float16Type: "f16"}
-PARALLEL_LEGAL = {"gemm": ("m", "b*m", "none"), "rowwise": ("r", "none"), "elementwise": ("r", "none"),
+PARALLEL_LEGAL = {"gemm": ("m", "b*m", "none", "n"), "rowwise": ("r", "none"), "elementwise": ("r", "none"),
                   "reduce": ("r", "none"), "transpose": ("r", "none"), "concat": ("r", "none"),
                   "attention": ("bh*q", "none"),
                   "gather": ("r", "none"),
@@ -198,6 +198,8 @@ class ScheduleCpu(TesseraPass):
     def _gemm_parallel(fop: g.FusionOp) -> str:
         """Batched GEMMs split (batch x rows) with private panels; others split rows and share B."""
         mm = next(o for o in fop.body.block.ops if isinstance(o, g.MatmulOp))
+        if _few_rows_times_transposed(fop, mm):   # columns split, B read in place (kernels/gemm_dot.py)
+            return "n"
         return "b*m" if mm.result.type.rank > 2 else "m"
 
     def _gemm(self, fop: g.FusionOp, isa, w: int, name: str, threads: int) -> dict:
@@ -256,3 +258,17 @@ class ScheduleCpu(TesseraPass):
                 "loops": str_array(["b", "m", "n", "k"]), "tiles": int_array([1, mc, nc, kc]),
                 "order": str_array(["b", "n", "k", "m"]), "mma": StringAttr(sel.record.id),
                 "register_tile": int_array([rt.mr, rt.nr]), "unroll": i64_attr(self.unroll)}
+
+
+def _few_rows_times_transposed(fop: g.FusionOp, mm) -> bool:
+    """A 2-D f32 ``A @ X.T``, A and X kernel inputs, of a symbolic or at most 16 rows, whose epilogue
+    takes no [M, N] operand (kernels/gemm_dot.py: B read in place, columns split, up to 16 rows)."""
+    from xdsl.ir import BlockArgument
+    block = fop.body.block
+    rt = mm.result.type
+    m, n = rt.dims[-2:] if rt.rank == 2 else (None, None)
+    rhs = mm.rhs.owner
+    ok = (m is not None and (not isinstance(m, int) or m <= 16) and isinstance(mm.lhs, BlockArgument)
+          and isinstance(rhs, g.TransposeOp) and isinstance(rhs.input, BlockArgument) and rhs.input.type.rank == 2
+          and all(str(v.type.element_type) == "f32" for v in (mm.lhs, mm.rhs, mm.result)))
+    return ok and all(a in (mm.lhs, rhs.input) or a.type.rank < 2 or a.type.dims[-2] == 1 for a in block.args)

@@ -37,7 +37,7 @@ from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr
 from tessera.ir.builder import Builder
 from tessera.mma.selector import MmaSelection
-from tessera.passes.tile.kernels import gemm_gather
+from tessera.passes.tile.kernels import gemm_dot, gemm_gather
 from tessera.passes.tile.kernels import gemm_dag
 from tessera.passes.tile.kernels.common import (
     ALIGN,
@@ -197,9 +197,10 @@ def config(kop: s.KernelOp, sel: MmaSelection) -> GemmConfig:
         raise illegal(name, f"gemm loop order {kop.loop_order} is not implemented; legal: {LEGAL_ORDERS}")
     if kop.staging.value.data != 1:
         raise illegal(name, "CPU gemm stages each panel once (staging = 1)")
-    if kop.parallel.data not in ("m", "b*m", "none"):
+    if kop.parallel.data not in ("m", "b*m", "none", "n"):
         raise illegal(name, f"CPU gemm parallel loop: 'm' (rows; B panels shared by the threads), 'b*m' (batch x "
-                            f"rows; private panels) or 'none', not {kop.parallel.data!r}")
+                            f"rows; private panels), 'n' (few rows: columns, kernels/gemm_dot.py) or 'none', not "
+                            f"{kop.parallel.data!r}")
     mr, nr = kop.reg_tile
     rec = sel.record
     w = rec.vector_width or kop.vector.value.data   # tile-register records (AMX): the arch's vectors
@@ -250,12 +251,15 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
     views = register_sizes(sig, plan)
     kf = sig.build()
     b = kf.b
+    # parallel n: at most gemm_dot.MAX_ROWS rows run its dot nest, more this BLIS nest (as "m")
+    split = gemm_dot.Split(kop, kf, plan) if cfg.mode == "n" else None
+    b = split.otherwise if split else b
     buf = kf.buffer_args
     M, N, K = kf.size(plan.m), kf.size(plan.n), kf.size(plan.k)
 
     # workspace: A panel (MC x KC) and B panel (KC x NC), element type of the inputs
     a_elems, b_elems = MC * KC, KC * NC
-    shared = cfg.mode == "m"
+    shared = cfg.mode in ("m", "n")
     apack = kf.alloc(b, a_elems, pack_elem, "l2")
     bpack = kf.alloc(b, b_elems, pack_elem, "team" if shared else "l3")
     workspace = _round(a_elems * esize) + (0 if shared else _round(b_elems * esize))
@@ -537,6 +541,8 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
         br.if_(last, finish, keep_partial)
 
     b.for_(b_lo, b_hi, 1, body_batch)
+    if split:
+        split.finish(out_buf, views, apply_epilogue)
     fn = kf.finish()
     return fn, sig.dims, workspace, extra_outputs
 
