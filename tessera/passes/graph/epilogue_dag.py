@@ -41,6 +41,28 @@ def _generator(v, rank: int) -> list | None:
     return out + [op]
 
 
+def absorb(op, vals: set, inside: set, members: list, dependent: set, rank: int) -> bool:
+    """Add ``op`` (elementwise, reading a value of the group ``vals``) to the group with what its
+    other operands need computed inside (iota generators, single-use constants): False, and
+    nothing added, when an operand reads the group through an op outside it (a cycle)."""
+    extra = []
+    for o in op.operands:
+        if o in vals:
+            continue
+        if o.owner in dependent:
+            return False
+        gen = _generator(o, rank)
+        if gen is not None and any(isinstance(x, g.IotaOp) for x in gen):
+            extra += [x for x in gen if x not in inside]
+        elif isinstance(o.owner, g.ConstantOp) and single_use(o):
+            extra.append(o.owner)
+    for x in extra + [op]:
+        if x not in inside:
+            inside.add(x)
+            members.append(x)
+    return True
+
+
 def grow(mm: g.MatmulOp) -> list | None:
     """The epilogue graph of ``mm`` (ops in block order), or None where a plain chain (or nothing)
     serves."""
@@ -58,24 +80,8 @@ def grow(mm: g.MatmulOp) -> list | None:
             continue
         if not any(o in vals for o in op.operands):
             continue
-        extra, ok = [], True
-        for o in op.operands:
-            if o in vals:
-                continue
-            if o.owner in dependent:          # reads the group through an op outside it: a cycle
-                ok = False
-                break
-            gen = _generator(o, rank)
-            if gen is not None and any(isinstance(x, g.IotaOp) for x in gen):
-                extra += [x for x in gen if x not in inside]
-            elif isinstance(o.owner, g.ConstantOp) and single_use(o):
-                extra.append(o.owner)
-        if not ok:
+        if not absorb(op, vals, inside, members, dependent, rank):
             continue
-        for x in extra + [op]:
-            if x not in inside:
-                inside.add(x)
-                members.append(x)
         vals.add(op.results[0])
         typed |= isinstance(op, (g.WhereOp,)) or getattr(op, "TILE_FN", None) is not None
     if not members:

@@ -25,7 +25,7 @@ from xdsl.dialects.builtin import ModuleOp
 from tessera.ir import graph as g
 from tessera.ir.strided import StridedView
 from tessera.passes.base import TesseraPass, register
-from tessera.passes.graph.epilogue_dag import _dependents, _generator
+from tessera.passes.graph.epilogue_dag import _dependents, absorb
 from tessera.passes.graph.fuse_matmul_epilogue import _operand_views
 from tessera.passes.graph.outline import is_elementwise, outline, single_use
 from tessera.passes.util import function_blocks, view_through
@@ -80,24 +80,8 @@ def grow_pair(m1: g.MatmulOp, m3: g.MatmulOp) -> list | None:
             continue
         if not any(o in vals for o in op.operands):
             continue
-        extra, ok = [], True
-        for o in op.operands:
-            if o in vals:
-                continue
-            if o.owner in dependent:          # reads a product through an op outside: not an epilogue
-                ok = False
-                break
-            gen = _generator(o, rank)
-            if gen is not None and any(isinstance(x, g.IotaOp) for x in gen):
-                extra += [x for x in gen if x not in inside]
-            elif isinstance(o.owner, g.ConstantOp) and single_use(o):
-                extra.append(o.owner)
-        if not ok:
+        if not absorb(op, vals, inside, members, dependent, rank):
             continue
-        for x in extra + [op]:
-            if x not in inside:
-                inside.add(x)
-                members.append(x)
         vals.add(op.results[0])
     outs = [v for v in vals if any(u.operation not in inside for u in v.uses) or not v.uses]
     if len(outs) != 1 or outs[0] in roots:
