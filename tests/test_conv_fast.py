@@ -176,3 +176,34 @@ def test_plant_residual_read_one_pixel_off_is_caught(rng, monkeypatch):
     args = _block_args(rng)
     with pytest.raises(AssertionError):
         O.assert_close(ts.jit(_block)(*args), block_ref(*args), 2e-5)
+
+
+# --------------------------------------------------------------------------- intermediates pooled
+def test_intermediates_are_pooled_and_results_never_reused(rng):
+    """The block's intermediates (pads, transposed weights, GEMM results: 64 KiB and up here) come
+    from the pool and are reused by the next call without new mappings; results are not: one
+    handed out keeps its values through later calls."""
+    from tessera.runtime import memory
+    args = _block_args(rng, n=4, c=16, s=20)   # 4 x 22 x 22 x 16 f32: 124 KiB
+    f = ts.jit(_block)
+    want = block_ref(*args)
+    r1 = f(*args)
+    maps = len(memory.POOL.maps)
+    r2 = f(*args)
+    assert len(memory.POOL.maps) == maps
+    assert not np.shares_memory(r1, r2)
+    O.assert_close(r1, want, 2e-5)
+    O.assert_close(r2, want, 2e-5)
+
+
+def test_plant_scratch_reused_while_alive_is_caught(rng, monkeypatch):
+    """Planted: the pool's liveness test always says free, so two intermediates of one call share
+    a mapping and the block's values are overwritten."""
+    from tessera.runtime import memory
+    pool = memory.BufferPool()            # a pool of its own: live results elsewhere stay safe
+    monkeypatch.setattr(pool, "_free_index", lambda i: True)
+    monkeypatch.setattr(memory, "POOL", pool)
+    args = _block_args(rng, n=4, c=16, s=20)
+    f = ts.jit(_block)
+    with pytest.raises(AssertionError):
+        O.assert_close(f(*args), block_ref(*args), 2e-5)
