@@ -157,7 +157,7 @@ def test_models_section_renders_ratios_from_raw_timings(tmp_path):
     (tmp_path / "h").mkdir()
     (tmp_path / "h" / "2026-12-04-abcdef123456.json").write_text(json.dumps(run))
     text = "\n".join(bench_models.section(tmp_path))
-    assert "| gpt2_block | seq=8 | 20.00 | 10.00 |" in text and "1.25 (jax.jit)" in text and "gemm 75%" in text
+    assert "| gpt2_block | seq=8 | all | 20.00 | 10.00 |" in text and "1.25 (jax.jit)" in text and "gemm 75%" in text
     del run["rows"][0]["libraries"]["tessera (fresh outputs)"]
     (tmp_path / "h" / "2026-12-04-abcdef123456.json").write_text(json.dumps(run))
     with pytest.raises(BenchLogError):

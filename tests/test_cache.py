@@ -246,14 +246,16 @@ def _damage(entry: dict, how: str) -> dict:
     elif how == "kernels-wrong-type":
         e["kernels"] = 7
     elif how == "obj-wrong-type":
-        e["obj"] = "text, not bytes"
+        e["objs"] = ["text, not bytes"]
+    elif how == "objs-empty":
+        e["objs"] = []
     elif how == "missing-symbol":                 # passes the field checks; CODEGEN when loaded
         e["kernels"] = list(e["kernels"]) + ["k99_not_in_the_object"]
     return e
 
 
 DAMAGE = ["no-program", "program-wrong-type", "meta-wrong-type", "kernels-wrong-type", "obj-wrong-type",
-          "missing-symbol"]
+          "missing-symbol", "objs-empty"]
 
 
 @pytest.mark.parametrize("how", DAMAGE)
@@ -553,7 +555,8 @@ def test_internal_pass_error_leaves_a_replayable_reproducer(cdir, rng, monkeypat
 def test_internal_error_after_the_passes_is_coded(cdir, rng, monkeypatch):
     def broken(*a, **k):
         raise ValueError("planted translation bug")
-    monkeypatch.setattr(C.cg, "translate", broken)
+    from tessera.codegen import x86 as cg
+    monkeypatch.setattr(cg, "translate", broken)
     x, y = inputs(rng)
     with pytest.raises(CompilerInternalError) as info:
         ts.compile(prog_b, x, y)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import llvmlite.binding as llvm
 
 from tessera import forksafe
+from tessera.codegen import llvm_core
 from tessera.errors import CodegenError, LLVMAbortError
 
 _lock = forksafe.lock(sys.modules[__name__], "_lock")   # renewed in a forked child
@@ -43,9 +44,7 @@ def host_triple() -> str:
 
 def target_machine(cpu: str, features: str, triple: str | None = None, opt: int = 3):
     init()
-    triple = triple or llvm.get_process_triple()
-    target = llvm.Target.from_triple(triple)
-    return target.create_target_machine(cpu=cpu, features=features, opt=opt, reloc="pic", codemodel="default")
+    return llvm_core.target_machine(cpu, features, triple, opt)
 
 
 # The CPU lane's optimisation level.  Its IR is already blocked, unrolled and vectorised by the
@@ -61,13 +60,7 @@ CPU_OPT = 2
 CPU_LOOP_PASSES = False
 
 
-def optimise(mod, tm, level: int = 3, loop_passes: bool = True) -> None:
-    pto = llvm.create_pipeline_tuning_options(speed_level=level)
-    if not loop_passes:
-        pto.loop_vectorization = pto.slp_vectorization = pto.loop_unrolling = pto.loop_interleaving = False
-    pb = llvm.create_pass_builder(tm, pto)
-    mpm = pb.getModulePassManager()
-    mpm.run(mod, pb)
+optimise = llvm_core.optimise
 
 
 @dataclass
@@ -161,15 +154,19 @@ def check_resolvable(obj: bytes) -> None:
 
 
 class LoadedObject:
-    """Object code loaded into an MCJIT engine; keeps the engine alive."""
+    """Object code (one object, or several that together define ``symbols``) loaded into an
+    MCJIT engine; keeps the engine alive."""
 
-    def __init__(self, obj: bytes, symbols: list[str]):
+    def __init__(self, obj: bytes | list[bytes], symbols: list[str]):
         init()
-        check_resolvable(obj)
+        objs = [obj] if isinstance(obj, bytes) else list(obj)
+        for o in objs:
+            check_resolvable(o)
         tm = llvm.Target.from_default_triple().create_target_machine()
         empty = llvm.parse_assembly("")
         self.engine = llvm.create_mcjit_compiler(empty, tm)
-        self.engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+        for o in objs:
+            self.engine.add_object_file(llvm.ObjectFileRef.from_data(o))
         self.engine.finalize_object()
         self.addresses = {}
         for s in symbols:

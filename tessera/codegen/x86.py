@@ -9,6 +9,8 @@ lowering is missing from the pipeline).
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from llvmlite import ir
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
@@ -47,6 +49,23 @@ def check_translatable(module: ModuleOp) -> None:
             f"(tile.* ops are consumed by lower-tile-to-x86)")
 
 
+# Constants shared by every instruction that uses them: llvmlite formats a constant once per
+# object, and a vector constant's text is most of the cost of a splat or a lane mask
+_I32_ZERO = ir.Constant(I32, 0)
+
+
+@lru_cache(maxsize=64)
+def _splat_constants(vt: ir.VectorType) -> tuple[ir.Constant, ir.Constant]:
+    """``undef`` of ``vt`` and the all-zeros shuffle mask of its width."""
+    return ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(I32, vt.count), [0] * vt.count)
+
+
+@lru_cache(maxsize=16)
+def _lane_indices(w: int) -> tuple[ir.VectorType, ir.Constant]:
+    iv = ir.VectorType(I32, w)
+    return iv, ir.Constant(iv, list(range(w)))
+
+
 class _Fn(FnCodegen):
     target_name = "x86"
 
@@ -69,8 +88,8 @@ class _Fn(FnCodegen):
             # count makes the lane mask in one vpcmpgtd (with 64-bit lanes, as before, the compare
             # that CodeGenPrepare sinks into the loop was two compares, packs and shuffles: 14
             # instructions per 16-lane mask in every packing loop, 6.6 % of attention on Zen 1)
-            iv = ir.VectorType(I32, w)
-            return b.icmp_signed("<", ir.Constant(iv, list(range(w))), self._splat(b.trunc(c, I32), iv))
+            iv, lanes = _lane_indices(w)
+            return b.icmp_signed("<", lanes, self._splat(b.trunc(c, I32), iv))
         if w == 64:
             bits = b.select(b.icmp_signed("==", c, full), ir.Constant(I64, -1),
                             b.sub(b.shl(ir.Constant(I64, 1), c), ir.Constant(I64, 1)))
@@ -145,9 +164,9 @@ class _Fn(FnCodegen):
         self.b.store(val, self._addr(self.v(op.base), self.v(op.offset), val.type), align=1)
 
     def _splat(self, scalar, vt: ir.VectorType):
-        v = self.b.insert_element(ir.Constant(vt, ir.Undefined), scalar, ir.Constant(I32, 0))
-        return self.b.shuffle_vector(v, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(I32, vt.count),
-                                                                                     [0] * vt.count))
+        undef, zeros = _splat_constants(vt)
+        v = self.b.insert_element(undef, scalar, _I32_ZERO)
+        return self.b.shuffle_vector(v, undef, zeros)
 
     def op_tessera_x86_vbroadcast(self, op: x.VBroadcastOp):
         vt = llvm_type(op.result.type)
@@ -553,8 +572,10 @@ class X86Codegen(ModuleCodegen):
         b.ret_void()
 
 
-def translate(module: ModuleOp, triple: str) -> tuple[str, list[str]]:
-    """LLVM IR text for every kernel function of a Target IR module, and the kernel names."""
+def translate(module: ModuleOp, triple: str, on_kernel=None) -> tuple[str, list[str]]:
+    """LLVM IR text for every kernel function of a Target IR module, and the kernel names.
+    ``on_kernel(gen, names)`` is called after each kernel (and its entry) is complete, with the
+    names translated so far (``gen.text()`` is then a module of those kernels)."""
     gen = X86Codegen(triple)
     names = []
     for op in module.body.block.ops:
@@ -565,4 +586,6 @@ def translate(module: ModuleOp, triple: str) -> tuple[str, list[str]]:
                                             "the pipeline lacks its lowering")
             gen.add_kernel(op)
             names.append(op.sym_name.data)
+            if on_kernel is not None:
+                on_kernel(gen, list(names))
     return gen.text(), names

@@ -309,13 +309,8 @@ class _Shape:
         self.shape = shape
 
 
-_SIMPLE = {"add": g.AddOp, "sub": g.SubOp, "mul": g.MulOp, "div": g.DivOp, "maximum": g.MaximumOp,
-           "neg": g.NegOp, "exp": g.ExpOp, "tanh": g.TanhOp, "erf": g.ErfOp, "relu": g.ReluOp, "silu": g.SiluOp, "sqrt": g.SqrtOp,
-           "matmul": g.MatmulOp, "reshape": g.ReshapeOp, "cast": g.CastOp, "minimum": g.MinimumOp,
-           "log": g.LogOp, "log1p": g.Log1pOp, "exp2": g.Exp2Op, "expm1": g.Expm1Op, "sin": g.SinOp, "cos": g.CosOp, "sigmoid": g.SigmoidOp, "abs": g.AbsOp, "sign": g.SignOp, "rsqrt": g.RsqrtOp, "reciprocal": g.ReciprocalOp, "floor": g.FloorOp, "ceil": g.CeilOp, "round": g.RoundOp, "square": g.SquareOp}
-
-
-TYPED_BY_NAME = {c.name.split(".", 1)[1]: c for c in g.TYPED_OPS}
+# every Graph IR op class by its registry name (ir/opset.py: the dialect holds one class per entry)
+OP_CLASS = {op.name.split(".", 1)[1]: op for op in g.Graph.operations}
 TYPED_BINARY_NAMES = frozenset(c.name.split(".", 1)[1] for c in g.TYPED_BINARY)
 
 
@@ -325,12 +320,10 @@ def broadcast_concrete(a, b) -> tuple:
 
 
 def _make_op(n: Node, operands, T):
-    if n.op in _SIMPLE:
-        return _SIMPLE[n.op].create(operands=operands, result_types=[T])
+    if not n.attrs and n.op not in rowops.MAKE and n.op not in ("iota", "constant"):   # no attributes to carry
+        return OP_CLASS[n.op].create(operands=operands, result_types=[T])
     if n.op == "iota":
         return g.IotaOp.create(result_types=[T], attributes={"axis": i64_attr(n.attrs["axis"])})
-    if n.op in TYPED_BY_NAME:
-        return TYPED_BY_NAME[n.op].create(operands=operands, result_types=[T])
     if n.op == "gelu":
         return g.GeluOp.create(operands=operands, result_types=[T],
                                attributes={"approximate": StringAttr(n.attrs["approximate"])})

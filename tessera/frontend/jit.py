@@ -565,7 +565,8 @@ class Artifact:
         c = self.compiled
         if c.target != "cpu":
             return c.binary
-        if self._obj is None:   # the object the lane loaded is LLVM's output for this IR, CPU and features
+        if self._obj is None:   # LLVM's output for this IR, CPU and features: the object the lane loaded
+            # (a large module is loaded as two objects built from its kernels: codegen/llvm_parallel.py)
             from tessera.codegen import jit as cj
             self._obj = cj.emit_cpu(c.llvm_ir, c.cpu, c.features).obj
         return self._obj

@@ -179,12 +179,15 @@ class PipelineRun:
 
 
 AfterPass = Callable[[TesseraPass, ModuleOp, PassRecord, str], None]
+AfterApply = Callable[[TesseraPass, ModuleOp], None]
 
 
 def run_pipeline(module: ModuleOp, passes: Sequence[TesseraPass], *, verify_each: bool = True,
                  after_pass: AfterPass | None = None, dump_dir: str | os.PathLike | None = None,
-                 dump_prefix: str = "") -> PipelineRun:
-    """Apply ``passes`` in order, instrumented; the module is modified in place."""
+                 dump_prefix: str = "", after_apply: AfterApply | None = None) -> PipelineRun:
+    """Apply ``passes`` in order, instrumented; the module is modified in place.  ``after_apply``
+    sees the module right after each pass, before it is printed and verified (it must not change
+    it, nor raise for IR that might not verify)."""
     ctx = make_context()
     if dump_dir is None and os.environ.get("TESSERA_DUMP_IR"):
         dump_dir = os.environ["TESSERA_DUMP_IR"]
@@ -204,6 +207,8 @@ def run_pipeline(module: ModuleOp, passes: Sequence[TesseraPass], *, verify_each
         except Exception as e:  # noqa: BLE001 - an internal failure becomes a coded error, chained
             raise PassFailedError(f"pass '{p.name}' failed: {type(e).__name__}: {e}") from e
         seconds = time.perf_counter() - t0
+        if after_apply is not None:
+            after_apply(p, module)
         try:
             after_text = print_ir(module)
         except Exception:  # noqa: BLE001 - IR the printer cannot walk: the verifier says why, coded

@@ -12,6 +12,7 @@ from tessera.passes.base import OptionInfo
 from tessera.passes.graph import (  # noqa: F401  (importing registers the passes)
     canonicalize,
     fuse_attention,
+    fuse_dual_gemm,
     fuse_elementwise,
     fuse_matmul_epilogue,
     fuse_rowwise,
@@ -49,6 +50,8 @@ def _opt(spelling: str, typ, required: bool, default, doc: str) -> OptionInfo:
 
 
 GRAPH_PASSES = "canonicalize,fuse-attention,fuse-matmul-epilogue,fuse-rowwise,fuse-elementwise,outline-kernels"
+# the CPU lane also pairs two GEMMs of one A whose products meet in one epilogue (SwiGLU)
+CPU_GRAPH_PASSES = GRAPH_PASSES.replace("fuse-matmul-epilogue", "fuse-dual-gemm,fuse-matmul-epilogue")
 SCHEDULE_PINS = ("threads", "tile-m", "tile-n", "tile-k", "register-tile", "mma-shape", "parallel", "unroll",
                  "chunk")
 
@@ -59,7 +62,8 @@ from tessera.passes.base import fmt_option as _fmt  # noqa: E402
 ENTRY_LAYERS = ("graph", "schedule", "tile", "target")
 
 
-def _stages(o: dict, pipeline: str, schedule: str, pins: tuple[str, ...], tile: str, target: str) -> str:
+def _stages(o: dict, pipeline: str, schedule: str, pins: tuple[str, ...], tile: str, target: str,
+            graph: str = GRAPH_PASSES) -> str:
     """Graph passes + ``schedule{pins}``, then ``tile`` and ``target``, from the layer ``input`` names."""
     entry = o.get("input") or "graph"
     if entry not in ENTRY_LAYERS:
@@ -69,14 +73,14 @@ def _stages(o: dict, pipeline: str, schedule: str, pins: tuple[str, ...], tile: 
     given = " ".join(f"{k}={_fmt(o[k.replace('-', '_')])}" for k in pins
                      if o.get(k.replace("-", "_")) not in (None, 0, "", ()))
     sched = schedule[:-1] + (" " + given if given else "") + "}"
-    stages = [GRAPH_PASSES + "," + sched, tile, target]
+    stages = [graph + "," + sched, tile, target]
     return ",".join(stages[ENTRY_LAYERS.index(entry):])
 
 
 def _cpu(o: dict) -> str:
     return _stages(o, "tessera-cpu", f"schedule-cpu{{arch={o['arch']}}}", SCHEDULE_PINS, "lower-schedule-to-tile",
                    f"lower-tile-to-x86{{arch={o['arch']} threads={o.get('threads') or 0}"
-                   + (" deterministic=true" if o.get("deterministic") else "") + "}")
+                   + (" deterministic=true" if o.get("deterministic") else "") + "}", CPU_GRAPH_PASSES)
 
 
 _named(NamedPipeline(

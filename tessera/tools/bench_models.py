@@ -58,16 +58,37 @@ def measure_row(name: str, size: str, reps: int | None) -> dict:
             "libraries": libs, "families_s": prof.families, "profiled_call_s": prof.call_s}
 
 
-def measure(quick: bool, models=MODELS) -> dict:
-    from tessera.tools import bench_cpu, bench_doc
+def measure_rows(quick: bool, models, threads) -> list[dict]:
+    from tessera.tools import bench_cpu
     if quick:
         bench_cpu.set_quick()
     rows = []
     for name in models:
         m = load_model(name)
         for size in (list(m.SIZES)[:1] if quick else m.SIZES):
-            print(f"  {name} [{size}] ...", file=sys.stderr, flush=True)
-            rows.append(measure_row(name, size, 3 if quick else None))
+            print(f"  {name} [{size}] ({threads} threads) ...", file=sys.stderr, flush=True)
+            rows.append({**measure_row(name, size, 3 if quick else None), "threads": threads})
+    return rows
+
+
+def one_thread_rows(quick: bool, models) -> list[dict]:
+    """The rows again in a child process pinned to one CPU, every library limited to one thread."""
+    import subprocess
+    env = dict(os.environ, TESSERA_BENCH_CHILD="1thread", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
+               MKL_NUM_THREADS="1", XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+    cmd = ["taskset", "-c", str(min(os.sched_getaffinity(0))), sys.executable, "-m", "tessera.tools.cli", "bench",
+           "models", "--models", *models] + (["--quick"] if quick else [])
+    child = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
+    if child.returncode != 0:
+        raise BenchLogError(f"the single-thread child failed (exit {child.returncode})")
+    return json.loads(child.stdout.strip().splitlines()[-1])
+
+
+def measure(quick: bool, models=MODELS, one_thread: bool = True) -> dict:
+    from tessera.tools import bench_cpu, bench_doc
+    rows = measure_rows(quick, models, "all")
+    if one_thread:
+        rows += one_thread_rows(quick, models)
     commit, dirty = bench_doc.git_state()
     return {"schema": SCHEMA, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": commit,
             "dirty": dirty, "quick": quick, "command": "./dev tessera bench models" + (" --quick" if quick else ""),
@@ -129,9 +150,9 @@ def render_run(run: dict) -> list[str]:
     out = [f"### `{h['slug']}`: {h['cpu_model']} (LLVM {h['llvm_cpu']}; {h['isa']}), {h['usable_cpus']} CPUs "
            f"-- {run['date'][:10]}, commit `{run['commit'][:12]}`" + (", `--quick`: a smoke test" if run["quick"]
                                                                       else ""), "",
-           "| model | size | tessera (fresh) ms | tessera (pool) ms | " + " | ".join(f"{p} ms" for p in PEERS)
+           "| model | size | threads | tessera (fresh) ms | tessera (pool) ms | " + " | ".join(f"{p} ms" for p in PEERS)
            + " | ratio, matched | time by family (tessera) | first call s |",
-           "|---|---|---|---|" + "---|" * len(PEERS) + "---|---|---|"]
+           "|---|---|---|---|---|" + "---|" * len(PEERS) + "---|---|---|"]
     for r in run["rows"]:
         libs = r["libraries"]
         med = {k: _median(v["times_s"]) for k, v in libs.items()}
@@ -143,7 +164,7 @@ def render_run(run: dict) -> list[str]:
         split = ", ".join(f"{k} {v / tot:.0%}" for k, v in sorted(fam.items(), key=lambda kv: -kv[1]))
         sizes = " ".join(f"{k}={v}" for k, v in r["sizes"].items())
         cells = [f"{med[p] * 1e3:.2f}" if p in med else "--" for p in PEERS]
-        out.append(f"| {r['model']} | {sizes} | {med[FRESH] * 1e3:.2f} | {med[POOLED] * 1e3:.2f} | "
+        out.append(f"| {r['model']} | {sizes} | {r.get('threads', 'all')} | {med[FRESH] * 1e3:.2f} | {med[POOLED] * 1e3:.2f} | "
                    + " | ".join(cells) + f" | {ratio} | {split} | {r['first_call_s']:.2f} |")
     return out
 
@@ -165,8 +186,16 @@ def section(log_dir: Path = LOG_DIR) -> list[str]:
 def main(args) -> int:
     quick = getattr(args, "quick", False)
     models = tuple(getattr(args, "models", None) or MODELS)
+    if os.environ.get("TESSERA_BENCH_CHILD") == "1thread":   # one_thread_rows's child
+        try:
+            import torch
+            torch.set_num_threads(1)
+        except ImportError:
+            pass
+        print(json.dumps(measure_rows(quick, models, 1), allow_nan=False))
+        return 0
     t0 = time.perf_counter()
-    run = measure(quick, models)
+    run = measure(quick, models, one_thread=not getattr(args, "all_threads_only", False))
     run["elapsed_s"] = round(time.perf_counter() - t0, 1)
     print("\n".join(render_run(run)))
     if getattr(args, "write", False):

@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                                       "(register-tile calibration)")
     bt.add_argument("what", choices=["cpu", "models", "render", "tiles"])
     bt.add_argument("--models", nargs="*", default=None, help="models: which examples (default: all)")
+    bt.add_argument("--all-threads-only", action="store_true", help="models: skip the one-thread rows")
     bt.add_argument("--write", action="store_true",
                     help="tiles: update calibration.json; cpu: keep the run's raw log as "
                          "benchmarks/results/cpu/<host>/<date>-<commit>.json and re-render docs/benchmarks.md")

@@ -226,16 +226,18 @@ def render_md(sm: StaticMap, runs: list[RunRecord] | None) -> str:
             lines.append(f"| {i} | `{p.name}` | {p.kind} | {', '.join(p.consumes) or '-'} | "
                          f"{', '.join(p.produces) or '-'} |")
         lines.append("")
-    lines += ["## Ops: producers and consumers", "", "| op | layer | " +
+    lines += ["## Ops: producers and consumers", "",
+              "Graph IR ops carry their registry entry (`tessera/ir/opset.py`: kernel family / what the GPU lanes "
+              "do; `docs/ops.md`).", "", "| op | layer | registry | " +
               " | ".join(f"`{v.name}` producers / consumers" for v in sm.pipelines) + " |",
-              "|---|---|" + "---|" * len(sm.pipelines)]
+              "|---|---|---|" + "---|" * len(sm.pipelines)]
     for o in all_ops():
         cells = []
         for v in sm.pipelines:
             pr = ", ".join(sm.producers[v.name].get(o, [])) or "-"
             co = ", ".join(sm.consumers[v.name].get(o, [])) or "-"
             cells.append(f"{pr} / {co}")
-        lines.append(f"| `{o}` | {layer_of(o)} | " + " | ".join(cells) + " |")
+        lines.append(f"| `{o}` | {layer_of(o)} | {_registry_cell(o)} | " + " | ".join(cells) + " |")
     lines.append("")
     if runs is not None:
         flags = run_flags(runs)
@@ -270,6 +272,12 @@ def render_md(sm: StaticMap, runs: list[RunRecord] | None) -> str:
     viol = gate_violations(sm, runs)
     lines += ["## Gates", "", "none violated" if not viol else "\n".join(f"- {v}" for v in viol), ""]
     return "\n".join(lines)
+
+
+def _registry_cell(op_name: str) -> str:
+    from tessera.ir import opset
+    d = opset.OPS.get(op_name.removeprefix("tessera.")) if op_name.startswith("tessera.") else None
+    return f"{d.family} / GPU {d.gpu}" if d is not None else "-"
 
 
 def render_text(sm: StaticMap, runs: list[RunRecord] | None) -> str:

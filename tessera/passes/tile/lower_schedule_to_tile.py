@@ -22,7 +22,7 @@ from tessera.mma.selector import record_by_id, MmaSelection, accumulator_regs_pe
 from tessera.passes.base import TesseraPass, option, register
 from tessera.passes.schedule import bounds
 from tessera.passes.util import function_blocks, swap_op
-from tessera.passes.tile.kernels import (attention, concat, elementwise, gemm, gpu_attention, gpu_gemm, reduce, rowwise,
+from tessera.passes.tile.kernels import (attention, concat, elementwise, gemm, gemm_dual, gpu_attention, gpu_gemm, reduce, rowwise,
                                         transpose)
 from tessera.passes.tile.kernels import scan
 from tessera.passes.tile.kernels import gather
@@ -82,6 +82,11 @@ def generate(kop: s.KernelOp, target: str = "x86"):
                                        f"({sel.record.id}); this pass generates {target} Tile IR")
         if kind == "attention":
             return gpu_attention.generate(kop, sel)
+        if gemm_dual.is_dual(kop):   # two matmuls of one A, one epilogue (fuse-dual-gemm: CPU lane only)
+            if target in GPU:
+                raise ScheduleIllegalError(f"kernel {kop.sym_name.data}: a dual gemm (two matmuls of one A) has no "
+                                           f"{target} generator; the {target} lane runs them as two gemm kernels")
+            return gemm_dual.generate(kop, gemm_dual.analyse(kop), gemm.config(kop, sel))
         plan = gemm.analyse(kop)
         if target in GPU:
             return gpu_gemm.generate(kop, plan, sel)

@@ -51,7 +51,7 @@ def needs_typed(op: t.ElementwiseOp) -> bool:
 
 
 def lower_elementwise(low, op: t.ElementwiseOp, b: Builder) -> None:
-    from tessera.passes.target.x86.lower_tile_to_x86 import Regs
+    from tessera.passes.target.x86.lower_values import Regs
     fn = op.fn.data
     R, C = op.result.type.dims
     ins = [low._expand(low.get(v), R, C) for v in op.inputs]
@@ -70,7 +70,7 @@ def lower_index(low, op, b: Builder) -> None:
     from xdsl.dialects.builtin import IntegerType as IT
 
     from tessera.ir.attrs import ival
-    from tessera.passes.target.x86.lower_tile_to_x86 import Regs
+    from tessera.passes.target.x86.lower_values import Regs
     R, C = op.result.type.dims
     rs, cs = ival(op.row_step), ival(op.col_step)
     base = low.scalar(op.base)
