@@ -363,13 +363,15 @@ class CpuExecutable:
     def _execute(self, plan: CallPlan, arrays: list[np.ndarray]) -> list[np.ndarray]:
         prog = self.program
         vals: dict[int, np.ndarray] = dict(zip(prog.input_ids, arrays))
+        results = set(prog.results)   # the others are intermediates (memory.scratch)
         for ps in plan.steps:
             s = ps.step
             # reading /proc costs ~150 us: only results that could matter are checked
             if ps.need and ps.need > host.memory_available():
                 raise OutOfMemoryError(f"kernel {s.kernel} needs {ps.need / 2**20:.1f} MiB for its results; "
                                        f"{host.memory_available() / 2**20:.1f} MiB available")
-            outs = [memory.empty(sh, dt) for sh, dt in zip(ps.shapes, ps.dtypes)]
+            outs = [(memory.empty if o in results else memory.scratch)(sh, dt)
+                    for o, sh, dt in zip(s.outs, ps.shapes, ps.dtypes)]
             for o, a in zip(s.outs, outs):
                 vals[o] = a
             call = self.fns.get(s.kernel)

@@ -6,6 +6,10 @@
 - ``softmax`` over a non-last axis -> transpose, softmax over the last axis, transpose back
 - a reduction over non-contiguous axes -> successive reductions over contiguous runs
 - elementwise ops move above a transpose of a GEMM's result (``sink_transpose.py``)
+- pooling windows (slices) of a transposed GEMM result are taken before the transpose
+  (``sink_transpose_pool.py``)
+- a transpose whose same transpose is padded earlier reads the padded copy's interior
+  (``reuse_padded.py``)
 - unused pure Graph IR ops are removed
 - a reshape, or a transpose or slice that keeps the last axis contiguous, with several uses is
   cloned per use: a view is free, so each consumer can read it through its own strides
@@ -26,11 +30,17 @@ from xdsl.dialects.builtin import BoolAttr, i1
 from tessera.ir.attrs import i64_attr, int_array, ints, ival
 from tessera.passes.base import TesseraPass, register
 from tessera.passes.graph.sink_transpose import sink_transpose
+from tessera.passes.graph.sink_transpose_pool import sink_transpose_pool
+from tessera.passes.graph.reuse_padded import reuse_padded
 from tessera.passes.util import erase_dead, function_blocks, insert_before, replace_op
 
 
 def _simplify_once(op) -> bool:
     if sink_transpose(op):
+        return True
+    if sink_transpose_pool(op):   # pooling windows of a transposed GEMM result
+        return True
+    if reuse_padded(op):          # a transpose whose twin is padded reads the pad's interior
         return True
     if isinstance(op, g.ReshapeOp):
         src = op.input

@@ -15,7 +15,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 
 from tessera.ir import graph as g
-from tessera.ir.attrs import ival
+from tessera.ir.attrs import ints, ival
 from tessera.ir.strided import StridedView
 from tessera.passes.base import TesseraPass, register
 from tessera.passes.graph import epilogue_dag
@@ -78,6 +78,9 @@ def _epilogue(mm: g.MatmulOp, group: list) -> None:
             elif (isinstance(other.owner, g.ReshapeOp) and single_use(other)
                   and StridedView.contiguous(0, other.owner.input.type.dims).reshape(other.type.dims) is not None):
                 group.append(other.owner)   # a reshaped bias is read through strides
+            elif (isinstance(other.owner, g.SliceOp) and single_use(other)
+                  and ints(other.owner.steps)[-1] == 1 and other.owner.input != chain):
+                group.append(other.owner)   # a window of another kernel's result (a padded copy's interior)
         else:
             return
         group.append(user)

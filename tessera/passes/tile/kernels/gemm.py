@@ -39,6 +39,7 @@ from tessera.ir.builder import Builder
 from tessera.mma.selector import MmaSelection
 from tessera.passes.tile.kernels import gemm_dot, gemm_gather
 from tessera.passes.tile.kernels import gemm_dag
+from tessera.passes.tile.kernels import gemm_hoist
 from tessera.passes.tile.kernels.common import (
     ALIGN,
     KernelFn,
@@ -326,6 +327,9 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
         cstep = min(-(-(-(-cg // max(-(-cg // KC), 1))) // (kp * U)) * kp * U, KC)
         nk_tap = -(-cg // cstep)
         nkloop = ntaps * nk_tap   # (the view's channel offset is in off_a: batch_offset_of adds every view's offset)
+    # a B shared by every batch entry is packed once per thread, one slot per k-block (gemm_hoist.py)
+    bslot = gemm_hoist.plan_slots(plan, cfg.mode, tiles_amx or bkpack != kp, kp, U, NRW, KC, NC,
+                                  cstep if taps else None, nkloop if taps else None)
 
     def k_blocks(bj: Builder, body) -> None:
         """``body(builder, pc, kc, k-block index, A's element offset of k-block pc)`` for every
@@ -376,14 +380,23 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
                     ncols = bp.max(bp.sub(bp.min(bp.mul(p1, NRW), nc), c0), 0)
                     dst0 = bp.mul(c0, kcp)
                 else:
-                    c0, ncols, dst0 = 0, nc, 0
-                bsrc = view(bp, buf[plan.b.arg], in_elem, "global", (KC, NC),
-                            bp.add(off_b, bp.add(bp.mul(pc, sBk), bp.mul(bp.add(jc, c0), sBn))), sBk, sBn, kc, ncols)
-                tok = t.AsyncCopyOp.create(operands=[bsrc, bpack, bp.c(dst0)], attributes={
-                    "layout": StringAttr("b_panel"), "panel": i64_attr(NRW), "kpack": i64_attr(bkpack),
-                    **({"kblock": i64_attr(kp)} if bkpack != kp else {})}, result_types=[t.TokenType()])
-                bp.op(tok)
-                bp.op(t.WaitOp.create(operands=[tok.token]))
+                    c0, ncols, dst0 = 0, nc, (0 if bslot is None else bp.mul(kidx, bslot))
+                slot0 = dst0 if bslot is not None else 0   # where this k-block's B starts in the panel
+
+                def pack_b(bq: Builder):
+                    bsrc = view(bq, buf[plan.b.arg], in_elem, "global", (KC, NC),
+                                bq.add(off_b, bq.add(bq.mul(pc, sBk), bq.mul(bq.add(jc, c0), sBn))), sBk, sBn, kc,
+                                ncols)
+                    tok = t.AsyncCopyOp.create(operands=[bsrc, bpack, bq.c(dst0)], attributes={
+                        "layout": StringAttr("b_panel"), "panel": i64_attr(NRW), "kpack": i64_attr(bkpack),
+                        **({"kblock": i64_attr(kp)} if bkpack != kp else {})}, result_types=[t.TokenType()])
+                    bq.op(tok)
+                    bq.op(t.WaitOp.create(operands=[tok.token]))
+                    return []
+                if bslot is None:
+                    pack_b(bp)
+                else:   # packed for the thread's first batch entry, kept in its slot for the others
+                    bp.if_(bp.cmp("eq", bi, b_lo), pack_b)
                 if shared:
                     bp.op(t.BarrierOp.create())  # the whole panel is packed before anyone reads it
                 first = bp.cmp("eq", pc, 0)
@@ -405,7 +418,8 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
 
                     def strip(bj2: Builder, jr, nrv: int) -> None:
                         def body_ir(br: Builder, ir: SSAValue, _c) -> None:
-                            micro_tile(br, ic, ir, jc, jr, mc, nc, kc, kcp, pc, first, last, off_c, epi_offs, nrv)
+                            micro_tile(br, ic, ir, jc, jr, mc, nc, kc, kcp, pc, first, last, off_c, epi_offs, nrv,
+                                       slot0)
                         bj2.for_(0, mc, MR, body_ir)
 
                     # full NR*W-wide strips, then one remainder strip of the fewest vectors that cover it
@@ -442,7 +456,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
         bb.for_(0, N, nstep, body_jc)
 
     def micro_tile(br: Builder, ic, ir, jc, jr, mc, nc, kc, kcp, pc, first, last, off_c, epi_offs,
-                   nrv: int) -> None:
+                   nrv: int, b_slot=0) -> None:
         cols = nrv * CN
         frag_a = t.fragment((MR, cols, kp), pack_elem, acc_elem, "a", rec.a_layout, rec.family)
         frag_b = frag_a.with_role("b", rec.b_layout)
@@ -474,7 +488,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
 
         acc0 = br.if_(first, init_first, init_partial, [frag_c])[0]
         a_base = br.mul(br.div(ir, MR), br.mul(MR, kcp))
-        b_base = br.mul(br.div(jr, NRW), br.mul(NRW, kcp))
+        b_base = br.add(b_slot, br.mul(br.div(jr, NRW), br.mul(NRW, kcp)))
 
         def step(bk: Builder, kk, acc: SSAValue) -> SSAValue:
             av = view(bk, apack, pack_elem, "l2", (MR, kp), bk.add(a_base, bk.mul(kk, MR)), kp, 1, MR, kp)
