@@ -13,6 +13,9 @@ import tessera as ts
 BF16 = ml_dtypes.bfloat16
 TOL = {np.float32: 1e-5, BF16: 1e-2, np.float16: 5e-3, np.float64: 1e-12}
 
+# one jitted function serves every dtype and shape below: its recompiles are expected
+pytestmark = pytest.mark.filterwarnings("ignore::tessera.errors.RecompileWarning")
+
 SWIGLU = ts.jit(lambda x, w1, w3: ts.ops.silu(x @ w1) * (x @ w3))
 GEGLU = ts.jit(lambda x, w1, w3: ts.ops.gelu(x @ w1, "erf") * (x @ w3))
 GATE = ts.jit(lambda x, w1, w3, b1, b3: (x @ w1 + b1) * ts.ops.sigmoid(x @ w3 + b3))
