@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from xdsl.dialects import func
-from xdsl.dialects.builtin import FloatAttr, IntegerAttr, IntegerType, f32
+from xdsl.dialects.builtin import FloatAttr, IntegerAttr, IntegerType, StringAttr, f32
 from xdsl.ir import Attribute, Block, BlockArgument, Region, SSAValue
 
 from tessera.errors import ScheduleIllegalError
@@ -231,3 +231,30 @@ def claimed_phase_base(b: Builder, kf: KernelFn, phase, count):
     """Where phase number ``phase`` (0, 1, ... in order, every thread walking every phase)
     starts on the work counter when each phase hands out ``count`` items."""
     return b.mul(phase, b.add(count, kf.nthreads))
+
+
+def pack_now(b: Builder, src, dst, layout: str, panel: int, kpack: int = 1) -> None:
+    """Pack ``src`` into ``dst`` (``tile.async_copy`` with ``layout``) and wait for it."""
+    tok = t.AsyncCopyOp.create(operands=[src, dst, b.c(0)], attributes={
+        "layout": StringAttr(layout), "panel": i64_attr(panel), "kpack": i64_attr(kpack)},
+        result_types=[t.TokenType()])
+    b.op(tok)
+    b.op(t.WaitOp.create(operands=[tok.token]))
+
+
+def column_strips(b: Builder, nc, width: int, nr: int, cn: int, strip, first_nrv: int = 1) -> None:
+    """``strip(b, jr, nrv)`` over ``nc`` columns: full ``width``-wide strips of ``nr`` vectors, then
+    one remainder strip of the fewest vectors (``cn`` columns each, trying ``first_nrv`` up) that
+    cover the rest (a remainder tile, not a masked full one: 513 columns do 16.03 strips of work)."""
+    nfull = b.mul(b.div(nc, width), width)
+    b.for_(0, nfull, width, lambda bj, jr, _c: strip(bj, jr, nr))
+    rem = b.sub(nc, nfull)
+
+    def remainder(bj: Builder, nrv: int):
+        if nrv == nr:
+            strip(bj, nfull, nr)
+            return []
+        bj.if_(bj.cmp("sle", rem, nrv * cn), lambda b3: strip(b3, nfull, nrv), lambda b3: remainder(b3, nrv + 1))
+        return []
+
+    b.if_(b.cmp("sgt", rem, 0), lambda b3: remainder(b3, first_nrv))

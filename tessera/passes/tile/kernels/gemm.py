@@ -41,6 +41,8 @@ from tessera.passes.tile.kernels import gemm_dot, gemm_gather
 from tessera.passes.tile.kernels import gemm_dag
 from tessera.passes.tile.kernels import gemm_hoist
 from tessera.passes.tile.kernels.common import (
+    column_strips,
+    pack_now,
     ALIGN,
     KernelFn,
     KernelSig,
@@ -410,11 +412,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
                     else:
                         asrc = view(bi2, buf[plan.a.arg], in_elem, "global", (MC, KC),
                                     bi2.add(off_a, bi2.add(bi2.mul(ic, sAm), a_koff)), sAm, sAk, mc, kc)
-                    tok2 = t.AsyncCopyOp.create(operands=[asrc, apack, bi2.c(0)], attributes={
-                        "layout": StringAttr("a_panel"), "panel": i64_attr(MR), "kpack": i64_attr(kp)},
-                        result_types=[t.TokenType()])
-                    bi2.op(tok2)
-                    bi2.op(t.WaitOp.create(operands=[tok2.token]))
+                    pack_now(bi2, asrc, apack, "a_panel", MR, kp)
 
                     def strip(bj2: Builder, jr, nrv: int) -> None:
                         def body_ir(br: Builder, ir: SSAValue, _c) -> None:
@@ -422,21 +420,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
                                        slot0)
                         bj2.for_(0, mc, MR, body_ir)
 
-                    # full NR*W-wide strips, then one remainder strip of the fewest vectors that cover it
-                    # (a remainder tile, not a masked full one: 513 columns do 16.03 strips of work, not 17)
-                    nfull = bi2.mul(bi2.div(nc, NRW), NRW)
-                    bi2.for_(0, nfull, NRW, lambda bj2, jr, _c: strip(bj2, jr, NR))
-                    rem = bi2.sub(nc, nfull)
-
-                    def remainder(bj2: Builder, nrv: int):
-                        if nrv == NR:
-                            strip(bj2, nfull, NR)
-                            return []
-                        bj2.if_(bj2.cmp("sle", rem, nrv * CN), lambda b3: strip(b3, nfull, nrv),
-                                lambda b3: remainder(b3, nrv + 1))
-                        return []
-
-                    bi2.if_(bi2.cmp("sgt", rem, 0), lambda b3: remainder(b3, 1))
+                    column_strips(bi2, nc, NRW, NR, CN, strip)
 
                 if shared:
                     phase = bp.add(bp.mul(bp.add(bp.mul(bi, njc), bp.div(jc, nstep)), nkloop), kidx)

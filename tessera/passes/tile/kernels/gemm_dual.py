@@ -47,6 +47,8 @@ from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr
 from tessera.ir.builder import Builder
 from tessera.passes.tile.kernels.common import (
+    column_strips,
+    pack_now,
     KernelSig,
     StridedView,
     claimed_phase_base,
@@ -321,32 +323,16 @@ def generate(kop: s.KernelOp, plan: DualPlan, cfg: GemmConfig) -> tuple[object, 
                     mc = bi2.min(rows, bi2.sub(m_hi, ic))
                     asrc = view(bi2, buf[plan.a.arg], in_elem, "global", (MC, KC),
                                 bi2.add(off_a, bi2.add(bi2.mul(ic, sAm), bi2.mul(pc, sAk))), sAm, sAk, mc, kc)
-                    tok2 = t.AsyncCopyOp.create(operands=[asrc, apack, bi2.c(0)], attributes={
-                        "layout": StringAttr("a_panel"), "panel": i64_attr(MR), "kpack": i64_attr(kp)},
-                        result_types=[t.TokenType()])
-                    bi2.op(tok2)
-                    bi2.op(t.WaitOp.create(operands=[tok2.token]))
+                    pack_now(bi2, asrc, apack, "a_panel", MR, kp)
 
                     def strip(bj2: Builder, jr, nrv: int) -> None:
                         def body_ir(br: Builder, ir: SSAValue, _c) -> None:
                             micro_tile(br, ic, ir, jc, jr, mc, nc, kcp, first, last, off_c, off_p, epi_offs, nrv)
                         bj2.for_(0, mc, MR, body_ir)
 
-                    nfull = bi2.mul(bi2.div(nc, H), H)
-                    bi2.for_(0, nfull, H, lambda bj2, jr, _c: strip(bj2, jr, HN))
-                    rem = bi2.sub(nc, nfull)
-
-                    def remainder(bj2: Builder, nrv: int):
-                        if nrv == HN:
-                            strip(bj2, nfull, HN)
-                            return []
-                        bj2.if_(bj2.cmp("sle", rem, nrv * CN), lambda b3: strip(b3, nfull, nrv),
-                                lambda b3: remainder(b3, nrv + 1))
-                        return []
-
                     # a narrower remainder tile where the panel keeps its halves apart (the interleaved
                     # sliver's B3 half starts H columns in: its edge tile is a masked full one)
-                    bi2.if_(bi2.cmp("sgt", rem, 0), lambda b3: remainder(b3, HN if interleaved else 1))
+                    column_strips(bi2, nc, H, HN, CN, strip, HN if interleaved else 1)
 
                 if not shared:
                     bp.for_(m_lo, m_hi, MC, lambda bi2, ic, _c: body_ic(bi2, ic, MC))
