@@ -48,6 +48,8 @@ MAX_SQ = 8
 MAX_ROWS = 32
 ITEMS_PER_THREAD = 8
 MAX_SLOTS = 256
+K_AHEAD = 24      # keys ahead of the dot path's K reads that their rows are prefetched
+PREFETCH = True   # the dot path hints K and V rows (a switch for measuring it)
 
 
 def group_size(op) -> int | None:
@@ -301,6 +303,16 @@ def generate(kop: s.KernelOp):
         else:
             scale_tile = tile_const(bi, plan.scale * LOG2E, F)
 
+        def prefetch_rows(bb: Builder, j, mr: int):
+            """Hint the cache lines of K rows j + K_AHEAD and V rows j (read by this block's P V, which
+            walks V in column strips that the hardware prefetcher follows poorly).  A hint past the cache
+            is harmless (a prefetch never faults).  Measured: ~20-50 % less time on 4k-32k keys."""
+            for r in range(mr):
+                for v, ahead, n in ((kv_, K_AHEAD, DHM), (vv, 0, DVP)):
+                    row = off(bb, v, bidx, kvh, bb.add(j, r + ahead))
+                    hint = _view(bb, buf[v.arg], elem, "global", (1, n), row, 0, 1, 1, n)
+                    bb.op(t.PrefetchOp.create(operands=[hint]))
+
         def kv_block(bk: Builder, j0, _c):
             nk = bk.min(BKV, bk.sub(k1, j0))
             if not masked:
@@ -328,6 +340,8 @@ def generate(kop: s.KernelOp):
 
                 def one(bt: Builder, ir, _c2):
                     krow = off(bt, kv_, bidx, kvh, bt.add(j0, ir))
+                    if PREFETCH:
+                        prefetch_rows(bt, bt.add(j0, ir), mr)
                     zero = bt.op(t.ConstantOp.create(attributes={"value": FloatAttr(0.0, F)},
                                                      result_types=[t.tile_type(mr, W, F)])).results[0]
 
@@ -539,4 +553,5 @@ def generate(kop: s.KernelOp):
     return fn, sig.dims, workspace, []
 
 
-__all__ = ["MAX_ROWS", "MAX_SQ", "combined_chunks", "decode_rows", "dot_extent", "dot_keys", "dot_path", "generate", "slots_for"]
+__all__ = ["MAX_ROWS", "MAX_SQ", "combined_chunks", "decode_rows", "dot_extent", "dot_keys", "dot_path", "generate",
+           "slots_for"]
