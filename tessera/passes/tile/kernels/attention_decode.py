@@ -16,6 +16,11 @@ again.  Here:
             block of BKV keys:
               S^T = K Q^T * scale * log2 e   register tiles of tile.mma over D; K's rows are
                                              broadcast straight from the caller's (strided) cache
+                                             -- or, when R is at most half a vector and K is read in
+                                             place (``dot_path``), dot products along D: MK keys x R
+                                             rows of partial-sum vectors, reduced across the lanes,
+                                             so no lane holds padding; K rows K_AHEAD keys on and
+                                             the block's V rows are prefetched as it goes
               mask / causal edge per key (exactly the prefill kernel's semantics), the online
               softmax over whole columns (m, l, alpha: one vector each)
               O = O * alpha + P V            register tiles; V's rows are read in place (f32 /
