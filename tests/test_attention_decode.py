@@ -131,6 +131,19 @@ def test_dropping_a_chunk_fails_the_gate(rng, monkeypatch):
     assert not O.gate(bad, ref(q, k, v), 1e-5)
 
 
+def test_dot_path_sums_the_whole_head_dim(rng, monkeypatch):
+    """Two rows per kv head (less than half a vector): S^T as dot products along the head dim, here
+    37 (a partial last vector); a dot product that leaves the last column out must fail."""
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    q, k, v = qkv(rng, 1, 4, 2, 1, 300, 37)
+    assert decode_kernel.dot_path(2, 8, True) and not decode_kernel.dot_path(8, 8, True)
+    good = ts.jit(lambda q, k, v: ts.ops.attention(q, k, v))(q, k, v)
+    O.assert_close(good, ref(q, k, v), 1e-5)
+    monkeypatch.setattr(decode_kernel, "dot_extent", lambda b, n: b.sub(n, 1))
+    bad = ts.jit(lambda q, k, v: ts.ops.attention(q, k, v))(q, k, v)
+    assert not O.gate(bad, ref(q, k, v), 1e-5)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sk", [8191, 32768])
 @pytest.mark.parametrize("ratio", [1, 4, 8])
