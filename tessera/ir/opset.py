@@ -56,10 +56,6 @@ class OpDef:
     gpu: str                    # a GPU_MODES key
     summary: str
 
-    @property
-    def graph_name(self) -> str:
-        return f"tessera.{self.name}"
-
 
 OPS: dict[str, OpDef] = {}
 
@@ -181,10 +177,6 @@ COMPOSITES = {
 }
 
 
-def op(name: str) -> OpDef:
-    return OPS[name]
-
-
 def kinds(name: str) -> str:
     """The element kinds the op's operands may have (``dtypes.kind`` letters)."""
     return OPS[name].kinds
@@ -194,8 +186,4 @@ def takes_int(name: str) -> bool:
     return "i" in OPS[name].kinds
 
 
-def names(family: str | None = None) -> list[str]:
-    return [n for n, d in OPS.items() if family is None or d.family == family]
-
-
-__all__ = ["COMPOSITES", "SECOND_RESULTS", "FAMILIES", "GPU_MODES", "KIND_NAMES", "OPS", "OpDef", "kinds", "names", "op", "takes_int"]
+__all__ = ["COMPOSITES", "SECOND_RESULTS", "FAMILIES", "GPU_MODES", "KIND_NAMES", "OPS", "OpDef", "kinds", "takes_int"]
