@@ -22,12 +22,6 @@ from tessera.ir.graph import GraphOp, TensorType, _operand_tensor, _require_floa
 _FMT = "$input `,` $indices attr-dict `:` functional-type(operands, results)"
 
 
-def _require_table(op_name: str, elem) -> None:
-    """What a take copies: a float, or an int8 / int32 / int64 (copied exactly in integer lanes)."""
-    if not (isinstance(elem, IntegerType) and elem.width.data in (8, 32, 64)):
-        _require_float(op_name, elem)
-
-
 def is_index_type(t) -> bool:
     return isinstance(t, IntegerType) and t.width.data in (32, 64)
 
@@ -45,13 +39,10 @@ def _gathered_axis(op_name: str, x: TensorType, axis: int) -> None:
         raise GraphShapeError(f"{op_name}: the gathered axis {axis} must have a static size >= 1, got {n}")
 
 
-@irdl_op_definition
-class TakeOp(GraphOp):
-    """``numpy.take(input, indices, axis)``: axis ``axis`` of ``input`` replaced by the indices'
-    dims (any rank, 0 included); each index picks a slice of ``input`` along the axis (the
-    index policy of this module: numpy's meaning in range, clamped outside)."""
+class _Gather(GraphOp):
+    """A gather along ``axis`` of ``input`` by ``indices``: what take and take_along_axis share (a
+    float or int table, i32 / i64 indices, a static gathered axis); ``result_dims`` differs."""
 
-    name = "tessera.take"
     input = operand_def(TensorType)
     indices = operand_def(TensorType)
     result = result_def(TensorType)
@@ -59,13 +50,28 @@ class TakeOp(GraphOp):
     traits = traits_def(Pure())
     assembly_format = _FMT
 
+    def result_dims(self, x: TensorType, i: TensorType, ax: int) -> list:  # pragma: no cover - overridden
+        raise NotImplementedError
+
     def infer_result_type(self) -> TensorType:
         x, i = _operand_tensor(self.name, self.input), _operand_tensor(self.name, self.indices)
-        _require_table(self.name, x.element_type)
+        _require_float(self.name, x.element_type)   # the registry's kinds: a float or int table
         _require_index(self.name, i)
         ax = ival(self.axis)
         _gathered_axis(self.name, x, ax)
-        return TensorType.of(list(x.dims[:ax]) + list(i.dims) + list(x.dims[ax + 1:]), x.element_type)
+        return TensorType.of(self.result_dims(x, i, ax), x.element_type)
+
+
+@irdl_op_definition
+class TakeOp(_Gather):
+    """``numpy.take(input, indices, axis)``: axis ``axis`` of ``input`` replaced by the indices'
+    dims (any rank, 0 included); each index picks a slice of ``input`` along the axis (the
+    index policy of this module: numpy's meaning in range, clamped outside)."""
+
+    name = "tessera.take"
+
+    def result_dims(self, x: TensorType, i: TensorType, ax: int) -> list:
+        return list(x.dims[:ax]) + list(i.dims) + list(x.dims[ax + 1:])
 
 
 def along_axis_dims(op_name: str, x: TensorType, i: TensorType, ax: int) -> list:
@@ -88,25 +94,14 @@ def along_axis_dims(op_name: str, x: TensorType, i: TensorType, ax: int) -> list
 
 
 @irdl_op_definition
-class TakeAlongAxisOp(GraphOp):
+class TakeAlongAxisOp(_Gather):
     """``numpy.take_along_axis(input, indices, axis)``: result[..., j, ...] = input[..., indices[..., j,
     ...], ...] with the other axes broadcast (the index policy of this module)."""
 
     name = "tessera.take_along_axis"
-    input = operand_def(TensorType)
-    indices = operand_def(TensorType)
-    result = result_def(TensorType)
-    axis = attr_def(IntegerAttr)
-    traits = traits_def(Pure())
-    assembly_format = _FMT
 
-    def infer_result_type(self) -> TensorType:
-        x, i = _operand_tensor(self.name, self.input), _operand_tensor(self.name, self.indices)
-        _require_table(self.name, x.element_type)
-        _require_index(self.name, i)
-        ax = ival(self.axis)
-        _gathered_axis(self.name, x, ax)
-        return TensorType.of(along_axis_dims(self.name, x, i, ax), x.element_type)
+    def result_dims(self, x: TensorType, i: TensorType, ax: int) -> list:
+        return along_axis_dims(self.name, x, i, ax)
 
 
 @irdl_op_definition
