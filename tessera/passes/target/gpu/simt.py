@@ -30,8 +30,6 @@ from math import gcd
 
 from xdsl.dialects import arith, func, scf
 from xdsl.dialects.builtin import (
-    BFloat16Type,
-    Float16Type,
     FloatAttr,
     IntegerAttr,
     IntegerType,
@@ -61,133 +59,18 @@ from tessera.ir.target import gpu as G
 from tessera.passes.target.lowering import OpLowerer
 from tessera.passes.util import swap_op
 
-Idx = SSAValue | int
 
 
-# --------------------------------------------------------------------------- lane maps
-@dataclass(frozen=True)
-class Item:
-    """One register item of a lane: element (rbase + rdelta, cbase + cdelta); ``calign``
-    (``ralign``) says cbase (rbase) is a multiple of it, so a run of columns (of rows, in a
-    transposed view) starting there may be loaded as a vector."""
-
-    rbase: Idx
-    rdelta: int
-    cbase: Idx
-    cdelta: int
-    calign: int = 1
-    ralign: int = 1
-
-
-@dataclass
-class OperandMap:
-    items: list[Item]
-    parts: list[int]            # items per register value, in order (sum = len(items))
-
-    def part_slices(self) -> list[tuple[int, int]]:
-        out, i = [], 0
-        for n in self.parts:
-            out.append((i, i + n))
-            i += n
-        return out
-
-
-class LaneMap:
-    """One instruction's lane mapping.  Subclasses set ``lanes`` and build the maps from
-    the lane index (an ``index`` value) at kernel entry; ``emit_mma`` issues the op."""
-
-    lanes: int = 32
-    a: OperandMap
-    b: OperandMap
-    c: OperandMap
-
-    def build(self, b: Builder, lane: SSAValue) -> None:
-        raise NotImplementedError
-
-    def emit_mma(self, b: Builder, ft: t.FragmentType, a: list[SSAValue], bb: list[SSAValue],
-                 c: list[SSAValue]) -> list[SSAValue]:
-        raise NotImplementedError
-
-
-def lane_split(b: Builder, lane: SSAValue, width: int) -> tuple[SSAValue | int, SSAValue | int]:
-    """(lane % width, lane // width)."""
-    return b.rem(lane, width), b.div(lane, width)
-
-
-# --------------------------------------------------------------------------- values
-@dataclass
-class View:
-    base: SSAValue
-    off: SSAValue
-    rs: SSAValue
-    cs: SSAValue
-    rows: SSAValue
-    cols: SSAValue
-    shape: tuple[int, int]
-    elem: Attribute
-    align: int          # elements: off and the outer stride (rs, or cs when rs == 1) are multiples of it
-    full: bool          # the valid extent is statically the whole view
-
-
-@dataclass
-class Dist:
-    """A tile (or acc fragment) spread over a wave: each lane holds ``omap``'s items."""
-
-    parts: list[SSAValue]
-    omap: OperandMap
-    shape: tuple[int, int]
-
-
-@dataclass
-class Frag:
-    parts: list[SSAValue]
-    omap: OperandMap
-
-
-@dataclass
-class Deferred:
-    """A ``tile.load``: loaded at the coordinates of the tile it meets."""
-
-    view: View
-    pad: float
-
-
-@dataclass
-class Splat:
-    value: float
-
-
-def const_int(v: SSAValue) -> int | None:
-    op = v.owner
-    if isinstance(op, arith.ConstantOp) and not isinstance(op.value, FloatAttr):
-        return ival(op.value)
-    return None
-
-
-def elem_bytes(elem: Attribute) -> int:
-    if isinstance(elem, IntegerType) and elem.width.data == 1:
-        return 1                                   # bool masks: one byte per element
-    return 2 if isinstance(elem, (Float16Type, BFloat16Type)) else 4
-
-
-def vec(elem: Attribute, n: int) -> Attribute:
-    return VectorType(elem, [n])
-
-
-def part_type(elem: Attribute, n: int) -> Attribute:
-    return elem if n == 1 else vec(elem, n)
-
-
-def _pow2_floor(n: int) -> int:
-    p = 1
-    while p * 2 <= n:
-        p *= 2
-    return p
+from tessera.passes.target.gpu.simt_copy import SimtCopies
+from tessera.passes.target.gpu.simt_values import (  # noqa: F401  (re-exported)
+    Deferred, Dist, Frag, Idx, Item, LaneMap, OperandMap, Splat, View, _pow2_floor, const_int, elem_bytes,
+    lane_split, part_type, vec,
+)
 
 
 # --------------------------------------------------------------------------- the lowerer
 @dataclass
-class SimtLowerer(OpLowerer):
+class SimtLowerer(SimtCopies, OpLowerer):
     maps: dict                       # FragmentType (m, n, k, family, elem) key -> LaneMap
     wave: int
     block: int                       # threads per workgroup
@@ -563,95 +446,6 @@ class SimtLowerer(OpLowerer):
             else:
                 b.if_(ok, lambda bt, r=r, c=c, val=val: self.store(bt, val, vv.base, self.address(bt, vv, r, c),
                                                                    esize) or [])
-
-    # ------------------------------------------------------------------ staging copies
-    def op_tile_async_copy(self, op: t.AsyncCopyOp, b: Builder) -> None:
-        if op.layout.data != "row_major":
-            raise CodegenError(f"GPU copies are row_major; {op.layout.data} is a CPU packing layout")
-        src: View = self.vmap[op.source]
-        dst = self.scalar(op.dest)
-        doff = self.scalar(op.dest_offset)
-        pitch = ival(op.panel)
-        self.copy_rows(b, src, dst, doff, pitch)
-        self.vmap[op.token] = None
-
-    def copy_plan(self, src: View) -> tuple[int, int, int]:
-        """(elements per vector, vectors per row, passes of the workgroup over the block)."""
-        R, C = src.shape
-        v = 16 // elem_bytes(src.elem)
-        if C % v:
-            v = 1
-        chunks = R * C // v
-        return v, C // v, -(-chunks // self.block)
-
-    def copy_fast_condition(self, b: Builder, src: View, doff, pitch: int, v: int) -> SSAValue | None:
-        """True (for the whole workgroup) when 16-byte vectors may be used."""
-        if v == 1 or pitch % v:
-            return None
-        conds = [b.cmp("eq", src.cs, 1), b.cmp("eq", b.rem(src.rs, v), 0), b.cmp("eq", b.rem(src.off, v), 0),
-                 b.cmp("eq", b.rem(doff, v), 0)]
-        out = conds[0]
-        for x in conds[1:]:
-            out = b.op(arith.AndIOp(out, x)).results[0]
-        return out
-
-    def copy_rows(self, b: Builder, src: View, dst: SSAValue, doff, pitch: int) -> None:
-        R, C = src.shape
-        v, per_row, passes = self.copy_plan(src)
-        fast = self.copy_fast_condition(b, src, doff, pitch, v)
-
-        def vector_path(bb: Builder):
-            for q in range(passes):
-                ch = bb.add(self.tid, q * self.block)
-
-                def one(b2: Builder, ch=ch):
-                    r, c0 = b2.div(ch, per_row), b2.mul(b2.rem(ch, per_row), v)
-                    self.copy_vector(b2, src, dst, doff, pitch, r, c0, v)
-                    return []
-                if (q + 1) * self.block <= R * per_row:
-                    one(bb)
-                else:
-                    bb.if_(bb.cmp("slt", ch, R * per_row), one)
-            return []
-
-        def element_path(bb: Builder):
-            n = R * C
-            for q in range(-(-n // self.block)):
-                e = bb.add(self.tid, q * self.block)
-
-                def one(b2: Builder, e=e):
-                    r, c = b2.div(e, C), b2.rem(e, C)
-                    val = self.masked_load(b2, src, r, c, src.elem, 0.0)
-                    self.store(b2, val, dst, b2.add(doff, b2.add(b2.mul(r, pitch), c)), elem_bytes(src.elem))
-                    return []
-                if (q + 1) * self.block <= n:
-                    one(bb)
-                else:
-                    bb.if_(bb.cmp("slt", e, n), one)
-            return []
-
-        if fast is None:
-            element_path(b)
-        else:
-            b.if_(fast, vector_path, element_path)
-
-    def copy_vector(self, b: Builder, src: View, dst, doff, pitch: int, r, c0, v: int) -> None:
-        """One v-element piece of row r at column c0: a 16-byte load and store when it lies
-        inside the valid extent, else element by element with zeros outside."""
-        full = b.op(arith.AndIOp(b.cmp("slt", r, src.rows), b.cmp("sle", b.add(c0, v), src.cols))).results[0]
-        daddr = b.add(doff, b.add(b.mul(r, pitch), c0))
-        vt = vec(src.elem, v)
-
-        def whole(bt: Builder):
-            val = self.load(bt, src.base, bt.add(src.off, bt.add(bt.mul(r, src.rs), c0)), vt, 16)
-            self.store(bt, val, dst, daddr, 16)
-            return []
-
-        def edge(be: Builder):
-            vals = [self.masked_load(be, src, r, be.add(c0, i), src.elem, 0.0) for i in range(v)]
-            self.store(be, self.pack(be, vals), dst, daddr, 16)
-            return []
-        b.if_(full, whole, edge)
 
     # ------------------------------------------------------------------ row statistics
     def op_tile_mask(self, op: t.MaskOp, b: Builder) -> None:
