@@ -18,21 +18,17 @@ from xdsl.dialects.builtin import (
     DenseIntOrFPElementsAttr,
     Float16Type,
     Float32Type,
-    Float64Type,
     FloatAttr,
-    IntAttr,
     IntegerAttr,
     IntegerType,
     StringAttr,
 )
-from xdsl.ir import Attribute, Dialect, ParametrizedAttribute, TypeAttribute
+from xdsl.ir import Attribute, Dialect
 from xdsl.irdl import (
     AttrSizedOperandSegments,
     IRDLOperation,
     attr_def,
-    irdl_attr_definition,
     irdl_op_definition,
-    opt_attr_def,
     opt_operand_def,
     operand_def,
     region_def,
@@ -41,8 +37,6 @@ from xdsl.irdl import (
     var_operand_def,
     var_result_def,
 )
-from xdsl.parser import AttrParser
-from xdsl.printer import Printer
 from xdsl.traits import IsTerminator, Pure
 
 from tessera.errors import (
@@ -53,146 +47,12 @@ from tessera.errors import (
     GraphShapeError,
 )
 from tessera.ir import dims as D
-from tessera.ir import opset
 from tessera.ir.attrs import ints, ival
 
-FLOAT_TYPES = (Float32Type, Float16Type, BFloat16Type, Float64Type)
-
-
-# --------------------------------------------------------------------------- type
-@irdl_attr_definition
-class TensorType(ParametrizedAttribute, TypeAttribute):
-    """``!tessera.tensor<[d0, d1, ...], elem>``; a dim is an integer or a symbol product."""
-
-    name = "tessera.tensor"
-    shape: ArrayAttr
-    element_type: Attribute
-
-    @staticmethod
-    def of(dims: Sequence[D.Dim], element_type: Attribute) -> "TensorType":
-        attrs: list[Attribute] = []
-        for d in dims:
-            d = D.canon(d)
-            attrs.append(IntAttr(d) if isinstance(d, int) else StringAttr(d))
-        return TensorType(ArrayAttr(attrs), element_type)
-
-    @property
-    def dims(self) -> tuple[D.Dim, ...]:
-        return tuple(a.data for a in self.shape.data)  # type: ignore[attr-defined]
-
-    @property
-    def rank(self) -> int:
-        return len(self.shape.data)
-
-    def print_parameters(self, printer: Printer) -> None:
-        printer.print_string("<[" + ", ".join(str(d) for d in self.dims) + "], ")
-        printer.print_attribute(self.element_type)
-        printer.print_string(">")
-
-    @classmethod
-    def parse_parameters(cls, parser: AttrParser) -> tuple[ArrayAttr, Attribute]:
-        with parser.in_angle_brackets():
-            parser.parse_punctuation("[")
-            dims: list[D.Dim] = []
-            if parser.parse_optional_punctuation("]") is None:
-                while True:
-                    dims.append(_parse_dim_expr(parser))
-                    if parser.parse_optional_punctuation(",") is None:
-                        break
-                parser.parse_punctuation("]")
-            parser.parse_punctuation(",")
-            elem = parser.parse_type()
-        t = TensorType.of(dims, elem)
-        return t.shape, t.element_type
-
-    def verify(self) -> None:
-        for d in self.dims:
-            if isinstance(d, int) and d < 0:
-                raise GraphShapeError(f"negative dimension {d} in tensor type")
-
-
-def _parse_dim_expr(parser: AttrParser) -> D.Dim:
-    factors: list[D.Dim] = []
-    while True:
-        value = parser.parse_optional_integer(allow_boolean=False, allow_negative=False)
-        if value is None:
-            ident = parser.parse_optional_identifier()
-            if ident is None:
-                parser.raise_error("expected a dimension (integer or symbol)")
-            factors.append(ident)
-        else:
-            factors.append(value)
-        if parser.parse_optional_punctuation("*") is None:
-            break
-    return D.product(factors)
-
-
-def tensor(dims: Sequence[D.Dim], elem: Attribute) -> TensorType:
-    return TensorType.of(dims, elem)
-
-
-def is_float(t: Attribute) -> bool:
-    return isinstance(t, FLOAT_TYPES)
-
-
-def dtype_name(t: Attribute) -> str:
-    return str(t)
-
-
-# --------------------------------------------------------------------------- shape rules
-def broadcast_dims(a: Sequence[D.Dim], b: Sequence[D.Dim], what: str = "operands") -> tuple[D.Dim, ...]:
-    """numpy broadcasting on symbolic dims: equal, or one of them the literal 1."""
-    out: list[D.Dim] = []
-    for i in range(1, max(len(a), len(b)) + 1):
-        x = a[-i] if i <= len(a) else 1
-        y = b[-i] if i <= len(b) else 1
-        if x == y or y == 1:
-            out.append(x)
-        elif x == 1:
-            out.append(y)
-        else:
-            raise GraphShapeError(
-                f"{what} do not broadcast: {list(a)} vs {list(b)} (dimension -{i}: {x} vs {y})")
-    return tuple(reversed(out))
-
-
-def normalize_axis(axis: int, rank: int, what: str) -> int:
-    if not -rank <= axis < rank:
-        raise GraphAttributeError(f"{what}: axis {axis} out of range for rank {rank}")
-    return axis % rank
-
-
-def is_int(t: Attribute) -> bool:
-    """A signed integer element type (int8/int32/int64; i1 is bool)."""
-    return isinstance(t, IntegerType) and t.width.data in (8, 32, 64)
-
-
-def is_bool(t: Attribute) -> bool:
-    return isinstance(t, IntegerType) and t.width.data == 1
-
-
-def elem_kind(t: Attribute) -> str:
-    """``dtypes.kind``'s letter for an element type: f(loat), i(nt), b(ool); '?' for others."""
-    return "f" if is_float(t) else "i" if is_int(t) else "b" if is_bool(t) else "?"
-
-
-def _require_float(op_name: str, *types: Attribute) -> None:
-    """The op's operands have the element kinds its registry entry (``ir/opset.py``) allows
-    (floats only for an op the registry does not know)."""
-    d = opset.OPS.get(op_name.removeprefix("tessera."))
-    allowed = d.kinds if d is not None else "f"
-    for t in types:
-        if elem_kind(t) in allowed:
-            continue
-        kinds = " or ".join(opset.KIND_NAMES[k] for k in allowed)
-        raise GraphDtypeError(f"{op_name} needs {'floating-point' if allowed == 'f' else kinds} operands, got {t}")
-
-
-def _operand_tensor(op_name: str, v) -> TensorType:
-    t = v.type
-    if not isinstance(t, TensorType):
-        raise GraphDtypeError(f"{op_name}: operand of type {t} is not a !tessera.tensor")
-    return t
+from tessera.ir.graph_types import (  # noqa: F401  (re-exported)
+    FLOAT_TYPES, TensorType, _operand_tensor, _parse_dim_expr, _require_float, broadcast_dims, dtype_name,
+    elem_kind, is_bool, is_float, is_int, normalize_axis, tensor,
+)
 
 
 # --------------------------------------------------------------------------- ops
@@ -354,96 +214,6 @@ class SiluOp(_Unary):
 class SqrtOp(_Unary):
     name = "tessera.sqrt"
     FN: ClassVar[str] = "sqrt"
-
-
-@irdl_op_definition
-class LogOp(_Unary):
-    name = "tessera.log"
-    FN: ClassVar[str] = "log"
-
-
-@irdl_op_definition
-class Log1pOp(_Unary):
-    name = "tessera.log1p"
-    FN: ClassVar[str] = "log1p"
-
-
-@irdl_op_definition
-class Exp2Op(_Unary):
-    name = "tessera.exp2"
-    FN: ClassVar[str] = "exp2"
-
-
-@irdl_op_definition
-class Expm1Op(_Unary):
-    name = "tessera.expm1"
-    FN: ClassVar[str] = "expm1"
-
-
-@irdl_op_definition
-class SinOp(_Unary):
-    name = "tessera.sin"
-    FN: ClassVar[str] = "sin"
-
-
-@irdl_op_definition
-class CosOp(_Unary):
-    name = "tessera.cos"
-    FN: ClassVar[str] = "cos"
-
-
-@irdl_op_definition
-class SigmoidOp(_Unary):
-    name = "tessera.sigmoid"
-    FN: ClassVar[str] = "sigmoid"
-
-
-@irdl_op_definition
-class AbsOp(_Unary):
-    name = "tessera.abs"
-    FN: ClassVar[str] = "abs"
-
-
-@irdl_op_definition
-class SignOp(_Unary):
-    name = "tessera.sign"
-    FN: ClassVar[str] = "sign"
-
-
-@irdl_op_definition
-class RsqrtOp(_Unary):
-    name = "tessera.rsqrt"
-    FN: ClassVar[str] = "rsqrt"
-
-
-@irdl_op_definition
-class ReciprocalOp(_Unary):
-    name = "tessera.reciprocal"
-    FN: ClassVar[str] = "recip"
-
-
-@irdl_op_definition
-class FloorOp(_Unary):
-    name = "tessera.floor"
-    FN: ClassVar[str] = "floor"
-
-
-@irdl_op_definition
-class CeilOp(_Unary):
-    name = "tessera.ceil"
-    FN: ClassVar[str] = "ceil"
-
-
-@irdl_op_definition
-class RoundOp(_Unary):
-    name = "tessera.round"
-    FN: ClassVar[str] = "round"
-
-
-@irdl_op_definition
-class SquareOp(_Unary):
-    name = "tessera.square"
-    FN: ClassVar[str] = "square"
 
 
 @irdl_op_definition
@@ -719,74 +489,6 @@ class CastOp(GraphOp):
         return TensorType.of(t.dims, r.element_type)
 
 
-MASKED_ROWS = ("zero", "nan")
-
-
-@irdl_op_definition
-class AttentionOp(GraphOp):
-    """``softmax(q @ k^T * scale [+ mask]) @ v`` over [batch, heads, seq, dim] tensors.
-
-    Grouped-query: k and v may have fewer heads; query head h reads kv head
-    h // (heads_q / heads_kv).  ``mask`` is boolean (i1: true = attend) or additive (the
-    inputs' float type), broadcast to [batch, heads_q, seq_q, seq_k].  ``causal`` masks key j
-    for query i when j > i (top-left alignment, as torch's scaled_dot_product_attention with
-    is_causal=True).  A query row with every key masked gives 0 (``masked_rows = "zero"``)
-    or NaN (``"nan"``: what the composed softmax form gives, used when the op stands in for it)."""
-
-    name = "tessera.attention"
-    irdl_options = (AttrSizedOperandSegments(as_property=True),)
-    q = operand_def(TensorType)
-    k = operand_def(TensorType)
-    v = operand_def(TensorType)
-    mask = opt_operand_def(TensorType)
-    scale = opt_attr_def(FloatAttr)  # absent: 1/sqrt(head dim)
-    causal = attr_def(BoolAttr)
-    masked_rows = attr_def(StringAttr)
-    result = result_def(TensorType)
-    traits = traits_def(Pure())
-    assembly_format = ("$q `,` $k `,` $v (`mask` $mask^ `:` type($mask))? attr-dict `:` type($q) `,` type($k) `,` "
-                       "type($v) `->` type($result)")
-
-    def infer_result_type(self) -> TensorType:
-        q, k, v = (_operand_tensor(self.name, x) for x in (self.q, self.k, self.v))
-        m = _operand_tensor(self.name, self.mask) if self.mask is not None else None
-        if self.masked_rows.data not in MASKED_ROWS:
-            raise GraphAttributeError(f"tessera.attention masked_rows={self.masked_rows.data!r}; legal: zero, nan")
-        return infer_attention(q, k, v, m)
-
-
-def infer_attention(q: TensorType, k: TensorType, v: TensorType, mask: TensorType | None) -> TensorType:
-    from tessera.errors import AttentionHeadDimError, AttentionHeadsError, AttentionMaskError, AttentionSeqError
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.rank != 4:
-            raise GraphRankError(f"tessera.attention: {name} must be [batch, heads, seq, dim], got rank {t.rank}")
-    if not (q.element_type == k.element_type == v.element_type):
-        raise GraphDtypeError("tessera.attention: q, k and v must share one dtype")
-    _require_float("tessera.attention", q.element_type)
-    (bq, hq, sq, dq), (bk, hk, sk, dk), (bv, hv, sv, dv) = q.dims, k.dims, v.dims
-    if dq != dk:
-        raise AttentionHeadDimError(f"tessera.attention: q head dim {dq} differs from k head dim {dk}")
-    if (bk, hk, sk) != (bv, hv, sv):
-        raise AttentionSeqError(f"tessera.attention: k is {list(k.dims)} but v is {list(v.dims)} (batch, heads and "
-                                "sequence must match)")
-    if bq != bk:
-        raise AttentionSeqError(f"tessera.attention: batch of q ({bq}) and k ({bk}) differ")
-    if hq != hk and not (isinstance(hq, int) and isinstance(hk, int) and hk > 0 and hq % hk == 0) and hk != 1:
-        raise AttentionHeadsError(f"tessera.attention: {hq} query heads are not a multiple of {hk} key/value heads")
-    if mask is not None:
-        if not (isinstance(mask.element_type, IntegerType) and mask.element_type.width.data == 1) and \
-                mask.element_type != q.element_type:
-            raise AttentionMaskError(f"tessera.attention: mask dtype {mask.element_type}; use bool or {q.element_type}")
-        try:
-            shape = broadcast_dims(mask.dims, (bq, hq, sq, sk), "tessera.attention mask")
-        except GraphShapeError as e:
-            raise AttentionMaskError(e.message) from None
-        if mask.rank > 4 or shape != (bq, hq, sq, sk):
-            raise AttentionMaskError(f"tessera.attention: mask {list(mask.dims)} does not broadcast to "
-                                     f"[{bq}, {hq}, {sq}, {sk}]")
-    return TensorType.of((bq, hq, sq, dv), q.element_type)
-
-
 @irdl_op_definition
 class ConstantOp(GraphOp):
     """A constant tensor (``value`` is a dense attribute with static shape)."""
@@ -845,6 +547,11 @@ def elementwise_fn(op: IRDLOperation) -> str:
         return "gelu_" + op.approximate.data
     return op.FN  # type: ignore[attr-defined]
 
+
+# the later unary math ops and attention live beside (they import the classes above)
+from tessera.ir.graph_math import (AbsOp, CeilOp, CosOp, Exp2Op, Expm1Op, FloorOp, Log1pOp, LogOp,  # noqa: E402
+                                   ReciprocalOp, RoundOp, RsqrtOp, SigmoidOp, SignOp, SinOp, SquareOp)
+from tessera.ir.graph_attention import MASKED_ROWS, AttentionOp, infer_attention  # noqa: E402,F401
 
 ELEMENTWISE_UNARY = (NegOp, ExpOp, TanhOp, ErfOp, ReluOp, SiluOp, GeluOp, SqrtOp,
                      LogOp, Log1pOp, Exp2Op, Expm1Op, SinOp, CosOp, SigmoidOp, AbsOp, SignOp, RsqrtOp, ReciprocalOp, FloorOp, CeilOp, RoundOp, SquareOp)
