@@ -1,7 +1,7 @@
 """GEMMs of few rows against a transposed B read in place (kernels/gemm_dot.py, schedule
 parallel ``n``): a float64 oracle on random data with odd sizes and k tails, a fused epilogue,
-more than 16 rows at run time (the BLIS nest in the same kernel), the schedule's choice, and a
-planted bug (the k tail skipped)."""
+more than 16 rows at run time (the BLIS nest in the same kernel), the schedule's choice, and
+planted bugs (the k tail skipped; the rows and columns past the last whole block skipped)."""
 from __future__ import annotations
 
 import numpy as np
@@ -49,3 +49,16 @@ def test_plant_without_k_tail_fails(rng, monkeypatch):
     got = ts.jit(lambda h, t, s: h @ t.T / s)(h, t, 0.7)
     with pytest.raises(AssertionError):
         close(got, h.astype(np.float64) @ t.T.astype(np.float64) / 0.7, 77)
+
+
+def test_plant_without_row_and_column_edges_fails(rng, monkeypatch):
+    """5 rows (one 4-row block and a single row), 51 columns (an odd count: some thread's run of
+    columns ends in a single column): with the edges skipped those are never written."""
+    from tessera.passes.tile.kernels import gemm_dot
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    monkeypatch.setattr(gemm_dot, "EDGES", False)
+    h, t = rng.standard_normal((5, 40)).astype(np.float32), rng.standard_normal((51, 40)).astype(np.float32)
+    got = ts.jit(lambda h, t, s: h @ t.T / s)(h, t, 0.7)
+    want = h.astype(np.float64) @ t.T.astype(np.float64) / 0.7
+    with pytest.raises(AssertionError):
+        close(got, want, 40)
