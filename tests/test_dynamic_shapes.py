@@ -1,0 +1,129 @@
+"""Dynamic-shape buckets (``tessera.jit(dynamic=...)``, frontend/dynamic.py): lengths of one
+power-of-two bucket share one compile, padded and masked, each result against a float64 oracle;
+with the masks planted off the results go wrong; ops that cannot be masked are refused."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tessera as ts
+from tessera.frontend import dynamic
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from models import gpt2_block  # noqa: E402
+
+GPT2 = dict(batch=2, seq=24, dim=64, heads=4)
+gpt2_dyn = ts.jit(static_argnames="n_head", dynamic={"x": 1})(gpt2_block.forward.fn)
+
+
+def test_gpt2_block_one_compile_per_bucket_and_still_attention(rng):
+    base, kw = gpt2_block.make(rng, **GPT2)
+    for seq in (20, 31, 25):   # one bucket: 17..32
+        args = [rng.standard_normal((2, seq, 64)).astype(np.float32)] + base[1:]
+        got = gpt2_dyn(*args, **kw)
+        want = gpt2_block.reference(*args, xp_dtype=np.float64, **kw)
+        assert got.shape == want.shape
+        assert np.abs(got - want).max() / np.abs(want).max() < 1e-5, seq
+        assert not np.shares_memory(got, args[0])
+    assert len(gpt2_dyn.compiles) == 1, gpt2_dyn.compiles
+    assert gpt2_dyn.compiles[0].startswith("dynamic bucket 32 (lengths 17..32"), gpt2_dyn.compiles
+    rep = ts.explain(gpt2_dyn, *args, **kw)
+    kinds = [k["kind"] for k in rep.kernels]
+    # the key-length mask rides into the attention kernel beside the causal flag (fuse-attention)
+    assert kinds.count("attention") == 1 and "rowwise" in kinds, kinds
+    assert any("bucket 32" in n and "length 25" in n for n in rep.notes), rep.notes
+    assert len(gpt2_dyn.compiles) == 1   # explain of a compiled bucket compiles nothing
+
+
+def reductions(x, w):
+    """x [B, S, D], w [S, N]; S dynamic.  Inputs chosen so zero padding would change each result."""
+    neg = -(x * x) - 1.0                  # every real value < -1: a padded 0 - 1 = -1 would win max/argmax
+    return ((x - 1.0).sum(1), x.mean(1), x.var(1), neg.max(1), ts.ops.argmax(neg, axis=1),
+            ts.ops.softmax(x, axis=1), ts.ops.logsumexp(x, axis=1), ts.ops.cumsum(x, axis=1),
+            (x + 1.0).swapaxes(1, 2) @ (w + 1.0))
+
+
+def reductions_oracle(x, w):
+    x, w = x.astype(np.float64), w.astype(np.float64)
+    neg = -(x * x) - 1.0
+    e = np.exp(x - x.max(1, keepdims=True))
+    return ((x - 1.0).sum(1), x.mean(1), x.var(1), neg.max(1), neg.argmax(1), e / e.sum(1, keepdims=True),
+            np.log(np.exp(x).sum(1)), np.cumsum(x, 1), (x + 1.0).swapaxes(1, 2) @ (w + 1.0))
+
+
+NAMES = ("sum", "mean", "var", "max", "argmax", "softmax", "logsumexp", "cumsum", "matmul")
+red_dyn = ts.jit(dynamic={"x": 1, "w": 0})(reductions)
+
+
+def _errors(fn, x, w) -> dict:
+    out = {}
+    for name, g_, w_ in zip(NAMES, fn(x, w), reductions_oracle(x, w)):
+        assert g_.shape == w_.shape, name
+        out[name] = np.abs(g_ - w_).max() / max(np.abs(w_).max(), 1.0)
+    return out
+
+
+def test_reductions_over_the_dynamic_axis_match_float64(rng):
+    for seq in (23, 17, 32):
+        x = rng.standard_normal((2, seq, 5)).astype(np.float32)
+        w = rng.standard_normal((seq, 3)).astype(np.float32)
+        errs = _errors(red_dyn, x, w)
+        assert all(e < 1e-5 for e in errs.values()), (seq, errs)
+    assert len(red_dyn.compiles) == 1, red_dyn.compiles
+    # a new bucket compiles once more, and is then a hit too
+    for seq in (40, 61):
+        x = rng.standard_normal((2, seq, 5)).astype(np.float32)
+        w = rng.standard_normal((seq, 3)).astype(np.float32)
+        assert all(e < 1e-5 for e in _errors(red_dyn, x, w).values()), seq
+    assert len(red_dyn.compiles) == 2 and red_dyn.compiles[1].startswith("dynamic bucket 64 (lengths 33..64"), \
+        red_dyn.compiles
+
+
+def test_teeth_without_masks_the_results_go_wrong(rng, monkeypatch):
+    """Planted: no masks inserted and no mean rescaled; every op over the padded axis except the
+    scan then misses the oracle (padding alone is wrong)."""
+    monkeypatch.setattr(dynamic._Masker, "mask", lambda self, x, *a, **k: x)
+    monkeypatch.setattr(dynamic._Masker, "_rescale", lambda self, n, k: n)
+    planted = ts.jit(dynamic={"x": 1, "w": 0})(reductions)
+    x = rng.standard_normal((2, 23, 5)).astype(np.float32)
+    w = rng.standard_normal((23, 3)).astype(np.float32)
+    errs = _errors(planted, x, w)
+    assert errs.pop("cumsum") < 1e-5   # a scan along the axis needs no mask: the padded tail is sliced off
+    assert all(e > 1e-3 for e in errs.values()), errs
+
+
+def test_bucket_sizes():
+    assert [dynamic.bucket(n) for n in (1, 16, 17, 64, 65, 128, 129)] == [16, 16, 32, 64, 128, 128, 256]
+    assert dynamic.MIN_BUCKET == 16
+
+
+@pytest.mark.parametrize("body, what", [
+    (lambda x: ts.ops.layer_norm(x.swapaxes(1, 2)), "layer_norm"),
+    (lambda x: x.reshape(x.shape[0] * x.shape[1], x.shape[2]), "reshape"),
+    (lambda x: x[:, -1], "slice"),
+    (lambda x: x[:, ::-1], "slice"),
+    (lambda x: ts.ops.pad(x, ((0, 0), (0, 2), (0, 0))), "pad"),
+    (lambda x: ts.ops.concatenate([x, x], axis=1), "concat"),
+    (lambda x: x.sum(1) / x.shape[1], "constant"),
+])
+def test_ops_that_cannot_be_masked_are_refused(body, what, rng):
+    f = ts.jit(dynamic={"x": 1})(body)
+    with pytest.raises(ts.errors.DynamicShapeError) as e:
+        f(rng.standard_normal((2, 9, 4)).astype(np.float32))
+    assert e.value.code == "DYNAMIC_SHAPE" and "dynamic=" in e.value.message and what in e.value.message, \
+        e.value.message
+
+
+def test_bad_dynamic_arguments(rng):
+    x = rng.standard_normal((2, 9, 4)).astype(np.float32)
+    with pytest.raises(ts.errors.ArgumentError, match="no parameter 'y'"):
+        ts.jit(dynamic={"y": 1})(lambda x: x + 1.0)
+    with pytest.raises(ts.errors.ArgumentError, match="axis 3 of argument 0 .* out of range for its rank 3"):
+        ts.jit(dynamic={"x": 3})(lambda x: x + 1.0)(x)
+    with pytest.raises(ts.errors.ArgumentError, match="share one length"):
+        ts.jit(dynamic={0: 1, 1: 0})(lambda x, w: x + 1.0)(x, x[0, :5])
+    with pytest.raises(ts.errors.ArgumentError, match="axes of 'x' must be an int"):
+        ts.jit(dynamic={"x": "seq"})(lambda x: x + 1.0)
