@@ -38,6 +38,34 @@ def test_gpt2_block_one_compile_per_bucket_and_still_attention(rng):
     assert len(gpt2_dyn.compiles) == 1   # explain of a compiled bucket compiles nothing
 
 
+def attn(q, k, v):
+    """Bidirectional attention over a dynamic sequence: padded keys would take weight unmasked."""
+    return ts.ops.softmax((q @ k.swapaxes(-1, -2)) * 0.25) @ v
+
+
+def attn_oracle(q, k, v):
+    s = q.astype(np.float64) @ k.astype(np.float64).swapaxes(-1, -2) * 0.25
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True) @ v.astype(np.float64)
+
+
+attn_dyn = ts.jit(dynamic={"q": 2, "k": 2, "v": 2})(attn)
+
+
+def _qkv(rng, seq):
+    return [rng.standard_normal((2, 3, seq, 16)).astype(np.float32) for _ in range(3)]
+
+
+def test_attention_key_length_mask_is_fused_and_exact(rng):
+    for seq in (19, 29):
+        q, k, v = _qkv(rng, seq)
+        want = attn_oracle(q, k, v)
+        assert np.abs(attn_dyn(q, k, v) - want).max() / np.abs(want).max() < 1e-5, seq
+    assert len(attn_dyn.compiles) == 1
+    kinds = [k_["kind"] for k_ in ts.explain(attn_dyn, q, k, v).kernels]
+    assert "attention" in kinds and "rowwise" not in kinds and "gemm" not in kinds, kinds
+
+
 def reductions(x, w):
     """x [B, S, D], w [S, N]; S dynamic.  Inputs chosen so zero padding would change each result."""
     neg = -(x * x) - 1.0                  # every real value < -1: a padded 0 - 1 = -1 would win max/argmax
@@ -93,6 +121,9 @@ def test_teeth_without_masks_the_results_go_wrong(rng, monkeypatch):
     errs = _errors(planted, x, w)
     assert errs.pop("cumsum") < 1e-5   # a scan along the axis needs no mask: the padded tail is sliced off
     assert all(e > 1e-3 for e in errs.values()), errs
+    q, k, v = _qkv(rng, 19)
+    want = attn_oracle(q, k, v)
+    assert np.abs(ts.jit(dynamic={"q": 2, "k": 2, "v": 2})(attn)(q, k, v) - want).max() / np.abs(want).max() > 1e-3
 
 
 def test_bucket_sizes():
