@@ -52,6 +52,24 @@ def attn_oracle(q, k, v):
 attn_dyn = ts.jit(dynamic={"q": 2, "k": 2, "v": 2})(attn)
 
 
+def explicit_attn(q, k, v, bias):
+    return ts.ops.attention(q, k, v, mask=bias, scale=0.25)
+
+
+def explicit_oracle(q, k, v, bias):
+    s = q.astype(np.float64) @ k.astype(np.float64).swapaxes(-1, -2) * 0.25 + bias
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True) @ v.astype(np.float64)
+
+
+ATTN_DYN = {"q": 2, "k": 2, "v": 2, "bias": 3}
+explicit_dyn = ts.jit(dynamic=ATTN_DYN)(explicit_attn)
+
+
+def _bias(rng, seq):   # an additive mask: its zero padding alone would let padded keys in
+    return rng.standard_normal((2, 1, 1, seq)).astype(np.float32)
+
+
 def _qkv(rng, seq):
     return [rng.standard_normal((2, 3, seq, 16)).astype(np.float32) for _ in range(3)]
 
@@ -64,6 +82,13 @@ def test_attention_key_length_mask_is_fused_and_exact(rng):
     assert len(attn_dyn.compiles) == 1
     kinds = [k_["kind"] for k_ in ts.explain(attn_dyn, q, k, v).kernels]
     assert "attention" in kinds and "rowwise" not in kinds and "gemm" not in kinds, kinds
+    # an explicit ops.attention: the key-length mask is -inf in its additive mask
+    for seq in (19, 29):
+        q, k, v = _qkv(rng, seq)
+        bias = _bias(rng, seq)
+        want = explicit_oracle(q, k, v, bias)
+        assert np.abs(explicit_dyn(q, k, v, bias) - want).max() / np.abs(want).max() < 1e-5, seq
+    assert len(explicit_dyn.compiles) == 1
 
 
 def reductions(x, w):
@@ -124,6 +149,10 @@ def test_teeth_without_masks_the_results_go_wrong(rng, monkeypatch):
     q, k, v = _qkv(rng, 19)
     want = attn_oracle(q, k, v)
     assert np.abs(ts.jit(dynamic={"q": 2, "k": 2, "v": 2})(attn)(q, k, v) - want).max() / np.abs(want).max() > 1e-3
+    monkeypatch.setattr(dynamic._Masker, "_attention", lambda self, n, ins: None)
+    bias = _bias(rng, 19)
+    want = explicit_oracle(q, k, v, bias)
+    assert np.abs(ts.jit(dynamic=ATTN_DYN)(explicit_attn)(q, k, v, bias) - want).max() / np.abs(want).max() > 1e-3
 
 
 def test_bucket_sizes():

@@ -22,7 +22,8 @@ axis, so the trace is rewritten (:func:`mask_graph`):
    second mask (``softmax(s) @ v`` stays attention-shaped for fuse-attention);
 3. ops that cannot be made exact along a dynamic axis are refused with ``DYNAMIC_SHAPE``: a
    slice, pad, concat or gather along it, layer_norm/rms_norm/cross_entropy over it, conv over a
-   dynamic spatial axis, an explicit ``attention`` whose keys are dynamic, an unknown op.
+   dynamic spatial axis, an unknown op.  An explicit ``attention`` whose keys are dynamic gets
+   the key-length mask as (or anded into) its mask operand, and ``v`` masked with 0.
 
 All dynamic dimensions of one call share one length (a sequence length); a call whose marked
 dimensions differ is refused (``BAD_ARGUMENT``).
@@ -259,11 +260,38 @@ class _Masker:
                 raise _refuse(n, "conv2d over a dynamic spatial or channel axis")
             return None
         if op == "attention":
-            if any(2 in s for s in ins[1:3]) or any(ins[3:]):
-                raise _refuse(n, "attention whose keys run along the dynamic axis (write softmax(q @ k^T * scale) "
-                                 "@ v: its masks are inserted and it is still fused as attention)")
-            return None
+            return self._attention(n, ins)
         raise _refuse(n, f"{op} on a dynamic axis")
+
+    def _attention(self, n: Node, ins: list[frozenset]) -> None:
+        """Keys along the dynamic axis: v masked with 0, and the padded keys masked out (the
+        attention's bool mask, or anded into the one it has) unless a causal attention's queries
+        run along the same axis (a real query then never reaches a padded key)."""
+        if not (2 in ins[1] or 2 in ins[2]):
+            return None
+        if ins[3:] and ins[3] - {len(n.inputs[3].shape) - 1, len(n.inputs[3].shape) - 2}:
+            raise _refuse(n, "an attention mask dynamic along another axis than the queries' or keys'")
+        n.inputs[2] = self.mask(n.inputs[2], 2, 0.0, n.loc)
+        if n.attrs["causal"] and 2 in ins[0]:
+            return None
+        shape = (1, 1, 1, self.size)
+        it = self._new("iota", [], {"axis": 3}, shape, LEN_DTYPE, n.loc)
+        keep = self._new("less", [it, self.length], {}, shape, dt.bool_, n.loc)
+        self.dyn[id(keep)] = frozenset({3})
+        if n.attrs["mask"]:
+            m = n.inputs[3]
+            out = (1,) * (4 - len(m.shape)) + tuple(m.shape)
+            out = tuple(max(a, b) for a, b in zip(out, shape))
+            if m.dtype == dt.bool_:
+                keep = self._new("bitwise_and", [m, keep], {}, out, dt.bool_, n.loc)
+            else:   # additive: -inf at the padded keys
+                c = self._new("constant", [], {}, (), m.dtype, n.loc, value=-math.inf)
+                keep = self._new("where", [keep, m, c], {}, out, m.dtype, n.loc)
+            n.inputs[3] = keep
+        else:
+            n.inputs.append(keep)
+            n.attrs = {**n.attrs, "mask": True}
+        return None
 
     def _reshape(self, n: Node, d0: frozenset):
         """A reshape keeps a dynamic axis where the same elements lie before it on both sides."""
