@@ -168,6 +168,8 @@ def test_bucket_sizes():
     (lambda x: ts.ops.pad(x, ((0, 0), (0, 2), (0, 0))), "pad"),
     (lambda x: ts.ops.concatenate([x, x], axis=1), "concat"),
     (lambda x: x.sum(1) / x.shape[1], "constant"),
+    (lambda x: ts.ops.top_k(x.swapaxes(1, 2), x.shape[1])[0], "top_k"),
+    (lambda x: ts.ops.take(x, ts.ops.arange(3), axis=1), "take"),
 ])
 def test_ops_that_cannot_be_masked_are_refused(body, what, rng):
     f = ts.jit(dynamic={"x": 1})(body)
@@ -175,6 +177,12 @@ def test_ops_that_cannot_be_masked_are_refused(body, what, rng):
         f(rng.standard_normal((2, 9, 4)).astype(np.float32))
     assert e.value.code == "DYNAMIC_SHAPE" and "dynamic=" in e.value.message and what in e.value.message, \
         e.value.message
+
+
+def test_conv_over_a_dynamic_spatial_axis_is_refused(rng):
+    f = ts.jit(dynamic={"x": 2})(lambda x, w: ts.ops.conv2d(x, w))
+    with pytest.raises(ts.errors.DynamicShapeError, match=r"conv2d .* dynamic="):
+        f(rng.standard_normal((1, 2, 9, 8)).astype(np.float32), rng.standard_normal((3, 2, 3, 3)).astype(np.float32))
 
 
 def test_bad_dynamic_arguments(rng):

@@ -94,7 +94,9 @@ def _same(a, b) -> bool:
 
 
 def _where(n: Node) -> str:
-    return f" at {n.loc}" if n.loc else ""
+    """The op as the user wrote it and its line."""
+    op = "conv2d (its patches)" if n.op == "conv_patches" else n.op
+    return f"{op} at {n.loc}" if n.loc else op
 
 
 def label(g1: TraceGraph, g2: TraceGraph, p1: int, p2: int) -> dict[int, frozenset]:
@@ -109,12 +111,12 @@ def label(g1: TraceGraph, g2: TraceGraph, p1: int, p2: int) -> dict[int, frozens
     for a, b in zip(n1, n2):
         if (a.op != b.op or [pos1[id(i)] for i in a.inputs] != [pos2[id(i)] for i in b.inputs]
                 or len(a.shape) != len(b.shape)):
-            raise DynamicShapeError(f"{a.op}{_where(a)}: the traced graph differs at another dynamic size ({b.op} "
+            raise DynamicShapeError(f"{_where(a)}: the traced graph differs at another dynamic size ({b.op} "
                                     "there); its structure must not depend on the size (dynamic=)")
         if not _same(a.value, b.value) or a.attrs.keys() != b.attrs.keys() or \
                 not all(_same(a.attrs[k], b.attrs[k]) for k in a.attrs):
             what = f"the constant {a.value!r}" if a.op == "constant" else f"{a.op}'s attributes {a.attrs}"
-            raise DynamicShapeError(f"{a.op}{_where(a)}: {what} change with the dynamic size (a size, slice bound, "
+            raise DynamicShapeError(f"{_where(a)}: {what} change with the dynamic size (a size, slice bound, "
                                     "index or number computed from it): padding to the bucket cannot keep that "
                                     "exact (dynamic=)")
         axes = set()
@@ -122,7 +124,7 @@ def label(g1: TraceGraph, g2: TraceGraph, p1: int, p2: int) -> dict[int, frozens
             if (s1, s2) == (p1, p2):
                 axes.add(ax)
             elif s1 != s2:
-                raise DynamicShapeError(f"{a.op}{_where(a)}: axis {ax} has size {s1} at dynamic length {p1} and {s2} "
+                raise DynamicShapeError(f"{_where(a)}: axis {ax} has size {s1} at dynamic length {p1} and {s2} "
                                         f"at {p2}: only an axis that is the dynamic length itself (1:1) can be padded "
                                         "and masked (a reshape merging or splitting it, a concat or slice along it "
                                         "is not supported with dynamic=)")
@@ -141,7 +143,7 @@ _FREE = {"transpose", "cumsum", "cumprod", "iota", "constant", "one_hot", "top_k
 
 
 def _refuse(n: Node, why: str) -> DynamicShapeError:
-    return DynamicShapeError(f"{n.op}{_where(n)}: {why} is not supported with dynamic= (padding to the bucket "
+    return DynamicShapeError(f"{_where(n)}: {why} is not supported with dynamic= (padding to the bucket "
                              "cannot keep it exact)")
 
 
