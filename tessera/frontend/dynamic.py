@@ -395,10 +395,10 @@ class Buckets:
 
     def pad(self, args) -> tuple[list, int, int]:
         """The arguments padded to the bucket, with the true length appended; (args, L, P)."""
-        args = list(args)
+        # array-likes as arrays (numpy scalars too): the output-axes key sees what the trace saw
+        args = [np.asarray(a) if hasattr(a, "__array_interface__") and not isinstance(a, np.ndarray) else a
+                for a in args]
         dims = self.dims(args)
-        for pos in {p for p, _ in dims}:
-            args[pos] = np.asarray(args[pos])
         lengths = {args[p].shape[ax] for p, ax in dims}
         if len(lengths) != 1:
             shown = ", ".join(f"argument {p} axis {ax} = {args[p].shape[ax]}" for p, ax in dims)
