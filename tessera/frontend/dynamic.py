@@ -201,12 +201,13 @@ class _Masker:
         self.g.outputs = [repl.get(id(o), o) for o in self.g.outputs]
 
     def _rescale(self, n: Node, k: int) -> Node:
+        """The mean ``n`` over ``k`` padded axes times (P / L) ** k (each factor at most P: no
+        overflow in f16)."""
         lf = self._new("cast", [self.length], {}, (), n.dtype, n.loc)
-        den = lf
+        num = self._new("constant", [], {}, (), n.dtype, n.loc, value=float(self.size))
+        fac = one = self._new("div", [num, lf], {}, (), n.dtype, n.loc)
         for _ in range(k - 1):
-            den = self._new("mul", [den, lf], {}, (), n.dtype, n.loc)
-        num = self._new("constant", [], {}, (), n.dtype, n.loc, value=float(self.size ** k))
-        fac = self._new("div", [num, den], {}, (), n.dtype, n.loc)
+            fac = self._new("mul", [fac, one], {}, (), n.dtype, n.loc)
         return self._new("mul", [n, fac], {}, n.shape, n.dtype, n.loc, like=n)
 
     def _visit(self, n: Node, ins: list[frozenset]):   # noqa: C901 - one rule per op family
