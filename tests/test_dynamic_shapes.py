@@ -96,7 +96,7 @@ def reductions(x, w):
     neg = -(x * x) - 1.0                  # every real value < -1: a padded 0 - 1 = -1 would win max/argmax
     return ((x - 1.0).sum(1), x.mean(1), x.var(1), neg.max(1), ts.ops.argmax(neg, axis=1),
             ts.ops.softmax(x, axis=1), ts.ops.logsumexp(x, axis=1), ts.ops.cumsum(x, axis=1),
-            (x + 1.0).swapaxes(1, 2) @ (w + 1.0))
+            (x + 1.0).swapaxes(1, 2) @ (w + 1.0)) + ts.ops.top_k(neg.swapaxes(1, 2), 3)
 
 
 def reductions_oracle(x, w):
@@ -104,10 +104,11 @@ def reductions_oracle(x, w):
     neg = -(x * x) - 1.0
     e = np.exp(x - x.max(1, keepdims=True))
     return ((x - 1.0).sum(1), x.mean(1), x.var(1), neg.max(1), neg.argmax(1), e / e.sum(1, keepdims=True),
-            np.log(np.exp(x).sum(1)), np.cumsum(x, 1), (x + 1.0).swapaxes(1, 2) @ (w + 1.0))
+            np.log(np.exp(x).sum(1)), np.cumsum(x, 1), (x + 1.0).swapaxes(1, 2) @ (w + 1.0),
+            -np.sort(-neg.swapaxes(1, 2), -1)[..., :3], np.argsort(-neg.swapaxes(1, 2), -1, kind="stable")[..., :3])
 
 
-NAMES = ("sum", "mean", "var", "max", "argmax", "softmax", "logsumexp", "cumsum", "matmul")
+NAMES = ("sum", "mean", "var", "max", "argmax", "softmax", "logsumexp", "cumsum", "matmul", "top_k", "top_k_indices")
 red_dyn = ts.jit(dynamic={"x": 1, "w": 0})(reductions)
 
 

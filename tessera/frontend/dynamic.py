@@ -213,6 +213,8 @@ class _Masker:
     def _visit(self, n: Node, ins: list[frozenset]):   # noqa: C901 - one rule per op family
         op, d0 = n.op, ins[0] if ins else frozenset()
         fam = opset.OPS[op].family if op in opset.OPS else ""
+        if op == "top_k_indices":   # read from top_k's (masked) operand, as the reference lane reads it
+            n.inputs[1] = n.inputs[0].inputs[0]
         if fam == "elementwise" or op in _FREE:
             return None
         if op in _NEUTRAL:
