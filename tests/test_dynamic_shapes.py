@@ -156,6 +156,27 @@ def test_teeth_without_masks_the_results_go_wrong(rng, monkeypatch):
     assert np.abs(ts.jit(dynamic=ATTN_DYN)(explicit_attn)(q, k, v, bias) - want).max() / np.abs(want).max() > 1e-3
 
 
+def test_recompile_warning_points_at_dynamic_and_a_bucket_stays_quiet(rng, monkeypatch):
+    import warnings
+
+    from tessera.frontend import jit as J
+    monkeypatch.setattr(J, "RECOMPILE_WARNING_AFTER", 2)
+
+    def scale(x):
+        return x * (1.0 / x.shape[0])   # the length is read: compiled in
+    sized = ts.jit(scale)
+    with pytest.warns(ts.RecompileWarning, match=r"compiled 3 times[\s\S]*dynamic="):
+        for n in (5, 6, 7):
+            sized(rng.standard_normal((n, 3)).astype(np.float32))
+    with warnings.catch_warnings():   # the contrast: marked dynamic, the same lengths share one compile
+        warnings.simplefilter("error", ts.RecompileWarning)
+        f = ts.jit(lambda x: x * 2.0, dynamic={"x": 0})
+        for n in (5, 6, 7, 9):
+            x = rng.standard_normal((n, 3)).astype(np.float32)
+            assert np.array_equal(f(x), x * 2.0)
+    assert len(f.compiles) == 1
+
+
 def test_bucket_sizes():
     assert [dynamic.bucket(n) for n in (1, 16, 17, 64, 65, 128, 129)] == [16, 16, 32, 64, 128, 128, 256]
     assert dynamic.MIN_BUCKET == 16

@@ -411,7 +411,7 @@ class JitFunction:
             warnings.warn(RecompileWarning(
                 f"tessera.jit: {self.name} has been compiled {len(self.compiles)} times; the last causes:\n  {last}\n"
                 "a value compiled in (static_argnames, or a number read as a Python value) compiles once per "
-                "value"), stacklevel=4)
+                "value" + _dynamic_hint(self.compiles[-RECOMPILE_WARNING_AFTER:])), stacklevel=4)
 
     def _evict(self) -> None:
         """Drop the least recently used specialisations beyond MAX_VARIANTS, and their call plans
@@ -618,6 +618,14 @@ class Artifact:
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)
+
+
+def _dynamic_hint(causes) -> str:
+    """Sizes compiled in: the dynamic= way out (frontend/dynamic.py)."""
+    if not any(c.startswith("sizes ") for c in causes):
+        return ""
+    return ("; a size compiled in compiles once per size: mark a dimension that varies from call to call dynamic, "
+            "tessera.jit(dynamic={'x': 1}), to compile once per power-of-two bucket")
 
 
 def _int_scalars(args, kinds) -> frozenset:
