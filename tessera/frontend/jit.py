@@ -726,7 +726,7 @@ def jit(fn=None, *, target: str | None = None, arch: str | None = None, strict: 
     normalisation over the padded axis masked with its neutral element (the true length is a
     runtime value), and results sliced back to the true length.  Ops that cannot be masked along
     the axis (a reshape merging it, a slice or pad along it, conv, layer_norm over it) are
-    refused with ``DYNAMIC_SHAPE`` (docs/architecture.md, "Dynamic shapes")."""
+    refused with ``DYNAMIC_SHAPE`` (docs/architecture.md, "Recompiles and dynamic shapes")."""
     schedule = _with_deterministic(schedule, deterministic)
 
     def wrap(f):

@@ -1,9 +1,9 @@
 """``fuse-attention``: recognise ``softmax((q @ k^T) * scale [+ mask]) @ v`` and group attention.
 
-A mask may also be a ``where(cond, scores, -inf)`` (or two nested, one of them causal):
-``cond`` (bool, True = attend) becomes the attention's mask, and the iota comparison ``i[:, None] >= j[None, :]`` (row index at least the
-column index: top-left causal, whatever the two lengths) becomes ``causal``, whose blocks the
-kernel skips.
+A mask may also be a ``where(cond, scores, -inf)`` (or two nested, one of them causal, as
+``jit(dynamic=)`` makes it): ``cond`` (bool, True = attend) becomes the attention's mask, and
+the iota comparison ``i[:, None] >= j[None, :]`` (row index at least the column index: top-left
+causal, whatever the two lengths) becomes ``causal``, whose blocks the kernel skips.
 
 The composed form is rewritten into ``tessera.attention`` (with ``masked_rows = "nan"``: a
 row whose every score is -inf gives NaN in the composed form, and so it does in the fused
