@@ -432,7 +432,10 @@ class Buckets:
 
     def call(self, args):
         padded, n, size = self.pad(args)
-        outs = self.inner(*padded)
+        return self.unpad(self.inner(*padded), padded, n, size)
+
+    def unpad(self, outs, padded, n: int, size: int):
+        """The results sliced back to length ``n`` along their dynamic axes."""
         tup = isinstance(outs, tuple)
         axes = self.inner.out_axes.get(_pattern_key(padded, self._kinds(padded)))
         if axes is None:
@@ -467,6 +470,10 @@ class BucketArtifact(Artifact):
         r.notes.append(f"dynamic ({dims}): length {self.length} runs in bucket {self.size} (lengths {lo}..{self.size} "
                        f"share this compile; padded and masked); {len(self.owner.inner.compiles)} bucket compile(s)")
         return r
+
+    def emulate(self, *args, **kwargs):
+        padded, n, size = self.owner.pad(self.owner.fn._flat(args, kwargs))
+        return self.owner.unpad(super().emulate(*padded), padded, n, size)
 
     def __call__(self, *args, **kwargs):
         return self.owner.fn(*args, **kwargs)
