@@ -177,6 +177,31 @@ def test_recompile_warning_points_at_dynamic_and_a_bucket_stays_quiet(rng, monke
     assert len(f.compiles) == 1
 
 
+def two_lengths(x, w):
+    """x [batch, seq, D], w [seq, N]: batch and seq are independent dynamic lengths."""
+    return x.sum(1), ts.ops.softmax(x, axis=1), x.mean((0, 1)), (x - 1.0).swapaxes(1, 2) @ w
+
+
+def two_lengths_oracle(x, w):
+    x, w = x.astype(np.float64), w.astype(np.float64)
+    e = np.exp(x - x.max(1, keepdims=True))
+    return x.sum(1), e / e.sum(1, keepdims=True), x.mean((0, 1)), (x - 1.0).swapaxes(1, 2) @ w
+
+
+def test_two_independent_lengths_one_compile_per_pair_of_buckets(rng):
+    f = ts.jit(two_lengths, dynamic={"x": {0: "batch", 1: "seq"}, "w": {0: "seq"}})
+    for b, seq in ((3, 20), (7, 31), (20, 18)):   # batch buckets 16, 16, 32; seq bucket 32
+        x = rng.standard_normal((b, seq, 4)).astype(np.float32)
+        w = rng.standard_normal((seq, 3)).astype(np.float32)
+        for got, want in zip(f(x, w), two_lengths_oracle(x, w)):
+            assert got.shape == want.shape and np.abs(got - want).max() / np.abs(want).max() < 1e-5, (b, seq)
+    assert len(f.compiles) == 2, f.compiles
+    assert f.compiles[1].startswith("dynamic buckets batch 32 (lengths 17..32, first at length 20), seq 32"), \
+        f.compiles
+    with pytest.raises(ts.errors.ArgumentError, match="following one length \\('seq'\\)"):
+        f(x, w[:5])
+
+
 def test_bucket_sizes():
     assert [dynamic.bucket(n) for n in (1, 16, 17, 64, 65, 128, 129)] == [16, 16, 32, 64, 128, 128, 256]
     assert dynamic.MIN_BUCKET == 16

@@ -25,8 +25,10 @@ axis, so the trace is rewritten (:func:`mask_graph`):
    dynamic spatial axis, an unknown op.  An explicit ``attention`` whose keys are dynamic gets
    the key-length mask as (or anded into) its mask operand, and ``v`` masked with 0.
 
-All dynamic dimensions of one call share one length (a sequence length); a call whose marked
-dimensions differ is refused (``BAD_ARGUMENT``).
+Axes given as an int or a tuple of ints all follow one length (``"length"``); ``{axis: "name"}``
+names the length an axis follows, so ``dynamic={"x": {0: "batch", 1: "seq"}, "bias": {1: "seq"}}``
+has two independent lengths, each with its own bucket and runtime value (and one more trace,
+at its size + 1).  The dimensions of one length must agree in a call (``BAD_ARGUMENT``).
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ from tessera.frontend.trace import Node, TraceGraph
 from tessera.ir import opset
 
 MIN_BUCKET = 16   # the smallest bucket: lengths 1..16 share one compile
+DEFAULT = "length"   # the length an axis follows when dynamic= does not name one
 LEN_DTYPE = np.dtype(np.int32)   # the true length's runtime dtype (an iota's)
 
 
@@ -55,13 +58,13 @@ def bucket(n: int) -> int:
 
 
 # ---------------------------------------------------------------------------- the spec
-def parse_spec(fn: JitFunction, spec) -> dict[int, tuple[int, ...]]:
-    """``dynamic=`` as argument position -> axes (as given; normalised per call)."""
+def parse_spec(fn: JitFunction, spec) -> dict[int, list[tuple[int, str]]]:
+    """``dynamic=`` as argument position -> (axis as given, the length's name) pairs."""
     if not isinstance(spec, dict):
         raise ArgumentError(f"{fn.name}: dynamic= takes a dict of argument name (or position) -> axis or tuple of "
                             f"axes, got {type(spec).__name__}")
     names = [p.name for p in fn._params] if fn._params is not None else []
-    out: dict[int, tuple[int, ...]] = {}
+    out: dict[int, list[tuple[int, str]]] = {}
     for k, v in spec.items():
         if isinstance(k, str):
             if k not in names:
@@ -72,14 +75,19 @@ def parse_spec(fn: JitFunction, spec) -> dict[int, tuple[int, ...]]:
             pos = k
         else:
             raise ArgumentError(f"dynamic=: {k!r} is not a parameter name or position")
-        axes = (v,) if isinstance(v, int) and not isinstance(v, bool) else tuple(v) if isinstance(v, (tuple, list)) \
-            else None
-        if not axes or any(isinstance(a, bool) or not isinstance(a, int) for a in axes):
-            raise ArgumentError(f"dynamic=: the axes of {k!r} must be an int or a tuple of ints, got {v!r}")
+        if isinstance(v, dict):
+            items = list(v.items())
+        else:
+            axes = (v,) if isinstance(v, int) else tuple(v) if isinstance(v, (tuple, list)) else ()
+            items = [(a, DEFAULT) for a in axes]
+        if not items or any(isinstance(a, bool) or not isinstance(a, int) or not isinstance(n, str) or not n
+                            for a, n in items):
+            raise ArgumentError(f"dynamic=: the axes of {k!r} must be an int, a tuple of ints or a dict of axis -> "
+                                f"length name, got {v!r}")
         if pos in fn._static:
             raise ArgumentError(f"dynamic=: argument {k!r} is static (static_argnums/static_argnames); a static "
                                 "value has no dynamic axis")
-        out[pos] = out.get(pos, ()) + axes
+        out.setdefault(pos, []).extend(items)
     return out
 
 
@@ -99,15 +107,24 @@ def _where(n: Node) -> str:
     return f"{op} at {n.loc}" if n.loc else op
 
 
-def label(g1: TraceGraph, g2: TraceGraph, p1: int, p2: int) -> dict[int, frozenset]:
-    """id(node of g1) -> its dynamic axes, from the traces at sizes p1 and p2."""
-    n1, n2 = g1.args + g1.nodes, g2.args + g2.nodes
+def label(g1: TraceGraph, g2s: list[TraceGraph], sizes: list[int]) -> dict[int, dict[int, int]]:
+    """id(node of g1) -> {dynamic axis: the length it follows}; ``g2s[s]`` is traced with length
+    ``s`` at ``sizes[s] + 1``, the others as in g1."""
+    n1 = g1.args + g1.nodes
+    dyn: dict[int, dict[int, int]] = {id(a): {} for a in n1}
+    for s, g2 in enumerate(g2s):
+        _label_one(n1, g1, g2, sizes[s], s, dyn)
+    return dyn
+
+
+def _label_one(n1: list[Node], g1: TraceGraph, g2: TraceGraph, p1: int, sym: int, dyn: dict) -> None:
+    p2 = p1 + 1
+    n2 = g2.args + g2.nodes
     if len(n1) != len(n2) or len(g1.outputs) != len(g2.outputs):
         raise DynamicShapeError(f"the traced graph changes with the dynamic size ({len(n1)} nodes at length {p1}, "
                                 f"{len(n2)} at {p2}): its structure must not depend on the size (dynamic=)")
     pos1 = {id(n): i for i, n in enumerate(n1)}
     pos2 = {id(n): i for i, n in enumerate(n2)}
-    dyn: dict[int, frozenset] = {}
     for a, b in zip(n1, n2):
         if (a.op != b.op or [pos1[id(i)] for i in a.inputs] != [pos2[id(i)] for i in b.inputs]
                 or len(a.shape) != len(b.shape)):
@@ -119,17 +136,17 @@ def label(g1: TraceGraph, g2: TraceGraph, p1: int, p2: int) -> dict[int, frozens
             raise DynamicShapeError(f"{_where(a)}: {what} change with the dynamic size (a size, slice bound, "
                                     "index or number computed from it): padding to the bucket cannot keep that "
                                     "exact (dynamic=)")
-        axes = set()
+        axes = dyn[id(a)]
         for ax, (s1, s2) in enumerate(zip(a.shape, b.shape)):
             if (s1, s2) == (p1, p2):
-                axes.add(ax)
+                if ax in axes:
+                    raise DynamicShapeError(f"{_where(a)}: axis {ax} follows two dynamic lengths (dynamic=)")
+                axes[ax] = sym
             elif s1 != s2:
                 raise DynamicShapeError(f"{_where(a)}: axis {ax} has size {s1} at dynamic length {p1} and {s2} "
                                         f"at {p2}: only an axis that is the dynamic length itself (1:1) can be padded "
                                         "and masked (a reshape merging or splitting it, a concat or slice along it "
                                         "is not supported with dynamic=)")
-        dyn[id(a)] = frozenset(axes)
-    return dyn
 
 
 # ---------------------------------------------------------------------------- masking
@@ -150,8 +167,8 @@ def _refuse(n: Node, why: str) -> DynamicShapeError:
 class _Masker:
     """Rewrites one trace graph in place (see the module docstring)."""
 
-    def __init__(self, g: TraceGraph, dyn: dict[int, frozenset], length: Node, size: int):
-        self.g, self.dyn, self.length, self.size = g, dyn, length, size
+    def __init__(self, g: TraceGraph, dyn: dict[int, dict[int, int]], lengths: list[Node], sizes: list[int]):
+        self.g, self.dyn, self.lengths, self.sizes = g, dyn, lengths, sizes
         self.out: list[Node] = []
         self.cache: dict[tuple, Node] = {}
         self.zero: set[tuple[int, int]] = set()   # (id(node), axis): exactly 0 in the padded part of that axis
@@ -161,7 +178,7 @@ class _Masker:
         n = Node(op, inputs, attrs, tuple(shape), np.dtype(dtype), loc, value=value,
                  scalar_of=frozenset() if op == "constant" else None)
         self.out.append(n)
-        self.dyn[id(n)] = self.dyn[id(like)] if like is not None else frozenset()
+        self.dyn[id(n)] = dict(self.dyn[id(like)]) if like is not None else {}
         return n
 
     def mask(self, x: Node, axis: int, neutral, loc, row: bool = False) -> Node:
@@ -172,9 +189,10 @@ class _Masker:
         key = (id(x), axis, neutral)
         if key in self.cache:
             return self.cache[key]
-        shape = tuple(self.size if i == axis else 1 if row else s for i, s in enumerate(x.shape))
+        sym = self.dyn[id(x)][axis]
+        shape = tuple(self.sizes[sym] if i == axis else 1 if row else s for i, s in enumerate(x.shape))
         it = self._new("iota", [], {"axis": axis}, shape, LEN_DTYPE, loc)
-        cond = self._new("less", [it, self.length], {}, shape, dt.bool_, loc)
+        cond = self._new("less", [it, self.lengths[sym]], {}, shape, dt.bool_, loc)
         value = int(bool(neutral)) if x.dtype == dt.bool_ else neutral
         c = self._new("constant", [], {}, (), x.dtype, loc, value=value)
         w = self._new("where", [cond, x, c], {}, x.shape, x.dtype, loc, like=x)
@@ -189,29 +207,30 @@ class _Masker:
         repl: dict[int, Node] = {}
         for n in self.g.nodes:
             n.inputs = [repl.get(id(i), i) for i in n.inputs]
-            ins = [self.dyn.get(id(i), frozenset()) for i in n.inputs]
+            ins = [self.dyn.get(id(i), {}) for i in n.inputs]
             if any(ins):
                 after = self._visit(n, ins)
             else:
                 after = None
             self.out.append(n)
-            if after is not None:   # a mean over the padded axis: times P / L
+            if after:   # a mean over padded axes: times P / L for each
                 repl[id(n)] = self._rescale(n, after)
         self.g.nodes = self.out
         self.g.outputs = [repl.get(id(o), o) for o in self.g.outputs]
 
-    def _rescale(self, n: Node, k: int) -> Node:
-        """The mean ``n`` over ``k`` padded axes times (P / L) ** k (each factor at most P: no
-        overflow in f16)."""
-        lf = self._new("cast", [self.length], {}, (), n.dtype, n.loc)
-        num = self._new("constant", [], {}, (), n.dtype, n.loc, value=float(self.size))
-        fac = one = self._new("div", [num, lf], {}, (), n.dtype, n.loc)
-        for _ in range(k - 1):
-            fac = self._new("mul", [fac, one], {}, (), n.dtype, n.loc)
+    def _rescale(self, n: Node, syms: list[int]) -> Node:
+        """The mean ``n`` over padded axes (following lengths ``syms``) times P / L for each (each
+        factor at most P: no overflow in f16)."""
+        fac = None
+        for s in syms:
+            lf = self._new("cast", [self.lengths[s]], {}, (), n.dtype, n.loc)
+            num = self._new("constant", [], {}, (), n.dtype, n.loc, value=float(self.sizes[s]))
+            f = self._new("div", [num, lf], {}, (), n.dtype, n.loc)
+            fac = f if fac is None else self._new("mul", [fac, f], {}, (), n.dtype, n.loc)
         return self._new("mul", [n, fac], {}, n.shape, n.dtype, n.loc, like=n)
 
-    def _visit(self, n: Node, ins: list[frozenset]):   # noqa: C901 - one rule per op family
-        op, d0 = n.op, ins[0] if ins else frozenset()
+    def _visit(self, n: Node, ins: list[dict]):   # noqa: C901 - one rule per op family
+        op, d0 = n.op, ins[0] if ins else {}
         fam = opset.OPS[op].family if op in opset.OPS else ""
         if op == "top_k_indices":   # read from top_k's (masked) operand, as the reference lane reads it
             n.inputs[1] = n.inputs[0].inputs[0]
@@ -227,14 +246,14 @@ class _Masker:
             n.inputs[0] = x
             if op == "softmax" and hit and all((id(x), a) in self.neg for a in hit):
                 self.zero.update((id(n), a) for a in hit)   # exp(-inf) = 0 exactly
-            return len(hit) if op == "reduce_mean" and hit else None
+            return [d0[a] for a in hit] if op == "reduce_mean" else None
         if op == "matmul":
             a, b = n.inputs
             ka, kb = len(a.shape) - 1, (len(b.shape) - 2 if len(b.shape) >= 2 else 0)
             if ka in ins[0] or kb in ins[1]:
-                if (id(a), ka) not in self.zero:
+                if ka in ins[0] and (id(a), ka) not in self.zero:
                     n.inputs[0] = self.mask(a, ka, 0.0, n.loc)
-                if (id(b), kb) not in self.zero:
+                if kb in ins[1] and (id(b), kb) not in self.zero:
                     n.inputs[1] = self.mask(b, kb, 0.0, n.loc)
             return None
         if op == "reshape":
@@ -261,28 +280,30 @@ class _Masker:
                 raise _refuse(n, f"{op} over the dynamic axis")
             return None
         if op == "conv_patches":
-            if d0 - {0}:
+            if set(d0) - {0}:
                 raise _refuse(n, "conv2d over a dynamic spatial or channel axis")
             return None
         if op == "attention":
             return self._attention(n, ins)
         raise _refuse(n, f"{op} on a dynamic axis")
 
-    def _attention(self, n: Node, ins: list[frozenset]) -> None:
+    def _attention(self, n: Node, ins: list[dict]) -> None:
         """Keys along the dynamic axis: v masked with 0, and the padded keys masked out (the
         attention's bool mask, or anded into the one it has) unless a causal attention's queries
         run along the same axis (a real query then never reaches a padded key)."""
         if not (2 in ins[1] or 2 in ins[2]):
             return None
-        if ins[3:] and ins[3] - {len(n.inputs[3].shape) - 1, len(n.inputs[3].shape) - 2}:
+        if ins[3:] and set(ins[3]) - {len(n.inputs[3].shape) - 1, len(n.inputs[3].shape) - 2}:
             raise _refuse(n, "an attention mask dynamic along another axis than the queries' or keys'")
-        n.inputs[2] = self.mask(n.inputs[2], 2, 0.0, n.loc)
-        if n.attrs["causal"] and 2 in ins[0]:
+        sym = ins[1].get(2, ins[2].get(2))
+        if 2 in ins[2]:
+            n.inputs[2] = self.mask(n.inputs[2], 2, 0.0, n.loc)
+        if n.attrs["causal"] and ins[0].get(2) == sym:
             return None
-        shape = (1, 1, 1, self.size)
+        shape = (1, 1, 1, self.sizes[sym])
         it = self._new("iota", [], {"axis": 3}, shape, LEN_DTYPE, n.loc)
-        keep = self._new("less", [it, self.length], {}, shape, dt.bool_, n.loc)
-        self.dyn[id(keep)] = frozenset({3})
+        keep = self._new("less", [it, self.lengths[sym]], {}, shape, dt.bool_, n.loc)
+        self.dyn[id(keep)] = {3: sym}
         if n.attrs["mask"]:
             m = n.inputs[3]
             out = (1,) * (4 - len(m.shape)) + tuple(m.shape)
@@ -298,66 +319,81 @@ class _Masker:
             n.attrs = {**n.attrs, "mask": True}
         return None
 
-    def _reshape(self, n: Node, d0: frozenset):
+    def _reshape(self, n: Node, d0: dict):
         """A reshape keeps a dynamic axis where the same elements lie before it on both sides."""
-        src, dst = sorted(d0), sorted(self.dyn[id(n)])
-        shape = n.inputs[0].shape
-        if len(src) != len(dst) or any(math.prod(shape[:a]) != math.prod(n.shape[:b]) for a, b in zip(src, dst)):
-            raise _refuse(n, f"a reshape from {shape} to {n.shape} that moves or merges the dynamic axis")
+        shape, d1 = n.inputs[0].shape, self.dyn[id(n)]
+        for s in set(d0.values()) | set(d1.values()):
+            src = sorted(a for a, t in d0.items() if t == s)
+            dst = sorted(a for a, t in d1.items() if t == s)
+            if len(src) != len(dst) or any(math.prod(shape[:a]) != math.prod(n.shape[:b]) for a, b in zip(src, dst)):
+                raise _refuse(n, f"a reshape from {shape} to {n.shape} that moves or merges the dynamic axis")
         return None
 
 
-def mask_graph(g1: TraceGraph, g2: TraceGraph, p1: int, p2: int) -> list[frozenset]:
-    """Label g1's dynamic axes (g2 traced at p2), insert the masks; the outputs' dynamic axes.
-    The true length is g1's last argument (a 0-d int32 array)."""
-    dyn = label(g1, g2, p1, p2)
-    _Masker(g1, dyn, g1.args[-1], p1).rewrite()
+def mask_graph(g1: TraceGraph, g2s: list[TraceGraph], sizes: list[int]) -> list[dict[int, int]]:
+    """Label g1's dynamic axes (``g2s[s]`` traced with length s at ``sizes[s] + 1``), insert the
+    masks; each output's {dynamic axis: length}.  The true lengths are g1's last arguments (0-d
+    int32 arrays, one per length)."""
+    dyn = label(g1, g2s, sizes)
+    _Masker(g1, dyn, g1.args[len(g1.args) - len(sizes):], sizes).rewrite()
     return [dyn[id(o)] for o in g1.outputs]
 
 
 # ---------------------------------------------------------------------------- the compiled function
+def _describe(names: list[str], ns: list[int], sizes: list[int], verb: str) -> str:
+    """Each length's bucket: "bucket 128 (lengths 65..128, first at length 70)"."""
+    parts = [f"{'' if len(names) == 1 else name + ' '}{p} (lengths {_lowest(p)}..{p}, {verb} {n})"
+             for name, n, p in zip(names, ns, sizes)]
+    return ("bucket " if len(parts) == 1 else "buckets ") + ", ".join(parts)
+
+
 class BucketedJit(JitFunction):
-    """The compiled form: the user's function with the true length as a last argument; its trace
+    """The compiled form: the user's function with the true lengths as last arguments; its trace
     is masked (mask_graph) and each compile's cause names the bucket."""
 
     def __init__(self, owner: "Buckets"):
-        outer = owner.fn
+        outer, k = owner.fn, len(owner.names)
 
         def padded_call(*flat):
-            return outer._call_fn(*flat[:-1])
+            return outer._call_fn(*flat[:-k])
         padded_call.__name__ = padded_call.__qualname__ = outer.name
         super().__init__(padded_call, target=outer.target, arch=outer.arch, strict=outer.strict,
                          schedule=outer.schedule, static_argnums=tuple(outer._static))
         self.owner = owner
-        self.out_axes: dict[tuple, list[frozenset]] = {}
+        self.out_axes: dict[tuple, list[dict[int, int]]] = {}
 
     def _trace(self, prepared, kinds, ints):
         g1 = super()._trace(prepared, kinds, ints)
-        dims = self.owner.dims(prepared[:-1])
-        p1 = prepared[dims[0][0]].shape[dims[0][1]]
-        wider = list(prepared)
-        for pos in {p for p, _ in dims}:
-            shape = list(prepared[pos].shape)
-            for p, ax in dims:
-                if p == pos:
-                    shape[ax] = p1 + 1
-            wider[pos] = np.broadcast_to(np.zeros((), prepared[pos].dtype), shape)   # shapes only: no memory
-        try:
-            g2 = super()._trace(wider, kinds, ints)
-        except TesseraError as e:
-            raise DynamicShapeError(f"tracing {self.name} at dynamic length {p1 + 1} (to find which axes follow the "
-                                    f"dynamic one) failed where length {p1} traced: {e.code}: {e.message}") from None
-        self.out_axes[_pattern_key(prepared, kinds)] = mask_graph(g1, g2, p1, p1 + 1)
+        k = len(self.owner.names)
+        dims = self.owner.dims(prepared[:-k])
+        sizes = self.owner.sizes(prepared[:-k], dims)
+        g2s = []
+        for sym, name in enumerate(self.owner.names):
+            wider = list(prepared)
+            for pos in {p for p, _, t in dims if t == sym}:
+                shape = list(prepared[pos].shape)
+                for p, ax, t in dims:
+                    if p == pos and t == sym:
+                        shape[ax] = sizes[sym] + 1
+                wider[pos] = np.broadcast_to(np.zeros((), prepared[pos].dtype), shape)   # shapes only: no memory
+            try:
+                g2s.append(super()._trace(wider, kinds, ints))
+            except TesseraError as e:
+                raise DynamicShapeError(
+                    f"tracing {self.name} at dynamic {name} {sizes[sym] + 1} (to find which axes follow it) failed "
+                    f"where {sizes[sym]} traced: {e.code}: {e.message}") from None
+        self.out_axes[_pattern_key(prepared, kinds)] = mask_graph(g1, g2s, sizes)
         return g1
 
     def _count_compile(self, key, kinds, prepared, arrays) -> None:
         super()._count_compile(key, kinds, prepared, arrays)
-        p, ax = self.owner.dims(prepared[:-1])[0]
-        size, n = prepared[p].shape[ax], int(prepared[-1])
+        k = len(self.owner.names)
+        sizes = self.owner.sizes(prepared[:-k], self.owner.dims(prepared[:-k]))
+        ns = [int(n) for n in prepared[-k:]]
         with self._lock:
             cause = self.compiles[-1]
             cause = "a new bucket" if cause.startswith("sizes ") else cause   # the bucket's size is compiled in
-            self.compiles[-1] = f"dynamic bucket {size} (lengths {_lowest(size)}..{size}, first at length {n}): {cause}"
+            self.compiles[-1] = f"dynamic {_describe(self.owner.names, ns, sizes, 'first at length')}: {cause}"
 
 
 def _pattern_key(args, kinds) -> tuple:
@@ -373,13 +409,15 @@ class Buckets:
     def __init__(self, fn: JitFunction, spec):
         self.fn = fn
         self.spec = parse_spec(fn, spec)
+        # the lengths, in order of first mention: one runtime length argument and one bucket each
+        self.names = list(dict.fromkeys(n for items in self.spec.values() for _, n in items))
         self.inner = BucketedJit(self)
         fn.compiles = self.inner.compiles   # the recompile counter: one entry per bucket compiled
 
-    def dims(self, args) -> list[tuple[int, int]]:
-        """(position, axis) of every dynamic dimension of this call, axes normalised."""
-        out = []
-        for pos, axes in self.spec.items():
+    def dims(self, args) -> list[tuple[int, int, int]]:
+        """(position, axis, length) of every dynamic dimension of this call, axes normalised."""
+        out: list[tuple[int, int, int]] = []
+        for pos, items in self.spec.items():
             if pos >= len(args):
                 raise ArgumentError(f"dynamic=: {self.fn.name} was called with {len(args)} arguments; argument "
                                     f"{pos} is marked dynamic")
@@ -388,40 +426,52 @@ class Buckets:
                 raise ArgumentError(f"dynamic=: argument {pos} of {self.fn.name} is a {type(a).__name__}; only an "
                                     "array has a dynamic axis")
             rank = np.ndim(a)
-            for ax in axes:
+            for ax, name in items:
                 if not -rank <= ax < rank:
                     raise ArgumentError(f"dynamic=: axis {ax} of argument {pos} of {self.fn.name} is out of range "
                                         f"for its rank {rank}")
-                if (pos, ax % rank) not in out:
-                    out.append((pos, ax % rank))
+                sym = self.names.index(name)
+                if any(p == pos and a_ == ax % rank and t != sym for p, a_, t in out):
+                    raise ArgumentError(f"dynamic=: axis {ax} of argument {pos} follows two lengths")
+                if (pos, ax % rank, sym) not in out:
+                    out.append((pos, ax % rank, sym))
         return out
 
-    def pad(self, args) -> tuple[list, int, int]:
-        """The arguments padded to the bucket, with the true length appended; (args, L, P)."""
+    def sizes(self, args, dims) -> list[int]:
+        """Each length's size in ``args`` (the first of its dimensions)."""
+        return [next(np.shape(args[p])[ax] for p, ax, t in dims if t == sym) for sym in range(len(self.names))]
+
+    def pad(self, args) -> tuple[list, list[int], list[int]]:
+        """The arguments padded to their buckets, the true lengths appended; (args, lengths, buckets)."""
         # array-likes as arrays (numpy scalars too): the output-axes key sees what the trace saw
         args = [np.asarray(a) if hasattr(a, "__array_interface__") and not isinstance(a, np.ndarray) else a
                 for a in args]
         dims = self.dims(args)
-        lengths = {args[p].shape[ax] for p, ax in dims}
-        if len(lengths) != 1:
-            shown = ", ".join(f"argument {p} axis {ax} = {args[p].shape[ax]}" for p, ax in dims)
-            raise ArgumentError(f"dynamic=: the dynamic dimensions of one call share one length; got {shown}")
-        n = lengths.pop()
-        if n == 0:
-            raise ArgumentError(f"dynamic=: {self.fn.name} called with dynamic length 0 (at least 1)")
-        size = bucket(n)
-        for pos in {p for p, _ in dims}:
+        ns = []
+        for sym, name in enumerate(self.names):
+            mine = [(p, ax) for p, ax, t in dims if t == sym]
+            lengths = {args[p].shape[ax] for p, ax in mine}
+            if len(lengths) != 1:
+                shown = ", ".join(f"argument {p} axis {ax} = {args[p].shape[ax]}" for p, ax in mine)
+                raise ArgumentError(f"dynamic=: the dynamic dimensions of one call following one length ({name!r}) "
+                                    f"share one length; got {shown}")
+            n = lengths.pop()
+            if n == 0:
+                raise ArgumentError(f"dynamic=: {self.fn.name} called with dynamic {name} 0 (at least 1)")
+            ns.append(n)
+        sizes = [bucket(n) for n in ns]
+        for pos in {p for p, _, _ in dims}:
             a = args[pos]
-            if n == size:
-                continue
             shape = list(a.shape)
-            for p, ax in dims:
+            for p, ax, t in dims:
                 if p == pos:
-                    shape[ax] = size
+                    shape[ax] = sizes[t]
+            if tuple(shape) == a.shape:
+                continue
             out = np.zeros(shape, a.dtype)   # finite padding: masked wherever it could reach a result
             out[tuple(slice(0, s) for s in a.shape)] = a
             args[pos] = out
-        return args + [np.asarray(n, LEN_DTYPE)], n, size
+        return args + [np.asarray(n, LEN_DTYPE) for n in ns], ns, sizes
 
     def _kinds(self, args) -> list[str]:
         inner = self.inner
@@ -431,49 +481,49 @@ class Buckets:
                 for i, a in enumerate(args)]
 
     def call(self, args):
-        padded, n, size = self.pad(args)
-        return self.unpad(self.inner(*padded), padded, n, size)
+        padded, ns, sizes = self.pad(args)
+        return self.unpad(self.inner(*padded), padded, ns, sizes)
 
-    def unpad(self, outs, padded, n: int, size: int):
-        """The results sliced back to length ``n`` along their dynamic axes."""
+    def unpad(self, outs, padded, ns: list[int], sizes: list[int]):
+        """The results sliced back to the true lengths along their dynamic axes."""
         tup = isinstance(outs, tuple)
         axes = self.inner.out_axes.get(_pattern_key(padded, self._kinds(padded)))
         if axes is None:
             raise InternalError(f"dynamic=: no traced output axes for this call of {self.fn.name}")
         res = []
         for o, ax in zip(outs if tup else (outs,), axes):
-            if ax and n != size:
-                o = o[tuple(slice(0, n) if i in ax else slice(None) for i in range(o.ndim))]
+            if any(ns[t] != sizes[t] for t in ax.values()):
+                o = o[tuple(slice(0, ns[ax[i]]) if i in ax else slice(None) for i in range(o.ndim))]
                 if not o.flags.c_contiguous:
                     o = o.copy()
             res.append(o)
         return tuple(res) if tup else res[0]
 
     def compile(self, args) -> "BucketArtifact":
-        padded, n, size = self.pad(args)
+        padded, ns, sizes = self.pad(args)
         v, _, _ = self.inner._variant(padded)
-        return BucketArtifact(self, v, n, size)
+        return BucketArtifact(self, v, ns, sizes)
 
 
 class BucketArtifact(Artifact):
     """A bucket's compiled specialisation; its report names the bucket."""
 
-    def __init__(self, owner: Buckets, variant, n: int, size: int):
+    def __init__(self, owner: Buckets, variant, ns: list[int], sizes: list[int]):
         super().__init__(owner.inner, variant)
-        self.owner, self.length, self.size = owner, n, size
+        self.owner, self.lengths, self.sizes = owner, ns, sizes
 
     def report(self):
         r = super().report()
-        dims = ", ".join(f"argument {p} axis {ax}" for p, ax in sorted(
-            (p, ax) for p, axes in self.owner.spec.items() for ax in axes))
-        lo = _lowest(self.size)
-        r.notes.append(f"dynamic ({dims}): length {self.length} runs in bucket {self.size} (lengths {lo}..{self.size} "
-                       f"share this compile; padded and masked); {len(self.owner.inner.compiles)} bucket compile(s)")
+        dims = ", ".join(f"argument {p} axis {ax}" + ("" if len(self.owner.names) == 1 else f" ({name})")
+                         for p, items in sorted(self.owner.spec.items()) for ax, name in items)
+        now = _describe(self.owner.names, self.lengths, self.sizes, "this call at length")
+        r.notes.append(f"dynamic ({dims}): {now} (each bucket one compile; padded and masked); "
+                       f"{len(self.owner.inner.compiles)} bucket compile(s)")
         return r
 
     def emulate(self, *args, **kwargs):
-        padded, n, size = self.owner.pad(self.owner.fn._flat(args, kwargs))
-        return self.owner.unpad(super().emulate(*padded), padded, n, size)
+        padded, ns, sizes = self.owner.pad(self.owner.fn._flat(args, kwargs))
+        return self.owner.unpad(super().emulate(*padded), padded, ns, sizes)
 
     def __call__(self, *args, **kwargs):
         return self.owner.fn(*args, **kwargs)
