@@ -719,7 +719,8 @@ def jit(fn=None, *, target: str | None = None, arch: str | None = None, strict: 
     front (and pass other hashable values: strings, tuples).  ``None`` and bools are always
     static.
 
-    ``dynamic={"x": 1}`` (a parameter name or position -> an axis or a tuple of axes) marks a
+    ``dynamic={"x": 1}`` (a parameter name or position -> an axis, a tuple of axes, or a dict
+    ``{axis: "length name"}`` for independent lengths such as batch and sequence) marks a
     dimension whose size changes from call to call (a sequence length): calls are compiled once
     per power-of-two bucket (at least ``dynamic.MIN_BUCKET``; lengths 65..128 share the 128
     compile), the arguments padded with zeros to the bucket, every reduction, contraction and
