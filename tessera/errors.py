@@ -343,6 +343,14 @@ class ArgumentError(FrontendError):
     code = "BAD_ARGUMENT"
 
 
+class DynamicShapeError(FrontendError):
+    """An op along a ``tessera.jit(dynamic=...)`` axis that padding and masking cannot keep exact.
+
+    A reshape merging the axis, a slice, pad or gather along it, conv or layer_norm over it, or
+    its size read as a Python number; the message names the op and its line."""
+    code = "DYNAMIC_SHAPE"
+
+
 # --------------------------------------------------------------------------- codegen / runtime
 class CodegenError(TesseraError):
     """Translation to machine code failed."""

@@ -239,6 +239,7 @@ SUGGESTION = re.compile(r"\b(?:pass|set|use|with|give|for)\s+`?([a-z_][a-z0-9_]*
 # the public entry point each suggested parameter belongs to
 SUGGESTED_IN = {"math_mode": "tessera.mma.selector.select_mma", "arch": "tessera.jit",
                 "family": "tessera.emulate.layouts.instr_layout", "num": "tessera.emulate.layouts.ldmatrix_layout"}
+SUGGESTED_IN["dynamic"] = "tessera.jit"   # DYNAMIC_SHAPE messages name tessera.jit(dynamic=...)
 
 
 def _suggestions() -> dict[str, list[str]]:

@@ -121,7 +121,7 @@ class Variant:
 
 class JitFunction:
     def __init__(self, fn, *, target: str | None = None, arch: str | None = None, strict: bool = True,
-                 schedule: dict | None = None, static_argnums=(), static_argnames=()):
+                 schedule: dict | None = None, static_argnums=(), static_argnames=(), dynamic=None):
         # what the caller asked for (None: not given), which tessera.compile's own settings may not contradict
         self.requested = {"target": target, "arch": arch, "schedule": dict(schedule or {})}
         self.static_argnums, self.static_argnames = _as_tuple(static_argnums), _as_tuple(static_argnames)
@@ -154,6 +154,11 @@ class JitFunction:
         self._warned = False
         forksafe.lock(self, "_lock")
         functools.update_wrapper(self, fn)
+        self.dynamic = dynamic   # dynamic-shape buckets (frontend/dynamic.py): arg -> axes
+        self._dyn = None
+        if dynamic:   # a dynamic-shape bucket wrapper (frontend/dynamic.py imports this module)
+            from tessera.frontend.dynamic import Buckets
+            self._dyn = Buckets(self, dynamic)
 
     # ------------------------------------------------------------------ keyword arguments
     def _flat(self, args: tuple, kwargs: dict) -> tuple:
@@ -200,7 +205,7 @@ class JitFunction:
         """The same function with schedule choices pinned (per-call overrides)."""
         return JitFunction(self.fn, target=self.requested["target"], arch=self.arch, strict=self.strict,
                            schedule={**self.schedule, **pins}, static_argnums=self.static_argnums,
-                           static_argnames=self.static_argnames)
+                           static_argnames=self.static_argnames, dynamic=self.dynamic)
 
     def retarget(self, target: str | None = None, arch: str | None = None, schedule: dict | None = None,
                  what: str = "tessera.compile") -> "JitFunction":
@@ -227,7 +232,8 @@ class JitFunction:
         if same_target and new_arch == self.arch and pins == req["schedule"]:
             return self
         return JitFunction(self.fn, target=new_target, arch=new_arch, strict=self.strict, schedule=pins,
-                           static_argnums=self.static_argnums, static_argnames=self.static_argnames)
+                           static_argnums=self.static_argnums, static_argnames=self.static_argnames,
+                           dynamic=self.dynamic)
 
     # ------------------------------------------------------------------ called while tracing
     def _inline(self, args):
@@ -405,7 +411,7 @@ class JitFunction:
             warnings.warn(RecompileWarning(
                 f"tessera.jit: {self.name} has been compiled {len(self.compiles)} times; the last causes:\n  {last}\n"
                 "a value compiled in (static_argnames, or a number read as a Python value) compiles once per "
-                "value"), stacklevel=4)
+                "value" + _dynamic_hint(self.compiles[-RECOMPILE_WARNING_AFTER:])), stacklevel=4)
 
     def _evict(self) -> None:
         """Drop the least recently used specialisations beyond MAX_VARIANTS, and their call plans
@@ -426,8 +432,7 @@ class JitFunction:
     def _build(self, prepared, kinds, arrays, ints=frozenset()) -> Variant | None:
         """The compiled specialisation, or None where the trace shows the runtime scalars are
         better passed in another dtype (recorded: the caller prepares the arguments again)."""
-        graph = trace(self._call_fn, prepared, kinds, lane=(self.target, self.arch, self.schedule),
-                      int_scalars=ints)
+        graph = self._trace(prepared, kinds, ints)
         if SCALAR in kinds:
             have = next(a.dtype for a, k in zip(prepared, kinds) if k == SCALAR)
             want = np.dtype(scalar_dtype_for(graph, have))
@@ -464,6 +469,10 @@ class JitFunction:
             return Variant({(i, ax): s for i, a in enumerate(arrays) for ax, s in enumerate(a.shape)}, None, graph,
                            reason=f"{e.code}: {e.message}", ints=ints if graph.int_sensitive else None)
 
+    def _trace(self, prepared, kinds, ints):
+        """The function traced for these arguments (dynamic.BucketedJit adds its masks here)."""
+        return trace(self._call_fn, prepared, kinds, lane=(self.target, self.arch, self.schedule), int_scalars=ints)
+
     # ------------------------------------------------------------------ call
     def _signature(self, args) -> tuple | None:
         """What a call plan is keyed by: each argument's dtype and shape (C-contiguous arrays
@@ -485,6 +494,8 @@ class JitFunction:
     def __call__(self, *args, **kwargs):
         if kwargs:
             args = self._flat(args, kwargs)
+        if self._dyn is not None and not any(isinstance(a, Tensor) for a in args):
+            return self._dyn.call(args)   # padded to its bucket, masked, sliced back (frontend/dynamic.py)
         sig = self._signature(args)
         hit = self._plans.get(sig) if sig is not None else None
         if hit is not None:
@@ -526,6 +537,8 @@ class JitFunction:
         return "cpu-x86" if self.target == "cpu" else f"{self.target}-{self.arch}"
 
     def compile(self, *args, **kwargs) -> "Artifact":
+        if self._dyn is not None:
+            return self._dyn.compile(self._flat(args, kwargs))
         v, _, _ = self._variant(self._flat(args, kwargs))
         return Artifact(self, v)
 
@@ -607,6 +620,14 @@ class Artifact:
         return self.fn(*args, **kwargs)
 
 
+def _dynamic_hint(causes) -> str:
+    """Sizes compiled in: the dynamic= way out (frontend/dynamic.py)."""
+    if not any(c.startswith("sizes ") for c in causes):
+        return ""
+    return ("; a size compiled in compiles once per size: mark a dimension that varies from call to call dynamic, "
+            "tessera.jit(dynamic={'x': 1}), to compile once per power-of-two bucket")
+
+
 def _int_scalars(args, kinds) -> frozenset:
     """The positions of Python-int runtime scalars (a weak int and a weak float trace alike unless
     one meets an int or bool value: then the variant records which were ints, Variant.ints)."""
@@ -683,7 +704,8 @@ def _settings(d: dict) -> str:
 
 
 def jit(fn=None, *, target: str | None = None, arch: str | None = None, strict: bool = True,
-        schedule: dict | None = None, deterministic: bool = False, static_argnums=(), static_argnames=()):
+        schedule: dict | None = None, deterministic: bool = False, static_argnums=(), static_argnames=(),
+        dynamic=None):
     """Compile a Python function over arrays.  Usable as ``@jit`` or ``@jit(target=..., ...)``;
     ``target`` None is the CPU (``"cpu"``), ``arch`` None its host chip (GPU targets need one).
     ``deterministic=True``: results bit-identical whatever the calling thread's floating-point
@@ -695,12 +717,22 @@ def jit(fn=None, *, target: str | None = None, arch: str | None = None, strict: 
     as a Python value (a size, an axis, ``eps=``, ``if s > 0``, ``math.sqrt(s)``) the call is
     specialised on its value instead; ``static_argnums`` / ``static_argnames`` ask for that up
     front (and pass other hashable values: strings, tuples).  ``None`` and bools are always
-    static."""
+    static.
+
+    ``dynamic={"x": 1}`` (a parameter name or position -> an axis, a tuple of axes, or a dict
+    ``{axis: "length name"}`` for independent lengths such as batch and sequence) marks a
+    dimension whose size changes from call to call (a sequence length): calls are compiled once
+    per power-of-two bucket (at least ``dynamic.MIN_BUCKET``; lengths 65..128 share the 128
+    compile), the arguments padded with zeros to the bucket, every reduction, contraction and
+    normalisation over the padded axis masked with its neutral element (the true length is a
+    runtime value), and results sliced back to the true length.  Ops that cannot be masked along
+    the axis (a reshape merging it, a slice or pad along it, conv, layer_norm over it) are
+    refused with ``DYNAMIC_SHAPE`` (docs/architecture.md, "Recompiles and dynamic shapes")."""
     schedule = _with_deterministic(schedule, deterministic)
 
     def wrap(f):
         return JitFunction(f, target=target, arch=arch, strict=strict, schedule=schedule,
-                           static_argnums=static_argnums, static_argnames=static_argnames)
+                           static_argnums=static_argnums, static_argnames=static_argnames, dynamic=dynamic)
     return wrap(fn) if fn is not None else wrap
 
 

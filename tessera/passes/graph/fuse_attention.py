@@ -1,9 +1,9 @@
 """``fuse-attention``: recognise ``softmax((q @ k^T) * scale [+ mask]) @ v`` and group attention.
 
-A mask may also be a ``where(cond, scores, -inf)``: ``cond`` (bool, True = attend) becomes the
-attention's mask, and the iota comparison ``i[:, None] >= j[None, :]`` (row index at least the
-column index: top-left causal, whatever the two lengths) becomes ``causal``, whose blocks the
-kernel skips.
+A mask may also be a ``where(cond, scores, -inf)`` (or two nested, one of them causal, as
+``jit(dynamic=)`` makes it): ``cond`` (bool, True = attend) becomes the attention's mask, and
+the iota comparison ``i[:, None] >= j[None, :]`` (row index at least the column index: top-left
+causal, whatever the two lengths) becomes ``causal``, whose blocks the kernel skips.
 
 The composed form is rewritten into ``tessera.attention`` (with ``masked_rows = "nan"``: a
 row whose every score is -inf gives NaN in the composed form, and so it does in the fused
@@ -52,15 +52,24 @@ def _match(pv: g.MatmulOp):
     causal = False
     if isinstance(x.owner, g.WhereOp) and single_use(x):
         # where(cond, scores, -inf): cond is the mask (True = attend); an iota comparison
-        # "query row >= key column" is the causal mask, which the kernel applies by skipping blocks
-        w = x.owner
-        fill = scalar_constant(w.on_false.owner) if isinstance(w.on_false.owner, g.ConstantOp) else None
-        if fill != float("-inf") or not isinstance(w.on_true.owner, (g.MatmulOp, g.MulOp, g.DivOp)):
+        # "query row >= key column" is the causal mask, which the kernel applies by skipping blocks.
+        # Two nested (a causal one and a mask: jit(dynamic=)'s key-length mask) are both taken.
+        conds = []
+        while isinstance(x.owner, g.WhereOp) and single_use(x) and len(conds) < 2:
+            w = x.owner
+            fill = scalar_constant(w.on_false.owner) if isinstance(w.on_false.owner, g.ConstantOp) else None
+            if fill != float("-inf"):
+                return None
+            conds.append(w.cond)
+            x = w.on_true
+            chain.append(w)
+        if not isinstance(x.owner, (g.MatmulOp, g.MulOp, g.DivOp)):
             return None
-        causal = _row_ge_col(w.cond)
-        mask = None if causal else w.cond
-        x = w.on_true
-        chain.append(w)
+        rest = [c for c in conds if not _row_ge_col(c)]
+        if len(rest) > 1:
+            return None
+        causal = len(rest) < len(conds)
+        mask = rest[0] if rest else None
     elif isinstance(x.owner, g.AddOp) and single_use(x):
         add = x.owner
         for a, m in ((add.lhs, add.rhs), (add.rhs, add.lhs)):
