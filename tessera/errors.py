@@ -343,6 +343,16 @@ class ArgumentError(FrontendError):
     code = "BAD_ARGUMENT"
 
 
+class RequiresGradError(ArgumentError):
+    """A torch tensor that requires grad was passed to a jitted function: a silent detach would lose its gradient."""
+    code = "REQUIRES_GRAD"
+
+
+class DeviceArrayError(ArgumentError):
+    """An argument lives in device memory (``__dlpack_device__`` CUDA, ROCm, ...) that the function's lane cannot read."""
+    code = "DEVICE_ARRAY"
+
+
 # --------------------------------------------------------------------------- codegen / runtime
 class CodegenError(TesseraError):
     """Translation to machine code failed."""
