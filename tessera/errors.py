@@ -433,6 +433,11 @@ class CacheUntrustedError(CacheError):
     code = "CACHE_UNTRUSTED"
 
 
+class CacheSizeError(CacheError):
+    """A cache size (``TESSERA_CACHE_MAX``, ``tessera cache prune --max-size``) cannot be read."""
+    code = "CACHE_SIZE"
+
+
 class BenchLogError(TesseraError):
     """A benchmark log (``benchmarks/results/cpu/<host>/*.json``) is unreadable or malformed."""
     code = "BENCH_LOG"
