@@ -73,7 +73,7 @@ def as_host(a, i: int, fn, notes: list | None = None) -> np.ndarray:
     where = f"argument {i} of {fn.name}"
     if getattr(a, "requires_grad", False) is True:
         raise RequiresGradError(
-            f"{where} is a torch tensor with requires_grad=True: Tessera would have to detach it and its gradient "
+            f"{where} is a torch tensor that requires grad: Tessera would have to detach it and its gradient "
             "would be lost. Pass x.detach() (no gradient flows through a tessera.jit call), or register the "
             "function as a torch op (tessera.torch.op)")
     if not hasattr(a, "__dlpack__"):
