@@ -125,12 +125,13 @@ def from_capsule(capsule) -> Imported:
     deleter = m.deleter if m.deleter else None
     shape = tuple(t.shape[i] for i in range(t.ndim))
     item = dtype.itemsize
-    if t.strides and t.ndim:
-        strides = tuple(t.strides[i] * item for i in range(t.ndim))
-    else:   # NULL strides: C-contiguous
-        strides = tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) * item for i in range(len(shape)))
-    contiguous = all(s == int(np.prod(shape[i + 1:], dtype=np.int64)) * item
-                     for i, s in enumerate(strides) if shape[i] != 1)
+    dense, run = [], item   # C-contiguous byte strides
+    for n in reversed(shape):
+        dense.append(run)
+        run *= n
+    dense = tuple(reversed(dense))
+    strides = tuple(t.strides[i] * item for i in range(t.ndim)) if t.strides and t.ndim else dense
+    contiguous = all(s == c for s, c, n in zip(strides, dense, shape) if n != 1)
     if 0 in shape or t.data is None:
         arr = np.empty(shape, dtype)   # nothing to read: the producer's memory goes back at once
         if deleter is not None:
