@@ -23,3 +23,10 @@ float32 = dtypes.float32
 __all__ = ["jit", "compile", "explain", "ops", "dtypes", "errors", "TesseraError", "RecompileWarning", "JitFunction", "Artifact",
            "lane_log", "bfloat16", "float32", "set_num_threads", "get_num_threads"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name):   # tessera.torch imports torch: only when asked for
+    if name == "torch":
+        import importlib
+        return importlib.import_module("tessera.torch")
+    raise AttributeError(f"module 'tessera' has no attribute {name!r}")

@@ -351,6 +351,16 @@ class DynamicShapeError(FrontendError):
     code = "DYNAMIC_SHAPE"
 
 
+class RequiresGradError(ArgumentError):
+    """A torch tensor that requires grad was passed to a jitted function: a silent detach would lose its gradient."""
+    code = "REQUIRES_GRAD"
+
+
+class DeviceArrayError(ArgumentError):
+    """An argument lives in device memory (``__dlpack_device__`` CUDA, ROCm, ...) that the function's lane cannot read."""
+    code = "DEVICE_ARRAY"
+
+
 # --------------------------------------------------------------------------- codegen / runtime
 class CodegenError(TesseraError):
     """Translation to machine code failed."""
@@ -429,6 +439,11 @@ class CacheUntrustedError(CacheError):
     """The compile-cache directory or an entry in it is owned by another user (or the directory is
     writable by others): entries are unpickled, so it is refused rather than read."""
     code = "CACHE_UNTRUSTED"
+
+
+class CacheSizeError(CacheError):
+    """A cache size (``TESSERA_CACHE_MAX``, ``tessera cache prune --max-size``) cannot be read."""
+    code = "CACHE_SIZE"
 
 
 class BenchLogError(TesseraError):

@@ -26,7 +26,7 @@ from tessera.errors import (
     TesseraError,
     UnsupportedConstructError,
 )
-from tessera.frontend import graphgen, reference
+from tessera.frontend import graphgen, interop, reference
 from tessera.frontend.compile import Compiled, check_pins, compile_graph, feature_list, resolve_arch
 from tessera.frontend.report import LaneReport
 from tessera.frontend.trace import ARRAY, SCALAR, STATIC, Tensor, current_lane, scalar_dtype_for, trace
@@ -271,8 +271,8 @@ class JitFunction:
                                         f"{type(a).__name__} has no hash: pass a tuple, number or string") from None
                 kinds.append(STATIC)
                 prepared.append(a)
-            elif isinstance(a, np.ndarray) or hasattr(a, "__array_interface__"):
-                a = np.asarray(a)
+            elif interop.is_array(a):   # numpy, or read through DLPack / __array_interface__
+                a = np.asarray(a) if isinstance(a, np.ndarray) else interop.as_host(a, i, self, copies)
                 try:
                     if a.dtype not in _ACCEPTED:
                         _ACCEPTED.add(dt.as_dtype(a.dtype))  # float, int8/int32/int64 and bool dtypes
@@ -509,6 +509,8 @@ class JitFunction:
             return tuple(outs) if v.graph.tuple_output else outs[0]
         if sig is None and any(isinstance(a, Tensor) for a in args):
             return self._inline(args)   # called by a function being traced: compose
+        if sig is None and interop.has_foreign(self, args):   # torch / JAX / DLPack arrays: in and out
+            return interop.call(self, args)
         v, arrays, env = self._variant(args)
         if v.compiled is None:
             LOG.record(LaneDecision(self.name, "reference", v.reason, requested_fallback=True))
