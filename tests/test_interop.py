@@ -269,3 +269,16 @@ def test_exported_results_have_no_negative_strides(monkeypatch):
     with pytest.raises(ValueError):
         interop.export(flipped, "torch")
     assert any(s < 0 for s in interop.export(flipped, "numpy").strides)
+
+
+def test_dynamic_buckets_take_torch_tensors(rng):
+    """jit(dynamic=) with torch tensors: read as numpy, padded to the bucket, the result torch."""
+    torch = pytest.importorskip("torch")
+    f = ts.jit(lambda x: ts.ops.softmax(x) * 2.0, dynamic={"x": 1})
+    for n in (37, 45):   # one bucket (64)
+        x = torch.from_numpy(rng.standard_normal((3, n)).astype(np.float32))
+        y = f(x)
+        assert isinstance(y, torch.Tensor) and tuple(y.shape) == (3, n)
+        ref = np.exp(x.double().numpy() - x.double().numpy().max(-1, keepdims=True))
+        np.testing.assert_allclose(y.numpy(), 2 * ref / ref.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
+    assert len(f.compiles) == 1

@@ -495,6 +495,8 @@ class JitFunction:
         if kwargs:
             args = self._flat(args, kwargs)
         if self._dyn is not None and not any(isinstance(a, Tensor) for a in args):
+            if interop.has_foreign(self, args):   # read as numpy first; the results go back in kind
+                return interop.call(self, args)
             return self._dyn.call(args)   # padded to its bucket, masked, sliced back (frontend/dynamic.py)
         sig = self._signature(args)
         hit = self._plans.get(sig) if sig is not None else None
