@@ -30,6 +30,7 @@ from tessera.frontend import graphgen, reference
 from tessera.frontend.compile import Compiled, check_pins, compile_graph, feature_list, resolve_arch
 from tessera.frontend.report import LaneReport
 from tessera.frontend.trace import ARRAY, SCALAR, STATIC, Tensor, current_lane, scalar_dtype_for, trace
+from tessera.frontend.trace import results  # nested tuples of outputs (value_and_grad's)
 from tessera.runtime.cpu import CHECK_MEMORY_ABOVE, bind_symbols
 from tessera.runtime.lanes import LOG, LaneDecision
 
@@ -495,7 +496,7 @@ class JitFunction:
                 pass
             outs = v.compiled.executable.run_plan(plan, v.bind(args))
             LOG.record(v.decision)
-            return tuple(outs) if v.graph.tuple_output else outs[0]
+            return results(v.graph, outs)
         if sig is None and any(isinstance(a, Tensor) for a in args):
             return self._inline(args)   # called by a function being traced: compose
         v, arrays, env = self._variant(args)
@@ -519,7 +520,7 @@ class JitFunction:
             if v.decision is None:
                 v.decision = LaneDecision(self.name, self.lane, "compiled")
             LOG.record(v.decision)
-        return tuple(outs) if v.graph.tuple_output else outs[0]
+        return results(v.graph, outs)
 
     @property
     def lane(self) -> str:
@@ -587,7 +588,7 @@ class Artifact:
             raise ArgumentError("emulate() runs GPU artifacts; this one is for the CPU")
         v, arrays, env = self.fn._variant(args)
         outs = c.executable.emulate(arrays, env)
-        return tuple(outs) if v.graph.tuple_output else outs[0]
+        return results(v.graph, outs)
 
     def report(self) -> LaneReport:
         v = self.variant
