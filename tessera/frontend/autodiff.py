@@ -33,7 +33,10 @@ def stop_gradient(x):
     array outside a trace: the array."""
     if not isinstance(x, Tensor):
         return x
-    return add_node("reshape", [x._node], {"stop_gradient": True}, x._node.shape, x.dtype)
+    from tessera.frontend.vjp_rules import STOPPED
+    y = add_node("reshape", [x._node], {}, x._node.shape, x.dtype)
+    STOPPED.add(y._node)
+    return y
 
 
 def _err(cls, msg):

@@ -16,7 +16,7 @@ weak scalars) which live in the frontend, and the passes may not import the fron
 Only nodes that depend on a differentiated argument (through float values) are visited; a
 cotangent reaching an op without a rule raises ``GRAD_NO_RULE`` naming it, and one reaching an op
 declared non-differentiable (``ir/opset_grad.py``) stops there.  ``stop_gradient`` records an
-identity reshape marked ``stop_gradient`` that passes no cotangent.
+identity reshape (kept in ``vjp_rules.STOPPED``) that passes no cotangent.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def depends(nodes: list[Node], wrt: list[Node]) -> set[int]:
     ``wrt`` node through float values."""
     live = {id(w) for w in wrt if _float(w)}
     for n in nodes:
-        if _float(n) and not n.attrs.get("stop_gradient") and any(id(i) in live for i in n.inputs):
+        if _float(n) and n not in vjp_rules.STOPPED and any(id(i) in live for i in n.inputs):
             live.add(id(n))
     return live
 

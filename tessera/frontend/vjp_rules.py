@@ -14,12 +14,15 @@ three agree with the registry.
 from __future__ import annotations
 
 import math
+import weakref
 
 from tessera import dtypes as dt
 from tessera.frontend import ops
 from tessera.frontend.trace import Node, Tensor
 
 RULES: dict = {}
+# the identity reshapes stop_gradient recorded: they pass no cotangent
+STOPPED: "weakref.WeakSet[Node]" = weakref.WeakSet()
 
 
 def rule(*names: str):
@@ -273,7 +276,7 @@ def vjp_cumprod(n, g, need):
 # --------------------------------------------------------------------------- views
 @rule("reshape")
 def vjp_reshape(n, g, need):
-    if n.attrs.get("stop_gradient"):
+    if n in STOPPED:
         return [None]
     return [reshape(g, n.inputs[0].shape)]
 
