@@ -191,7 +191,7 @@ def test_mlp_training_step_matches_torch_float64(rng):
     tl = mlp_loss_t(torch.tensor(x), torch.tensor(labels), *tp)
     tg = torch.autograd.grad(tl, tp)
     loss, *new = sgd_step(x, labels, *params, 0.5)
-    np.testing.assert_allclose(loss, float(tl), rtol=1e-12)
+    np.testing.assert_allclose(loss, float(tl.detach()), rtol=1e-12)
     for p, n, g in zip(params, new, tg):
         np.testing.assert_allclose(n, p - 0.5 * g.numpy(), rtol=1e-10, atol=1e-12)
     losses = [float(loss)]

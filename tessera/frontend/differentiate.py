@@ -58,7 +58,7 @@ def _fit(ct: Tensor, n: Node) -> Tensor:
     """A cotangent in its node's shape and dtype (a rule may return a broadcastable one)."""
     if ct._node.shape != n.shape:
         try:
-            ct = vjp_rules.unbroadcast(ct, n.shape)
+            ct = vjp_rules.unbroadcast(ct, n.shape, Tensor(n))
         except Exception as e:   # noqa: BLE001 - a rule's bug, named
             raise InternalError(f"grad: the vjp rule of {n.op} gave a cotangent of shape {ct._node.shape} for an "
                                 f"input of shape {n.shape}") from e

@@ -39,16 +39,21 @@ def T(n: Node) -> Tensor:
 
 
 # --------------------------------------------------------------------------- shape helpers
-def broadcast_to(t: Tensor, shape: tuple) -> Tensor:
-    """``t`` broadcast to ``shape`` (a where over an always-true iota: computed in the kernel that
-    reads it, no buffer; the op set has no broadcast op of its own)."""
+def broadcast_to(t: Tensor, shape: tuple, like: Tensor | None = None) -> Tensor:
+    """``t`` broadcast to ``shape`` (the op set has no broadcast op of its own): ``where(c, t, t)``
+    over a condition of that shape, computed in the kernel that reads it.  The condition is
+    ``isnan(like)`` where a float tensor of the shape is at hand (its sizes stay symbolic), else an
+    always-true iota (static sizes)."""
     shape = tuple(shape)
     if t._node.shape == shape:
         return t
     if not shape or 0 in shape:
         return ops.reshape(t, shape) if math.prod(t._node.shape) == math.prod(shape) else t
-    true = ops.greater_equal(ops.iota(shape, 0), 0)
-    return ops.where(true, t, t)
+    if like is not None and like._node.shape == shape and dt.kind(like.dtype) == "f":
+        cond = ops.isnan(like)
+    else:
+        cond = ops.greater_equal(ops.iota(shape, 0), 0)
+    return ops.where(cond, t, t)
 
 
 def reshape(t: Tensor, shape: tuple) -> Tensor:
@@ -59,7 +64,7 @@ def reshape(t: Tensor, shape: tuple) -> Tensor:
     return ops.reshape(t, shape)
 
 
-def unbroadcast(g: Tensor, shape: tuple) -> Tensor:
+def unbroadcast(g: Tensor, shape: tuple, like: Tensor | None = None) -> Tensor:
     """``g`` summed over the axes numpy broadcasting added or stretched to reach its shape."""
     shape = tuple(shape)
     gs = g._node.shape
@@ -67,17 +72,17 @@ def unbroadcast(g: Tensor, shape: tuple) -> Tensor:
         return g
     lead = len(gs) - len(shape)
     if lead < 0:
-        return broadcast_to(g, shape)
+        return broadcast_to(g, shape, like)
     axes = tuple(range(lead)) + tuple(lead + i for i, s in enumerate(shape) if s == 1 and gs[lead + i] != 1)
     r = ops.reduce_sum(g, axes) if axes else g
     if r._node.shape != shape:
         r = reshape(r, shape)
-    return broadcast_to(r, shape)
+    return broadcast_to(r, shape, like)
 
 
 def keep_reduced(g: Tensor, in_shape: tuple, axes, keepdims: bool) -> Tensor:
     """A reduction's output cotangent with the reduced axes kept (size 1)."""
-    if keepdims:
+    if keepdims or g._node.op == "constant":   # a scalar seed broadcasts as it is
         return g
     return reshape(g, tuple(1 if i in axes else s for i, s in enumerate(in_shape)))
 
@@ -228,7 +233,7 @@ def vjp_where(n, g, need):
 @rule("reduce_sum")
 def vjp_reduce_sum(n, g, need):
     x = n.inputs[0]
-    return [broadcast_to(keep_reduced(g, x.shape, n.attrs["axes"], n.attrs["keepdims"]), x.shape)]
+    return [broadcast_to(keep_reduced(g, x.shape, n.attrs["axes"], n.attrs["keepdims"]), x.shape, T(x))]
 
 
 @rule("reduce_mean")
@@ -236,7 +241,7 @@ def vjp_reduce_mean(n, g, need):
     x = n.inputs[0]
     count = math.prod(x.shape[a] for a in n.attrs["axes"])
     gk = keep_reduced(g, x.shape, n.attrs["axes"], n.attrs["keepdims"])
-    return [broadcast_to(ops.mul(gk, 1.0 / count if count else math.nan), x.shape)]
+    return [broadcast_to(ops.mul(gk, 1.0 / count if count else math.nan), x.shape, T(x))]
 
 
 @rule("reduce_max")
