@@ -60,8 +60,10 @@ def _argnums(argnums, nargs: int, what: str) -> tuple[tuple[int, ...], bool]:
 
 
 def _wrt(args: list, nums, what: str, strict: bool = True) -> list:
-    """Each differentiated argument replaced by a node of its own (an identity view), so a gradient
-    counts only the uses through that argument; returns the nodes (None: not differentiable)."""
+    """The node of each differentiated argument (None: not differentiable).  One value passed for
+    two differentiated arguments is given a node of its own for each (an identity view), so each
+    gradient counts only the uses through its argument.  (A closure of ``f`` that captures the very
+    tensor passed as a differentiated argument is differentiated through too.)"""
     nodes = []
     for i in nums:
         a = args[i]
@@ -73,9 +75,10 @@ def _wrt(args: list, nums, what: str, strict: bool = True) -> list:
                                            "(an integer, bool or static argument has none)")
             nodes.append(None)
             continue
-        t = add_node("reshape", [a._node], {}, a._node.shape, a.dtype)
-        args[i] = t
-        nodes.append(t._node)
+        if any(n is a._node for n in nodes) or any(args[j] is a for j in nums if j != i):
+            a = add_node("reshape", [a._node], {}, a._node.shape, a.dtype)   # one node per argument
+            args[i] = a
+        nodes.append(a._node)
     return nodes
 
 
