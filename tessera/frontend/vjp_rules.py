@@ -295,19 +295,19 @@ def vjp_transpose(n, g, need):
     return [ops.transpose(g, tuple(inv))]
 
 
-@rule("slice")
-def vjp_slice(n, g, need):
-    """The window's cotangent placed back into zeros of the input's shape: per axis, a negative
-    step is flipped, a step k > 1 interleaves k - 1 zeros, then zeros pad to the input's size."""
-    shape = n.inputs[0].shape
+def place(g: Tensor, shape: tuple, starts, steps) -> Tensor:
+    """The vjp of a strided window: ``g`` (the window's cotangent) placed into zeros of ``shape``
+    at ``starts`` with ``steps``.  Per axis, a negative step is flipped, a step k > 1 interleaves
+    k - 1 zeros, then zeros pad to the full size."""
     pads = []
-    for ax, (start, step, size, whole) in enumerate(zip(n.attrs["starts"], n.attrs["steps"], n.shape, shape)):
+    for ax, (start, step, whole) in enumerate(zip(starts, steps, shape)):
+        size = g._node.shape[ax]
         if size == 0:
-            return [broadcast_to(ops.mul(ops.reduce_sum(g), 0.0), shape)]
+            return broadcast_to(ops.mul(ops.reduce_sum(g), 0.0), shape)
         if step < 0:
             g = flip(g, ax)
             start, step = start + (size - 1) * step, -step
-        if step > 1:
+        if step > 1 and size > 1:
             s = g._node.shape
             g = ops.reshape(g, s[:ax + 1] + (1,) + s[ax + 1:])
             w = [(0, 0)] * g.ndim
@@ -317,8 +317,28 @@ def vjp_slice(n, g, need):
             idx = [slice(None)] * g.ndim
             idx[ax] = slice(0, (size - 1) * step + 1)
             g = g[tuple(idx)]
-        pads.append((start, whole - start - ((size - 1) * step + 1)))
-    return [ops.pad(g, pads) if any(p != (0, 0) for p in pads) else g]
+        span = (size - 1) * step + 1 if size > 1 else 1
+        pads.append((start, whole - start - span))
+    return ops.pad(g, pads) if any(p != (0, 0) for p in pads) else g
+
+
+@rule("slice")
+def vjp_slice(n, g, need):
+    return [place(g, n.inputs[0].shape, n.attrs["starts"], n.attrs["steps"])]
+
+
+@rule("conv_patches")
+def vjp_conv_patches(n, g, need):
+    """conv2d's patches are the taps' strided windows of the padded input side by side (channel
+    blocks of the group): each block's cotangent is placed back at its window, and the taps summed."""
+    (kh, kw), (sh, sw), (dh, dw), (c0, cg) = (n.attrs[k] for k in ("kernel", "stride", "dilation", "channels"))
+    shape = n.inputs[0].shape
+    total = None
+    for t, (a, b) in enumerate((a, b) for a in range(kh) for b in range(kw)):
+        block = g[..., t * cg:(t + 1) * cg]
+        part = place(block, shape, (0, a * dh, b * dw, c0), (1, sh, sw, 1))
+        total = part if total is None else ops.add(total, part)
+    return [total]
 
 
 @rule("concat")

@@ -1,4 +1,4 @@
-"""vjp rules of matmul, the row ops, attention and the gathers (see ``vjp_rules.py`` for the form).
+"""vjp rules of matmul, the row ops, attention, the gathers and top_k (see ``vjp_rules.py`` for the form).
 
 These are composite: each backward is written with ``tessera.ops`` (GEMMs, row reductions,
 elementwise chains), so it is fused and scheduled as any traced code.  Backward kernels of their
@@ -22,11 +22,24 @@ def _swap(t):
 def vjp_matmul(n, g, need):
     """dA = dC B^T, dB = A^T dC, each summed over the batch axes its operand was broadcast on."""
     a, b = T(n.inputs[0]), T(n.inputs[1])
+    if need[1] and n.inputs[0].op == "conv_patches":   # a GEMM reads patches only as its A operand
+        a = _patches(n.inputs[0])
     if g.dtype != a.dtype:   # bf16/f16 inputs with out_dtype f32: the backward GEMMs take the inputs' dtype
         g = ops.cast(g, a.dtype)
     ga = unbroadcast(ops.matmul(g, _swap(b)), a._node.shape) if need[0] else None
     gb = unbroadcast(ops.matmul(_swap(a), g), b._node.shape) if need[1] else None
     return [ga, gb]
+
+
+def _patches(p):
+    """conv_patches written out (an im2col buffer: the weight gradient reads it transposed, which
+    the implicit-GEMM A operand cannot): the taps' strided windows side by side."""
+    (kh, kw), (sh, sw), (dh, dw), (c0, cg) = (p.attrs[k] for k in ("kernel", "stride", "dilation", "channels"))
+    _, ho, wo, _ = p.shape
+    xp = T(p.inputs[0])
+    wins = [xp[:, a * dh:a * dh + (ho - 1) * sh + 1:sh, b * dw:b * dw + (wo - 1) * sw + 1:sw, c0:c0 + cg]
+            for a in range(kh) for b in range(kw)]
+    return wins[0] if len(wins) == 1 else ops.concatenate(wins, axis=-1)
 
 
 # --------------------------------------------------------------------------- row ops
@@ -193,3 +206,16 @@ def vjp_take_along_axis(n, g, need):
     dx = ops.reduce_sum(ops.mul(ops.expand_dims(gm, -1), hot), -2)   # [..., c]
     dx = ops.moveaxis(dx, -1, ax)
     return [unbroadcast(dx, x.shape), None]
+
+
+@rule("top_k")
+def vjp_top_k(n, g, need):
+    """dx = sum over the k picks of g * one_hot(index), along the last axis (the indices are the
+    trace's own top_k_indices node where one exists, else recomputed)."""
+    from tessera.frontend.trace import _graph
+    x = T(n.inputs[0])
+    idx = next((T(m) for m in _graph().nodes if m.op == "top_k_indices" and m.inputs[0] is n), None)
+    if idx is None:
+        idx = ops.top_k(x, n.attrs["k"])[1]
+    hot = ops.one_hot(idx, x._node.shape[-1], dtype=g.dtype)   # [..., k, n]
+    return [ops.reduce_sum(ops.mul(ops.expand_dims(g, -1), hot), -2)]
