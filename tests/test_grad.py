@@ -208,8 +208,8 @@ GRAD_F32 = ts.jit(ts.grad(mlp_loss, argnums=(2, 3, 4, 5)))
 def test_float32_gradients_serve_every_batch_size_from_one_compile(rng):
     """float32 gradients match torch float32; the backward keeps the batch size symbolic (the
     cotangent broadcasts are conditioned on a tensor of the shape, not a static iota)."""
-    params = [(rng.standard_normal((12, 20)) * 0.3).astype(np.float32), (0.1 * rng.standard_normal(20)).astype(np.float32),
-              (rng.standard_normal((20, 5)) * 0.3).astype(np.float32), (0.1 * rng.standard_normal(5)).astype(np.float32)]
+    params = [(s * rng.standard_normal(shape)).astype(np.float32)
+              for s, shape in ((0.3, (12, 20)), (0.1, (20,)), (0.3, (20, 5)), (0.1, (5,)))]
     for b in (8, 24):
         x = rng.standard_normal((b, 12)).astype(np.float32)
         labels = rng.integers(0, 5, b).astype(np.int64)

@@ -150,7 +150,8 @@ def vjp_gelu(n, g, need):
         t = ops.tanh((x + x * x * x * 0.044715) * c)
         d = (t + 1.0) * 0.5 + x * 0.5 * (1.0 - t * t) * c * (1.0 + x * x * (3 * 0.044715))
     else:
-        d = (ops.erf(x * (1.0 / math.sqrt(2.0))) + 1.0) * 0.5 + x * ops.exp(x * x * -0.5) * (1.0 / math.sqrt(2 * math.pi))
+        pdf = ops.exp(x * x * -0.5) * (1.0 / math.sqrt(2 * math.pi))
+        d = (ops.erf(x * (1.0 / math.sqrt(2.0))) + 1.0) * 0.5 + x * pdf
     return [ops.mul(g, d)]
 
 

@@ -11,7 +11,7 @@ import math
 
 from tessera import dtypes as dt
 from tessera.frontend import ops
-from tessera.frontend.vjp_rules import T, broadcast_to, reshape, rule, unbroadcast
+from tessera.frontend.vjp_rules import T, reshape, rule, unbroadcast
 
 
 def _swap(t):
