@@ -361,6 +361,33 @@ class DeviceArrayError(ArgumentError):
     code = "DEVICE_ARRAY"
 
 
+class GradError(FrontendError):
+    """``tessera.grad`` / ``value_and_grad`` / ``vjp`` cannot differentiate what it was given."""
+    code = "GRAD"
+
+
+class GradNoRuleError(GradError):
+    """The gradient would flow through an op that has no vjp rule yet (the message names the op):
+    it is refused, never given a zero gradient."""
+    code = "GRAD_NO_RULE"
+
+
+class GradNonScalarError(GradError):
+    """``grad`` / ``value_and_grad`` of a function whose output is not a float scalar (use
+    ``vjp`` with a cotangent for other outputs, as in JAX)."""
+    code = "GRAD_NON_SCALAR"
+
+
+class GradDtypeError(GradError):
+    """A gradient was asked for an integer, bool or non-array argument: it has none."""
+    code = "GRAD_DTYPE"
+
+
+class GradArgnumsError(GradError):
+    """``argnums`` is not an argument position (an int, or a tuple of ints, in range)."""
+    code = "GRAD_ARGNUMS"
+
+
 # --------------------------------------------------------------------------- codegen / runtime
 class CodegenError(TesseraError):
     """Translation to machine code failed."""

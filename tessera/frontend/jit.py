@@ -30,6 +30,7 @@ from tessera.frontend import graphgen, interop, reference
 from tessera.frontend.compile import Compiled, check_pins, compile_graph, feature_list, resolve_arch
 from tessera.frontend.report import LaneReport
 from tessera.frontend.trace import ARRAY, SCALAR, STATIC, Tensor, current_lane, scalar_dtype_for, trace
+from tessera.frontend.trace import results  # nested tuples of outputs (value_and_grad's)
 from tessera.runtime.cpu import CHECK_MEMORY_ABOVE, bind_symbols
 from tessera.runtime.lanes import LOG, LaneDecision
 
@@ -508,7 +509,7 @@ class JitFunction:
                 pass
             outs = v.compiled.executable.run_plan(plan, v.bind(args))
             LOG.record(v.decision)
-            return tuple(outs) if v.graph.tuple_output else outs[0]
+            return results(v.graph, outs)
         if sig is None and any(isinstance(a, Tensor) for a in args):
             return self._inline(args)   # called by a function being traced: compose
         if sig is None and interop.has_foreign(self, args):   # torch / JAX / DLPack arrays: in and out
@@ -534,7 +535,7 @@ class JitFunction:
             if v.decision is None:
                 v.decision = LaneDecision(self.name, self.lane, "compiled")
             LOG.record(v.decision)
-        return tuple(outs) if v.graph.tuple_output else outs[0]
+        return results(v.graph, outs)
 
     @property
     def lane(self) -> str:
@@ -604,7 +605,7 @@ class Artifact:
             raise ArgumentError("emulate() runs GPU artifacts; this one is for the CPU")
         v, arrays, env = self.fn._variant(args)
         outs = c.executable.emulate(arrays, env)
-        return tuple(outs) if v.graph.tuple_output else outs[0]
+        return results(v.graph, outs)
 
     def report(self) -> LaneReport:
         v = self.variant
