@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from tessera.errors import ArgumentError, DeviceArrayError, RequiresGradError
-from tessera.frontend import dlpack
+from tessera.frontend import dlpack, fastread
 
 _PLAIN = (np.ndarray, float, int, bool, type(None))
 
@@ -111,15 +111,24 @@ def has_foreign(fn, args) -> bool:
 
 def call(fn, args: tuple):
     """``fn(*args)`` with foreign arrays read as numpy views, and its results in the callers' framework."""
-    kinds, conv = set(), []
+    kind, conv, static, learned = None, list(args), fn._static, fn._learned
     for i, a in enumerate(args):
-        if i in fn._static or i in fn._learned or not is_array(a):
-            conv.append(a)
+        t = type(a)
+        if t in _PLAIN or i in static or i in learned:
+            if t is np.ndarray:
+                kind = "numpy" if kind in (None, "numpy") else "mixed"
             continue
-        kinds.add("numpy" if isinstance(a, np.ndarray) else framework(a))
-        conv.append(as_host(a, i, fn))
+        read = fastread.reader(a)
+        arr = read(a) if read is not None else None
+        if arr is None:
+            if not is_array(a):
+                continue
+            arr = as_host(a, i, fn)
+        k = "numpy" if isinstance(a, np.ndarray) else framework(a)
+        kind = k if kind in (None, k) else "mixed"
+        conv[i] = arr
     out = fn(*conv)
-    return export(out, kinds.pop() if len(kinds) == 1 else "numpy")
+    return export(out, kind if kind in ("torch", "jax") else "numpy")
 
 
 def _positive(o: np.ndarray) -> np.ndarray:
@@ -131,15 +140,18 @@ def _to_torch(o: np.ndarray):
     o = _positive(o)
     if not o.flags.writeable:   # torch has no read-only tensors: a copy of its own
         o = o.copy()
-    if o.dtype.name == "bfloat16":   # torch.from_numpy does not know ml_dtypes: the bits, viewed
+    if o.dtype.kind == "V" and o.dtype.name == "bfloat16":   # torch.from_numpy does not know ml_dtypes: the bits, viewed
         return torch.from_numpy(o.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(o)
 
 
 def _to_jax(o: np.ndarray):
-    import jax.numpy as jnp
     o = _positive(o)
-    if o.dtype.name != "bfloat16":   # numpy does not export bfloat16 through DLPack
+    fast = fastread.to_jax(np.ascontiguousarray(o))
+    if fast is not None:
+        return fast
+    import jax.numpy as jnp
+    if o.dtype.kind != "V" or o.dtype.name != "bfloat16":   # numpy does not export bfloat16 through DLPack
         try:
             return jnp.from_dlpack(o)   # no copy where JAX takes the buffer as it is
         except (BufferError, RuntimeError, TypeError, ValueError):
