@@ -195,3 +195,21 @@ def test_non_array_argument_names_what_is_accepted():
     msg = str(e.value)
     for word in ("numpy", "torch", "JAX", "__dlpack__", "__array_interface__", "Python number"):
         assert word in msg, (word, msg)
+
+
+def test_lane_log_notes_how_inputs_were_read(rng, jnp, monkeypatch):
+    """With lane_log.inputs on, an ordinary call's entry says which argument was read in place and
+    which copied; off (the default), entries carry no notes."""
+    x, y = inputs(rng, "float32", (8, 6))
+    yt = y.T.copy().T   # the same values, a transposed (not C-contiguous) view
+    j, strided = jnp.asarray(x), Legacy(yt)
+    check(fma(j, strided), x, y, "float32")
+    assert ts.lane_log.entries[-1].function == "fma" and ts.lane_log.entries[-1].inputs == ()
+    monkeypatch.setattr(ts.lane_log, "inputs", True)
+    check(fma(j, strided), x, y, "float32")
+    notes = ts.lane_log.entries[-1].inputs
+    assert ts.lane_log.entries[-1].function == "fma" and len(notes) == 2, notes
+    assert notes[0].startswith("argument 0 (jaxlib.ArrayImpl") and notes[0].endswith("read in place"), notes
+    assert notes[1].startswith("argument 1 (") and notes[1].endswith("copied to C-contiguous layout"), notes
+    check(fma(x, yt), x, y, "float32")
+    assert ts.lane_log.entries[-1].inputs == ()   # numpy arguments only: no foreign array to note

@@ -5,7 +5,12 @@ DLPack with no copy (DLPack 1.0 asked for first, the legacy protocol otherwise; 
 ``dlpack.py``); one with only ``__array_interface__`` through ``numpy.asarray``, also with no
 copy.  A view that is not C-contiguous is copied once to C-contiguous layout (the kernels read
 dense rows) and the lane report says so; a contiguous one is read in place.  Every imported
-view is read-only: nothing of the caller's is ever written.
+view is read-only: nothing of the caller's is ever written.  torch CPU tensors and JAX CPU
+arrays take a faster zero-copy way first (``fastread.py``).
+
+Ordinary calls note the same in the lane log when ``tessera.lane_log.inputs = True`` (off by
+default, so a call pays one flag read): the call's entry gets ``inputs``, one line per foreign
+argument, "read in place" or "copied to C-contiguous layout".
 
 Refused, with a coded error:
 
@@ -20,10 +25,13 @@ numbers do not count.  A result is exported with no negative strides.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from tessera.errors import ArgumentError, DeviceArrayError, RequiresGradError
 from tessera.frontend import dlpack, fastread
+from tessera.runtime.lanes import LOG
 
 _PLAIN = (np.ndarray, float, int, bool, type(None))
 
@@ -128,7 +136,19 @@ def call(fn, args: tuple):
         kind = k if kind in (None, k) else "mixed"
         conv[i] = arr
     out = fn(*conv)
+    if LOG.inputs:   # off by default: the notes cost a few microseconds a call
+        _note_inputs(fn, args, conv)
     return export(out, kind if kind in ("torch", "jax") else "numpy")
+
+
+def _note_inputs(fn, args, conv) -> None:
+    """The lane log's entry of this call (the last one, of ``fn``) with how each foreign array was read."""
+    notes = tuple(f"argument {i} ({_describe(a)}) " + ("read in place" if c.flags.c_contiguous else
+                                                      "copied to C-contiguous layout")
+                  for i, (a, c) in enumerate(zip(args, conv)) if a is not c and isinstance(c, np.ndarray))
+    with LOG.lock:   # a call of the same function on another thread in between may take the note
+        if LOG.entries and LOG.entries[-1].function == fn.name:
+            LOG.entries[-1] = dataclasses.replace(LOG.entries[-1], inputs=notes)
 
 
 def _positive(o: np.ndarray) -> np.ndarray:
