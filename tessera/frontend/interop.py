@@ -34,6 +34,8 @@ from tessera.frontend import dlpack, fastread
 from tessera.runtime.lanes import LOG
 
 _PLAIN = (np.ndarray, float, int, bool, type(None))
+_PLAIN_TYPES = frozenset(_PLAIN)
+_KINDS: dict[type, str] = {}   # an array type -> its framework ('torch', 'jax', 'numpy')
 
 
 def is_array(a) -> bool:
@@ -113,8 +115,9 @@ def as_host(a, i: int, fn, notes: list | None = None) -> np.ndarray:
 def has_foreign(fn, args) -> bool:
     """Whether a call has an array argument other than a numpy array (static arguments aside)."""
     skip = fn._static
-    return any(type(a) not in _PLAIN and is_array(a) and not isinstance(a, np.ndarray)
-               and i not in skip and i not in fn._learned for i, a in enumerate(args))
+    return any(type(a) not in _PLAIN_TYPES and (fastread.reader(a) is not None or is_array(a))
+               and not isinstance(a, np.ndarray) and i not in skip and i not in fn._learned
+               for i, a in enumerate(args))
 
 
 def call(fn, args: tuple):
@@ -122,8 +125,8 @@ def call(fn, args: tuple):
     kind, conv, static, learned = None, list(args), fn._static, fn._learned
     for i, a in enumerate(args):
         t = type(a)
-        if t in _PLAIN or i in static or i in learned:
-            if t is np.ndarray:
+        if t in _PLAIN_TYPES or i in static or i in learned:
+            if t is np.ndarray and i not in static and i not in learned:
                 kind = "numpy" if kind in (None, "numpy") else "mixed"
             continue
         read = fastread.reader(a)
@@ -132,7 +135,9 @@ def call(fn, args: tuple):
             if not is_array(a):
                 continue
             arr = as_host(a, i, fn)
-        k = "numpy" if isinstance(a, np.ndarray) else framework(a)
+        k = _KINDS.get(t)
+        if k is None:
+            k = _KINDS[t] = "numpy" if isinstance(a, np.ndarray) else framework(a)
         kind = k if kind in (None, k) else "mixed"
         conv[i] = arr
     out = fn(*conv)
