@@ -5,7 +5,12 @@ DLPack with no copy (DLPack 1.0 asked for first, the legacy protocol otherwise; 
 ``dlpack.py``); one with only ``__array_interface__`` through ``numpy.asarray``, also with no
 copy.  A view that is not C-contiguous is copied once to C-contiguous layout (the kernels read
 dense rows) and the lane report says so; a contiguous one is read in place.  Every imported
-view is read-only: nothing of the caller's is ever written.
+view is read-only: nothing of the caller's is ever written.  torch CPU tensors and JAX CPU
+arrays take a faster zero-copy way first (``fastread.py``).
+
+Ordinary calls note the same in the lane log when ``tessera.lane_log.inputs = True`` (off by
+default, so a call pays one flag read): the call's entry gets ``inputs``, one line per foreign
+argument, "read in place" or "copied to C-contiguous layout".
 
 Refused, with a coded error:
 
@@ -20,12 +25,17 @@ numbers do not count.  A result is exported with no negative strides.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from tessera.errors import ArgumentError, DeviceArrayError, RequiresGradError
-from tessera.frontend import dlpack
+from tessera.frontend import dlpack, fastread
+from tessera.runtime.lanes import LOG
 
 _PLAIN = (np.ndarray, float, int, bool, type(None))
+_PLAIN_TYPES = frozenset(_PLAIN)
+_KINDS: dict[type, str] = {}   # an array type -> its framework ('torch', 'jax', 'numpy')
 
 
 def is_array(a) -> bool:
@@ -105,21 +115,45 @@ def as_host(a, i: int, fn, notes: list | None = None) -> np.ndarray:
 def has_foreign(fn, args) -> bool:
     """Whether a call has an array argument other than a numpy array (static arguments aside)."""
     skip = fn._static
-    return any(type(a) not in _PLAIN and is_array(a) and not isinstance(a, np.ndarray)
-               and i not in skip and i not in fn._learned for i, a in enumerate(args))
+    return any(type(a) not in _PLAIN_TYPES and (fastread.reader(a) is not None or is_array(a))
+               and not isinstance(a, np.ndarray) and i not in skip and i not in fn._learned
+               for i, a in enumerate(args))
 
 
 def call(fn, args: tuple):
     """``fn(*args)`` with foreign arrays read as numpy views, and its results in the callers' framework."""
-    kinds, conv = set(), []
+    kind, conv, static, learned = None, list(args), fn._static, fn._learned
     for i, a in enumerate(args):
-        if i in fn._static or i in fn._learned or not is_array(a):
-            conv.append(a)
+        t = type(a)
+        if t in _PLAIN_TYPES or i in static or i in learned:
+            if t is np.ndarray and i not in static and i not in learned:
+                kind = "numpy" if kind in (None, "numpy") else "mixed"
             continue
-        kinds.add("numpy" if isinstance(a, np.ndarray) else framework(a))
-        conv.append(as_host(a, i, fn))
+        read = fastread.reader(a)
+        arr = read(a) if read is not None else None
+        if arr is None:
+            if not is_array(a):
+                continue
+            arr = as_host(a, i, fn)
+        k = _KINDS.get(t)
+        if k is None:
+            k = _KINDS[t] = "numpy" if isinstance(a, np.ndarray) else framework(a)
+        kind = k if kind in (None, k) else "mixed"
+        conv[i] = arr
     out = fn(*conv)
-    return export(out, kinds.pop() if len(kinds) == 1 else "numpy")
+    if LOG.inputs:   # off by default: the notes cost a few microseconds a call
+        _note_inputs(fn, args, conv)
+    return export(out, kind if kind in ("torch", "jax") else "numpy")
+
+
+def _note_inputs(fn, args, conv) -> None:
+    """The lane log's entry of this call (the last one, of ``fn``) with how each foreign array was read."""
+    notes = tuple(f"argument {i} ({_describe(a)}) " + ("read in place" if c.flags.c_contiguous else
+                                                      "copied to C-contiguous layout")
+                  for i, (a, c) in enumerate(zip(args, conv)) if a is not c and isinstance(c, np.ndarray))
+    with LOG.lock:   # a call of the same function on another thread in between may take the note
+        if LOG.entries and LOG.entries[-1].function == fn.name:
+            LOG.entries[-1] = dataclasses.replace(LOG.entries[-1], inputs=notes)
 
 
 def _positive(o: np.ndarray) -> np.ndarray:
@@ -131,15 +165,18 @@ def _to_torch(o: np.ndarray):
     o = _positive(o)
     if not o.flags.writeable:   # torch has no read-only tensors: a copy of its own
         o = o.copy()
-    if o.dtype.name == "bfloat16":   # torch.from_numpy does not know ml_dtypes: the bits, viewed
+    if o.dtype.kind == "V" and o.dtype.name == "bfloat16":   # torch.from_numpy does not know ml_dtypes: the bits, viewed
         return torch.from_numpy(o.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(o)
 
 
 def _to_jax(o: np.ndarray):
-    import jax.numpy as jnp
     o = _positive(o)
-    if o.dtype.name != "bfloat16":   # numpy does not export bfloat16 through DLPack
+    fast = fastread.to_jax(np.ascontiguousarray(o))
+    if fast is not None:
+        return fast
+    import jax.numpy as jnp
+    if o.dtype.kind != "V" or o.dtype.name != "bfloat16":   # numpy does not export bfloat16 through DLPack
         try:
             return jnp.from_dlpack(o)   # no copy where JAX takes the buffer as it is
         except (BufferError, RuntimeError, TypeError, ValueError):

@@ -293,7 +293,8 @@ class JitFunction:
                 kinds.append(STATIC)   # a flag: compiled in, as a static argument
                 prepared.append(a)
             else:
-                raise ArgumentError(f"argument {i} of {self.name}: expected a numpy array or a Python number, got "
+                raise ArgumentError(f"argument {i} of {self.name}: expected an array (numpy; torch, JAX or any "
+                                    "__dlpack__ object; one with __array_interface__) or a Python number, got "
                                     f"{type(a).__name__} (another value may be passed as a static argument: "
                                     "tessera.jit(static_argnums=..., static_argnames=...))")
         if SCALAR in kinds:   # the numbers' dtype follows the arrays' (below), so it is known before tracing

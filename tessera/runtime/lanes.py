@@ -17,12 +17,14 @@ class LaneDecision:
     lane: str
     reason: str
     requested_fallback: bool = False
+    inputs: tuple[str, ...] = ()   # how torch / JAX / DLPack arguments were read (LaneLog.inputs on)
 
 
 @dataclass
 class LaneLog:
     entries: list[LaneDecision] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    inputs: bool = False   # a call with foreign arrays notes each one read in place or copied (interop.py)
 
     def record(self, d: LaneDecision) -> None:
         with self.lock:
