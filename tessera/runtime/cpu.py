@@ -234,6 +234,8 @@ class PlannedStep:
     words: np.ndarray            # <kernel>.entry's argument words; the buffer slots are filled per call
     words_addr: int
     team_header: np.ndarray      # the team buffer's barrier words and work counter (zeroed per call)
+    nthreads_at: int = 0         # the index of the thread count in ``words`` (set per launch)
+    wake: bool = False           # worth waking sleeping workers for (runtime/workers.py: ready)
 
 
 @dataclass
@@ -302,6 +304,18 @@ class CpuExecutable:
             return 1 if work < (1 << 21) else n
         return 1 if work < (1 << 15) else n
 
+    @staticmethod
+    def worth_waking(step: Step, env: dict[str, int], sizes: list[int]) -> bool:
+        """Whether a launch is long enough (about a millisecond on one core) to wake workers
+        that went to sleep (a wake-up costs 0.1-0.5 ms, more on a loaded machine); shorter
+        ones use only the workers spinning on a core at the time."""
+        work = 1
+        for t in step.out_types:
+            work = max(work, math.prod(_eval(d, env) for d in t.dims))
+        if step.kernel.endswith("_gemm") and sizes:
+            return work * max(1, sizes[-1]) >= (1 << 25)
+        return work >= (1 << 21)
+
     def _refuse_here(self) -> None:
         if self.missing_features:
             raise LaneUnavailableError(
@@ -336,7 +350,8 @@ class CpuExecutable:
             words = np.array(lead + sizes + [nthreads, team] + wss[:nthreads], np.int64)
             steps.append(PlannedStep(
                 s, shapes, [t.np_dtype for t in s.out_types], need if need > CHECK_MEMORY_ABOVE else 0, nthreads,
-                any(math.prod(sh) == 0 for sh in shapes), words, words.ctypes.data, header))
+                any(math.prod(sh) == 0 for sh in shapes), words, words.ctypes.data, header,
+                len(lead) + len(sizes), nthreads > 1 and self.worth_waking(s, env, sizes)))
         return CallPlan(env, steps, self._gen, tver)
 
     def plan(self, env: dict[str, int]) -> CallPlan:
@@ -392,10 +407,15 @@ class CpuExecutable:
             timed = STEP_TIMES
             if timed is not None:
                 t0 = time.perf_counter()
-            if ps.nthreads == 1:
+            n = ps.nthreads
+            if n > 1:   # the workers on a core now (or asleep, for a long launch): never wait on a parked one
+                pool = workers.pool(n - 1)
+                n = 1 + pool.ready(n - 1, ps.wake)
+                words[ps.nthreads_at] = n   # every thread of the launch sees the same count
+            if n == 1:
                 call(ps.words_addr, 0)
             else:
-                workers.pool(ps.nthreads - 1).run(self.entries[s.kernel], ps.words_addr, ps.nthreads, call)
+                pool.run(self.entries[s.kernel], ps.words_addr, n, call)
             if timed is not None:
                 timed.append((s.kernel, time.perf_counter() - t0))
         return [self._fresh(vals[i]) if i < self._ninputs else vals[i] for i in prog.results]
