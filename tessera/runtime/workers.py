@@ -4,7 +4,9 @@ A kernel launch on N threads runs thread 0 on the caller and threads 1..N-1 on w
 Waking a sleeping thread (a futex, then the kernel scheduler, then on a VM a halted vCPU)
 measured 100-500 us here — more than a 400^3 GEMM's whole share.  So, as BLAS libraries do,
 a worker that finished a job keeps watching for the next one for a short while
-(``SPIN_SECONDS``), and only then blocks on a condition variable.  The watching and the
+(``SPIN_SECONDS``), and only then sleeps on a futex on the generation word (natively, with
+a sleep flag a publisher reads to know it must wake it: the way back never needs the GIL,
+which a worker sleeping on a Python condition had to take before it could run a job).  The watching and the
 jobs themselves run in native code (``tsr_worker``, compiled by LLVM at first use and
 entered through ctypes, so the GIL is released): a job is a kernel's ``<kernel>.entry``
 address and its argument words, and a worker calls it without returning to Python.  On a
@@ -121,7 +123,16 @@ define void @tsr_set_mxcsr(i64 %v) nounwind {
   ret void
 }
 
-; run published jobs until none comes for ``limit`` pauses; returns the last generation seen
+declare i64 @syscall(i64, ...)
+
+; wake every worker asleep on the generation word (futex, FUTEX_WAKE_PRIVATE)
+define void @tsr_wake(ptr %ctl) nounwind {
+  %r = call i64 (i64, ...) @syscall(i64 202, ptr %ctl, i64 129, i64 2147483647, ptr null, ptr null, i64 0)
+  ret void
+}
+
+; run published jobs; after ``limit`` pauses without one, sleep on the generation word (a futex:
+; no Python, no GIL on the way back) with its sleep flag set, until a publisher wakes it
 define i64 @tsr_worker(ptr %ctl, i64 %tid, i64 %seen0, i64 %limit) {
 entry:
   %donep = getelementptr i64, ptr %ctl, i64 8
@@ -132,9 +143,11 @@ entry:
   %bt = mul i64 %tid, 8
   %bi = add i64 %bt, 16                        ; this worker's heartbeat: word 24 + 8 (tid - 1)
   %beatp = getelementptr i64, ptr %ctl, i64 %bi
+  %si = add i64 %bi, 1
+  %sleepp = getelementptr i64, ptr %ctl, i64 %si
   br label %wait
 wait:
-  %seen = phi i64 [%seen0, %entry], [%g, %ran]
+  %seen = phi i64 [%seen0, %entry], [%g, %ran], [%seen, %idle]
   %g = call i64 @tsr_spin_beat(ptr %ctl, i64 %seen, i64 %limit, ptr %beatp)
   %new = icmp ne i64 %g, %seen
   br i1 %new, label %run, label %idle
@@ -154,7 +167,12 @@ ran:
   %d = atomicrmw add ptr %donep, i64 1 acq_rel
   br label %wait
 idle:
-  ret i64 %seen
+  store atomic i64 1, ptr %sleepp seq_cst, align 8
+  fence seq_cst                                ; the flag before the generation's re-check (publishers
+  %lo = and i64 %seen, 4294967295              ; bump it, then read the flags: one side sees the other)
+  %r = call i64 (i64, ...) @syscall(i64 202, ptr %ctl, i64 128, i64 %lo, ptr null, ptr null, i64 0)
+  store atomic i64 0, ptr %sleepp seq_cst, align 8
+  br label %wait
 }
 """)
 _FN, _ARGS, _NTHREADS, _MXCSR = 16, 17, 18, 19   # the job: entry address, argument words, thread count, MXCSR
@@ -171,13 +189,14 @@ class _Native:
         name, cpu, feats = X.resolve(None)
         oc = jit.emit(f'target triple = "{jit.host_triple()}"\n' + _IR, cpu, X.llvm_feature_string(feats))
         self.loaded = jit.LoadedObject(oc.obj, ["tsr_spin_changed", "tsr_spin_reached", "tsr_add", "tsr_worker",
-                                                "tsr_publish", "tsr_get_mxcsr", "tsr_set_mxcsr"])
+                                                "tsr_publish", "tsr_get_mxcsr", "tsr_set_mxcsr", "tsr_wake"])
         a = self.loaded.addresses
         sig = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
         self.spin_changed = sig(a["tsr_spin_changed"])
         self.spin_reached = sig(a["tsr_spin_reached"])
         self.add = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)(a["tsr_add"])
         self.publish = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(a["tsr_publish"])
+        self.wake = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(a["tsr_wake"])
         self.get_mxcsr = ctypes.CFUNCTYPE(ctypes.c_int64)(a["tsr_get_mxcsr"])
         self.set_mxcsr = ctypes.CFUNCTYPE(None, ctypes.c_int64)(a["tsr_set_mxcsr"])
         self.worker = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
@@ -207,7 +226,6 @@ class WorkerPool:
         # generation at [0], done count at [8], the job at [16..19], then a cache line per worker
         self.ctl = np.zeros(_BEAT + 8 * workers, np.int64)
         self.addr = self.ctl.ctypes.data
-        self.cond = threading.Condition()
         self.lock = threading.Lock()                # one launch at a time
         self.job = None
         self.threads = []
@@ -221,19 +239,12 @@ class WorkerPool:
         return len(self.threads)
 
     def _worker(self, tid: int) -> None:
-        seen = 0
-        while True:
-            seen = self.native.worker(self.addr, tid, seen, self.spins)   # jobs run here, GIL released
-            with self.cond:   # idle for SPIN_SECONDS: sleep until the next generation
-                self.ctl[_ASLEEP + 8 * (tid - 1)] = 1
-                while int(self.ctl[_GEN]) == seen:
-                    self.cond.wait()
-                self.ctl[_ASLEEP + 8 * (tid - 1)] = 0
+        self.native.worker(self.addr, tid, 0, self.spins)   # jobs and sleeps run here, GIL released; never returns
 
     def ready(self, wanted: int, wake: bool) -> int:
         """How many of workers 1..``wanted`` (in order) a launch should use now: each one
         spinning on a core (its heartbeat moves within ``PRESENT_SECONDS``), and, when ``wake``,
-        each asleep on the condition (publishing wakes it).  A worker that spins but whose
+        each asleep on its futex (publishing wakes it).  A worker that spins but whose
         heartbeat stands still has been parked by the OS (more runnable threads than cores):
         a launch that waited for it would wait a scheduler slice (3-8 ms measured on a loaded
         2-vCPU VM) for a share worth tens of microseconds, so the caller runs without it."""
@@ -259,9 +270,9 @@ class WorkerPool:
         with self.lock:
             target = int(self.ctl[_DONE]) + self.size
             self.ctl[_FN], self.ctl[_ARGS], self.ctl[_NTHREADS] = entry, args, nthreads
-            with self.cond:
-                self.native.publish(self.addr)   # the caller's MXCSR, then the job (release)
-                self.cond.notify_all()
+            self.native.publish(self.addr)   # the caller's MXCSR, then the job (release)
+            if self.ctl[_ASLEEP::8].any():   # read after the generation's bump (a locked add)
+                self.native.wake(self.addr)
             (call or self.native.entry(entry))(args, 0)
             done_addr = self.addr + 8 * _DONE
             while self.native.spin_reached(done_addr, target, self.spins) < target:
