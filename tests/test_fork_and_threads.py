@@ -142,6 +142,9 @@ def test_teeth_without_the_at_fork_reset_the_child_hangs(rng, monkeypatch, hook)
     from tessera import forksafe
     monkeypatch.setattr({"workers": workers, "forksafe": forksafe}[hook], "_after_fork_in_child", lambda: None)
     if hook == "workers":
+        # a launch that waits for the parent's workers (one that would wake them): the child's
+        # copy of the pool, if kept, has none to come
+        monkeypatch.setattr(workers.WorkerPool, "ready", lambda self, wanted, wake: wanted)
         _uses_the_pool(rng)
         assert _fork_and_wait(lambda: _child_ok(9), 5.0) is None
     assert _fork_with_locks_held(rng, 5.0) is None
@@ -178,6 +181,9 @@ def launches(monkeypatch):
         seen.append(nthreads)
         return orig_run(self, entry, args, nthreads, call)
     monkeypatch.setattr(workers.WorkerPool, "run", run)
+    # every planned worker counts as ready (on a busy machine one may be off its core, and a
+    # launch then runs without it: test_worker_presence.py); these tests are about the setting
+    monkeypatch.setattr(workers.WorkerPool, "ready", lambda self, wanted, wake: wanted)
     orig_exec = cpu.CpuExecutable._execute
 
     def execute(self, plan, arrays):

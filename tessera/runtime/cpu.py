@@ -92,6 +92,7 @@ class Step:
     limits: tuple = ()
     grid: tuple = ()             # GPU: workgroups along x, y, z ("D/b" = ceil(D / b))
     block: int = 0               # GPU: threads per workgroup
+    in_types: tuple = ()         # the arguments' specs (a step unpickled from an older cache has none)
 
 
 @dataclass
@@ -117,7 +118,8 @@ class HostProgram:
                 steps.append(Step(op.callee.root_reference.data, [ids[v] for v in op.args], [ids[r] for r in op.outs],
                                   [TensorSpec.of(r.type) for r in op.outs], strs(op.dims), ival(op.workspace),
                                   ival(op.team), ival(op.threads), op.parallel.data if op.parallel else "none",
-                                  tuple(strs(op.limits)) if op.limits else ()))
+                                  tuple(strs(op.limits)) if op.limits else (),
+                                  in_types=tuple(TensorSpec.of(v.type) for v in op.args)))
             elif isinstance(op, G.LaunchOp):
                 for r in op.outs:
                     ids[r] = len(ids)
@@ -221,6 +223,29 @@ data_address = _data_address_reader()
 _ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)   # <kernel>.entry(args, tid)
 
 
+def launch_work(step: Step, env: dict[str, int], sizes: list[int]) -> tuple[bool, int]:
+    """(whether the work is multiply-adds of a GEMM, about how much work) for the thread split.
+    A GEMM's multiply-adds from its operands: sqrt(|A| |B| |C|) = M N K for C = A B (an
+    implicit-GEMM convolution too: |x| |w| |y| ~ (N H W Ci)(9 Ci Co)(N H W Co)); its epilogue's
+    operands (bias, residual: rank 1 or the output's shape) are left out.  An attention
+    kernel's work grows with the KV cache it reads, not its output (a decode step writes one
+    row per head): the largest of its tensors.  Others: the largest output."""
+    def n(spec: TensorSpec) -> int:
+        return math.prod(_eval(d, env) for d in spec.dims)
+    out = max((n(t) for t in step.out_types), default=1)
+    kind = step.kernel.split("_", 1)[-1]
+    if kind == "gemm" and step.in_types:
+        shapes = [t.dims for t in step.out_types]
+        ops = sorted((n(t) for t in step.in_types if t.rank > 1 and t.dims not in shapes), reverse=True)
+        if len(ops) >= 2:
+            return True, max(1, math.isqrt(ops[0] * ops[1] * out))
+    if kind == "gemm":
+        return True, (out * max(1, sizes[-1]) if sizes else out)   # (a step from an older cache)
+    if kind.startswith("attention"):
+        return False, max([out] + [n(t) for t in step.in_types])
+    return False, out
+
+
 @dataclass
 class PlannedStep:
     """One launch of a call, with everything that depends only on the sizes worked out."""
@@ -234,6 +259,8 @@ class PlannedStep:
     words: np.ndarray            # <kernel>.entry's argument words; the buffer slots are filled per call
     words_addr: int
     team_header: np.ndarray      # the team buffer's barrier words and work counter (zeroed per call)
+    nthreads_at: int = 0         # the index of the thread count in ``words`` (set per launch)
+    wake: bool = False           # worth waking sleeping workers for (runtime/workers.py: ready)
 
 
 @dataclass
@@ -294,13 +321,16 @@ class CpuExecutable:
         n = min(n, self.max_threads, threads.get_num_threads() or n)   # TESSERA_NUM_THREADS / set_num_threads
         if step.parallel == "none":
             return 1
-        work = 1
-        for t in step.out_types:
-            work = max(work, math.prod(_eval(d, env) for d in t.dims))
-        if step.kernel.endswith("_gemm") and sizes:
-            work *= max(1, sizes[-1])  # x K
-            return 1 if work < (1 << 21) else n
-        return 1 if work < (1 << 15) else n
+        gemm, work = launch_work(step, env, sizes)
+        return 1 if work < ((1 << 21) if gemm else (1 << 15)) else n
+
+    @staticmethod
+    def worth_waking(step: Step, env: dict[str, int], sizes: list[int]) -> bool:
+        """Whether a launch is long enough (about a millisecond on one core) to wake workers
+        that went to sleep (a wake-up costs 0.1-0.5 ms, more on a loaded machine); shorter
+        ones use only the workers spinning on a core at the time."""
+        gemm, work = launch_work(step, env, sizes)
+        return work >= ((1 << 25) if gemm else (1 << 21))
 
     def _refuse_here(self) -> None:
         if self.missing_features:
@@ -336,7 +366,8 @@ class CpuExecutable:
             words = np.array(lead + sizes + [nthreads, team] + wss[:nthreads], np.int64)
             steps.append(PlannedStep(
                 s, shapes, [t.np_dtype for t in s.out_types], need if need > CHECK_MEMORY_ABOVE else 0, nthreads,
-                any(math.prod(sh) == 0 for sh in shapes), words, words.ctypes.data, header))
+                any(math.prod(sh) == 0 for sh in shapes), words, words.ctypes.data, header,
+                len(lead) + len(sizes), nthreads > 1 and self.worth_waking(s, env, sizes)))
         return CallPlan(env, steps, self._gen, tver)
 
     def plan(self, env: dict[str, int]) -> CallPlan:
@@ -392,10 +423,15 @@ class CpuExecutable:
             timed = STEP_TIMES
             if timed is not None:
                 t0 = time.perf_counter()
-            if ps.nthreads == 1:
+            n = ps.nthreads
+            if n > 1:   # the workers on a core now (or asleep, for a long launch): never wait on a parked one
+                pool = workers.pool(n - 1)
+                n = 1 + pool.ready(n - 1, ps.wake)
+                words[ps.nthreads_at] = n   # every thread of the launch sees the same count
+            if n == 1:
                 call(ps.words_addr, 0)
             else:
-                workers.pool(ps.nthreads - 1).run(self.entries[s.kernel], ps.words_addr, ps.nthreads, call)
+                pool.run(self.entries[s.kernel], ps.words_addr, n, call)
             if timed is not None:
                 timed.append((s.kernel, time.perf_counter() - t0))
         return [self._fresh(vals[i]) if i < self._ninputs else vals[i] for i in prog.results]

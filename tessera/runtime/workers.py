@@ -4,7 +4,9 @@ A kernel launch on N threads runs thread 0 on the caller and threads 1..N-1 on w
 Waking a sleeping thread (a futex, then the kernel scheduler, then on a VM a halted vCPU)
 measured 100-500 us here — more than a 400^3 GEMM's whole share.  So, as BLAS libraries do,
 a worker that finished a job keeps watching for the next one for a short while
-(``SPIN_SECONDS``), and only then blocks on a condition variable.  The watching and the
+(``SPIN_SECONDS``), and only then sleeps on a futex on the generation word (natively, with
+a sleep flag a publisher reads to know it must wake it: the way back never needs the GIL,
+which a worker sleeping on a Python condition had to take before it could run a job).  The watching and the
 jobs themselves run in native code (``tsr_worker``, compiled by LLVM at first use and
 entered through ctypes, so the GIL is released): a job is a kernel's ``<kernel>.entry``
 address and its argument words, and a worker calls it without returning to Python.  On a
@@ -65,6 +67,29 @@ exit:
 # spin while *p == ref (a new generation) / while *p < ref (workers still running), at most limit pauses
 _IR = ("declare void @llvm.x86.sse2.pause()\n" + _SPIN.format(name="tsr_spin_changed", keep_waiting="eq")
        + _SPIN.format(name="tsr_spin_reached", keep_waiting="slt") + r"""
+; a worker's wait for the next generation: tsr_spin_changed that also bumps its heartbeat word
+; every pause, so a caller can tell a worker that is on a core now from one the OS has parked
+define i64 @tsr_spin_beat(ptr %p, i64 %ref, i64 %limit, ptr %beat) nounwind {
+entry:
+  br label %loop
+loop:
+  %i = phi i64 [0, %entry], [%n, %body]
+  %v = load atomic i64, ptr %p acquire, align 8
+  %wait = icmp eq i64 %v, %ref
+  %more = icmp slt i64 %i, %limit
+  %go = and i1 %wait, %more
+  br i1 %go, label %body, label %exit
+body:
+  %b = load atomic i64, ptr %beat monotonic, align 8
+  %b1 = add i64 %b, 1
+  store atomic i64 %b1, ptr %beat monotonic, align 8
+  call void @llvm.x86.sse2.pause()
+  %n = add i64 %i, 1
+  br label %loop
+exit:
+  ret i64 %v
+}
+
 define i64 @tsr_add(ptr %p, i64 %d) nounwind {
   %old = atomicrmw add ptr %p, i64 %d acq_rel
   ret i64 %old
@@ -98,7 +123,16 @@ define void @tsr_set_mxcsr(i64 %v) nounwind {
   ret void
 }
 
-; run published jobs until none comes for ``limit`` pauses; returns the last generation seen
+declare i64 @syscall(i64, ...)
+
+; wake every worker asleep on the generation word (futex, FUTEX_WAKE_PRIVATE)
+define void @tsr_wake(ptr %ctl) nounwind {
+  %r = call i64 (i64, ...) @syscall(i64 202, ptr %ctl, i64 129, i64 2147483647, ptr null, ptr null, i64 0)
+  ret void
+}
+
+; run published jobs; after ``limit`` pauses without one, sleep on the generation word (a futex:
+; no Python, no GIL on the way back) with its sleep flag set, until a publisher wakes it
 define i64 @tsr_worker(ptr %ctl, i64 %tid, i64 %seen0, i64 %limit) {
 entry:
   %donep = getelementptr i64, ptr %ctl, i64 8
@@ -106,10 +140,15 @@ entry:
   %argp = getelementptr i64, ptr %ctl, i64 17
   %np = getelementptr i64, ptr %ctl, i64 18
   %mxp = getelementptr i64, ptr %ctl, i64 19
+  %bt = mul i64 %tid, 8
+  %bi = add i64 %bt, 16                        ; this worker's heartbeat: word 24 + 8 (tid - 1)
+  %beatp = getelementptr i64, ptr %ctl, i64 %bi
+  %si = add i64 %bi, 1
+  %sleepp = getelementptr i64, ptr %ctl, i64 %si
   br label %wait
 wait:
-  %seen = phi i64 [%seen0, %entry], [%g, %ran]
-  %g = call i64 @tsr_spin_changed(ptr %ctl, i64 %seen, i64 %limit)
+  %seen = phi i64 [%seen0, %entry], [%g, %ran], [%seen, %idle]
+  %g = call i64 @tsr_spin_beat(ptr %ctl, i64 %seen, i64 %limit, ptr %beatp)
   %new = icmp ne i64 %g, %seen
   br i1 %new, label %run, label %idle
 run:
@@ -128,10 +167,18 @@ ran:
   %d = atomicrmw add ptr %donep, i64 1 acq_rel
   br label %wait
 idle:
-  ret i64 %seen
+  store atomic i64 1, ptr %sleepp seq_cst, align 8
+  fence seq_cst                                ; the flag before the generation's re-check (publishers
+  %lo = and i64 %seen, 4294967295              ; bump it, then read the flags: one side sees the other)
+  %r = call i64 (i64, ...) @syscall(i64 202, ptr %ctl, i64 128, i64 %lo, ptr null, ptr null, i64 0)
+  store atomic i64 0, ptr %sleepp seq_cst, align 8
+  br label %wait
 }
 """)
 _FN, _ARGS, _NTHREADS, _MXCSR = 16, 17, 18, 19   # the job: entry address, argument words, thread count, MXCSR
+_BEAT, _ASLEEP = 24, 25   # + 8 (tid - 1): worker tid's heartbeat (bumped while it spins), 1 while it sleeps
+PRESENT_SECONDS = 10e-6   # a spinning worker's heartbeat moves within this; one that does not is off its core
+WAKE_SECONDS = 1e-3       # how long a launch waits for a worker it woke to start spinning
 
 
 class _Native:
@@ -143,13 +190,14 @@ class _Native:
         name, cpu, feats = X.resolve(None)
         oc = jit.emit(f'target triple = "{jit.host_triple()}"\n' + _IR, cpu, X.llvm_feature_string(feats))
         self.loaded = jit.LoadedObject(oc.obj, ["tsr_spin_changed", "tsr_spin_reached", "tsr_add", "tsr_worker",
-                                                "tsr_publish", "tsr_get_mxcsr", "tsr_set_mxcsr"])
+                                                "tsr_publish", "tsr_get_mxcsr", "tsr_set_mxcsr", "tsr_wake"])
         a = self.loaded.addresses
         sig = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
         self.spin_changed = sig(a["tsr_spin_changed"])
         self.spin_reached = sig(a["tsr_spin_reached"])
         self.add = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)(a["tsr_add"])
         self.publish = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(a["tsr_publish"])
+        self.wake = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(a["tsr_wake"])
         self.get_mxcsr = ctypes.CFUNCTYPE(ctypes.c_int64)(a["tsr_get_mxcsr"])
         self.set_mxcsr = ctypes.CFUNCTYPE(None, ctypes.c_int64)(a["tsr_set_mxcsr"])
         self.worker = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
@@ -158,20 +206,28 @@ class _Native:
 
 
 def _pauses_per_second(native: _Native) -> int:
+    """The fastest of several short trials: on a loaded machine a trial the OS interrupts
+    counts its time off the core, and one long trial measured here 10x too few pauses a
+    second (a worker then slept after 0.2 ms of watching, not ``SPIN_SECONDS``)."""
     probe = np.zeros(1, np.int64)
-    n = 20000
-    t0 = time.perf_counter()
-    native.spin_changed(probe.ctypes.data, 0, n)
-    return max(1000, int(n / max(time.perf_counter() - t0, 1e-6)))
+    n, best = 4000, float("inf")
+    for _ in range(7):
+        t0 = time.perf_counter()
+        native.spin_changed(probe.ctypes.data, 0, n)
+        best = min(best, time.perf_counter() - t0)
+    return max(1000, int(n / max(best, 1e-7)))
 
 
 class WorkerPool:
     def __init__(self, workers: int, native: _Native | None = None):
         self.native = native or _Native()
-        self.spins = int(SPIN_SECONDS * _pauses_per_second(self.native))
-        self.ctl = np.zeros(24, np.int64)          # generation at [0], done count at [8], the job at [16..18]
+        pps = _pauses_per_second(self.native)
+        self.spins = int(SPIN_SECONDS * pps)
+        self.present_spins = max(16, int(PRESENT_SECONDS * pps))
+        self.wake_spins = max(16, int(WAKE_SECONDS * pps))
+        # generation at [0], done count at [8], the job at [16..19], then a cache line per worker
+        self.ctl = np.zeros(_BEAT + 8 * workers, np.int64)
         self.addr = self.ctl.ctypes.data
-        self.cond = threading.Condition()
         self.lock = threading.Lock()                # one launch at a time
         self.job = None
         self.threads = []
@@ -185,12 +241,32 @@ class WorkerPool:
         return len(self.threads)
 
     def _worker(self, tid: int) -> None:
-        seen = 0
-        while True:
-            seen = self.native.worker(self.addr, tid, seen, self.spins)   # jobs run here, GIL released
-            with self.cond:   # idle for SPIN_SECONDS: sleep until the next generation
-                while int(self.ctl[_GEN]) == seen:
-                    self.cond.wait()
+        self.native.worker(self.addr, tid, 0, self.spins)   # jobs and sleeps run here, GIL released; never returns
+
+    def ready(self, wanted: int, wake: bool) -> int:
+        """How many of workers 1..``wanted`` (in order) a launch should use now: each one
+        spinning on a core (its heartbeat moves within ``PRESENT_SECONDS``), and, when ``wake``,
+        each asleep on its futex that, woken here, starts spinning within ``WAKE_SECONDS``.  A worker that spins but whose
+        heartbeat stands still has been parked by the OS (more runnable threads than cores):
+        a launch that waited for it would wait a scheduler slice (3-8 ms measured on a loaded
+        2-vCPU VM) for a share worth tens of microseconds, so the caller runs without it."""
+        n = 0
+        for tid in range(1, min(wanted, self.size) + 1):
+            at = 8 * (tid - 1)
+            beat = self.addr + 8 * (_BEAT + at)
+            b0 = int(self.ctl[_BEAT + at])
+            if self.ctl[_ASLEEP + at]:
+                # woken, it spins (no job yet): used once its heartbeat moves, within WAKE_SECONDS;
+                # one the OS does not run by then is left to spin for the next launch
+                if not wake:
+                    break
+                self.native.wake(self.addr)
+                if self.native.spin_changed(beat, b0, self.wake_spins) == b0:
+                    break
+            elif self.native.spin_changed(beat, b0, self.present_spins) == b0:
+                break
+            n += 1
+        return n
 
     def run(self, entry: int, args: int, nthreads: int, call=None) -> None:
         """``<kernel>.entry(args, tid)`` for tid = 0..nthreads-1: 0 on the caller, the rest on
@@ -200,9 +276,9 @@ class WorkerPool:
         with self.lock:
             target = int(self.ctl[_DONE]) + self.size
             self.ctl[_FN], self.ctl[_ARGS], self.ctl[_NTHREADS] = entry, args, nthreads
-            with self.cond:
-                self.native.publish(self.addr)   # the caller's MXCSR, then the job (release)
-                self.cond.notify_all()
+            self.native.publish(self.addr)   # the caller's MXCSR, then the job (release)
+            if self.ctl[_ASLEEP::8].any():   # read after the generation's bump (a locked add)
+                self.native.wake(self.addr)
             (call or self.native.entry(entry))(args, 0)
             done_addr = self.addr + 8 * _DONE
             while self.native.spin_reached(done_addr, target, self.spins) < target:
