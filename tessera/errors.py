@@ -431,6 +431,18 @@ class CacheUntrustedError(CacheError):
     code = "CACHE_UNTRUSTED"
 
 
+class TuneError(TesseraError):
+    """The autotuner cannot rank a kernel's schedule candidates: none compiled or ran, or the
+    machine is too noisy (the best candidate's timing spread exceeds the threshold)."""
+    code = "TUNE"
+    area = "runtime"
+
+
+class TuningDatabaseWarning(UserWarning):
+    """The tuning database (``tuning.sqlite`` in the cache directory) was unreadable or of another
+    schema: it is set aside and rebuilt empty."""
+
+
 class BenchLogError(TesseraError):
     """A benchmark log (``benchmarks/results/cpu/<host>/*.json``) is unreadable or malformed."""
     code = "BENCH_LOG"
