@@ -1,0 +1,187 @@
+"""The autotuner: schedule search space, tuning database, tuner and its jit hook (docs/tuning.md)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+import tessera
+from tessera.errors import ScheduleIllegalError, TuneError, TuningDatabaseWarning
+from tessera.frontend import tune
+from tessera.frontend.trace import ARRAY
+from tessera.passes.schedule import space
+from tessera.runtime import tunedb
+
+AVX2 = "x86-64-v3"   # 16 vector registers, whatever this host has
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TESSERA_TUNE_QUIET", "1")
+    return tmp_path
+
+
+def _key(dtype="f32", shape=(64, 48, 40), family="gemm"):
+    return tunedb.Key(family, space.version(family), "cpu", "znver4", "avx2,fma", dtype, shape)
+
+
+# --------------------------------------------------------------------------- space
+def test_space_rejects_illegal_register_tile():
+    with pytest.raises(ScheduleIllegalError, match="8x4 .* needs 37 vector registers"):
+        space.check("gemm", {"register_tile": (8, 4)}, arch=AVX2)
+    with pytest.raises(ScheduleIllegalError, match="no attribute chunk"):
+        space.check("gemm", {"chunk": 8}, arch=AVX2)
+    with pytest.raises(ScheduleIllegalError, match="chunk=12"):
+        space.check("row", {"chunk": 12}, arch=AVX2)
+    cands = space.candidates("gemm", (1024, 1024, 1024), arch=AVX2)
+    assert cands[0] == {} and len(cands) > 2
+    for pins in cands:   # every candidate is legal, and its footprints fit the model's caches
+        space.check("gemm", pins, arch=AVX2)
+    # the cache model prunes: a KC x 16-float micro-panel of 64 KiB would spill a 256 KiB L2's quarter
+    caches = {"L1": 32 << 10, "L2": 256 << 10, "L3": 8 << 20}
+    assert space.fits(512, 64, 512, 16, 4, caches) and not space.fits(4096, 64, 512, 16, 4, caches)
+
+
+def test_space_candidates_follow_the_shape():
+    small = space.candidates("gemm", (20, 24, 12), arch=AVX2)
+    for pins in small[1:]:   # KC collapses to K rounded to the k unit, MC/NC to the shape
+        assert pins["tile_k"] == 12 and pins["tile_m"] < 2 * 20 and pins["tile_n"] <= 24 + 8 * pins["register_tile"][1]
+    assert len({tune.label(p) for p in small}) == len(small)
+    rows = space.candidates("row", (8, 100), arch=AVX2)
+    assert rows[0] == {} and all(space.check("row", p, arch=AVX2) is None for p in rows)
+
+
+# --------------------------------------------------------------------------- database
+def _isolates_keys(db: tunedb.TuningDB) -> bool:
+    """An f32 entry must never answer an f64, another family's or another arch's lookup."""
+    db.store(tunedb.Entry(_key("f32"), {"register_tile": (6, 2)}, 1.0))
+    others = [_key("f64"), _key(family="row"),
+              tunedb.Key("gemm", 1, "cpu", "skylake-avx512", "avx2,fma,avx512f", "f32", (64, 48, 40)),
+              tunedb.Key("gemm", 2, "cpu", "znver4", "avx2,fma", "f32", (64, 48, 40))]
+    return all(db.lookup(k) is None for k in others)
+
+
+def test_db_round_trip_nearest_and_isolation(cache):
+    with tunedb.TuningDB() as db:
+        assert (cache / tunedb.FILE).exists()
+        assert db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert _isolates_keys(db)
+        e = db.lookup(_key())
+        assert e.match == "exact" and e.pins == {"register_tile": (6, 2)} and e.best_ms == 1.0
+        near = db.lookup(_key(shape=(60, 50, 33)))     # the same bucket (64, 64, 64)
+        assert near.match == "nearest" and near.key.shape == (64, 48, 40)
+        assert db.lookup(_key(shape=(1024, 48, 40))) is None   # 16x away: not near
+    with tunedb.TuningDB() as db2:   # a second connection sees it
+        assert db2.lookup(_key()).pins == {"register_tile": (6, 2)}
+
+
+def test_db_planted_key_without_dtype_is_caught(cache, monkeypatch):
+    monkeypatch.setattr(tunedb, "KEY_FIELDS", ("family", "version", "target", "arch", "features"))
+    with tunedb.TuningDB() as db:
+        assert not _isolates_keys(db)   # the f32 entry answers an f64 lookup: the check has teeth
+
+
+def test_db_two_processes_write_at_once(cache):
+    code = ("import sys; from tessera.runtime import tunedb as t\n"
+            "for i in range(40):\n"
+            "    with t.TuningDB() as db:\n"
+            "        db.store(t.Entry(t.Key('gemm', 1, 'cpu', 'a', 'f', sys.argv[1], (i + 1, 8, 8)), {}, float(i)))\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, d], cwd=str(tessera.__path__[0] + "/.."))
+             for d in ("f32", "f64")]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    with tunedb.TuningDB() as db:
+        rows = db.entries()
+    assert len(rows) == 80 and {r.key.dtype for r in rows} == {"f32", "f64"}
+
+
+def test_db_corrupt_file_is_set_aside(cache):
+    (cache / tunedb.FILE).write_bytes(b"this is not a database" * 100)
+    with pytest.warns(TuningDatabaseWarning, match="set aside"):
+        db = tunedb.TuningDB()
+    db.store(tunedb.Entry(_key(), {}, 2.0))
+    assert db.lookup(_key()).best_ms == 2.0
+    db.close()
+
+
+def test_db_export_import(cache, tmp_path_factory):
+    out = tmp_path_factory.mktemp("export") / "site.json"
+    with tunedb.TuningDB() as db:
+        db.store(tunedb.Entry(_key(), {"register_tile": (4, 3), "tile_k": 40}, 1.5, {"model": 1.7}))
+        db.store(tunedb.Entry(_key("f64", (32, 32, 32)), {}, 3.0))
+        assert db.export(out) == 2
+        assert db.clear() == 2 and db.entries() == []
+        assert db.import_file(out) == 2
+        got = db.lookup(_key())
+        assert got.pins == {"register_tile": (4, 3), "tile_k": 40} and got.times == {"model": 1.7}
+        doc = json.loads(out.read_text())
+        doc["schema"] = 99
+        out.write_text(json.dumps(doc))
+        with pytest.raises(ValueError, match="not a Tessera tuning export"):
+            db.import_file(out)
+
+
+# --------------------------------------------------------------------------- tuner and jit hook
+def _mm(x, y):
+    return x @ y
+
+
+def test_jit_tune_stores_and_a_second_function_reuses(cache, rng, monkeypatch):
+    monkeypatch.setenv("TESSERA_TUNE_BUDGET", "2")
+    a = rng.standard_normal((40, 36)).astype(np.float32)
+    b = rng.standard_normal((36, 24)).astype(np.float32)
+    oracle = a.astype(np.float64) @ b.astype(np.float64)
+    tuned = tessera.jit(_mm, tune=True)
+    np.testing.assert_allclose(tuned(a, b), oracle, rtol=1e-4, atol=1e-4)
+    with tunedb.TuningDB() as db:
+        (entry,) = db.entries()
+    assert entry.key.family == "gemm" and entry.key.dtype == "f32" and entry.key.shape == (40, 24, 36)
+    assert entry.times and all(t is None or t > 0 for t in entry.times.values())
+    again = tessera.jit(_mm)   # not tuning: the database's entry is its schedule
+    rep = tessera.explain(again, a, b)
+    assert any("schedule from the tuning database (entry gemm v1 f32 40x24x36" in n for n in rep.notes)
+    for k, v in entry.pins.items():
+        assert f"{k.replace('_', '-')}={','.join(map(str, v)) if isinstance(v, tuple) else v}" in rep.pipeline
+    np.testing.assert_allclose(again(a, b), oracle, rtol=1e-4, atol=1e-4)
+    with tunedb.TuningDB() as db:
+        db.clear()
+    rep = tessera.explain(tessera.jit(_mm), a, b)   # teeth: without the entry, the model's schedule
+    assert any("schedule from the cost model" in n for n in rep.notes)
+
+
+def test_tuner_records_a_failing_candidate(cache, rng, monkeypatch):
+    """A candidate that cannot compile is recorded as failed (None) and the tuner goes on."""
+    bad = {"register_tile": (6, 2), "tile_m": 7, "tile_k": 16, "tile_n": 16}   # MC not a multiple of MR
+    monkeypatch.setattr(space, "candidates", lambda *a, **k: [{}, bad])
+    a = rng.standard_normal((16, 16)).astype(np.float32)
+    b = rng.standard_normal((16, 16)).astype(np.float32)
+    f = tessera.jit(_mm)
+    graph = f._trace([a, b], [ARRAY, ARRAY], frozenset())
+    entry = tune.tune_graph(f, graph, [a, b], _key(shape=(16, 16, 16)), min_rounds=3, max_rounds=5,
+                            budget_s=1, quiet=True)
+    assert entry.times[tune.label(bad)] is None and entry.pins == {} and entry.times["model"] > 0
+    monkeypatch.setattr(space, "candidates", lambda *a, **k: [bad])
+    with pytest.raises(TuneError, match="no candidate"):
+        tune.tune_graph(f, graph, [a, b], _key(shape=(16, 16, 16)), quiet=True)
+
+
+def test_tuner_refuses_noise_and_wrong_results(cache, rng, monkeypatch):
+    a = rng.standard_normal((16, 16)).astype(np.float32)
+    b = rng.standard_normal((16, 16)).astype(np.float32)
+    f = tessera.jit(_mm)
+    graph = f._trace([a, b], [ARRAY, ARRAY], frozenset())
+    monkeypatch.setattr(space, "candidates", lambda *a, **k: [{}])
+    with pytest.raises(TuneError, match="too noisy"):
+        tune.tune_graph(f, graph, [a, b], _key(shape=(16, 16, 16)), min_rounds=4, max_rounds=4,
+                        noise_max=-1.0, quiet=True)
+    # a candidate whose result is wrong is not eligible (the float64 check has teeth)
+    monkeypatch.setattr(tune, "_close", lambda got, ref, dtype: False)
+    with pytest.raises(TuneError, match="no candidate"):
+        tune.tune_graph(f, graph, [a, b], _key(shape=(16, 16, 16)), quiet=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert tune.fresh_inputs([a], np.random.default_rng(0))[0].any()   # never zeros
