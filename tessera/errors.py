@@ -438,6 +438,11 @@ class TuneError(TesseraError):
     area = "runtime"
 
 
+class TuneWarning(UserWarning):
+    """``tessera.jit(tune=True)`` could not rank the candidates (a ``TuneError``: too noisy, or none
+    ran): the call compiles with the cost model's schedule and nothing is recorded."""
+
+
 class TuningDatabaseWarning(UserWarning):
     """The tuning database (``tuning.sqlite`` in the cache directory) was unreadable or of another
     schema: it is set aside and rebuilt empty."""

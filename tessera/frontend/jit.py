@@ -620,7 +620,7 @@ class Artifact:
         return LaneReport(self.fn.name, c.lane, c.target, c.arch, c.cpu, feature_list(isa), m["layers"],
                           m["passes"], m["kernels"], m["compile_ms"], c.cache_status, m["pipeline"], list(v.copies),
                           static, compiles=list(self.fn.compiles),
-                          notes=_thread_notes(c, m["kernels"]) + ([v.schedule_source] if v.schedule_source else []))
+                          notes=_thread_notes(c, m["kernels"]), schedule=v.schedule_source)
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)

@@ -27,10 +27,11 @@ import math
 import os
 import sys
 import time
+import warnings
 
 import numpy as np
 
-from tessera.errors import TesseraError, TuneError
+from tessera.errors import TesseraError, TuneError, TuneWarning
 from tessera.passes.schedule import space
 from tessera.runtime import tunedb
 
@@ -101,9 +102,14 @@ def schedule_for(jf, graph, arrays) -> tuple[dict, str]:
     with tunedb.TuningDB(create=False) as db:
         entry = db.lookup(key)
     if enabled(jf) and (entry is None or entry.match != "exact"):
-        entry = tune_graph(jf, graph, arrays, key)
-        with tunedb.TuningDB() as db:
-            db.store(entry)
+        try:
+            tuned = tune_graph(jf, graph, arrays, key)
+        except TuneError as e:   # too noisy, or nothing ran: the model's schedule, nothing recorded
+            warnings.warn(TuneWarning(f"{e.message}; compiling with the cost model's schedule"), stacklevel=6)
+        else:
+            with tunedb.TuningDB() as db:
+                db.store(tuned)
+            entry = tuned
     if entry is None:
         return jf.schedule, (f"schedule from the cost model (no tuning-database entry for {family} {dtype} "
                              f"{'x'.join(map(str, shape))})")

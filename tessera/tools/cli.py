@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     ln.set_defaults(func=_lanes)
     dr = sub.add_parser("doctor", help="every external tool: version, where it was found, what it enables")
     dr.set_defaults(func=lambda a: __import__("tessera.tools.doctor", fromlist=["main"]).main(a))
+    __import__("tessera.tools.tune_cli", fromlist=["add_parser"]).add_parser(sub)   # tessera tune
     args = ap.parse_args(argv)
     try:
         return args.func(args)
