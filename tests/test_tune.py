@@ -154,6 +154,35 @@ def test_jit_tune_stores_and_a_second_function_reuses(cache, rng, monkeypatch):
     assert rep.schedule.startswith("schedule from the cost model")
 
 
+def _softmax(x):
+    return tessera.ops.softmax(x, axis=-1)
+
+
+def test_jit_tune_row_family_chunk(cache, rng, monkeypatch):
+    monkeypatch.setenv("TESSERA_TUNE_BUDGET", "1")
+    x = rng.standard_normal((24, 100)).astype(np.float32)
+    x64 = x.astype(np.float64)
+    oracle = np.exp(x64 - x64.max(-1, keepdims=True))
+    oracle /= oracle.sum(-1, keepdims=True)
+    np.testing.assert_allclose(tessera.jit(_softmax, tune=True)(x), oracle, rtol=1e-5, atol=1e-6)
+    with tunedb.TuningDB() as db:
+        (entry,) = db.entries()
+    assert entry.key.family == "row" and entry.key.shape == (24, 100) and len(entry.times) == 4
+    assert set(entry.pins) <= {"chunk"}
+    rep = tessera.explain(tessera.jit(_softmax), x)
+    assert rep.schedule.startswith("schedule from the tuning database (entry row v1 f32 24x100")
+    assert f"chunk={entry.pins['chunk']}" in rep.pipeline if entry.pins else "chunk=" not in rep.pipeline
+
+
+def test_jit_tune_refuses_gpu_targets(rng):
+    from tessera.frontend.tune import schedule_for
+
+    class Fn:   # the refusal comes before any GPU compile or device
+        target, tune, name, schedule = "nvidia", True, "f", {}
+    with pytest.raises(TuneError, match="tuning nvidia schedules is not built yet"):
+        schedule_for(Fn(), None, [])
+
+
 def test_tuner_records_a_failing_candidate(cache, rng, monkeypatch):
     """A candidate that cannot compile is recorded as failed (None) and the tuner goes on."""
     bad = {"register_tile": (6, 2), "tile_m": 7, "tile_k": 16, "tile_n": 16}   # MC not a multiple of MR

@@ -53,9 +53,13 @@ def _dtype(d) -> str:
     return _DTYPES.get(np.dtype(d).name, np.dtype(d).name)
 
 
+ROW_OPS = ("softmax", "log_softmax", "layer_norm", "rms_norm")
+
+
 def describe(graph) -> tuple[str, str, tuple[int, ...]] | None:
     """(family, dtype, shape) of the graph's dominant tunable kernel: its largest matmul as
-    (M, N, K), or (B, M, N, K) when batched; else None."""
+    (M, N, K), or (B, M, N, K) when batched; else its largest row op (softmax, layer_norm...) as
+    (rows, columns); else None."""
     best, work = None, 0
     for n in graph.nodes:
         if n.op != "matmul" or len(n.shape) < 2:
@@ -66,6 +70,12 @@ def describe(graph) -> tuple[str, str, tuple[int, ...]] | None:
         if b * m * nn * k > work:
             work = b * m * nn * k
             best = ("gemm", _dtype(n.inputs[0].dtype), (m, nn, k) if b == 1 else (b, m, nn, k))
+    if best is not None:
+        return best
+    for n in graph.nodes:
+        if n.op in ROW_OPS and n.shape and math.prod(n.shape) > work:
+            work = math.prod(n.shape)
+            best = ("row", _dtype(n.dtype), (math.prod(n.shape[:-1]), n.shape[-1]))
     return best
 
 
@@ -90,6 +100,9 @@ def schedule_for(jf, graph, arrays) -> tuple[dict, str]:
     """The pins to compile ``graph`` with and where they came from (a lane-report note): the
     caller's pins where they touch the family's attributes; else the tuning database (tuning first
     when enabled and no exact entry exists); else the cost model."""
+    if jf.target != "cpu" and getattr(jf, "tune", None):
+        raise TuneError(f"tessera.jit(tune=True) on {jf.name}: tuning {jf.target} schedules is not built yet "
+                        "(the tuner drives CPU schedules only); drop tune=True for this target")
     if jf.target != "cpu" or getattr(jf, "_tuning", False):
         return jf.schedule, ""
     what = describe(graph)
