@@ -49,8 +49,9 @@ def test_space_rejects_illegal_register_tile():
 
 def test_space_candidates_follow_the_shape():
     small = space.candidates("gemm", (20, 24, 12), arch=AVX2)
-    for pins in small[1:]:   # KC collapses to K rounded to the k unit, MC/NC to the shape
-        assert pins["tile_k"] == 12 and pins["tile_m"] < 2 * 20 and pins["tile_n"] <= 24 + 8 * pins["register_tile"][1]
+    for pins in small[1:]:   # KC collapses to K rounded to the k unit; MC, NC: whole register tiles
+        rt = pins["register_tile"]
+        assert pins["tile_k"] == 12 and pins["tile_m"] % rt[0] == 0 and pins["tile_n"] % (8 * rt[1]) == 0
     assert len({tune.label(p) for p in small}) == len(small)
     rows = space.candidates("row", (8, 100), arch=AVX2)
     assert rows[0] == {} and all(space.check("row", p, arch=AVX2) is None for p in rows)
@@ -184,16 +185,21 @@ def test_jit_tune_refuses_gpu_targets(rng):
 
 
 def test_tuner_records_a_failing_candidate(cache, rng, monkeypatch):
-    """A candidate that cannot compile is recorded as failed (None) and the tuner goes on."""
+    """A candidate that cannot compile is recorded as failed (None) and the tuner goes on; one that
+    spells the model's own schedule as pins is timed once (as the model)."""
     bad = {"register_tile": (6, 2), "tile_m": 7, "tile_k": 16, "tile_n": 16}   # MC not a multiple of MR
-    monkeypatch.setattr(space, "candidates", lambda *a, **k: [{}, bad])
     a = rng.standard_normal((16, 16)).astype(np.float32)
     b = rng.standard_normal((16, 16)).astype(np.float32)
     f = tessera.jit(_mm)
     graph = f._trace([a, b], [ARRAY, ARRAY], frozenset())
+    k = tune._compile(f, graph, {}).meta["kernels"][0]
+    same = {"register_tile": tuple(k["register_tile"]), "tile_m": k["tiles"]["m"], "tile_n": k["tiles"]["n"],
+            "tile_k": k["tiles"]["k"]}
+    monkeypatch.setattr(space, "candidates", lambda *a, **k: [{}, bad, same])
     entry = tune.tune_graph(f, graph, [a, b], _key(shape=(16, 16, 16)), min_rounds=3, max_rounds=5,
                             budget_s=1)
     assert entry.times[tune.label(bad)] is None and entry.pins == {} and entry.times["model"] > 0
+    assert set(entry.times) == {"model", tune.label(bad)}
     monkeypatch.setattr(space, "candidates", lambda *a, **k: [bad])
     with pytest.raises(TuneError, match="no candidate"):
         tune.tune_graph(f, graph, [a, b], _key(shape=(16, 16, 16)), quiet=True)

@@ -148,6 +148,12 @@ def _compile(jf, graph, pins):
     return compile_graph(gir.module, name=jf.name, target=jf.target, arch=jf.arch, pins={**jf.schedule, **pins})
 
 
+def _schedule_of(c) -> str:
+    """What the schedule decided for every kernel: two candidates alike here are one candidate."""
+    return repr([(k["kind"], k["tiles"], k.get("register_tile"), k["unroll"], k["parallel"], k["threads"],
+                  k["vector"]) for k in c.meta["kernels"]])
+
+
 def _runner(c, arrays):
     from tessera.runtime.cpu import bind_symbols
     exe = c.executable
@@ -209,12 +215,17 @@ def tune_graph(jf, graph, arrays, key: tunedb.Key, *, limit: int = 6, min_rounds
     rng = np.random.default_rng(seed)
     cands = space.candidates(key.family, key.shape, arch=jf.arch, dtype=key.dtype, limit=limit)
     times: dict[str, float | None] = {}
-    compiled = []
+    compiled, schedules = [], set()
     for pins in cands:                       # 1. compile every candidate before any timing
         try:
-            compiled.append((pins, _compile(jf, graph, pins)))
+            c = _compile(jf, graph, pins)
         except TesseraError:
             times[label(pins)] = None
+            continue
+        sched = _schedule_of(c)
+        if sched not in schedules:           # the model's own choice spelled as pins: timed once
+            schedules.add(sched)
+            compiled.append((pins, c))
     data = fresh_inputs(arrays, rng)         # 2. fresh random inputs; checked against float64
     ref = reference.evaluate(graph, data)
     runners = []

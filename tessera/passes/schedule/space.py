@@ -8,7 +8,7 @@ ignored.
 - ``gemm`` (version 1): ``register_tile`` (MR x NR instructions whose accumulators, B vectors and
   A broadcast fit the vector register file: the selector's ``ranked_register_tiles``, ordered by
   its cost model), ``tile_k`` (KC), ``tile_m`` (MC), ``tile_n`` (NC).  MC and NC follow KC as the
-  pass derives them (an A block of half of L2, a B panel of an eighth of L3), capped by the shape;
+  pass derives them (an A block of half of L2, a B panel of an eighth of L3);
   a candidate whose B micro-panel (KC x NR*W) exceeds a quarter of L2, whose A block (MC x KC)
   exceeds L2 or whose B panel (KC x NC) exceeds half of L3 is pruned before any compile.
 - ``row`` (version 1): ``chunk``, columns per step of rowwise / elementwise kernels: W, 2W, 4W
@@ -92,7 +92,7 @@ def gemm_candidates(shape: tuple[int, int, int], *, arch: str | None = None, dty
     """Pins for a GEMM of ``shape`` = (M, N, K): the model's choice (``{}``) first, then the best
     ``tiles`` register tiles by the cost model, each with up to ``kcs`` KC blockings (KC values
     beyond K collapse into one), pruned by cache footprint; at most ``limit`` in all."""
-    m, n, k = shape
+    k = shape[-1]
     isa, sel = _gemm_selection(arch, dtype)
     rec = sel.record
     w = rec.vector_width or _width(isa, dtype)
@@ -109,8 +109,10 @@ def gemm_candidates(shape: tuple[int, int, int], *, arch: str | None = None, dty
             if kc not in kc_opts:
                 kc_opts.append(kc)
         for kc in kc_opts[-kcs:] if len(kc_opts) > kcs else kc_opts:
-            mc = min(_round_down(caches["L2"] // 2 // (kc * esize), mrr), _round_up(m, mrr))
-            nc = min(_round_down(min(caches["L3"] // 8 // (kc * esize), 4096), nrw), _round_up(n, nrw))
+            # MC and NC as schedule-cpu derives them for this KC (a block larger than the matrix is
+            # clamped at run time; not capping keeps the model's own choice recognisable)
+            mc = _round_down(caches["L2"] // 2 // (kc * esize), mrr)
+            nc = _round_down(min(caches["L3"] // 8 // (kc * esize), 4096), nrw)
             if not fits(kc, mc, nc, nrw, esize, caches):
                 continue
             pins = {"register_tile": (t.mr, t.nr), "tile_k": kc, "tile_m": mc, "tile_n": nc}
