@@ -69,7 +69,7 @@ def _isolates_keys(db: tunedb.TuningDB) -> bool:
 
 def test_db_round_trip_nearest_and_isolation(cache):
     with tunedb.TuningDB() as db:
-        assert (cache / tunedb.FILE).exists()
+        assert tunedb.path() == cache / "tuning" / "tuning.sqlite" and tunedb.path().exists()
         assert db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert _isolates_keys(db)
         e = db.lookup(_key())
@@ -101,7 +101,8 @@ def test_db_two_processes_write_at_once(cache):
 
 
 def test_db_corrupt_file_is_set_aside(cache):
-    (cache / tunedb.FILE).write_bytes(b"this is not a database" * 100)
+    tunedb.path().parent.mkdir()
+    tunedb.path().write_bytes(b"this is not a database" * 100)
     with pytest.warns(TuningDatabaseWarning, match="set aside"):
         db = tunedb.TuningDB()
     db.store(tunedb.Entry(_key(), {}, 2.0))

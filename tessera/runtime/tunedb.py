@@ -1,7 +1,7 @@
 """The tuning database: measured schedule pins per kernel family and shape, per host.
 
-A small SQLite file, ``tuning.sqlite`` under the cache directory (``cache.cache_dir()``,
-``TESSERA_CACHE_DIR``), in WAL mode with a busy timeout, so tuners in several processes may
+A small SQLite file, ``tuning/tuning.sqlite`` under the cache directory (``cache.cache_dir()``,
+``TESSERA_CACHE_DIR``; ``tessera cache clear`` keeps it unless given ``--tuning``), in WAL mode with a busy timeout, so tuners in several processes may
 write at once (each write is one transaction).  A row is keyed by:
 
     (family, its schedule-space version, target, arch, CPU feature string, dtype, exact shape)
@@ -31,6 +31,7 @@ from tessera.runtime.cache import cache_dir
 
 SCHEMA = 1
 FILE = "tuning.sqlite"
+TUNING_DIR = "tuning"    # the folder cache_admin.clear keeps unless asked (tessera cache clear --tuning)
 BUSY_MS = 30_000
 NEAREST_MAX = 2.0      # a nearest entry differs by at most 4x in any dimension (log2 distance 2)
 EXPORT_FORMAT = "tessera-tuning"
@@ -82,7 +83,9 @@ def bucket(shape) -> tuple[int, ...]:
 
 
 def path() -> Path:
-    return cache_dir() / FILE
+    """``<cache dir>/tuning/tuning.sqlite``: ``tessera cache clear`` keeps the ``tuning/`` folder
+    unless given ``--tuning`` (runtime/cache_admin.py)."""
+    return cache_dir() / TUNING_DIR / FILE
 
 
 def _pins_json(pins: dict) -> str:
