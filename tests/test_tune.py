@@ -23,6 +23,7 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("TESSERA_TUNE_QUIET", "1")
     monkeypatch.setenv("TESSERA_TUNE_NOISE_MAX", "1000")   # a loaded test host; the refusal is tested below
+    monkeypatch.setenv("TESSERA_TUNE_JOBS", "1")   # compile in-process (the suite's workers fill the cores)
     return tmp_path
 
 
@@ -197,13 +198,40 @@ def test_tuner_records_a_failing_candidate(cache, rng, monkeypatch):
     same = {"register_tile": tuple(k["register_tile"]), "tile_m": k["tiles"]["m"], "tile_n": k["tiles"]["n"],
             "tile_k": k["tiles"]["k"]}
     monkeypatch.setattr(space, "candidates", lambda *a, **k: [{}, bad, same])
+    monkeypatch.setenv("TESSERA_TUNE_JOBS", "2")   # through forked workers
     entry = tune.tune_graph(f, graph, [a, b], _key(shape=(16, 16, 16)), min_rounds=3, max_rounds=5,
                             budget_s=1)
     assert entry.times[tune.label(bad)] is None and entry.pins == {} and entry.times["model"] > 0
     assert set(entry.times) == {"model", tune.label(bad)}
+    assert entry.failed[tune.label(bad)].startswith("SCHEDULE_ILLEGAL")
     monkeypatch.setattr(space, "candidates", lambda *a, **k: [bad])
     with pytest.raises(TuneError, match="no candidate"):
         tune.tune_graph(f, graph, [a, b], _key(shape=(16, 16, 16)), quiet=True)
+
+
+def _fake_compile(pins):
+    import os
+    import signal
+    import time
+    what = pins.get("what")
+    if what == "crash":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if what == "hang":
+        time.sleep(60)
+    if what == "illegal":
+        raise ScheduleIllegalError("no such tile")
+    return f"compiled {what}"
+
+
+def test_workers_isolate_crashes_and_timeouts():
+    """A candidate that kills or hangs its worker is recorded as failed; the others compile."""
+    from tessera.frontend import tune_workers
+    cands = [{"what": "model"}, {"what": "crash"}, {"what": "ok"}, {"what": "hang"}, {"what": "illegal"}]
+    got = tune_workers.compile_all(_fake_compile, cands, njobs=2, timeout_s=2)
+    assert [p for p, _, _ in got] == cands
+    assert [c for _, c, _ in got] == ["compiled model", None, "compiled ok", None, None]
+    why = [w for _, _, w in got]
+    assert "SIGKILL" in why[1] and "timed out" in why[3] and why[4] == "SCHEDULE_ILLEGAL: no such tile"
 
 
 def test_tuner_refuses_noise_and_wrong_results(cache, rng, monkeypatch):

@@ -10,8 +10,9 @@ A tuning run (``tune_graph``):
 
 1. the family's candidates from the schedule space (``passes/schedule/space.py``: the model's
    choice first, then pins pruned by register count and cache footprints);
-2. every candidate compiled first (a compile never runs while another candidate is being timed);
-   one that fails to compile is recorded as failed;
+2. every candidate compiled first (a compile never runs while another candidate is being timed),
+   each in a forked worker process (``tune_workers.py``): one that fails to compile, crashes its
+   worker or times out is recorded as failed (``Entry.failed`` says why);
 3. each candidate run once on fresh random data (never zeros) and checked against the float64
    reference (``reference.evaluate``): a wrong result is recorded as failed;
 4. interleaved rounds (a fresh random order each round), each sample repeated to at least
@@ -32,6 +33,7 @@ import warnings
 import numpy as np
 
 from tessera.errors import TesseraError, TuneError, TuneWarning
+from tessera.frontend import tune_workers
 from tessera.passes.schedule import space
 from tessera.runtime import tunedb
 
@@ -215,12 +217,12 @@ def tune_graph(jf, graph, arrays, key: tunedb.Key, *, limit: int = 6, min_rounds
     rng = np.random.default_rng(seed)
     cands = space.candidates(key.family, key.shape, arch=jf.arch, dtype=key.dtype, limit=limit)
     times: dict[str, float | None] = {}
-    compiled, schedules = [], set()
-    for pins in cands:                       # 1. compile every candidate before any timing
-        try:
-            c = _compile(jf, graph, pins)
-        except TesseraError:
+    compiled, schedules, failed = [], set(), {}
+    # 1. compile every candidate before any timing, each in a worker process (tune_workers.py)
+    for pins, c, why in tune_workers.compile_all(lambda p: _compile(jf, graph, p), cands):
+        if c is None:
             times[label(pins)] = None
+            failed[label(pins)] = why
             continue
         sched = _schedule_of(c)
         if sched not in schedules:           # the model's own choice spelled as pins: timed once
@@ -234,17 +236,19 @@ def tune_graph(jf, graph, arrays, key: tunedb.Key, *, limit: int = 6, min_rounds
             run = _runner(c, data)
             if not _close(run(), ref, key.dtype):
                 times[label(pins)] = None
+                failed[label(pins)] = "wrong result against the float64 reference"
                 continue
             t = time.perf_counter()
             run()
             one = max(time.perf_counter() - t, 1e-7)
-        except TesseraError:
+        except TesseraError as e:
             times[label(pins)] = None
+            failed[label(pins)] = f"{e.code}: {e.message}"
             continue
         runners.append([pins, run, max(1, min(1000, int(SAMPLE_S / one))), []])
     if not runners:
         raise TuneError(f"tuning {jf.name}: no candidate of {key.family} {'x'.join(map(str, key.shape))} compiled "
-                        f"and ran correctly ({', '.join(times)})")
+                        f"and ran correctly ({'; '.join(f'{k}: {v}' for k, v in failed.items())})")
     reps = max(r[2] for r in runners)
     shape = "x".join(map(str, key.shape))
     prog = Progress(f"{jf.name} {key.family} {key.dtype} {shape}", budget_s, quiet)
@@ -274,4 +278,4 @@ def tune_graph(jf, graph, arrays, key: tunedb.Key, *, limit: int = 6, min_rounds
     if spread > noise_max:
         raise TuneError(f"tuning {jf.name} ({key.family} {shape}): the machine is too noisy to rank candidates "
                         f"(the best one's spread {spread:.2f} > {noise_max}); not recorded")
-    return tunedb.Entry(key, dict(best[0]), float(np.median(best[3])) * 1e3, times, time.time())
+    return tunedb.Entry(key, dict(best[0]), float(np.median(best[3])) * 1e3, times, time.time(), failed=failed)

@@ -70,6 +70,7 @@ class Entry:
     times: dict = field(default_factory=dict)   # candidate label -> median ms (None: failed)
     created: float = 0.0
     match: str = "exact"                        # exact | nearest
+    failed: dict = field(default_factory=dict)  # candidate label -> why it failed (this run only; not stored)
 
     def describe(self) -> str:
         k = self.key
