@@ -250,6 +250,14 @@ def test_tuner_refuses_noise_and_wrong_results(cache, rng, monkeypatch):
     assert tune.fresh_inputs([a], np.random.default_rng(0))[0].all()   # never zeros
 
 
+def test_result_check_tolerance_nan_and_inf():
+    ref = np.array([1.0, np.nan, np.inf])
+    assert tune._close([ref.astype(np.float32)], [ref], "f32")
+    assert not tune._close([np.array([1.001, np.nan, np.inf])], [ref], "f32")
+    assert not tune._close([np.array([1.0, 0.0, np.inf])], [ref], "f32")
+    assert not tune._close([np.array([1.0, np.nan, -np.inf])], [ref], "f32")
+
+
 def test_jit_tune_on_a_noisy_host_warns_and_uses_the_model(cache, rng, monkeypatch):
     monkeypatch.setenv("TESSERA_TUNE_NOISE_MAX", "-1")   # every spread is too much
     monkeypatch.setenv("TESSERA_TUNE", "1")
