@@ -177,6 +177,18 @@ def test_jit_tune_row_family_chunk(cache, rng, monkeypatch):
     assert f"chunk={entry.pins['chunk']}" in rep.pipeline if entry.pins else "chunk=" not in rep.pipeline
 
 
+def test_tessera_tune_api(cache, rng):
+    """tessera.tune(fn, *args) tunes now and stores; a function without a tunable kernel is refused."""
+    a = rng.standard_normal((8, 24)).astype(np.float32)
+    b = rng.standard_normal((24, 16)).astype(np.float32)
+    entry = tessera.tune(_mm, a, b, limit=2, min_rounds=2, max_rounds=3, quiet=True)
+    assert entry.key.shape == (8, 16, 24) and len(entry.times) == 2
+    with tunedb.TuningDB() as db:
+        assert db.lookup(entry.key).pins == entry.pins
+    with pytest.raises(TuneError, match="no tunable kernel"):
+        tessera.tune(lambda x: x + 1.0, a)
+
+
 def test_jit_tune_refuses_gpu_targets(rng):
     from tessera.frontend.tune import schedule_for
 

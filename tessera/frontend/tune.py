@@ -132,6 +132,27 @@ def schedule_for(jf, graph, arrays) -> tuple[dict, str]:
     return {**entry.pins, **jf.schedule}, f"schedule from the tuning database (entry {entry.describe()})"
 
 
+def tune(fn, *args, **opts) -> tunedb.Entry:
+    """Tune ``fn`` (a ``tessera.jit`` function or a plain one) for the example ``args`` now, whatever
+    the database holds, store the winner and return its entry.  ``opts`` go to ``tune_graph``
+    (``limit``, ``min_rounds``, ``max_rounds``, ``budget_s``, ``noise_max``, ``seed``, ``quiet``)."""
+    from tessera.frontend.jit import JitFunction, _int_scalars
+    jf = fn if isinstance(fn, JitFunction) else JitFunction(fn)
+    if jf.target != "cpu":
+        raise TuneError(f"tessera.tune on {jf.name}: tuning {jf.target} schedules is not built yet (CPU only)")
+    args = jf._flat(args, {})
+    prepared, kinds, arrays, _ = jf._split_args(args)
+    graph = jf._trace(prepared, kinds, _int_scalars(args, kinds))
+    what = describe(graph)
+    if what is None:
+        raise TuneError(f"tessera.tune on {jf.name}: no tunable kernel (a matmul, softmax, log_softmax, layer_norm "
+                        "or rms_norm)")
+    entry = tune_graph(jf, graph, arrays, key_for(jf, *what), **opts)
+    with tunedb.TuningDB() as db:
+        db.store(entry)
+    return entry
+
+
 # --------------------------------------------------------------------------- tuning
 def fresh_inputs(arrays, rng) -> list[np.ndarray]:
     """Random data of the arrays' shapes and dtypes (float arrays); scalars and int arrays as given."""
