@@ -17,11 +17,21 @@ from tessera.frontend.profile import profile
 from tessera.frontend.tune import tune
 from tessera.runtime.lanes import LOG as lane_log
 from tessera.runtime.threads import get_num_threads, set_num_threads
+# reverse-mode differentiation (frontend/autodiff.py, the differentiate transformation)
+from tessera.frontend.autodiff import grad, stop_gradient, value_and_grad, vjp
 
 bfloat16 = dtypes.bfloat16
 float32 = dtypes.float32
 
 __all__ = ["jit", "compile", "explain", "ops", "dtypes", "errors", "TesseraError", "RecompileWarning", "JitFunction", "Artifact",
            "lane_log", "bfloat16", "float32", "set_num_threads", "get_num_threads"]
+__all__ += ["grad", "value_and_grad", "vjp", "stop_gradient"]
 __all__ += ["tune"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name):   # tessera.torch imports torch: only when asked for
+    if name == "torch":
+        import importlib
+        return importlib.import_module("tessera.torch")
+    raise AttributeError(f"module 'tessera' has no attribute {name!r}")

@@ -351,6 +351,43 @@ class DynamicShapeError(FrontendError):
     code = "DYNAMIC_SHAPE"
 
 
+class RequiresGradError(ArgumentError):
+    """A torch tensor that requires grad was passed to a jitted function: a silent detach would lose its gradient."""
+    code = "REQUIRES_GRAD"
+
+
+class DeviceArrayError(ArgumentError):
+    """An argument lives in device memory (``__dlpack_device__`` CUDA, ROCm, ...) that the function's lane cannot read."""
+    code = "DEVICE_ARRAY"
+
+
+class GradError(FrontendError):
+    """``tessera.grad`` / ``value_and_grad`` / ``vjp`` cannot differentiate what it was given."""
+    code = "GRAD"
+
+
+class GradNoRuleError(GradError):
+    """The gradient would flow through an op that has no vjp rule yet (the message names the op):
+    it is refused, never given a zero gradient."""
+    code = "GRAD_NO_RULE"
+
+
+class GradNonScalarError(GradError):
+    """``grad`` / ``value_and_grad`` of a function whose output is not a float scalar (use
+    ``vjp`` with a cotangent for other outputs, as in JAX)."""
+    code = "GRAD_NON_SCALAR"
+
+
+class GradDtypeError(GradError):
+    """A gradient was asked for an integer, bool or non-array argument: it has none."""
+    code = "GRAD_DTYPE"
+
+
+class GradArgnumsError(GradError):
+    """``argnums`` is not an argument position (an int, or a tuple of ints, in range)."""
+    code = "GRAD_ARGNUMS"
+
+
 # --------------------------------------------------------------------------- codegen / runtime
 class CodegenError(TesseraError):
     """Translation to machine code failed."""
@@ -429,6 +466,11 @@ class CacheUntrustedError(CacheError):
     """The compile-cache directory or an entry in it is owned by another user (or the directory is
     writable by others): entries are unpickled, so it is refused rather than read."""
     code = "CACHE_UNTRUSTED"
+
+
+class CacheSizeError(CacheError):
+    """A cache size (``TESSERA_CACHE_MAX``, ``tessera cache prune --max-size``) cannot be read."""
+    code = "CACHE_SIZE"
 
 
 class TuneError(TesseraError):

@@ -315,3 +315,16 @@ def test_cli_tune_file_show_export_import(cache, tmp_path_factory, monkeypatch, 
     assert "removed 1 entries" in out and "imported 1 entries" in out and "16x8x12" in out
     (d / "bad.json").write_text("{}")
     assert cli.main(["tune", "--import", str(d / "bad.json")]) == 1
+
+
+def test_cache_clear_keeps_the_tuning_database_unless_asked(cache):
+    from tessera.tools import cli
+    with tunedb.TuningDB() as db:
+        db.store(tunedb.Entry(_key(), {"register_tile": (4, 3)}, 1.0))
+    assert cli.main(["cache", "clear"]) == 0
+    with tunedb.TuningDB() as db:
+        assert db.lookup(_key()).pins == {"register_tile": (4, 3)}
+    assert cli.main(["cache", "clear", "--tuning"]) == 0
+    assert not tunedb.path().exists()
+    with tunedb.TuningDB() as db:   # rebuilt empty on the next use
+        assert db.entries() == []

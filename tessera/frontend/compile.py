@@ -272,7 +272,7 @@ def _load_or_build(module, name, target, isa, spec, passes, graph_text, key, use
     finally:
         progress.done()
     if use_disk:
-        cache.store(key, entry)
+        cache.store(key, entry, {"function": name, "target": target})
     return _materialize(entry, name, target, isa, spec, key, "compiled", t0)
 
 

@@ -26,10 +26,11 @@ from tessera.errors import (
     TesseraError,
     UnsupportedConstructError,
 )
-from tessera.frontend import graphgen, reference
+from tessera.frontend import graphgen, interop, reference
 from tessera.frontend.compile import Compiled, check_pins, compile_graph, feature_list, resolve_arch
 from tessera.frontend.report import LaneReport
 from tessera.frontend.trace import ARRAY, SCALAR, STATIC, Tensor, current_lane, scalar_dtype_for, trace
+from tessera.frontend.trace import results  # nested tuples of outputs (value_and_grad's)
 from tessera.runtime.cpu import CHECK_MEMORY_ABOVE, bind_symbols
 from tessera.runtime.lanes import LOG, LaneDecision
 
@@ -274,8 +275,8 @@ class JitFunction:
                                         f"{type(a).__name__} has no hash: pass a tuple, number or string") from None
                 kinds.append(STATIC)
                 prepared.append(a)
-            elif isinstance(a, np.ndarray) or hasattr(a, "__array_interface__"):
-                a = np.asarray(a)
+            elif interop.is_array(a):   # numpy, or read through DLPack / __array_interface__
+                a = np.asarray(a) if isinstance(a, np.ndarray) else interop.as_host(a, i, self, copies)
                 try:
                     if a.dtype not in _ACCEPTED:
                         _ACCEPTED.add(dt.as_dtype(a.dtype))  # float, int8/int32/int64 and bool dtypes
@@ -500,6 +501,8 @@ class JitFunction:
         if kwargs:
             args = self._flat(args, kwargs)
         if self._dyn is not None and not any(isinstance(a, Tensor) for a in args):
+            if interop.has_foreign(self, args):   # read as numpy first; the results go back in kind
+                return interop.call(self, args)
             return self._dyn.call(args)   # padded to its bucket, masked, sliced back (frontend/dynamic.py)
         sig = self._signature(args)
         hit = self._plans.get(sig) if sig is not None else None
@@ -511,9 +514,11 @@ class JitFunction:
                 pass
             outs = v.compiled.executable.run_plan(plan, v.bind(args))
             LOG.record(v.decision)
-            return tuple(outs) if v.graph.tuple_output else outs[0]
+            return results(v.graph, outs)
         if sig is None and any(isinstance(a, Tensor) for a in args):
             return self._inline(args)   # called by a function being traced: compose
+        if sig is None and interop.has_foreign(self, args):   # torch / JAX / DLPack arrays: in and out
+            return interop.call(self, args)
         v, arrays, env = self._variant(args)
         if v.compiled is None:
             LOG.record(LaneDecision(self.name, "reference", v.reason, requested_fallback=True))
@@ -535,7 +540,7 @@ class JitFunction:
             if v.decision is None:
                 v.decision = LaneDecision(self.name, self.lane, "compiled")
             LOG.record(v.decision)
-        return tuple(outs) if v.graph.tuple_output else outs[0]
+        return results(v.graph, outs)
 
     @property
     def lane(self) -> str:
@@ -605,7 +610,7 @@ class Artifact:
             raise ArgumentError("emulate() runs GPU artifacts; this one is for the CPU")
         v, arrays, env = self.fn._variant(args)
         outs = c.executable.emulate(arrays, env)
-        return tuple(outs) if v.graph.tuple_output else outs[0]
+        return results(v.graph, outs)
 
     def report(self) -> LaneReport:
         v = self.variant

@@ -87,6 +87,30 @@ class TraceGraph:
     weak_uses: list[tuple[np.dtype, bool]] = field(default_factory=list)
     # a weak Python number met an int or bool value: whether it was an int or a float mattered
     int_sensitive: bool = False
+    # nested tuples returned (value_and_grad's (value, (grads...))): their shape over the flat outputs
+    out_spec: object = None
+
+
+def nested_outputs(out) -> tuple[object, list]:
+    """(spec, leaves) of nested tuples/lists: a spec is a leaf's position or (type, [specs])."""
+    leaves: list = []
+
+    def walk(t):
+        if isinstance(t, (tuple, list)):
+            return (type(t), [walk(x) for x in t])
+        leaves.append(t)
+        return len(leaves) - 1
+    return walk(out), leaves
+
+
+def results(graph: TraceGraph, outs: list):
+    """A compiled function's outputs in the structure it returned them."""
+    if graph.out_spec is None:
+        return tuple(outs) if graph.tuple_output else outs[0]
+
+    def build(s):
+        return outs[s] if isinstance(s, int) else s[0](build(x) for x in s[1])
+    return build(graph.out_spec)
 
 
 def tracing() -> bool:
@@ -591,6 +615,8 @@ def trace(fn, args: list, kinds: list, lane: tuple | None = None, int_scalars=fr
             raise UnsupportedConstructError(f"tracing raised {type(e).__name__}: {e}", location=loc) from e
         outs = out if isinstance(out, tuple) else (out,)
         graph.tuple_output = isinstance(out, tuple)
+        if any(isinstance(o, (tuple, list)) for o in outs):
+            graph.out_spec, outs = nested_outputs(out)
         for o in outs:
             if not isinstance(o, Tensor):
                 raise FrontendError(f"a compiled function must return tessera tensors (or a tuple of them), "

@@ -22,6 +22,12 @@ The cache trusts nothing it reads:
 
 Entries are written atomically (temp file + rename); a failed write (full or read-only
 disk) removes its temp file and only costs the next process a compile.
+
+An entry file is ``MAGIC``, the SHA-256 of the rest, one JSON line of what ``tessera cache ls``
+shows (function, target, compiler version, created), then the pickled entry.  A hit sets the
+file's modification time (least recently used first out), and each write keeps the directory
+under its size cap (``TESSERA_CACHE_MAX``, default 1 GiB; ``cache_admin.py``).  Two processes
+may share a directory: a file that vanishes under a reader, a writer or an eviction is a miss.
 """
 from __future__ import annotations
 
@@ -37,7 +43,7 @@ from typing import Callable
 
 from tessera.errors import CacheUntrustedError
 
-MAGIC = b"TSRC2\n"
+MAGIC = b"TSRC3\n"
 # The largest entry read or written.  An entry is one graph's object code plus the IR text
 # of its layers: of 1,897 entries left by test runs on this host the median was 34 KiB and
 # the largest 1.6 MiB; schedules are bounded (unroll, chunk), so a legitimate entry stays
@@ -232,9 +238,10 @@ def load(key: str, validate: Callable[[dict], bool] | None = None) -> dict | Non
     try:
         if not data.startswith(MAGIC):
             raise ValueError("bad magic")
-        digest, payload = data[len(MAGIC):len(MAGIC) + 32], data[len(MAGIC) + 32:]
-        if hashlib.sha256(payload).digest() != digest:
+        digest, rest = data[len(MAGIC):len(MAGIC) + 32], data[len(MAGIC) + 32:]
+        if hashlib.sha256(rest).digest() != digest:
             raise ValueError("checksum mismatch")
+        payload = rest[rest.index(b"\n") + 1:]   # after the JSON line of what `tessera cache ls` shows
         entry = pickle.loads(payload)
         if not isinstance(entry, dict):
             raise ValueError("not an entry")
@@ -242,19 +249,38 @@ def load(key: str, validate: Callable[[dict], bool] | None = None) -> dict | Non
             raise ValueError("entry of another key")
         if validate is not None and not validate(entry):
             raise ValueError("entry fails its checks")
+        _touch(p)
         return entry
     except Exception:  # noqa: BLE001 - any damage: discard and recompile
         _discard(p)
         return None
 
 
-def store(key: str, entry: dict) -> bool:
+def _touch(p: Path) -> None:
+    """Mark an entry used now (eviction takes the least recently used first)."""
+    try:
+        os.utime(p)
+    except OSError:   # a read-only cache, or the entry evicted meanwhile: no matter
+        pass
+
+
+def header(meta: dict | None) -> bytes:
+    """The JSON line before the payload: ``meta`` with the compiler version and the time."""
+    import json
+    import time
+    line = json.dumps(dict(meta or {}, version=source_hash(), created=round(time.time(), 3)),
+                      ensure_ascii=True, separators=(",", ":"))
+    return line.encode() + b"\n"
+
+
+def store(key: str, entry: dict, meta: dict | None = None) -> bool:
     """Write ``entry`` (with its key recorded) atomically; False if it was not written (a
-    read-only or full disk only costs the next process a compile).  Raises
-    ``CacheUntrustedError`` for a directory owned by another user."""
+    read-only or full disk only costs the next process a compile).  ``meta`` (JSON: the
+    function's name, the target) is what ``tessera cache ls`` shows.  Then the directory is
+    kept under its size cap.  Raises ``CacheUntrustedError`` for a directory owned by another user."""
     p = _path(key)
-    payload = pickle.dumps(dict(entry, key=key), protocol=pickle.HIGHEST_PROTOCOL)
-    data = MAGIC + hashlib.sha256(payload).digest() + payload
+    rest = header(meta) + pickle.dumps(dict(entry, key=key), protocol=pickle.HIGHEST_PROTOCOL)
+    data = MAGIC + hashlib.sha256(rest).digest() + rest
     if len(data) > MAX_ENTRY_BYTES:
         return False
     try:
@@ -268,7 +294,6 @@ def store(key: str, entry: dict) -> bool:
         with os.fdopen(fd, "wb") as f:
             _write_all(f, data)
         os.replace(tmp, p)
-        return True
     except OSError:
         if tmp is not None:
             try:
@@ -276,6 +301,9 @@ def store(key: str, entry: dict) -> bool:
             except OSError:
                 pass
         return False
+    from tessera.runtime import cache_admin
+    cache_admin.enforce_cap(keep=p)
+    return True
 
 
 def _write_all(f, data: bytes) -> None:

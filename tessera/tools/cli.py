@@ -1,4 +1,4 @@
-"""The ``tessera`` command: demo, bench, mma, lanes, docs, doctor."""
+"""The ``tessera`` command: demo, bench, mma, lanes, docs, doctor, cache."""
 from __future__ import annotations
 
 import argparse
@@ -137,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     ln.set_defaults(func=_lanes)
     dr = sub.add_parser("doctor", help="every external tool: version, where it was found, what it enables")
     dr.set_defaults(func=lambda a: __import__("tessera.tools.doctor", fromlist=["main"]).main(a))
+    from tessera.tools import cache_cli
+    cache_cli.add_parser(sub)
     __import__("tessera.tools.tune_cli", fromlist=["add_parser"]).add_parser(sub)   # tessera tune
     args = ap.parse_args(argv)
     try:

@@ -1,0 +1,148 @@
+"""Read a DLPack capsule as a numpy view, with no copy.
+
+``numpy.from_dlpack`` refuses bfloat16 (DLPack's ``kDLBfloat`` code) and hides the producer's
+read-only flag, so the capsule is read here: the ``DLManagedTensorVersioned`` of DLPack 1.0
+(``"dltensor_versioned"``) or the legacy ``DLManagedTensor`` (``"dltensor"``).  The capsule is
+renamed ``used_...`` as the protocol asks, and the producer's deleter runs when the last numpy
+view of its memory is collected.  Every view handed out is read-only: Tessera reads its
+arguments and never writes them.
+"""
+from __future__ import annotations
+
+import ctypes
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+
+from tessera.errors import DtypeError
+
+# DLDeviceType codes (dlpack.h)
+CPU, CUDA, CUDA_HOST, OPENCL, VULKAN, METAL, VPI, ROCM, ROCM_HOST, EXT_DEV, CUDA_MANAGED, ONEAPI, WEBGPU, HEXAGON = (
+    1, 2, 3, 4, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16)
+DEVICE_NAMES = {CPU: "cpu", CUDA: "cuda", CUDA_HOST: "cuda_host", OPENCL: "opencl", VULKAN: "vulkan",
+                METAL: "metal", VPI: "vpi", ROCM: "rocm", ROCM_HOST: "rocm_host", EXT_DEV: "ext_dev",
+                CUDA_MANAGED: "cuda_managed", ONEAPI: "oneapi", WEBGPU: "webgpu", HEXAGON: "hexagon"}
+HOST_DEVICES = frozenset({CPU, CUDA_HOST, ROCM_HOST})   # memory the host CPU reads directly
+
+READ_ONLY = 1 << 0   # DLPACK_FLAG_BITMASK_READ_ONLY
+IS_COPIED = 1 << 1   # DLPACK_FLAG_BITMASK_IS_COPIED
+
+# DLDataTypeCode
+INT, UINT, FLOAT, BFLOAT, COMPLEX, BOOL = 0, 1, 2, 4, 5, 6
+
+
+class _Device(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _Tensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _Device), ("ndim", ctypes.c_int32), ("dtype", _DataType),
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
+                ("byte_offset", ctypes.c_uint64)]
+
+
+# the deleter is called with the GIL held: a producer's deleter may drop Python references
+_Deleter = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)
+
+
+class _Managed(ctypes.Structure):
+    _fields_ = [("dl_tensor", _Tensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _Deleter)]
+
+
+class _Version(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class _ManagedVersioned(ctypes.Structure):
+    _fields_ = [("version", _Version), ("manager_ctx", ctypes.c_void_p), ("deleter", _Deleter),
+                ("flags", ctypes.c_uint64), ("dl_tensor", _Tensor)]
+
+
+_api = ctypes.pythonapi
+_api.PyCapsule_GetName.restype = ctypes.c_char_p
+_api.PyCapsule_GetName.argtypes = [ctypes.py_object]
+_api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+_api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_api.PyCapsule_SetName.restype = ctypes.c_int
+_api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_void_p]
+# the capsule keeps a pointer to its name: these buffers live as long as the module
+_USED = {b"dltensor": ctypes.create_string_buffer(b"used_dltensor"),
+         b"dltensor_versioned": ctypes.create_string_buffer(b"used_dltensor_versioned")}
+
+
+@dataclass(frozen=True)
+class Imported:
+    """A capsule's tensor as a (read-only) numpy view, and what the producer said about it."""
+    array: np.ndarray
+    version: tuple[int, int]          # (0, 0) for the legacy protocol
+    read_only: bool                   # the producer's READ_ONLY flag (legacy: unknown, False)
+    copied: bool                      # the producer's IS_COPIED flag
+    contiguous: bool                  # C-contiguous as the producer laid it out
+
+
+def dtype_of(code: int, bits: int, lanes: int) -> np.dtype:
+    """The numpy dtype of a DLDataType; bfloat16 (code 4) as ml_dtypes.bfloat16."""
+    if lanes != 1:
+        raise DtypeError(f"a DLPack tensor of {lanes}-lane vectors is not supported")
+    if code == BFLOAT and bits == 16:
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    kinds = {INT: "i", UINT: "u", FLOAT: "f", BOOL: "b", COMPLEX: "c"}
+    if code in kinds and bits % 8 == 0:
+        try:
+            return np.dtype(f"{kinds[code]}{bits // 8}")
+        except TypeError:
+            pass
+    raise DtypeError(f"DLPack dtype (code {code}, {bits} bits) has no numpy equivalent here")
+
+
+def _release(address: int, deleter) -> None:
+    deleter(address)
+
+
+def from_capsule(capsule) -> Imported:
+    """The capsule's tensor as a numpy view of the producer's memory (consumes the capsule)."""
+    name = _api.PyCapsule_GetName(capsule)
+    if name not in _USED:
+        raise DtypeError(f"not an unconsumed DLPack capsule (its name is {name!r})")
+    address = _api.PyCapsule_GetPointer(capsule, name)
+    if name == b"dltensor_versioned":
+        m = _ManagedVersioned.from_address(address)
+        version, flags = (m.version.major, m.version.minor), m.flags
+    else:
+        m = _Managed.from_address(address)
+        version, flags = (0, 0), 0
+    t = m.dl_tensor
+    if t.device.device_type not in HOST_DEVICES:   # callers check __dlpack_device__ first; never read it
+        raise DtypeError(f"DLPack tensor on device {DEVICE_NAMES.get(t.device.device_type, t.device.device_type)}")
+    dtype = dtype_of(t.dtype.code, t.dtype.bits, t.dtype.lanes)   # before consuming: a refusal leaves it whole
+    _api.PyCapsule_SetName(capsule, ctypes.addressof(_USED[name]))
+    deleter = m.deleter if m.deleter else None
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    item = dtype.itemsize
+    dense, run = [], item   # C-contiguous byte strides
+    for n in reversed(shape):
+        dense.append(run)
+        run *= n
+    dense = tuple(reversed(dense))
+    strides = tuple(t.strides[i] * item for i in range(t.ndim)) if t.strides and t.ndim else dense
+    contiguous = all(s == c for s, c, n in zip(strides, dense, shape) if n != 1)
+    if 0 in shape or t.data is None:
+        arr = np.empty(shape, dtype)   # nothing to read: the producer's memory goes back at once
+        if deleter is not None:
+            deleter(address)
+    else:
+        low = sum((n - 1) * s for n, s in zip(shape, strides) if s < 0)
+        high = sum((n - 1) * s for n, s in zip(shape, strides) if s > 0) + item
+        start = t.data + t.byte_offset + low
+        buf = (ctypes.c_char * (high - low)).from_address(start)
+        if deleter is not None:
+            weakref.finalize(buf, _release, address, deleter)
+        arr = np.ndarray(shape, dtype, buffer=buf, offset=-low, strides=strides)
+    arr.flags.writeable = False
+    return Imported(arr, version, bool(flags & READ_ONLY), bool(flags & IS_COPIED), contiguous)

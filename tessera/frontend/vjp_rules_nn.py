@@ -1,0 +1,221 @@
+"""vjp rules of matmul, the row ops, attention, the gathers and top_k (see ``vjp_rules.py`` for the form).
+
+These are composite: each backward is written with ``tessera.ops`` (GEMMs, row reductions,
+elementwise chains), so it is fused and scheduled as any traced code.  Backward kernels of their
+own (a flash-attention backward, fused dx/dgamma row kernels) are later work; attention's rule
+recomputes the probabilities from q, k, v (an S x S intermediate in the backward graph).
+"""
+from __future__ import annotations
+
+import math
+
+from tessera import dtypes as dt
+from tessera.frontend import ops
+from tessera.frontend.vjp_rules import T, reshape, rule, unbroadcast
+
+
+def _swap(t):
+    return ops.swapaxes(t, -1, -2)
+
+
+@rule("matmul")
+def vjp_matmul(n, g, need):
+    """dA = dC B^T, dB = A^T dC, each summed over the batch axes its operand was broadcast on."""
+    a, b = T(n.inputs[0]), T(n.inputs[1])
+    if need[1] and n.inputs[0].op == "conv_patches":   # a GEMM reads patches only as its A operand
+        a = _patches(n.inputs[0])
+    if g.dtype != a.dtype:   # bf16/f16 inputs with out_dtype f32: the backward GEMMs take the inputs' dtype
+        g = ops.cast(g, a.dtype)
+    ga = unbroadcast(ops.matmul(g, _swap(b)), a._node.shape) if need[0] else None
+    gb = unbroadcast(ops.matmul(_swap(a), g), b._node.shape) if need[1] else None
+    return [ga, gb]
+
+
+def _patches(p):
+    """conv_patches written out (an im2col buffer: the weight gradient reads it transposed, which
+    the implicit-GEMM A operand cannot): the taps' strided windows side by side."""
+    (kh, kw), (sh, sw), (dh, dw), (c0, cg) = (p.attrs[k] for k in ("kernel", "stride", "dilation", "channels"))
+    _, ho, wo, _ = p.shape
+    xp = T(p.inputs[0])
+    wins = [xp[:, a * dh:a * dh + (ho - 1) * sh + 1:sh, b * dw:b * dw + (wo - 1) * sw + 1:sw, c0:c0 + cg]
+            for a in range(kh) for b in range(kw)]
+    return wins[0] if len(wins) == 1 else ops.concatenate(wins, axis=-1)
+
+
+# --------------------------------------------------------------------------- row ops
+@rule("softmax")
+def vjp_softmax(n, g, need):
+    """dx = y * (g - sum(g * y))."""
+    y, ax = T(n), n.attrs["axis"]
+    return [ops.mul(y, ops.sub(g, ops.reduce_sum(ops.mul(g, y), ax, keepdims=True)))]
+
+
+@rule("log_softmax")
+def vjp_log_softmax(n, g, need):
+    """dx = g - exp(y) * sum(g), along the last axis."""
+    return [ops.sub(g, ops.mul(ops.exp(T(n)), ops.reduce_sum(g, -1, keepdims=True)))]
+
+
+@rule("logsumexp")
+def vjp_logsumexp(n, g, need):
+    """dx = g * exp(x - y), along the last axis (the node keeps no axis)."""
+    x = T(n.inputs[0])
+    y = ops.expand_dims(T(n), -1)
+    return [ops.mul(ops.expand_dims(g, -1), ops.exp(ops.sub(x, y)))]
+
+
+def _rows(x, eps, centred: bool):
+    """(x - mean) or x, and the reciprocal standard deviation, over the last axis (kept)."""
+    xc = ops.sub(x, ops.reduce_mean(x, -1, keepdims=True)) if centred else x
+    return xc, ops.rsqrt(ops.add(ops.reduce_mean(ops.mul(xc, xc), -1, keepdims=True), eps))
+
+
+def _sum_rows(t):
+    """Summed over every axis but the last (a scale's or bias's cotangent)."""
+    return ops.reduce_sum(t, tuple(range(t.ndim - 1))) if t.ndim > 1 else t
+
+
+@rule("layer_norm", "rms_norm")
+def vjp_norm(n, g, need):
+    """xhat = (x - mean) * r (layer_norm) or x * r (rms_norm), r = 1/sqrt(var + eps):
+    dx = r * (gh - mean(gh) - xhat * mean(gh * xhat)) (no mean(gh) term for rms_norm), gh = g * scale;
+    dscale = sum(g * xhat), dbias = sum(g) over the rows."""
+    centred = n.op == "layer_norm"
+    x = T(n.inputs[0])
+    present = n.attrs["present"]
+    vecs = iter(n.inputs[1:])
+    scale = T(next(vecs)) if present[0] else None
+    xc, r = _rows(x, n.attrs["eps"], centred)
+    xhat = ops.mul(xc, r)
+    gh = ops.mul(g, scale) if scale is not None else g
+    inner = ops.sub(gh, ops.mul(xhat, ops.reduce_mean(ops.mul(gh, xhat), -1, keepdims=True)))
+    if centred:
+        inner = ops.sub(inner, ops.reduce_mean(gh, -1, keepdims=True))
+    out = [ops.mul(r, inner) if need[0] else None]
+    k = 1
+    if present[0]:
+        out.append(_sum_rows(ops.mul(g, xhat)) if need[k] else None)
+        k += 1
+    if len(present) > 1 and present[1]:
+        out.append(_sum_rows(g) if need[k] else None)
+    return out
+
+
+@rule("cross_entropy")
+def vjp_cross_entropy(n, g, need):
+    """dlogits = (softmax(logits) - one_hot(label)) * g per row; 0 on ignored rows."""
+    logits, labels = T(n.inputs[0]), T(n.inputs[1])
+    c = logits._node.shape[-1]
+    p = ops.softmax(logits if logits.dtype == n.dtype else ops.cast(logits, n.dtype), -1)
+    hot = ops.one_hot(labels, c, dtype=n.dtype)
+    keep = ops.not_equal(labels, n.attrs["ignore_index"])
+    row = ops.where(keep, g, 0.0)
+    d = ops.mul(ops.sub(p, hot), ops.expand_dims(row, -1))
+    return [ops.cast(d, logits.dtype) if d.dtype != logits.dtype else d, None]
+
+
+# --------------------------------------------------------------------------- attention (recomputed)
+@rule("attention")
+def vjp_attention(n, g, need):
+    """Recompute P = softmax(q k^T * scale + mask) (grouped-query heads as a broadcast batch axis),
+    then dV = P^T g, dP = g V^T, dS = P * (dP - rowsum(dP * P)), dQ = dS K * scale,
+    dK = dS^T Q * scale, each summed over the query heads sharing a key/value head."""
+    q, k, v = (T(x) for x in n.inputs[:3])
+    mask = T(n.inputs[3]) if n.attrs.get("mask") else None
+    b, h, sq, d = q._node.shape
+    hk, sk = k._node.shape[1], k._node.shape[2]
+    grp = h // hk
+    scale = n.attrs["scale"] if n.attrs["scale"] is not None else 1.0 / math.sqrt(d)
+    f32 = dt.float64 if q.dtype == dt.float64 else dt.float32
+    q5 = ops.cast(ops.reshape(q, (b, hk, grp, sq, d)), f32)
+    k5 = ops.cast(ops.reshape(k, (b, hk, 1, sk, d)), f32)
+    v5 = ops.cast(ops.reshape(v, (b, hk, 1, sk, v._node.shape[-1])), f32)
+    g5 = ops.cast(reshape(g, (b, hk, grp, sq, g._node.shape[-1])), f32)
+    s = ops.mul(ops.matmul(q5, _swap(k5)), scale)
+    ok = None
+    if mask is not None:
+        m = mask
+        m = ops.reshape(m, (1,) * (4 - m.ndim) + m._node.shape)
+        mb, mh = m._node.shape[:2]
+        m5 = ops.reshape(m, (mb, hk if mh != 1 else 1, grp if mh != 1 else 1) + m._node.shape[2:])
+        if m.dtype == dt.bool_:
+            ok = m5
+        else:
+            s = ops.add(s, ops.cast(m5, f32))
+    if n.attrs["causal"]:
+        causal = ops.greater_equal(ops.iota((sq, sk), 0), ops.iota((sq, sk), 1))
+        ok = causal if ok is None else ops.logical_and(ok, causal)
+    if ok is not None:
+        s = ops.where(ok, s, -math.inf)
+    p = ops.softmax(s, -1)
+    p = ops.where(ops.isnan(p), 0.0, p)   # a row with every key masked: zeros, as the forward
+    out = []
+    dp = ops.matmul(g5, _swap(v5))
+    ds = ops.mul(p, ops.sub(dp, ops.reduce_sum(ops.mul(dp, p), -1, keepdims=True)))
+    if need[0]:
+        out.append(ops.cast(ops.reshape(ops.mul(ops.matmul(ds, k5), scale), q._node.shape), q.dtype))
+    else:
+        out.append(None)
+    for t, wanted, make in ((k, need[1], lambda: ops.mul(ops.matmul(_swap(ds), q5), scale)),
+                            (v, need[2], lambda: ops.matmul(_swap(p), g5))):
+        if wanted:
+            full = ops.reduce_sum(make(), 2)
+            out.append(ops.cast(ops.reshape(full, t._node.shape), t.dtype))
+        else:
+            out.append(None)
+    if mask is not None:
+        if need[3] and mask.dtype != dt.bool_:
+            out.append(ops.cast(unbroadcast(ops.reshape(ds, (b, h, sq, sk)), mask._node.shape), mask.dtype))
+        else:
+            out.append(None)
+    return out
+
+
+# --------------------------------------------------------------------------- gathers
+def _one_hot_rows(idx, size, dtype):
+    """[count, size] one-hot rows of the clamped indices (the gathers clamp), flattened."""
+    flat = ops.reshape(idx, (math.prod(idx._node.shape),))
+    return ops.one_hot(ops.clip(flat, 0, size - 1), size, dtype=dtype)
+
+
+@rule("take")
+def vjp_take(n, g, need):
+    """dx[.., v, ..] = sum of g over the positions that read row v: one_hot(ids)^T @ g, a GEMM
+    (deterministic; duplicate ids summed in a fixed order).  Costs ids x rows x width multiplies;
+    a scatter-add op of its own is later work."""
+    x, idx = n.inputs
+    ax = n.attrs["axis"]
+    s = x.shape
+    pre, post = math.prod(s[:ax]), math.prod(s[ax + 1:])
+    count = math.prod(idx.shape)
+    hot = _one_hot_rows(T(idx), s[ax], g.dtype)
+    g3 = reshape(g, (pre, count, post))
+    dx = ops.matmul(_swap(hot), g3)   # [pre, rows, post]
+    return [ops.reshape(dx, s), None]
+
+
+@rule("take_along_axis")
+def vjp_take_along_axis(n, g, need):
+    """dx = sum over the gathered positions k of g[k] * (idx[k] == c): a one-hot contraction."""
+    x, idx = n.inputs
+    ax = n.attrs["axis"]
+    c = x.shape[ax]
+    gm = ops.moveaxis(g, ax, -1)          # [..., k]
+    im = ops.moveaxis(ops.clip(T(idx), 0, c - 1), ax, -1)
+    hot = ops.one_hot(im, c, dtype=g.dtype)   # [..., k, c]
+    dx = ops.reduce_sum(ops.mul(ops.expand_dims(gm, -1), hot), -2)   # [..., c]
+    dx = ops.moveaxis(dx, -1, ax)
+    return [unbroadcast(dx, x.shape), None]
+
+
+@rule("top_k")
+def vjp_top_k(n, g, need):
+    """dx = sum over the k picks of g * one_hot(index), along the last axis (the indices are the
+    trace's own top_k_indices node where one exists, else recomputed)."""
+    from tessera.frontend.trace import _graph
+    x = T(n.inputs[0])
+    idx = next((T(m) for m in _graph().nodes if m.op == "top_k_indices" and m.inputs[0] is n), None)
+    if idx is None:
+        idx = ops.top_k(x, n.attrs["k"])[1]
+    hot = ops.one_hot(idx, x._node.shape[-1], dtype=g.dtype)   # [..., k, n]
+    return [ops.reduce_sum(ops.mul(ops.expand_dims(g, -1), hot), -2)]
