@@ -111,6 +111,16 @@ def test_db_corrupt_file_is_set_aside(cache):
     db.close()
 
 
+def test_db_foreign_schema_is_set_aside(cache):
+    with tunedb.TuningDB() as db:
+        db.store(tunedb.Entry(_key(), {}, 2.0))
+        db.conn.execute("UPDATE meta SET v='99' WHERE k='schema'")
+    with pytest.warns(TuningDatabaseWarning, match="schema 99, this Tessera reads 1"):
+        db = tunedb.TuningDB()
+    assert db.entries() == [] and list(tunedb.path().parent.glob("tuning.sqlite.bad-*"))
+    db.close()
+
+
 def test_db_export_import(cache, tmp_path_factory):
     out = tmp_path_factory.mktemp("export") / "site.json"
     with tunedb.TuningDB() as db:
