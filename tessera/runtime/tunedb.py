@@ -1,8 +1,9 @@
 """The tuning database: measured schedule pins per kernel family and shape, per host.
 
 A small SQLite file, ``tuning/tuning.sqlite`` under the cache directory (``cache.cache_dir()``,
-``TESSERA_CACHE_DIR``; ``tessera cache clear`` keeps it unless given ``--tuning``), in WAL mode with a busy timeout, so tuners in several processes may
-write at once (each write is one transaction).  A row is keyed by:
+``TESSERA_CACHE_DIR``; ``tessera cache clear`` keeps it unless given ``--tuning``), in WAL mode
+with a busy timeout, so tuners in several processes may write at once (each write is one
+transaction).  A row is keyed by:
 
     (family, its schedule-space version, target, arch, CPU feature string, dtype, exact shape)
 

@@ -139,7 +139,8 @@ def row_candidates(*, arch: str | None = None, dtype: str = "f32", cols: int | N
     out: list[dict] = [{}]
     for regs in (2, 8, 1):
         chunk = regs * w
-        if chunk <= w * isa.register_budget and chunk <= bounds.CHUNK_MAX and (cols is None or chunk <= _round_up(cols, w)):
+        wide_enough = cols is None or chunk <= _round_up(cols, w)
+        if chunk <= w * isa.register_budget and chunk <= bounds.CHUNK_MAX and wide_enough:
             out.append({"chunk": chunk})
     return out[:limit]
 
