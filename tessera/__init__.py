@@ -14,6 +14,7 @@ from tessera.errors import RecompileWarning, TesseraError
 from tessera.frontend import ops
 from tessera.frontend.jit import Artifact, JitFunction, compile, explain, jit
 from tessera.frontend.profile import profile
+from tessera.frontend.tune import tune
 from tessera.runtime.lanes import LOG as lane_log
 from tessera.runtime.threads import get_num_threads, set_num_threads
 # reverse-mode differentiation (frontend/autodiff.py, the differentiate transformation)
@@ -25,6 +26,7 @@ float32 = dtypes.float32
 __all__ = ["jit", "compile", "explain", "ops", "dtypes", "errors", "TesseraError", "RecompileWarning", "JitFunction", "Artifact",
            "lane_log", "bfloat16", "float32", "set_num_threads", "get_num_threads"]
 __all__ += ["grad", "value_and_grad", "vjp", "stop_gradient"]
+__all__ += ["tune"]
 __version__ = "0.1.0"
 
 

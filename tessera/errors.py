@@ -473,6 +473,23 @@ class CacheSizeError(CacheError):
     code = "CACHE_SIZE"
 
 
+class TuneError(TesseraError):
+    """The autotuner cannot rank a kernel's schedule candidates: none compiled or ran, or the
+    machine is too noisy (the best candidate's timing spread exceeds the threshold)."""
+    code = "TUNE"
+    area = "runtime"
+
+
+class TuneWarning(UserWarning):
+    """``tessera.jit(tune=True)`` could not rank the candidates (a ``TuneError``: too noisy, or none
+    ran): the call compiles with the cost model's schedule and nothing is recorded."""
+
+
+class TuningDatabaseWarning(UserWarning):
+    """The tuning database (``tuning.sqlite`` in the cache directory) was unreadable or of another
+    schema: it is set aside and rebuilt empty."""
+
+
 class BenchLogError(TesseraError):
     """A benchmark log (``benchmarks/results/cpu/<host>/*.json``) is unreadable or malformed."""
     code = "BENCH_LOG"

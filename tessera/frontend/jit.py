@@ -99,6 +99,7 @@ class Variant:
     scalars: tuple[int, ...] = ()            # argument positions passed as runtime scalars
     scalar_dtype: np.dtype = np.dtype(np.float32)   # ... as 0-d arrays of this dtype
     ints: frozenset | None = None            # which scalars were Python ints, where that changed the trace
+    schedule_source: str = ""                # where the pins came from (frontend/tune.py)
 
     def bind(self, args) -> list[np.ndarray]:
         """The kernel's arrays for a call whose signature matched: arrays and runtime scalars
@@ -122,7 +123,9 @@ class Variant:
 
 class JitFunction:
     def __init__(self, fn, *, target: str | None = None, arch: str | None = None, strict: bool = True,
-                 schedule: dict | None = None, static_argnums=(), static_argnames=(), dynamic=None):
+                 schedule: dict | None = None, static_argnums=(), static_argnames=(), dynamic=None,
+                 tune: bool | None = None):
+        self.tune = tune   # tune on first compile (None: TESSERA_TUNE=1); frontend/tune.py
         # what the caller asked for (None: not given), which tessera.compile's own settings may not contradict
         self.requested = {"target": target, "arch": arch, "schedule": dict(schedule or {})}
         self.static_argnums, self.static_argnames = _as_tuple(static_argnums), _as_tuple(static_argnames)
@@ -206,7 +209,7 @@ class JitFunction:
         """The same function with schedule choices pinned (per-call overrides)."""
         return JitFunction(self.fn, target=self.requested["target"], arch=self.arch, strict=self.strict,
                            schedule={**self.schedule, **pins}, static_argnums=self.static_argnums,
-                           static_argnames=self.static_argnames, dynamic=self.dynamic)
+                           static_argnames=self.static_argnames, dynamic=self.dynamic, tune=self.tune)
 
     def retarget(self, target: str | None = None, arch: str | None = None, schedule: dict | None = None,
                  what: str = "tessera.compile") -> "JitFunction":
@@ -234,7 +237,7 @@ class JitFunction:
             return self
         return JitFunction(self.fn, target=new_target, arch=new_arch, strict=self.strict, schedule=pins,
                            static_argnums=self.static_argnums, static_argnames=self.static_argnames,
-                           dynamic=self.dynamic)
+                           dynamic=self.dynamic, tune=self.tune)
 
     # ------------------------------------------------------------------ called while tracing
     def _inline(self, args):
@@ -446,13 +449,15 @@ class JitFunction:
                         return None
         # arrays index -> position among traced args
         pos = [i for i, k in enumerate(kinds) if k != STATIC]
+        from tessera.frontend import tune as tuning
+        pins, source = tuning.schedule_for(self, graph, arrays)   # the tuning database's pins, or the caller's
         try:
             fixed: frozenset = frozenset()
             while True:
                 gir = graphgen.build(graph, fixed)
                 try:
                     c = compile_graph(gir.module, name=self.name, target=self.target, arch=self.arch,
-                                      pins=self.schedule)
+                                      pins=pins)
                     break
                 except SpecializeRequest as e:   # a generator needs these sizes fixed: specialise, again
                     more = fixed | {(a.index, axis) for a in graph.args for axis in range(len(a.shape))
@@ -462,7 +467,7 @@ class JitFunction:
                     fixed = frozenset(more)
             static = {(pos.index(a), axis): arrays[pos.index(a)].shape[axis] for a, axis in gir.static}
             c.static = frozenset(static)
-            return Variant(static, c, graph, ints=ints if graph.int_sensitive else None)
+            return Variant(static, c, graph, ints=ints if graph.int_sensitive else None, schedule_source=source)
         except FrontendError:
             raise
         except TesseraError as e:
@@ -620,7 +625,8 @@ class Artifact:
         static += [f"argument {i} (a number read as a Python value: {w})" for i, w in sorted(self.fn._learned.items())]
         return LaneReport(self.fn.name, c.lane, c.target, c.arch, c.cpu, feature_list(isa), m["layers"],
                           m["passes"], m["kernels"], m["compile_ms"], c.cache_status, m["pipeline"], list(v.copies),
-                          static, compiles=list(self.fn.compiles), notes=_thread_notes(c, m["kernels"]))
+                          static, compiles=list(self.fn.compiles),
+                          notes=_thread_notes(c, m["kernels"]), schedule=v.schedule_source)
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)
@@ -711,7 +717,7 @@ def _settings(d: dict) -> str:
 
 def jit(fn=None, *, target: str | None = None, arch: str | None = None, strict: bool = True,
         schedule: dict | None = None, deterministic: bool = False, static_argnums=(), static_argnames=(),
-        dynamic=None):
+        dynamic=None, tune: bool | None = None):
     """Compile a Python function over arrays.  Usable as ``@jit`` or ``@jit(target=..., ...)``;
     ``target`` None is the CPU (``"cpu"``), ``arch`` None its host chip (GPU targets need one).
     ``deterministic=True``: results bit-identical whatever the calling thread's floating-point
@@ -733,12 +739,17 @@ def jit(fn=None, *, target: str | None = None, arch: str | None = None, strict: 
     normalisation over the padded axis masked with its neutral element (the true length is a
     runtime value), and results sliced back to the true length.  Ops that cannot be masked along
     the axis (a reshape merging it, a slice or pad along it, conv, layer_norm over it) are
-    refused with ``DYNAMIC_SHAPE`` (docs/architecture.md, "Recompiles and dynamic shapes")."""
+    refused with ``DYNAMIC_SHAPE`` (docs/architecture.md, "Recompiles and dynamic shapes").
+
+    ``tune=True`` (or ``TESSERA_TUNE=1``) measures schedule candidates on the first compile of a
+    shape and keeps the best in the tuning database; without it an entry there is still used
+    (frontend/tune.py, docs/tuning.md)."""
     schedule = _with_deterministic(schedule, deterministic)
 
     def wrap(f):
         return JitFunction(f, target=target, arch=arch, strict=strict, schedule=schedule,
-                           static_argnums=static_argnums, static_argnames=static_argnames, dynamic=dynamic)
+                           static_argnums=static_argnums, static_argnames=static_argnames, dynamic=dynamic,
+                           tune=tune)
     return wrap(fn) if fn is not None else wrap
 
 

@@ -24,6 +24,7 @@ class LaneReport:
     reason: str = ""
     compiles: list[str] = field(default_factory=list)   # the function's compiles so far, each with its cause
     notes: list[str] = field(default_factory=list)      # what a call changes from the schedule (a thread cap)
+    schedule: str = ""   # where the schedule's pins came from: tuning database, cost model, caller (frontend/tune.py)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -46,6 +47,8 @@ class LaneReport:
             lines.append(f"  copies    {'; '.join(self.copies)}")
         if self.specialised:
             lines.append(f"  static    {'; '.join(self.specialised)}")
+        if self.schedule:
+            lines.append(f"  schedule  {self.schedule}")
         for n in self.notes:
             lines.append(f"  note      {n}")
         if len(self.compiles) > 1:

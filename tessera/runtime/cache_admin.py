@@ -11,8 +11,8 @@ Processes may share the directory: every step tolerates a file vanishing under i
 process evicted or cleared it), entries are replaced by rename only, and a writer's temporary
 file is left alone unless it is older than an hour (a crashed writer's).
 
-``tuning/`` (a tuning database, none yet) and ``repro/`` (compiler-failure reproducers) are
-kept by ``clear`` unless asked for.
+``tuning/`` (the tuning database, runtime/tunedb.py) and ``repro/`` (compiler-failure
+reproducers) are kept by ``clear`` unless asked for.
 """
 from __future__ import annotations
 

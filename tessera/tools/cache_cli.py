@@ -24,7 +24,7 @@ def _age(seconds: float) -> str:
 def add_parser(sub) -> None:
     c = sub.add_parser("cache", help="the compile cache: info, ls (list), clear, prune")
     c.add_argument("action", choices=["info", "ls", "list", "clear", "prune"])
-    c.add_argument("--tuning", action="store_true", help="clear: also remove the tuning database (tuning/; none yet)")
+    c.add_argument("--tuning", action="store_true", help="clear: also remove the tuning database (tuning/)")
     c.add_argument("--repro", action="store_true", help="clear: also remove compiler-failure reproducers (repro/)")
     c.add_argument("--max-size", default=None,
                    help="prune: evict least recently used entries down to this size (512M, 2G; default the cap)")

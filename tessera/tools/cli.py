@@ -139,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     dr.set_defaults(func=lambda a: __import__("tessera.tools.doctor", fromlist=["main"]).main(a))
     from tessera.tools import cache_cli
     cache_cli.add_parser(sub)
+    __import__("tessera.tools.tune_cli", fromlist=["add_parser"]).add_parser(sub)   # tessera tune
     args = ap.parse_args(argv)
     try:
         return args.func(args)

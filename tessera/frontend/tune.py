@@ -1,0 +1,315 @@
+"""The autotuner: measured schedule pins for a jitted function, kept in the tuning database.
+
+``tessera.jit(tune=True)`` (or ``TESSERA_TUNE=1``) tunes a function's dominant kernel family on its
+first compile for a shape and stores the winner (``runtime/tunedb.py``); every later compile, in
+this process or another, takes the database's exact entry, else its nearest shape's, instead of the
+cost model's guess.  The lane report says which (``schedule from the tuning database (entry ...)``
+or ``schedule from the cost model``).  Pins the caller gave always win.
+
+A tuning run (``tune_graph``):
+
+1. the family's candidates from the schedule space (``passes/schedule/space.py``: the model's
+   choice first, then pins pruned by register count and cache footprints);
+2. every candidate compiled first (a compile never runs while another candidate is being timed),
+   each in a forked worker process (``tune_workers.py``): one that fails to compile, crashes its
+   worker or times out is recorded as failed (``Entry.failed`` says why);
+3. each candidate run once on fresh random data (never zeros) and checked against the float64
+   reference (``reference.evaluate``): a wrong result is recorded as failed;
+4. interleaved rounds (a fresh random order each round), each sample repeated to at least
+   ``SAMPLE_S``; after ``MIN_ROUNDS``, a candidate whose median's confidence interval lies above the
+   best one's is dropped, and the run stops when one is left, at ``max_rounds``, or at the time
+   budget;
+5. the best candidate's spread (interquartile range over median) above ``noise_max`` refuses the
+   result (``TuneError``) rather than recording noise.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+import warnings
+
+import numpy as np
+
+from tessera.errors import TesseraError, TuneError, TuneWarning
+from tessera.frontend import tune_workers
+from tessera.passes.schedule import space
+from tessera.runtime import tunedb
+
+MIN_ROUNDS = 5
+MAX_ROUNDS = 60
+BUDGET_S = 20.0
+SAMPLE_S = 1e-3          # one timing sample repeats the call to at least this long
+NOISE_MAX = 1.0          # the best candidate's IQR / median above this: too noisy to rank
+TOLERANCE = {"f64": 1e-9, "f32": 2e-4, "bf16": 3e-2, "f16": 3e-3}
+_DTYPES = {"float64": "f64", "float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+
+
+def enabled(jf) -> bool:
+    t = getattr(jf, "tune", None)
+    return bool(t) if t is not None else os.environ.get("TESSERA_TUNE", "") == "1"
+
+
+def _dtype(d) -> str:
+    return _DTYPES.get(np.dtype(d).name, np.dtype(d).name)
+
+
+ROW_OPS = ("softmax", "log_softmax", "layer_norm", "rms_norm")
+
+
+def describe(graph) -> tuple[str, str, tuple[int, ...]] | None:
+    """(family, dtype, shape) of the graph's dominant tunable kernel: its largest matmul as
+    (M, N, K), or (B, M, N, K) when batched; else its largest row op (softmax, layer_norm...) as
+    (rows, columns); else None."""
+    best, work = None, 0
+    for n in graph.nodes:
+        if n.op != "matmul" or len(n.shape) < 2:
+            continue
+        m, nn = n.shape[-2:]
+        k = n.inputs[0].shape[-1]
+        b = math.prod(n.shape[:-2])
+        if b * m * nn * k > work:
+            work = b * m * nn * k
+            best = ("gemm", _dtype(n.inputs[0].dtype), (m, nn, k) if b == 1 else (b, m, nn, k))
+    if best is not None:
+        return best
+    for n in graph.nodes:
+        if n.op in ROW_OPS and n.shape and math.prod(n.shape) > work:
+            work = math.prod(n.shape)
+            best = ("row", _dtype(n.dtype), (math.prod(n.shape[:-1]), n.shape[-1]))
+    return best
+
+
+def key_for(jf, family: str, dtype: str, shape) -> tunedb.Key:
+    from tessera.frontend.compile import feature_list, resolve_arch
+    from tessera.mma.x86 import host_cpu
+    isa = resolve_arch(jf.target, jf.arch)
+    arch = host_cpu()[0] if jf.arch in (None, "host") else isa.arch
+    return tunedb.Key(family, space.version(family), jf.target, arch, ",".join(feature_list(isa)), dtype,
+                      tuple(int(d) for d in shape))
+
+
+def label(pins: dict) -> str:
+    if not pins:
+        return "model"
+    short = {"register_tile": "rt", "tile_k": "kc", "tile_m": "mc", "tile_n": "nc", "chunk": "chunk"}
+    return " ".join(f"{short.get(k, k)}{'x'.join(map(str, v)) if isinstance(v, tuple) else v}"
+                    for k, v in sorted(pins.items()))
+
+
+def schedule_for(jf, graph, arrays) -> tuple[dict, str]:
+    """The pins to compile ``graph`` with and where they came from (a lane-report note): the
+    caller's pins where they touch the family's attributes; else the tuning database (tuning first
+    when enabled and no exact entry exists); else the cost model."""
+    if jf.target != "cpu" and getattr(jf, "tune", None):
+        raise TuneError(f"tessera.jit(tune=True) on {jf.name}: tuning {jf.target} schedules is not built yet "
+                        "(the tuner drives CPU schedules only); drop tune=True for this target")
+    if jf.target != "cpu" or getattr(jf, "_tuning", False):
+        return jf.schedule, ""
+    what = describe(graph)
+    if what is None:
+        return jf.schedule, ""
+    family, dtype, shape = what
+    if any(k in jf.schedule for k in space.FAMILIES[family].attrs):
+        return jf.schedule, "schedule pinned by the caller"
+    key = key_for(jf, family, dtype, shape)
+    with tunedb.TuningDB(create=False) as db:
+        entry = db.lookup(key)
+    if enabled(jf) and (entry is None or entry.match != "exact"):
+        try:
+            tuned = tune_graph(jf, graph, arrays, key)
+        except TesseraError as e:   # too noisy, nothing ran, no space here: the model's schedule, nothing recorded
+            warnings.warn(TuneWarning(f"tuning {jf.name}: {e.code}: {e.message}; compiling with the cost model's "
+                                      "schedule"), stacklevel=6)
+        else:
+            with tunedb.TuningDB() as db:
+                db.store(tuned)
+            entry = tuned
+    if entry is None:
+        return jf.schedule, (f"schedule from the cost model (no tuning-database entry for {family} {dtype} "
+                             f"{'x'.join(map(str, shape))})")
+    return {**entry.pins, **jf.schedule}, f"schedule from the tuning database (entry {entry.describe()})"
+
+
+def tune(fn, *args, **opts) -> tunedb.Entry:
+    """Tune ``fn`` (a ``tessera.jit`` function or a plain one) for the example ``args`` now, whatever
+    the database holds, store the winner and return its entry.  ``opts`` go to ``tune_graph``
+    (``limit``, ``min_rounds``, ``max_rounds``, ``budget_s``, ``noise_max``, ``seed``, ``quiet``)."""
+    from tessera.frontend.jit import JitFunction, _int_scalars
+    jf = fn if isinstance(fn, JitFunction) else JitFunction(fn)
+    if jf.target != "cpu":
+        raise TuneError(f"tessera.tune on {jf.name}: tuning {jf.target} schedules is not built yet (CPU only)")
+    args = jf._flat(args, {})
+    prepared, kinds, arrays, _ = jf._split_args(args)
+    graph = jf._trace(prepared, kinds, _int_scalars(args, kinds))
+    what = describe(graph)
+    if what is None:
+        raise TuneError(f"tessera.tune on {jf.name}: no tunable kernel (a matmul, softmax, log_softmax, layer_norm "
+                        "or rms_norm)")
+    entry = tune_graph(jf, graph, arrays, key_for(jf, *what), **opts)
+    with tunedb.TuningDB() as db:
+        db.store(entry)
+    return entry
+
+
+# --------------------------------------------------------------------------- tuning
+def fresh_inputs(arrays, rng) -> list[np.ndarray]:
+    """Random data of the arrays' shapes and dtypes (float arrays); scalars and int arrays as given."""
+    out = []
+    for a in arrays:
+        if a.ndim and a.dtype.kind == "f":
+            out.append(rng.standard_normal(a.shape).astype(a.dtype))
+        else:
+            out.append(a.copy())
+    return out
+
+
+def _compile(jf, graph, pins):
+    from tessera.frontend import graphgen
+    from tessera.frontend.compile import compile_graph
+    gir = graphgen.build(graph, frozenset())
+    return compile_graph(gir.module, name=jf.name, target=jf.target, arch=jf.arch, pins={**jf.schedule, **pins})
+
+
+def _schedule_of(c) -> str:
+    """What the schedule decided for every kernel: two candidates alike here are one candidate."""
+    return repr([(k["kind"], k["tiles"], k.get("register_tile"), k["unroll"], k["parallel"], k["threads"],
+                  k["vector"]) for k in c.meta["kernels"]])
+
+
+def _runner(c, arrays):
+    from tessera.runtime.cpu import bind_symbols
+    exe = c.executable
+    plan = exe.plan(bind_symbols(exe.program.inputs, arrays))
+    return lambda: exe.run_plan(plan, arrays)
+
+
+def _close(got, ref, dtype: str) -> bool:
+    """Every output within the dtype's tolerance of the reference, relative to its largest finite
+    value; NaN where the reference has NaN, and equal infinities, agree."""
+    tol = TOLERANCE.get(dtype, 1e-3)
+    for g, r in zip(got, ref):
+        g, r = np.asarray(g, np.float64), np.asarray(r, np.float64)
+        if g.shape != r.shape:
+            return False
+        fin = np.isfinite(r)
+        scale = max(1.0, float(np.max(np.abs(r[fin])))) if fin.any() else 1.0
+        with np.errstate(invalid="ignore"):
+            ok = (np.abs(g - r) <= tol * scale) | (np.isnan(g) & np.isnan(r)) | (g == r)
+        if not ok.all():
+            return False
+    return True
+
+
+def median_ci(xs: list[float]) -> tuple[float, float, float]:
+    """The median and a ~95 % confidence interval of it from order statistics."""
+    s = sorted(xs)
+    n = len(s)
+    h = 0.98 * math.sqrt(n)
+    lo, hi = max(0, int(math.floor(n / 2 - h))), min(n - 1, int(math.ceil(n / 2 + h)))
+    return float(np.median(s)), s[lo], s[hi]
+
+
+def _spread(xs: list[float]) -> float:
+    q1, q2, q3 = np.percentile(xs, [25, 50, 75])
+    return float((q3 - q1) / q2) if q2 > 0 else 0.0
+
+
+class Progress:
+    """One stderr line per second at most: round, candidates left, ETA."""
+
+    def __init__(self, what: str, budget: float, quiet: bool):
+        self.what, self.budget, self.quiet = what, budget, quiet
+        self.t0 = self.last = time.perf_counter()
+
+    def show(self, rnd: int, max_rounds: int, left: int, force: bool = False) -> None:
+        now = time.perf_counter()
+        if self.quiet or (not force and now - self.last < 1.0):
+            return
+        self.last = now
+        spent = now - self.t0
+        eta = min(self.budget - spent, spent / max(rnd, 1) * (max_rounds - rnd)) if rnd else self.budget
+        print(f"tessera tune {self.what}: round {rnd}/{max_rounds}, {left} candidates left, "
+              f"{spent:.1f}s, eta {max(eta, 0):.0f}s", file=sys.stderr, flush=True)
+
+
+def tune_graph(jf, graph, arrays, key: tunedb.Key, *, limit: int = 6, min_rounds: int = MIN_ROUNDS,
+               max_rounds: int = MAX_ROUNDS, budget_s: float | None = None, noise_max: float | None = None,
+               seed: int | None = None, quiet: bool | None = None) -> tunedb.Entry:
+    """Measure the family's candidates for ``graph`` on fresh random data; the best as an Entry."""
+    from tessera.frontend import reference
+    budget_s = float(os.environ.get("TESSERA_TUNE_BUDGET", BUDGET_S)) if budget_s is None else budget_s
+    noise_max = float(os.environ.get("TESSERA_TUNE_NOISE_MAX", NOISE_MAX)) if noise_max is None else noise_max
+    quiet = os.environ.get("TESSERA_TUNE_QUIET", "") == "1" if quiet is None else quiet
+    rng = np.random.default_rng(seed)
+    cands = space.candidates(key.family, key.shape, arch=jf.arch, dtype=key.dtype, limit=limit)
+    times: dict[str, float | None] = {}
+    compiled, schedules, failed = [], set(), {}
+    # 1. compile every candidate before any timing, each in a worker process (tune_workers.py)
+    for pins, c, why in tune_workers.compile_all(lambda p: _compile(jf, graph, p), cands):
+        if c is None:
+            times[label(pins)] = None
+            failed[label(pins)] = why
+            continue
+        sched = _schedule_of(c)
+        if sched not in schedules:           # the model's own choice spelled as pins: timed once
+            schedules.add(sched)
+            compiled.append((pins, c))
+    data = fresh_inputs(arrays, rng)         # 2. fresh random inputs; checked against float64
+    try:
+        ref = reference.evaluate(graph, data)
+    except Exception:   # noqa: BLE001 - no float64 reference for this graph: the model's result is the check
+        ref = None
+    runners = []
+    for pins, c in compiled:
+        try:
+            run = _runner(c, data)
+            out = run()
+            if ref is None:
+                ref = out
+            if not _close(out, ref, key.dtype):
+                times[label(pins)] = None
+                failed[label(pins)] = "wrong result against the float64 reference"
+                continue
+            t = time.perf_counter()
+            run()
+            one = max(time.perf_counter() - t, 1e-7)
+        except TesseraError as e:
+            times[label(pins)] = None
+            failed[label(pins)] = f"{e.code}: {e.message}"
+            continue
+        runners.append([pins, run, max(1, min(1000, int(SAMPLE_S / one))), []])
+    if not runners:
+        raise TuneError(f"tuning {jf.name}: no candidate of {key.family} {'x'.join(map(str, key.shape))} compiled "
+                        f"and ran correctly ({'; '.join(f'{k}: {v}' for k, v in failed.items())})")
+    reps = max(r[2] for r in runners)
+    shape = "x".join(map(str, key.shape))
+    prog = Progress(f"{jf.name} {key.family} {key.dtype} {shape}", budget_s, quiet)
+    t0 = time.perf_counter()
+    live = list(runners)
+    rnd = 0
+    while rnd < max_rounds:                  # 3. interleaved rounds in a fresh order each
+        rnd += 1
+        live = [live[i] for i in rng.permutation(len(live))]
+        for r in live:
+            t = time.perf_counter()
+            for _ in range(reps):
+                r[1]()
+            r[3].append((time.perf_counter() - t) / reps)
+        prog.show(rnd, max_rounds, len(live))
+        if rnd >= min_rounds:
+            cis = {id(r): median_ci(r[3]) for r in live}
+            best = min(live, key=lambda r: cis[id(r)][0])
+            live = [r for r in live if r is best or cis[id(r)][1] <= cis[id(best)][2]]
+            if len(live) == 1 or time.perf_counter() - t0 > budget_s:
+                break
+    prog.show(rnd, max_rounds, len(live), force=True)
+    for r in runners:
+        times[label(r[0])] = round(float(np.median(r[3])) * 1e3, 6)
+    best = min(live, key=lambda r: np.median(r[3]))
+    spread = _spread(best[3])
+    if spread > noise_max:
+        raise TuneError(f"tuning {jf.name} ({key.family} {shape}): the machine is too noisy to rank candidates "
+                        f"(the best one's spread {spread:.2f} > {noise_max}); not recorded")
+    return tunedb.Entry(key, dict(best[0]), float(np.median(best[3])) * 1e3, times, time.time(), failed=failed)

@@ -1,0 +1,154 @@
+"""The tuning search space of the CPU schedule (``schedule-cpu``), one entry per kernel family.
+
+Each family declares the Schedule IR attributes the tuner may pin, their legal values (the ranges
+``bounds`` and the MMA selector enforce), and a ``VERSION``: bump it when the family's legal
+choices change (not on every compiler edit), and every tuning-database entry of the old version is
+ignored.
+
+- ``gemm`` (version 1): ``register_tile`` (MR x NR instructions whose accumulators, B vectors and
+  A broadcast fit the vector register file: the selector's ``ranked_register_tiles``, ordered by
+  its cost model), ``tile_k`` (KC), ``tile_m`` (MC), ``tile_n`` (NC).  MC and NC follow KC as the
+  pass derives them (an A block of half of L2, a B panel of an eighth of L3);
+  a candidate whose B micro-panel (KC x NR*W) exceeds a quarter of L2, whose A block (MC x KC)
+  exceeds L2 or whose B panel (KC x NC) exceeds half of L3 is pruned before any compile.
+- ``row`` (version 1): ``chunk``, columns per step of rowwise / elementwise kernels: W, 2W, 4W
+  and 8W within the register file (``bounds.check_chunk``).
+
+``candidates`` lists the pins to try, the cost model's own choice (``{}``) first; ``check``
+refuses a pin the family cannot take with ``SCHEDULE_ILLEGAL``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tessera import host
+from tessera.errors import MmaSelectorError, ScheduleIllegalError
+from tessera.mma.selector import get_isa, ranked_register_tiles, register_tile, select_mma
+from tessera.passes.schedule import bounds
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    version: int
+    attrs: tuple[str, ...]
+    doc: str
+
+
+FAMILIES = {
+    "gemm": Family("gemm", 1, ("register_tile", "tile_k", "tile_m", "tile_n"),
+                   "register tile within the vector registers; KC/MC/NC within L2/L3"),
+    "row": Family("row", 1, ("chunk",), "columns per step: 1, 2, 4 or 8 vector registers"),
+}
+KC_CHOICES = (128, 256, 512, 1024)
+
+
+def version(family: str) -> int:
+    return FAMILIES[family].version
+
+
+def _round_up(v: int, m: int) -> int:
+    return -(-v // m) * m
+
+
+def _round_down(v: int, m: int) -> int:
+    return max(m, v // m * m)
+
+
+def _gemm_selection(arch: str | None, dtype: str):
+    isa = get_isa("x86", arch)
+    sel = select_mma(isa, dtype, out_dtype="f64" if dtype == "f64" else "f32")
+    return isa, sel
+
+
+def _width(isa, dtype: str) -> int:
+    w = 16 if "avx512f" in isa.features else 8
+    return w // 2 if dtype == "f64" else w
+
+
+def check(family: str, pins: dict, *, arch: str | None = None, dtype: str = "f32") -> None:
+    """Refuse (``ScheduleIllegalError``) a pin outside the family's legal space on ``arch``."""
+    if family not in FAMILIES:
+        raise ScheduleIllegalError(f"no tuning space for kernel family {family!r}; families: {', '.join(FAMILIES)}")
+    extra = set(pins) - set(FAMILIES[family].attrs)
+    if extra:
+        raise ScheduleIllegalError(f"tuning space {family!r} has no attribute {', '.join(sorted(extra))}; "
+                                   f"attributes: {', '.join(FAMILIES[family].attrs)}")
+    bounds.check_static(pins, "cpu", f"tuning space {family}: ")
+    if family == "gemm":
+        isa, sel = _gemm_selection(arch, dtype)
+        if pins.get("register_tile"):
+            try:
+                register_tile(isa, sel, prefer_tile=tuple(pins["register_tile"]))
+            except MmaSelectorError as e:
+                raise ScheduleIllegalError(f"tuning space gemm: {e.message}") from None
+    elif pins.get("chunk"):
+        isa = get_isa("x86", arch)
+        bounds.check_chunk(pins["chunk"], _width(isa, dtype), isa.register_budget, "row")
+
+
+def gemm_candidates(shape: tuple[int, int, int], *, arch: str | None = None, dtype: str = "f32",
+                    tiles: int = 3, kcs: int = 2, limit: int = 6) -> list[dict]:
+    """Pins for a GEMM of ``shape`` = (M, N, K): the model's choice (``{}``) first, then the best
+    ``tiles`` register tiles by the cost model, each with up to ``kcs`` KC blockings (KC values
+    beyond K collapse into one), pruned by cache footprint; at most ``limit`` in all."""
+    k = shape[-1]
+    isa, sel = _gemm_selection(arch, dtype)
+    rec = sel.record
+    w = rec.vector_width or _width(isa, dtype)
+    esize = rec.packed_bytes
+    caches = host.cache_sizes()
+    out: list[dict] = [{}]
+    seen: set = set()
+    for t in ranked_register_tiles(isa, sel)[:tiles]:
+        mrr, nrw = t.mr * rec.m, t.nr * rec.n
+        kunit = rec.k * 4
+        kc_opts = []
+        for kc in KC_CHOICES:
+            kc = min(_round_down(kc, kunit), _round_up(k, kunit))
+            if kc not in kc_opts:
+                kc_opts.append(kc)
+        for kc in kc_opts[-kcs:] if len(kc_opts) > kcs else kc_opts:
+            # MC and NC as schedule-cpu derives them for this KC (a block larger than the matrix is
+            # clamped at run time; not capping keeps the model's own choice recognisable)
+            mc = _round_down(caches["L2"] // 2 // (kc * esize), mrr)
+            nc = _round_down(min(caches["L3"] // 8 // (kc * esize), 4096), nrw)
+            if not fits(kc, mc, nc, nrw, esize, caches):
+                continue
+            pins = {"register_tile": (t.mr, t.nr), "tile_k": kc, "tile_m": mc, "tile_n": nc}
+            key = tuple(sorted(pins.items()))
+            if key not in seen:
+                seen.add(key)
+                out.append(pins)
+    return out[:limit]
+
+
+def fits(kc: int, mc: int, nc: int, nrw: int, esize: int, caches: dict) -> bool:
+    """The cost model's cache footprints: B micro-panel within L2/4, A block within L2, B panel
+    within L3/2."""
+    return kc * nrw * esize <= caches["L2"] // 4 and mc * kc * esize <= caches["L2"] \
+        and kc * nc * esize <= caches["L3"] // 2
+
+
+def row_candidates(*, arch: str | None = None, dtype: str = "f32", cols: int | None = None,
+                   limit: int = 4) -> list[dict]:
+    """Pins for a row kernel: the model's chunk (``{}``: 4 registers) first, then 1, 2 and 8
+    registers' worth where the register file holds them (and the row is that wide)."""
+    isa = get_isa("x86", arch)
+    w = _width(isa, dtype)
+    out: list[dict] = [{}]
+    for regs in (2, 8, 1):
+        chunk = regs * w
+        wide_enough = cols is None or chunk <= _round_up(cols, w)
+        if chunk <= w * isa.register_budget and chunk <= bounds.CHUNK_MAX and wide_enough:
+            out.append({"chunk": chunk})
+    return out[:limit]
+
+
+def candidates(family: str, shape: tuple[int, ...], *, arch: str | None = None, dtype: str = "f32",
+               limit: int = 6) -> list[dict]:
+    if family == "gemm":
+        return gemm_candidates(tuple(shape[-3:]), arch=arch, dtype=dtype, limit=limit)
+    if family == "row":
+        return row_candidates(arch=arch, dtype=dtype, cols=shape[-1] if shape else None, limit=limit)
+    raise ScheduleIllegalError(f"no tuning space for kernel family {family!r}; families: {', '.join(FAMILIES)}")

@@ -1,0 +1,340 @@
+"""The autotuner: schedule search space, tuning database, tuner and its jit hook (docs/tuning.md)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tessera
+from tessera.errors import ScheduleIllegalError, TuneError, TuneWarning, TuningDatabaseWarning
+from tessera.frontend import tune
+from tessera.frontend.trace import ARRAY
+from tessera.passes.schedule import space
+from tessera.runtime import tunedb
+
+AVX2 = "x86-64-v3"   # 16 vector registers, whatever this host has
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TESSERA_TUNE_QUIET", "1")
+    monkeypatch.setenv("TESSERA_TUNE_NOISE_MAX", "1000")   # a loaded test host; the refusal is tested below
+    monkeypatch.setenv("TESSERA_TUNE_JOBS", "1")   # compile in-process (the suite's workers fill the cores)
+    return tmp_path
+
+
+def _key(dtype="f32", shape=(64, 48, 40), family="gemm"):
+    return tunedb.Key(family, space.version(family), "cpu", "znver4", "avx2,fma", dtype, shape)
+
+
+# --------------------------------------------------------------------------- space
+def test_space_rejects_illegal_register_tile():
+    with pytest.raises(ScheduleIllegalError, match="8x4 .* needs 37 vector registers"):
+        space.check("gemm", {"register_tile": (8, 4)}, arch=AVX2)
+    with pytest.raises(ScheduleIllegalError, match="no attribute chunk"):
+        space.check("gemm", {"chunk": 8}, arch=AVX2)
+    with pytest.raises(ScheduleIllegalError, match="chunk=12"):
+        space.check("row", {"chunk": 12}, arch=AVX2)
+    cands = space.candidates("gemm", (1024, 1024, 1024), arch=AVX2)
+    assert cands[0] == {} and len(cands) > 2
+    for pins in cands:   # every candidate is legal, and its footprints fit the model's caches
+        space.check("gemm", pins, arch=AVX2)
+    # the cache model prunes: a KC x 16-float micro-panel of 64 KiB would spill a 256 KiB L2's quarter
+    caches = {"L1": 32 << 10, "L2": 256 << 10, "L3": 8 << 20}
+    assert space.fits(512, 64, 512, 16, 4, caches) and not space.fits(4096, 64, 512, 16, 4, caches)
+
+
+def test_space_candidates_follow_the_shape():
+    small = space.candidates("gemm", (20, 24, 12), arch=AVX2)
+    for pins in small[1:]:   # KC collapses to K rounded to the k unit; MC, NC: whole register tiles
+        rt = pins["register_tile"]
+        assert pins["tile_k"] == 12 and pins["tile_m"] % rt[0] == 0 and pins["tile_n"] % (8 * rt[1]) == 0
+    assert len({tune.label(p) for p in small}) == len(small)
+    rows = space.candidates("row", (8, 100), arch=AVX2)
+    assert rows[0] == {} and all(space.check("row", p, arch=AVX2) is None for p in rows)
+
+
+# --------------------------------------------------------------------------- database
+def _isolates_keys(db: tunedb.TuningDB) -> bool:
+    """An f32 entry must never answer an f64, another family's or another arch's lookup."""
+    db.store(tunedb.Entry(_key("f32"), {"register_tile": (6, 2)}, 1.0))
+    others = [_key("f64"), _key(family="row"),
+              tunedb.Key("gemm", 1, "cpu", "skylake-avx512", "avx2,fma,avx512f", "f32", (64, 48, 40)),
+              tunedb.Key("gemm", 2, "cpu", "znver4", "avx2,fma", "f32", (64, 48, 40))]
+    return all(db.lookup(k) is None for k in others)
+
+
+def test_db_round_trip_nearest_and_isolation(cache):
+    with tunedb.TuningDB() as db:
+        assert tunedb.path() == cache / "tuning" / "tuning.sqlite" and tunedb.path().exists()
+        assert db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert _isolates_keys(db)
+        e = db.lookup(_key())
+        assert e.match == "exact" and e.pins == {"register_tile": (6, 2)} and e.best_ms == 1.0
+        near = db.lookup(_key(shape=(60, 50, 33)))     # the same bucket (64, 64, 64)
+        assert near.match == "nearest" and near.key.shape == (64, 48, 40)
+        assert db.lookup(_key(shape=(1024, 48, 40))) is None   # 16x away: not near
+    with tunedb.TuningDB() as db2:   # a second connection sees it
+        assert db2.lookup(_key()).pins == {"register_tile": (6, 2)}
+
+
+def test_db_planted_key_without_dtype_is_caught(cache, monkeypatch):
+    monkeypatch.setattr(tunedb, "KEY_FIELDS", ("family", "version", "target", "arch", "features"))
+    with tunedb.TuningDB() as db:
+        assert not _isolates_keys(db)   # the f32 entry answers an f64 lookup: the check has teeth
+
+
+def test_db_two_processes_write_at_once(cache):
+    code = ("import sys; from tessera.runtime import tunedb as t\n"
+            "for i in range(40):\n"
+            "    with t.TuningDB() as db:\n"
+            "        db.store(t.Entry(t.Key('gemm', 1, 'cpu', 'a', 'f', sys.argv[1], (i + 1, 8, 8)), {}, float(i)))\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, d], cwd=str(tessera.__path__[0] + "/.."))
+             for d in ("f32", "f64")]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    with tunedb.TuningDB() as db:
+        rows = db.entries()
+    assert len(rows) == 80 and {r.key.dtype for r in rows} == {"f32", "f64"}
+
+
+def test_db_corrupt_file_is_set_aside(cache):
+    tunedb.path().parent.mkdir()
+    tunedb.path().write_bytes(b"this is not a database" * 100)
+    with pytest.warns(TuningDatabaseWarning, match="set aside"):
+        db = tunedb.TuningDB()
+    db.store(tunedb.Entry(_key(), {}, 2.0))
+    assert db.lookup(_key()).best_ms == 2.0
+    db.close()
+
+
+def test_db_foreign_schema_is_set_aside(cache):
+    with tunedb.TuningDB() as db:
+        db.store(tunedb.Entry(_key(), {}, 2.0))
+        db.conn.execute("UPDATE meta SET v='99' WHERE k='schema'")
+    with pytest.warns(TuningDatabaseWarning, match="schema 99, this Tessera reads 1"):
+        db = tunedb.TuningDB()
+    assert db.entries() == [] and list(tunedb.path().parent.glob("tuning.sqlite.bad-*"))
+    db.close()
+
+
+def test_db_export_import(cache, tmp_path_factory):
+    out = tmp_path_factory.mktemp("export") / "site.json"
+    with tunedb.TuningDB() as db:
+        db.store(tunedb.Entry(_key(), {"register_tile": (4, 3), "tile_k": 40}, 1.5, {"model": 1.7}))
+        db.store(tunedb.Entry(_key("f64", (32, 32, 32)), {}, 3.0))
+        assert db.export(out) == 2
+        assert db.clear() == 2 and db.entries() == []
+        assert db.import_file(out) == 2
+        got = db.lookup(_key())
+        assert got.pins == {"register_tile": (4, 3), "tile_k": 40} and got.times == {"model": 1.7}
+        doc = json.loads(out.read_text())
+        doc["schema"] = 99
+        out.write_text(json.dumps(doc))
+        with pytest.raises(ValueError, match="not a Tessera tuning export"):
+            db.import_file(out)
+
+
+# --------------------------------------------------------------------------- tuner and jit hook
+def _mm(x, y):
+    return x @ y
+
+
+def test_jit_tune_stores_and_a_second_function_reuses(cache, rng, monkeypatch):
+    monkeypatch.setenv("TESSERA_TUNE_BUDGET", "2")
+    a = rng.standard_normal((40, 36)).astype(np.float32)
+    b = rng.standard_normal((36, 24)).astype(np.float32)
+    oracle = a.astype(np.float64) @ b.astype(np.float64)
+    tuned = tessera.jit(_mm, tune=True)
+    np.testing.assert_allclose(tuned(a, b), oracle, rtol=1e-4, atol=1e-4)
+    with tunedb.TuningDB() as db:
+        (entry,) = db.entries()
+    assert entry.key.family == "gemm" and entry.key.dtype == "f32" and entry.key.shape == (40, 24, 36)
+    assert entry.times and all(t is None or t > 0 for t in entry.times.values())
+    again = tessera.jit(_mm)   # not tuning: the database's entry is its schedule
+    rep = tessera.explain(again, a, b)
+    assert rep.schedule.startswith("schedule from the tuning database (entry gemm v1 f32 40x24x36")
+    assert "  schedule  schedule from the tuning database" in str(rep)
+    for k, v in entry.pins.items():
+        assert f"{k.replace('_', '-')}={','.join(map(str, v)) if isinstance(v, tuple) else v}" in rep.pipeline
+    np.testing.assert_allclose(again(a, b), oracle, rtol=1e-4, atol=1e-4)
+    with tunedb.TuningDB() as db:
+        db.clear()
+    rep = tessera.explain(tessera.jit(_mm), a, b)   # teeth: without the entry, the model's schedule
+    assert rep.schedule.startswith("schedule from the cost model")
+
+
+def _softmax(x):
+    return tessera.ops.softmax(x, axis=-1)
+
+
+def test_jit_tune_row_family_chunk(cache, rng, monkeypatch):
+    monkeypatch.setenv("TESSERA_TUNE_BUDGET", "1")
+    x = rng.standard_normal((24, 100)).astype(np.float32)
+    x64 = x.astype(np.float64)
+    oracle = np.exp(x64 - x64.max(-1, keepdims=True))
+    oracle /= oracle.sum(-1, keepdims=True)
+    np.testing.assert_allclose(tessera.jit(_softmax, tune=True)(x), oracle, rtol=1e-5, atol=1e-6)
+    with tunedb.TuningDB() as db:
+        (entry,) = db.entries()
+    assert entry.key.family == "row" and entry.key.shape == (24, 100) and len(entry.times) == 4
+    assert set(entry.pins) <= {"chunk"}
+    rep = tessera.explain(tessera.jit(_softmax), x)
+    assert rep.schedule.startswith("schedule from the tuning database (entry row v1 f32 24x100")
+    assert f"chunk={entry.pins['chunk']}" in rep.pipeline if entry.pins else "chunk=" not in rep.pipeline
+
+
+def test_tessera_tune_api(cache, rng):
+    """tessera.tune(fn, *args) tunes now and stores; a function without a tunable kernel is refused."""
+    a = rng.standard_normal((8, 24)).astype(np.float32)
+    b = rng.standard_normal((24, 16)).astype(np.float32)
+    entry = tessera.tune(_mm, a, b, limit=2, min_rounds=2, max_rounds=3, quiet=True)
+    assert entry.key.shape == (8, 16, 24) and len(entry.times) == 2
+    with tunedb.TuningDB() as db:
+        assert db.lookup(entry.key).pins == entry.pins
+    with pytest.raises(TuneError, match="no tunable kernel"):
+        tessera.tune(lambda x: x + 1.0, a)
+
+
+def test_jit_tune_refuses_gpu_targets(rng):
+    from tessera.frontend.tune import schedule_for
+
+    class Fn:   # the refusal comes before any GPU compile or device
+        target, tune, name, schedule = "nvidia", True, "f", {}
+    with pytest.raises(TuneError, match="tuning nvidia schedules is not built yet"):
+        schedule_for(Fn(), None, [])
+
+
+def test_tuner_records_a_failing_candidate(cache, rng, monkeypatch):
+    """A candidate that cannot compile is recorded as failed (None) and the tuner goes on; one that
+    spells the model's own schedule as pins is timed once (as the model)."""
+    bad = {"register_tile": (6, 2), "tile_m": 7, "tile_k": 16, "tile_n": 16}   # MC not a multiple of MR
+    a = rng.standard_normal((16, 16)).astype(np.float32)
+    b = rng.standard_normal((16, 16)).astype(np.float32)
+    f = tessera.jit(_mm)
+    graph = f._trace([a, b], [ARRAY, ARRAY], frozenset())
+    k = tune._compile(f, graph, {}).meta["kernels"][0]
+    same = {"register_tile": tuple(k["register_tile"]), "tile_m": k["tiles"]["m"], "tile_n": k["tiles"]["n"],
+            "tile_k": k["tiles"]["k"]}
+    monkeypatch.setattr(space, "candidates", lambda *a, **k: [{}, bad, same])
+    monkeypatch.setenv("TESSERA_TUNE_JOBS", "2")   # through forked workers
+    entry = tune.tune_graph(f, graph, [a, b], _key(shape=(16, 16, 16)), min_rounds=3, max_rounds=5,
+                            budget_s=1)
+    assert entry.times[tune.label(bad)] is None and entry.pins == {} and entry.times["model"] > 0
+    assert set(entry.times) == {"model", tune.label(bad)}
+    assert entry.failed[tune.label(bad)].startswith("SCHEDULE_ILLEGAL")
+    monkeypatch.setattr(space, "candidates", lambda *a, **k: [bad])
+    with pytest.raises(TuneError, match="no candidate"):
+        tune.tune_graph(f, graph, [a, b], _key(shape=(16, 16, 16)), quiet=True)
+
+
+def _fake_compile(pins):
+    import os
+    import signal
+    import time
+    what = pins.get("what")
+    if what == "crash":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if what == "hang":
+        time.sleep(60)
+    if what == "illegal":
+        raise ScheduleIllegalError("no such tile")
+    return f"compiled {what}"
+
+
+def test_workers_isolate_crashes_and_timeouts():
+    """A candidate that kills or hangs its worker is recorded as failed; the others compile."""
+    from tessera.frontend import tune_workers
+    cands = [{"what": "model"}, {"what": "crash"}, {"what": "ok"}, {"what": "hang"}, {"what": "illegal"}]
+    got = tune_workers.compile_all(_fake_compile, cands, njobs=2, timeout_s=2)
+    assert [p for p, _, _ in got] == cands
+    assert [c for _, c, _ in got] == ["compiled model", None, "compiled ok", None, None]
+    why = [w for _, _, w in got]
+    assert "SIGKILL" in why[1] and "timed out" in why[3] and why[4] == "SCHEDULE_ILLEGAL: no such tile"
+
+
+def test_tuner_refuses_noise_and_wrong_results(cache, rng, monkeypatch):
+    a = rng.standard_normal((16, 16)).astype(np.float32)
+    b = rng.standard_normal((16, 16)).astype(np.float32)
+    f = tessera.jit(_mm)
+    graph = f._trace([a, b], [ARRAY, ARRAY], frozenset())
+    monkeypatch.setattr(space, "candidates", lambda *a, **k: [{}])
+    with pytest.raises(TuneError, match="too noisy"):
+        tune.tune_graph(f, graph, [a, b], _key(shape=(16, 16, 16)), min_rounds=4, max_rounds=4,
+                        noise_max=-1.0, quiet=True)
+    # a candidate whose result is wrong is not eligible (the float64 check has teeth)
+    monkeypatch.setattr(tune, "_close", lambda got, ref, dtype: False)
+    with pytest.raises(TuneError, match="no candidate"):
+        tune.tune_graph(f, graph, [a, b], _key(shape=(16, 16, 16)), quiet=True)
+    assert tune.fresh_inputs([a], np.random.default_rng(0))[0].all()   # never zeros
+
+
+def test_result_check_tolerance_nan_and_inf():
+    ref = np.array([1.0, np.nan, np.inf])
+    assert tune._close([ref.astype(np.float32)], [ref], "f32")
+    assert not tune._close([np.array([1.001, np.nan, np.inf])], [ref], "f32")
+    assert not tune._close([np.array([1.0, 0.0, np.inf])], [ref], "f32")
+    assert not tune._close([np.array([1.0, np.nan, -np.inf])], [ref], "f32")
+
+
+def test_jit_tune_on_a_noisy_host_warns_and_uses_the_model(cache, rng, monkeypatch):
+    monkeypatch.setenv("TESSERA_TUNE_NOISE_MAX", "-1")   # every spread is too much
+    monkeypatch.setenv("TESSERA_TUNE", "1")
+    a = rng.standard_normal((16, 12)).astype(np.float32)
+    b = rng.standard_normal((12, 8)).astype(np.float32)
+    f = tessera.jit(_mm)
+    with pytest.warns(TuneWarning, match="too noisy"):
+        out = f(a, b)
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    assert f.explain(a, b).schedule.startswith("schedule from the cost model")
+    with tunedb.TuningDB() as db:
+        assert db.entries() == []
+
+
+# --------------------------------------------------------------------------- CLI
+SCRIPT = """
+import numpy as np, tessera
+rng = np.random.default_rng(7)
+a = rng.standard_normal((16, 12)).astype(np.float32)
+b = rng.standard_normal((12, 8)).astype(np.float32)
+out = tessera.jit(lambda x, y: x @ y)(a, b)
+assert np.abs(out - a.astype(np.float64) @ b).max() < 1e-4
+"""
+
+
+def test_cli_tune_file_show_export_import(cache, tmp_path_factory, monkeypatch, capsys):
+    from tessera.tools import cli
+    d = tmp_path_factory.mktemp("cli")
+    script = d / "model.py"
+    script.write_text(SCRIPT)
+    monkeypatch.setenv("TESSERA_TUNE", "0")      # restored after the test (the CLI sets it to 1)
+    monkeypatch.setenv("TESSERA_TUNE_BUDGET", "1")
+    monkeypatch.setenv("TESSERA_TUNE_QUIET", "0")
+    assert cli.main(["tune", str(script), "--show"]) == 0
+    out, err = capsys.readouterr()
+    assert "tessera tune <lambda> gemm f32 16x8x12: round" in err and "eta" in err
+    assert "1 entries" in out and "16x8x12" in out and "ok/tried" in out
+    exported = d / "site.json"
+    assert cli.main(["tune", "--export", str(exported)]) == 0
+    assert cli.main(["tune", "--clear"]) == 0
+    assert cli.main(["tune", "--import", str(exported), "--show"]) == 0
+    out, _ = capsys.readouterr()
+    assert "removed 1 entries" in out and "imported 1 entries" in out and "16x8x12" in out
+    (d / "bad.json").write_text("{}")
+    assert cli.main(["tune", "--import", str(d / "bad.json")]) == 1
+
+
+def test_cache_clear_keeps_the_tuning_database_unless_asked(cache):
+    from tessera.tools import cli
+    with tunedb.TuningDB() as db:
+        db.store(tunedb.Entry(_key(), {"register_tile": (4, 3)}, 1.0))
+    assert cli.main(["cache", "clear"]) == 0
+    with tunedb.TuningDB() as db:
+        assert db.lookup(_key()).pins == {"register_tile": (4, 3)}
+    assert cli.main(["cache", "clear", "--tuning"]) == 0
+    assert not tunedb.path().exists()
+    with tunedb.TuningDB() as db:   # rebuilt empty on the next use
+        assert db.entries() == []
