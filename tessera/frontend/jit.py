@@ -27,7 +27,12 @@ from tessera.errors import (
     UnsupportedConstructError,
 )
 from tessera.frontend import graphgen, interop, reference
-from tessera.frontend.compile import Compiled, check_pins, compile_graph, feature_list, resolve_arch
+from tessera.frontend.artifact import Artifact
+from tessera.frontend.compile import Compiled, check_pins, compile_graph, resolve_arch
+from tessera.frontend.jit_args import (  # noqa: F401  (to_scalar and _scalar_key are imported from here)
+    _as_tuple, _call_params, _dynamic_hint, _int_scalars, _is_number, _pattern, _scalar_key, _settings,
+    _static_positions, _with_deterministic, to_scalar,
+)
 from tessera.frontend.report import LaneReport
 from tessera.frontend.trace import ARRAY, SCALAR, STATIC, Tensor, current_lane, scalar_dtype_for, trace
 from tessera.frontend.trace import results  # nested tuples of outputs (value_and_grad's)
@@ -42,49 +47,6 @@ MAX_VARIANTS = 64
 # compiles of one function after which a RecompileWarning names their causes (once per function)
 RECOMPILE_WARNING_AFTER = 8
 
-
-def _scalar_key(a) -> tuple:
-    """A static argument by type and value, a float by its bits: -0.0 == 0.0, but the compiled
-    kernel bakes a static value in."""
-    return (type(a).__name__, a.hex() if isinstance(a, float) else a)
-
-
-def _is_number(a) -> bool:
-    return isinstance(a, (int, float)) and not isinstance(a, bool)
-
-
-_FINITE_MAX: dict[np.dtype, float] = {}   # dtype -> its largest finite value
-
-
-def _finite_max(dtype: np.dtype) -> float:
-    m = _FINITE_MAX.get(dtype)
-    if m is None:
-        import ml_dtypes
-        m = _FINITE_MAX[dtype] = float(ml_dtypes.finfo(dtype).max)
-    return m
-
-
-def to_scalar(a, dtype: np.dtype, i: int = 0) -> np.ndarray:
-    """A Python number as the 0-d array a kernel reads, converted as numpy converts it (NEP 50: the
-    number takes the array's dtype, and one beyond its range is +-inf, as ``x * 1e39`` is in f32)."""
-    if dtype.kind in "iub":   # an int dtype (learned from the arrays a Python int met)
-        if isinstance(a, float) and not a.is_integer() or dtype.kind == "b":
-            raise ArgumentError(f"argument {i}: {a!r} cannot be passed as {dtype} (an int compiled for int "
-                                "arrays); pass an int, or mark the argument static")
-        info = np.iinfo(dtype)
-        if not info.min <= a <= info.max:
-            raise ArgumentError(f"argument {i}: the integer {a} is beyond the range of {dtype} (numpy raises "
-                                "OverflowError too)")
-        return np.asarray(int(a), dtype)
-    try:
-        m = _FINITE_MAX.get(dtype) or _finite_max(dtype)
-        if -m <= a <= m:
-            return np.asarray(a, dtype)
-        with np.errstate(over="ignore"):
-            return np.asarray(a, dtype)
-    except OverflowError:
-        raise ArgumentError(f"argument {i}: the integer {a} is beyond the range of {dtype} (numpy raises "
-                            "OverflowError too)") from None
 
 
 @dataclass
@@ -555,164 +517,6 @@ class JitFunction:
 
     def explain(self, *args, **kwargs) -> LaneReport:
         return self.compile(*args, **kwargs).report()
-
-
-class Artifact:
-    """A compiled specialisation: IR of every layer, machine code, the report; callable."""
-
-    def __init__(self, fn: JitFunction, variant: Variant):
-        self.fn = fn
-        self.variant = variant
-        self._obj: bytes | None = None
-
-    @property
-    def compiled(self) -> Compiled:
-        if self.variant.compiled is None:
-            raise FrontendError(f"{self.fn.name} runs on the reference lane ({self.variant.reason}); "
-                                "it has no compiled artifact")
-        return self.variant.compiled
-
-    def ir(self, layer: str = "graph") -> str:
-        if layer == "llvm":
-            return self.compiled.llvm_ir
-        if layer not in self.compiled.layer_ir:
-            raise ArgumentError(f"no IR for layer {layer!r}; layers: graph (as traced), graph-fused, schedule, "
-                                "tile, target, llvm")
-        return self.compiled.layer_ir[layer]
-
-    def asm(self) -> str:
-        return self.compiled.asm()
-
-    def binary(self) -> bytes:
-        """GPU: the code object (.hsaco) or cubin bytes; CPU: the object code (an x86-64 ELF
-        relocatable object holding every kernel and its ``.entry``)."""
-        c = self.compiled
-        if c.target != "cpu":
-            return c.binary
-        if self._obj is None:   # LLVM's output for this IR, CPU and features: the object the lane loaded
-            # (a large module is loaded as two objects built from its kernels: codegen/llvm_parallel.py)
-            from tessera.codegen import jit as cj
-            self._obj = cj.emit_cpu(c.llvm_ir, c.cpu, c.features).obj
-        return self._obj
-
-    def ptx(self) -> str:
-        if self.compiled.target != "nvidia":
-            raise ArgumentError(f"ptx() is for the NVIDIA lane; this artifact is for {self.compiled.target}")
-        return self.compiled.ptx
-
-    def abi(self) -> list[dict]:
-        """GPU: each kernel's launch contract (symbol, argument offsets, block, grid, shared memory)."""
-        return [dict(a) for a in self.compiled.abis]
-
-    def emulate(self, *args):
-        """Run the GPU kernels in the wave/warp emulator (numpy); returns what the call would."""
-        c = self.compiled
-        if c.target not in ("rocm", "nvidia"):
-            raise ArgumentError("emulate() runs GPU artifacts; this one is for the CPU")
-        v, arrays, env = self.fn._variant(args)
-        outs = c.executable.emulate(arrays, env)
-        return results(v.graph, outs)
-
-    def report(self) -> LaneReport:
-        v = self.variant
-        if v.compiled is None:
-            return LaneReport(self.fn.name, "reference", self.fn.target, str(self.fn.arch), "", [], [], [], [], {},
-                              "none", "", list(v.copies), [], v.reason)
-        c = v.compiled
-        isa = resolve_arch(c.target, c.arch)
-        m = c.meta
-        static = [f"argument {i} axis {ax} = {n}" for (i, ax), n in sorted(v.static.items())]
-        static += [f"argument {i} (a number read as a Python value: {w})" for i, w in sorted(self.fn._learned.items())]
-        return LaneReport(self.fn.name, c.lane, c.target, c.arch, c.cpu, feature_list(isa), m["layers"],
-                          m["passes"], m["kernels"], m["compile_ms"], c.cache_status, m["pipeline"], list(v.copies),
-                          static, compiles=list(self.fn.compiles),
-                          notes=_thread_notes(c, m["kernels"]), schedule=v.schedule_source)
-
-    def __call__(self, *args, **kwargs):
-        return self.fn(*args, **kwargs)
-
-
-def _dynamic_hint(causes) -> str:
-    """Sizes compiled in: the dynamic= way out (frontend/dynamic.py)."""
-    if not any(c.startswith("sizes ") for c in causes):
-        return ""
-    return ("; a size compiled in compiles once per size: mark a dimension that varies from call to call dynamic, "
-            "tessera.jit(dynamic={'x': 1}), to compile once per power-of-two bucket")
-
-
-def _int_scalars(args, kinds) -> frozenset:
-    """The positions of Python-int runtime scalars (a weak int and a weak float trace alike unless
-    one meets an int or bool value: then the variant records which were ints, Variant.ints)."""
-    return frozenset(i for i, (a, k) in enumerate(zip(args, kinds)) if k == SCALAR and isinstance(a, int))
-
-
-def _pattern(kinds, arrays, ints=frozenset()) -> tuple:
-    """Argument kinds, array dtypes and which numbers are ints: what the runtime scalars' dtype is
-    learned for."""
-    return (tuple(kinds), tuple(a.dtype for a in arrays), tuple(sorted(ints)))
-
-
-def _as_tuple(v) -> tuple:
-    return (v,) if isinstance(v, (int, str)) else tuple(v or ())
-
-
-def _call_params(fn) -> list | None:
-    """``fn``'s parameters in order, or None where keywords cannot be mapped to positions (no
-    signature, ``*args`` or ``**kwargs``)."""
-    import inspect
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
-        return None
-    return params
-
-
-def _static_positions(fn, nums: tuple, names: tuple) -> frozenset:
-    """The argument positions ``static_argnums`` and ``static_argnames`` name (a keyword-only
-    parameter's position is its place in the signature)."""
-    import inspect
-    out = set()
-    plain = _call_params(fn)
-    try:
-        params = [p.name for p in plain] if plain is not None else \
-            [p.name for p in inspect.signature(fn).parameters.values()
-             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    except (TypeError, ValueError):
-        params = []
-    for n in nums:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ArgumentError(f"static_argnums: {n!r} is not an argument position (an integer >= 0)")
-        out.add(n)
-    for name in names:
-        if name not in params:
-            raise ArgumentError(f"static_argnames: {getattr(fn, '__name__', 'fn')} has no parameter "
-                                f"{name!r} (parameters: {', '.join(params) or 'none'})")
-        out.add(params.index(name))
-    return frozenset(out)
-
-
-def _thread_notes(c: Compiled, kernels: list[dict]) -> list[str]:
-    """Kernels scheduled (or pinned) for more threads than a CPU call may use now."""
-    if c.target != "cpu":
-        return []
-    from tessera.runtime import threads
-    cap = threads.get_num_threads()
-    over = [f"{k['kernel']} ({k['threads']})" for k in kernels if cap and k.get("threads", 1) > cap]
-    if not over:
-        return []
-    return [f"calls run at most {cap} threads (TESSERA_NUM_THREADS or tessera.set_num_threads); scheduled "
-            f"for more: {', '.join(over)}"]
-
-
-def _with_deterministic(schedule: dict | None, deterministic: bool) -> dict | None:
-    """``deterministic=True`` is the schedule pin of that name (docs/numerics.md)."""
-    return {**(schedule or {}), "deterministic": True} if deterministic else schedule
-
-
-def _settings(d: dict) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in d.items() if v) or "no settings"
 
 
 def jit(fn=None, *, target: str | None = None, arch: str | None = None, strict: bool = True,
