@@ -178,7 +178,6 @@ idle:
 _FN, _ARGS, _NTHREADS, _MXCSR = 16, 17, 18, 19   # the job: entry address, argument words, thread count, MXCSR
 _BEAT, _ASLEEP = 24, 25   # + 8 (tid - 1): worker tid's heartbeat (bumped while it spins), 1 while it sleeps
 PRESENT_SECONDS = 10e-6   # a spinning worker's heartbeat moves within this; one that does not is off its core
-WAKE_SECONDS = 1e-3       # how long a launch waits for a worker it woke to start spinning
 
 
 class _Native:
@@ -224,7 +223,6 @@ class WorkerPool:
         pps = _pauses_per_second(self.native)
         self.spins = int(SPIN_SECONDS * pps)
         self.present_spins = max(16, int(PRESENT_SECONDS * pps))
-        self.wake_spins = max(16, int(WAKE_SECONDS * pps))
         # generation at [0], done count at [8], the job at [16..19], then a cache line per worker
         self.ctl = np.zeros(_BEAT + 8 * workers, np.int64)
         self.addr = self.ctl.ctypes.data
@@ -244,26 +242,24 @@ class WorkerPool:
         self.native.worker(self.addr, tid, 0, self.spins)   # jobs and sleeps run here, GIL released; never returns
 
     def ready(self, wanted: int, wake: bool) -> int:
-        """How many of workers 1..``wanted`` (in order) a launch should use now: each one
-        spinning on a core (its heartbeat moves within ``PRESENT_SECONDS``), and, when ``wake``,
-        each asleep on its futex that, woken here, starts spinning within ``WAKE_SECONDS``.  A worker that spins but whose
-        heartbeat stands still has been parked by the OS (more runnable threads than cores):
-        a launch that waited for it would wait a scheduler slice (3-8 ms measured on a loaded
-        2-vCPU VM) for a share worth tens of microseconds, so the caller runs without it."""
+        """How many of workers 1..``wanted`` (in order) a launch should use now.  A long launch
+        (``wake``) takes them all, asleep or not (``run`` wakes the sleepers).  A short one takes
+        only workers spinning on a core (the heartbeat moves within ``PRESENT_SECONDS``): a worker
+        asleep on its futex, or spinning with its heartbeat standing still (parked by the OS: more
+        runnable threads than cores), would make it wait a wake-up or a scheduler slice (3-8 ms
+        measured on a loaded 2-vCPU VM) for a share worth tens of microseconds."""
+        if wake:
+            # waiting a scheduler slice for a worker is cheap next to a long launch, running without
+            # it is not (the models bench at 26cd4dd, when a long launch also left out a worker whose
+            # heartbeat stalled for 10 us or that took over 1 ms to wake: gpt2 large on 2 threads
+            # 456 -> 504 ms)
+            return min(wanted, self.size)
         n = 0
         for tid in range(1, min(wanted, self.size) + 1):
             at = 8 * (tid - 1)
             beat = self.addr + 8 * (_BEAT + at)
             b0 = int(self.ctl[_BEAT + at])
-            if self.ctl[_ASLEEP + at]:
-                # woken, it spins (no job yet): used once its heartbeat moves, within WAKE_SECONDS;
-                # one the OS does not run by then is left to spin for the next launch
-                if not wake:
-                    break
-                self.native.wake(self.addr)
-                if self.native.spin_changed(beat, b0, self.wake_spins) == b0:
-                    break
-            elif self.native.spin_changed(beat, b0, self.present_spins) == b0:
+            if self.ctl[_ASLEEP + at] or self.native.spin_changed(beat, b0, self.present_spins) == b0:
                 break
             n += 1
         return n
