@@ -79,15 +79,7 @@ def scan(d: Path | None = None, *, sweep_tmp: bool = True) -> list[Entry]:
     d = cache.cache_dir() if d is None else d
     out, now = [], time.time()
     for shard in _shards(d):
-        try:
-            files = list(os.scandir(shard))
-        except FileNotFoundError:   # the shard went (another process cleared it)
-            continue
-        for f in files:
-            try:
-                st = f.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue
+        for f, st in _files(shard):
             if not stat.S_ISREG(st.st_mode):
                 continue
             if f.name.endswith(".tsr"):
@@ -95,6 +87,20 @@ def scan(d: Path | None = None, *, sweep_tmp: bool = True) -> list[Entry]:
             elif sweep_tmp and f.name.startswith(".tmp-") and now - st.st_mtime > TMP_STALE_S:
                 _remove(Path(f.path))
     return out
+
+
+def _files(shard: str):
+    """(entry, its lstat) for each file of a shard still there when read: another process may
+    clear the shard, or remove a file, while this one walks it."""
+    try:
+        files = list(os.scandir(shard))
+    except FileNotFoundError:
+        return
+    for f in files:
+        try:
+            yield f, f.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            continue
 
 
 def _remove(p: Path) -> bool:
@@ -218,15 +224,7 @@ def clear(tuning: bool = False, repro: bool = False) -> tuple[int, int]:
     d = _checked()
     n = freed = 0
     for shard in list(_shards(d)):
-        try:
-            files = list(os.scandir(shard))
-        except FileNotFoundError:
-            continue
-        for f in files:
-            try:
-                st = f.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue
+        for f, st in _files(shard):
             if f.name.endswith(".tsr") or f.name.startswith(".tmp-"):
                 if _remove(Path(f.path)) and f.name.endswith(".tsr"):
                     n, freed = n + 1, freed + st.st_size
