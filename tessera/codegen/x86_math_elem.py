@@ -18,10 +18,12 @@ polynomial each.  Coefficients are exact Taylor terms (no fitted constants):
   expm1  n = round(x log2 e), r = x - n ln2 (two FMA steps), e = expm1(r) = r + r^2 Q(r) (Taylor to
          r^16 / 16!), result 2^n ((1 - 2^-n) + e): 1 - 2^-n is exact, so |x| < ln2/2 (n = 0) has no
          cancellation; +-0 returned as given; x clamped to [-60, 712]
-  sin    n = round(x 2/pi), r = x - n pi/2 in three FMA steps (pi/2 = P1 + P2 + P3, P1 and P2 with 33
-  cos    significant bits, so n P1 and n P2 are exact for |n| < 2^20: |x| < 1.6e6); sin r and cos r by
-         Taylor polynomials on |r| <= pi/4 (to r^21 and r^20), chosen and signed by n mod 4 (cos as sin
-         at n + 1).  Beyond 2^20 pi/2 the reduction is not exact (see docs/numerics.md)
+  sin    n = round(x 2/pi), r + dr = x - n pi/2 as a double-double (pi/2 = P1 + P2 + P3, P1 and P2
+  cos    with 33 significant bits, so n P1 and n P2 are exact for |n| < 2^20: |x| < 1.6e6; the
+         rounding of r0 - n P2 is kept by TwoSum); sin r and cos r by Taylor polynomials on
+         |r| <= pi/4 (to r^21 and r^20) with dr entering to first order (sin: dr (1 - r^2/2), cos:
+         -r dr, and 1 - r^2/2's rounding kept), chosen and signed by n mod 4 (cos as sin at n + 1).
+         Beyond 2^20 pi/2 the reduction is not exact (see docs/numerics.md)
 """
 from __future__ import annotations
 
@@ -106,17 +108,31 @@ class Elementary64:
 
     def _sincos(self, b: ir.IRBuilder, x, shift: int) -> ir.Value:
         n, t = self._round(b, b.fmul(x, self.splat(TWO_OVER_PI)))
-        r = self.fma(b, n, self.splat(-PIO2[0]), x)
-        r = self.fma(b, n, self.splat(-PIO2[1]), r)
-        r = self.fma(b, n, self.splat(-PIO2[2]), r)
+        r0 = self.fma(b, n, self.splat(-PIO2[0]), x)                     # exact
+        w = b.fmul(n, self.splat(PIO2[1]))                               # exact (33 + 20 bits)
+        r1, e1 = self._two_sum(b, r0, b.fneg(w))
+        tail = self.fma(b, n, self.splat(-PIO2[2]), e1)
+        r = b.fadd(r1, tail)                                             # r + dr = x - n pi/2
+        dr = b.fadd(b.fsub(r1, r), tail)
         z = b.fmul(r, r)
-        s = self.fma(b, b.fmul(r, z), self.poly(b, z, SIN_S), r)
-        c = self.fma(b, b.fmul(z, z), self.poly(b, z, COS_C), self.fma(b, z, self.splat(-0.5), self.splat(1.0)))
+        # sin(r + dr) = sin r + dr (1 - r^2 / 2); cos(r + dr) = cos r - dr r
+        s_low = self.fma(b, b.fmul(r, z), self.poly(b, z, SIN_S), self.fma(b, b.fmul(dr, z), self.splat(-0.5), dr))
+        s = b.fadd(r, s_low)
+        h = b.fmul(z, self.splat(0.5))
+        one_h = b.fsub(self.splat(1.0), h)                               # 1 - h, and its rounding below
+        c_low = b.fsub(b.fsub(b.fsub(self.splat(1.0), one_h), h), b.fmul(r, dr))
+        c = b.fadd(one_h, self.fma(b, b.fmul(z, z), self.poly(b, z, COS_C), c_low))
         q = b.add(b.bitcast(t, self.vi), self.isplat(shift))             # n + shift in the low bits
         odd = b.icmp_unsigned("!=", b.and_(q, self.isplat(1)), self.isplat(0))
         neg = b.icmp_unsigned("!=", b.and_(q, self.isplat(2)), self.isplat(0))
         v = b.select(odd, c, s)
         return b.select(neg, b.fneg(v), v)
+
+    def _two_sum(self, b: ir.IRBuilder, a, c):
+        """(s, e): s = fl(a + c) and e = a + c - s exactly (Knuth's branch-free TwoSum)."""
+        s = b.fadd(a, c)
+        cc = b.fsub(s, a)
+        return s, b.fadd(b.fsub(a, b.fsub(s, cc)), b.fsub(c, cc))
 
     def _sin(self, b: ir.IRBuilder, x) -> ir.Value:
         return b.select(self._sel_eq(b, x, 0.0), x, self._sincos(b, x, 0))
