@@ -80,6 +80,25 @@ def test_the_verifier_reads_the_registry(monkeypatch):
     parse_module(src).verify()
 
 
+def test_graph_ir_generation_reads_the_registry(monkeypatch):
+    """Shape rules come from the op's family (elementwise broadcasts, reductions drop axes) or a
+    named rule; an op with neither is an internal error naming it, never a guessed shape.  The
+    IR op and its attributes come from the dialect class the registry names."""
+    from tessera.frontend import dim_rules, graphgen
+    for name, d in opset.OPS.items():
+        assert name in dim_rules.RULES or d.family in ("elementwise", "reduction", "scan", "row", "structure"), name
+        for k, a in graphgen.OP_CLASS[name].get_irdl_definition().attributes.items():
+            assert graphgen.attr_kind(a.constr) is not None, (name, k)
+    x = np.ones((3, 4), np.float32)
+    bcast = lambda a, b: ts.ops.where(a > 0, a, b)   # noqa: E731
+    gir = graphgen.build(trace(bcast, [x, np.ones((1, 4), np.float32)], [ARRAY, ARRAY]))
+    assert "[d0_0, d0_1]" in str(gir.module).replace("%", "")
+    # teeth: declared a row op without a rule, softmax keeps its dims; declared a gather, it has none
+    monkeypatch.setitem(opset.OPS, "where", dataclasses.replace(opset.OPS["where"], family="gather"))
+    with pytest.raises(InternalError, match="no shape rule for the op 'where'"):
+        graphgen.build(trace(bcast, [x, x], [ARRAY, ARRAY]))
+
+
 def test_the_reference_lane_has_an_oracle_for_every_op():
     want = set(KERNEL_OPS) | set(opset.SECOND_RESULTS)
     assert set(reference.REFERENCE) == want

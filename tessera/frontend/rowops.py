@@ -2,15 +2,14 @@
 ``log_softmax``, ``cumsum``, ``cumprod``, ``prod``, ``argmax``, ``argmin``.
 
 Each is one Graph IR op (``ir/graph_rows.py``) with its float64 numpy reference here
-(``REFERENCE``, read by ``frontend/reference.py``) and its IR builder (``MAKE``, read by
-``frontend/graphgen.py``).  ``logsumexp`` / ``log_softmax`` over an axis other than the last
+(``REFERENCE``, read by ``frontend/reference.py``); Graph IR generation builds them from the
+registry (``frontend/graphgen.py``, shape rules in ``frontend/dim_rules.py``).  ``logsumexp`` / ``log_softmax`` over an axis other than the last
 are traced between transposes (a copy kernel moves the axis last, then the row kernel runs);
 a scan walks its axis in place.
 """
 from __future__ import annotations
 
 import numpy as np
-from xdsl.dialects.builtin import BoolAttr, i1
 
 from tessera import dtypes as dt
 from tessera.errors import ArgumentError, DtypeError, RankMismatchError, ShapeMismatchError
@@ -18,8 +17,6 @@ from tessera.frontend import ops
 from tessera.frontend.layout import expand_dims, moveaxis, swapaxes
 from tessera.frontend.trace import Tensor, _err, add_node, normalize_axis, require_float, require_int
 from tessera.ir import graph as g
-from tessera.ir import opset
-from tessera.ir.attrs import i64_attr
 
 
 def _row_op_input(x, what: str) -> Tensor:
@@ -258,38 +255,6 @@ REFERENCE = {
     "top_k": lambda x, n: np.take_along_axis(x[0], _top_k_order(x[0], n.attrs["k"]), -1),
     "top_k_indices": lambda x, n: _top_k_order(x[1], n.shape[-1]),
 }
-SECOND_RESULT = tuple(opset.SECOND_RESULTS)   # nodes that are the second result of their first input's op
-
-
-# ----------------------------------------------------------------------------- Graph IR builders
-def _mk(cls, **attrs):
-    return lambda n, operands, T: cls.create(operands=operands, result_types=[T],
-                                             attributes={k: f(n) for k, f in attrs.items()})
-
-
-MAKE = {
-    "logsumexp": _mk(g.ROW_LOG[0], keepdims=lambda n: BoolAttr(n.attrs["keepdims"], i1)),
-    "log_softmax": _mk(g.ROW_LOG[1]),
-    "cumsum": _mk(g.SCANS[0], axis=lambda n: i64_attr(n.attrs["axis"])),
-    "cumprod": _mk(g.SCANS[1], axis=lambda n: i64_attr(n.attrs["axis"])),
-    "argmax": _mk(g.ARGS[0], keepdims=lambda n: BoolAttr(n.attrs["keepdims"], i1)),
-    "argmin": _mk(g.ARGS[1], keepdims=lambda n: BoolAttr(n.attrs["keepdims"], i1)),
-    "top_k": lambda n, operands, T: g.TopKOp.create(
-        operands=operands, result_types=[T, g.TensorType.of(list(T.dims), g.INDEX_ELEM)],
-        attributes={"k": i64_attr(n.attrs["k"])}),
-    "cross_entropy": lambda n, operands, T: g.CrossEntropyOp.create(
-        operands=operands, result_types=[T, T], attributes={"ignore_index": i64_attr(n.attrs["ignore_index"])}),
-}
-
-
-def infer_dims(n, ins: list) -> list | None:
-    """The symbolic dims of node ``n`` from its inputs' (graphgen), or None for ops that keep their
-    input's dims."""
-    if n.op in ("logsumexp", "argmax", "argmin"):
-        return list(ins[0][:-1]) + ([1] if n.attrs["keepdims"] else [])
-    if n.op == "top_k":
-        return list(ins[0][:-1]) + [n.attrs["k"]]
-    return None
 
 
 __all__ = ["logsumexp", "log_softmax", "cumsum", "cumprod", "prod", "argmax", "argmin", "top_k", "any", "all", "cross_entropy"]
