@@ -51,6 +51,12 @@ class Artifact:
             self._obj = cj.emit_cpu(c.llvm_ir, c.cpu, c.features).obj
         return self._obj
 
+    def export_library(self, path: str = ".", name: str | None = None, threads: int = 1):
+        """Write ``lib<name>.so`` + ``<name>.h`` (a C library of this CPU artifact, sizes fixed to the
+        ones it was compiled for): ``tessera/export/``."""
+        from tessera.export import export_artifact   # the export layer sits above the frontend
+        return export_artifact(self, path, name, threads)
+
     def ptx(self) -> str:
         if self.compiled.target != "nvidia":
             raise ArgumentError(f"ptx() is for the NVIDIA lane; this artifact is for {self.compiled.target}")
