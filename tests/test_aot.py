@@ -224,3 +224,18 @@ def test_bad_input_is_refused_with_a_code(tmp_path, rng):
         ts.export(rows, *a, path=str(tmp_path), name="1bad")
     with pytest.raises(ExportError, match="threads"):
         ts.export(rows, *a, path=str(tmp_path), threads=0)
+
+
+def test_one_function_exported_at_two_sizes_with_a_runtime_scalar(tmp_path, rng):
+    f = ts.jit(lambda x, w, s: ts.ops.gelu(x @ w) * s)   # symbolic sizes: one compile serves both exports
+    libs = []
+    for m, k, n in ((6, 8, 12), (3, 8, 5)):
+        x, w = (rng.standard_normal(sh).astype(np.float32) for sh in ((m, k), (k, n)))
+        lib = ts.export(f, x, w, 0.5, path=str(tmp_path), name="scaled")   # the same file name again
+        assert [t.shape for t in lib.plan.inputs] == [(m, k), (k, n), ()]
+        libs.append((lib.load(), (m, k, n)))
+    for lib, (m, k, n) in libs:      # both loaded in this process: each runs its own sizes
+        x, w = (rng.standard_normal(sh).astype(np.float32) for sh in ((m, k), (k, n)))
+        s = np.float32(rng.uniform(0.5, 2))
+        y, = lib(x, w, s)
+        assert y.shape == (m, n) and _close(y, gelu64(x.astype(np.float64) @ w) * s)

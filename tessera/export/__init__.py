@@ -51,7 +51,7 @@ class LoadedLibrary:
 
     def __init__(self, lib: Library):
         self.lib = lib
-        self.dll = ctypes.CDLL(os.path.abspath(lib.so_path))
+        self.dll = ctypes.CDLL(_loadable_path(lib.so_path))
         n = len(lib.plan.inputs) + len(lib.plan.outputs)
         self.entry = getattr(self.dll, lib.name)
         self.entry.restype, self.entry.argtypes = ctypes.c_int, [ctypes.c_void_p] * n
@@ -72,7 +72,7 @@ class LoadedLibrary:
             raise ExportError(f"{self.lib.name} takes {len(plan.inputs)} arrays, got {len(arrays)}")
         ins = []
         for t, a in zip(plan.inputs, arrays):
-            a = np.ascontiguousarray(np.asarray(a, dtype=_np_dtype(t.dtype)))
+            a = np.require(np.asarray(a, dtype=_np_dtype(t.dtype)), requirements=["C"])   # 0-d stays 0-d
             if a.shape != t.shape:
                 raise ExportError(f"{self.lib.name}: {t.name} has shape {a.shape}; the library was exported "
                                   f"for {t.shape}")
@@ -86,6 +86,26 @@ class LoadedLibrary:
         if rc != driver.OK:
             raise LaneUnavailableError(f"lib{self.lib.name}.so returned {rc}: {self.strerror(rc).decode()}")
         return outs
+
+
+_LOADED: dict[str, tuple[int, int]] = {}   # path -> (device, inode) of the file dlopen'ed from it here
+
+
+def _loadable_path(path: str) -> str:
+    """A path dlopen will load ``path``'s current file from.  dlopen returns the library it already
+    loaded from the same path string even when the file was replaced since (an export again under
+    that name): that one is loaded from a private copy instead."""
+    import shutil
+    import tempfile
+    path = os.path.abspath(path)
+    st = os.stat(path)
+    ident = (st.st_dev, st.st_ino)
+    if _LOADED.setdefault(path, ident) == ident:
+        return path
+    d = tempfile.mkdtemp(prefix="tessera-lib-")
+    copy = os.path.join(d, os.path.basename(path))
+    shutil.copyfile(path, copy)
+    return copy
 
 
 def _np_dtype(s: str) -> np.dtype:
@@ -137,11 +157,12 @@ def export_artifact(art, path: str = ".", name: str | None = None, threads: int 
     from tessera.codegen import jit as cj
     from tessera.mma.selector import record_by_id
 
+    from tessera.frontend.dynamic import BucketArtifact
     fn, v = art.fn, art.variant
     if fn.target != "cpu":
         raise ExportError(f"{fn.name} is compiled for the {fn.target} lane; export writes CPU libraries "
                           "(target='cpu'): a GPU code object is art.binary()")
-    if getattr(fn, "dynamic", None):
+    if getattr(fn, "dynamic", None) or isinstance(art, BucketArtifact):
         raise ExportError(f"{fn.name} has dynamic shapes (jit(dynamic=...)); an exported library has every size "
                           "fixed at export time: export a function without dynamic=")
     if v.compiled is None:
@@ -154,7 +175,10 @@ def export_artifact(art, path: str = ".", name: str | None = None, threads: int 
         raise ExportError("the kernels use AMX tiles, which need a per-process permission (arch_prctl) an exported "
                           "library does not request; export with schedule or dtypes that do not select AMX")
     program = c.executable.program
-    shapes = [tuple(a.shape) for a in v.graph.args]
+    shapes = art.example_shapes
+    if shapes is None:
+        raise ExportError("this artifact does not record the sizes it was compiled for; export it with "
+                          "tessera.export(fn, *example_args) or from tessera.compile(fn, *example_args)")
     plan = make_plan(program, shapes, _input_names(fn, len(program.inputs)), threads)
     feats = cpufeat.required(c.cpu, c.features)
     ir = driver.library_ir(plan, name, cj.host_triple(), feats)

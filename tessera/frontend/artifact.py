@@ -16,9 +16,11 @@ if TYPE_CHECKING:
 class Artifact:
     """A compiled specialisation: IR of every layer, machine code, the report; callable."""
 
-    def __init__(self, fn: JitFunction, variant: Variant):
+    def __init__(self, fn: JitFunction, variant: Variant, shapes: list | None = None):
         self.fn = fn
         self.variant = variant
+        # the example arguments' shapes (a variant with symbolic sizes serves many; export fixes these)
+        self.example_shapes = [tuple(s) for s in shapes] if shapes is not None else None
         self._obj: bytes | None = None
 
     @property
