@@ -239,3 +239,16 @@ def test_one_function_exported_at_two_sizes_with_a_runtime_scalar(tmp_path, rng)
         s = np.float32(rng.uniform(0.5, 2))
         y, = lib(x, w, s)
         assert y.shape == (m, n) and _close(y, gelu64(x.astype(np.float64) @ w) * s)
+
+
+@pytest.mark.slow
+def test_gpt2_block_as_a_library(tmp_path, rng):
+    import sys
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    from models import gpt2_block as G
+    args, kw = G.make(rng, batch=1, seq=16, dim=32, heads=2)
+    lib = ts.export(G.forward, *args, path=str(tmp_path), name="gpt2_block", threads=2, **kw)
+    assert len(lib.plan.launches) >= 4 and [t.name for t in lib.plan.inputs][:2] == ["x", "ln1_g"]
+    args, _ = G.make(rng, batch=1, seq=16, dim=32, heads=2)
+    y, = lib.load()(*args)
+    assert _close(y, G.reference(*args, **kw))

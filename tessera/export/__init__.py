@@ -135,6 +135,14 @@ def _input_names(fn, n: int) -> list[str]:
     return [f"in{i}" for i in range(n)]
 
 
+def _source(fn) -> str:
+    """``name (file.py:line)`` of the exported Python function, for the header's first line."""
+    code = getattr(fn.fn, "__code__", None)
+    if code is None:
+        return fn.name
+    return f"{fn.name} ({os.path.basename(code.co_filename)}:{code.co_firstlineno})"
+
+
 def _kernel_objects(art) -> list[bytes]:
     """The objects the CPU lane loaded for this artifact, from the compile cache's entry (the same
     LLVM IR: no second LLVM run), else LLVM's object for its IR again (``art.binary()``)."""
@@ -193,7 +201,7 @@ def export_artifact(art, path: str = ".", name: str | None = None, threads: int 
     link.link(_kernel_objects(art) + [drv], so_path, api, f"lib{name}.so")
     h_path = os.path.join(path, f"{name}.h")
     with open(h_path, "w") as f:
-        f.write(header(plan, name, source=f"{fn.name} ({getattr(fn.fn, '__module__', '?')})", cpu=c.cpu,
+        f.write(header(plan, name, source=_source(fn), cpu=c.cpu,
                        features=feats, version=__version__))
     return Library(so_path, h_path, name, plan, c.cpu, feats)
 
