@@ -212,11 +212,15 @@ def test_null_pointer_is_an_error_code(loaded):
     assert lib.strerror(driver.ERR_NULL).decode() == "a buffer pointer is NULL"
 
 
-def test_bad_input_is_refused_with_a_code(tmp_path, rng):
+def test_bad_input_is_refused_with_a_code(loaded, tmp_path, rng):
     a = inputs(rng, "rows")
     with pytest.raises(ExportError) as e:
         ts.export(rows, *a, path=str(tmp_path), target="nvidia")
     assert e.value.code == "EXPORT"
+    with pytest.raises(ExportError, match="rocm"):
+        ts.export(ts.jit(rows, target="rocm", arch="gfx1151"), *a, path=str(tmp_path))
+    with pytest.raises(ExportError, match="exported for"):   # the Python wrapper checks the fixed sizes
+        loaded["rows"](a[0][:3], a[1], a[2])
     dyn = ts.jit(lambda x, g, b: ts.ops.softmax(x * g + b), dynamic={0: 0})
     with pytest.raises(ExportError, match="dynamic"):
         ts.export(dyn, *a, path=str(tmp_path))
@@ -252,3 +256,15 @@ def test_gpt2_block_as_a_library(tmp_path, rng):
     args, _ = G.make(rng, batch=1, seq=16, dim=32, heads=2)
     y, = lib.load()(*args)
     assert _close(y, G.reference(*args, **kw))
+
+
+def test_link_refuses_a_symbol_outside_the_c_library(tmp_path):
+    from tessera.codegen import jit as cj
+    from tessera.mma import x86
+    _, cpu, feats = x86.resolve(None)
+    ir = (f'target triple = "{cj.host_triple()}"\ndeclare i32 @PyGILState_Ensure()\n'
+          "define i32 @calls_python() {\n  %r = call i32 @PyGILState_Ensure()\n  ret i32 %r\n}\n")
+    obj = cj.emit(ir, cpu, x86.llvm_feature_string(feats)).obj
+    with pytest.raises(ExportError, match="PyGILState_Ensure"):
+        link.link([obj], str(tmp_path / "libbad.so"), ["calls_python"], "libbad.so")
+    assert not (tmp_path / "libbad.so").exists()

@@ -215,6 +215,10 @@ def export(fn, *example_args, path: str = ".", name: str | None = None, threads:
     for (default the host); the library refuses (``<NAME>_ERR_CPU``) to run on a CPU without its
     features.  Other keywords are ``fn``'s."""
     from tessera.frontend.jit import compile as ts_compile
+    from tessera.frontend.artifact import Artifact
+    decorated = getattr(fn.fn if isinstance(fn, Artifact) else fn, "target", None)
+    if decorated not in (None, "cpu"):
+        target = decorated           # a function jitted for a GPU lane
     if target != "cpu":
         raise ExportError(f"target={target!r}: export writes CPU libraries (target='cpu'); the GPU lanes' code "
                           "objects are tessera.compile(...).binary() with their launch contracts in .abi()")
