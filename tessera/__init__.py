@@ -15,6 +15,9 @@ from tessera.frontend import ops
 from tessera.frontend.jit import Artifact, JitFunction, compile, explain, jit
 from tessera.frontend.profile import profile
 from tessera.frontend.tune import tune
+# ahead-of-time export: lib<name>.so + <name>.h (tessera/export/; the name is the function, not the package)
+from tessera.export import export
+aot = export
 from tessera.runtime.lanes import LOG as lane_log
 from tessera.runtime.threads import get_num_threads, set_num_threads
 # reverse-mode differentiation (frontend/autodiff.py, the differentiate transformation)
@@ -27,6 +30,7 @@ __all__ = ["jit", "compile", "explain", "ops", "dtypes", "errors", "TesseraError
            "lane_log", "bfloat16", "float32", "set_num_threads", "get_num_threads"]
 __all__ += ["grad", "value_and_grad", "vjp", "stop_gradient"]
 __all__ += ["tune"]
+__all__ += ["export", "aot"]
 __version__ = "0.1.0"
 
 

@@ -405,6 +405,14 @@ class ToolchainMissingError(CodegenError):
     code = "TOOLCHAIN_MISSING"
 
 
+class ExportError(CodegenError):
+    """Ahead-of-time export (``tessera.export``) refused; the message says why.
+
+    A GPU or reference lane, sizes not fixed at export time (``dynamic=``), a dtype with no C type,
+    AMX kernels, a name that is not a C identifier, or the link failed."""
+    code = "EXPORT"
+
+
 class LaneUnavailableError(TesseraError):
     """The compiled lane cannot run on this machine (no such device); no other lane is substituted."""
     code = "LANE_UNAVAILABLE"

@@ -16,9 +16,11 @@ if TYPE_CHECKING:
 class Artifact:
     """A compiled specialisation: IR of every layer, machine code, the report; callable."""
 
-    def __init__(self, fn: JitFunction, variant: Variant):
+    def __init__(self, fn: JitFunction, variant: Variant, shapes: list | None = None):
         self.fn = fn
         self.variant = variant
+        # the example arguments' shapes (a variant with symbolic sizes serves many; export fixes these)
+        self.example_shapes = [tuple(s) for s in shapes] if shapes is not None else None
         self._obj: bytes | None = None
 
     @property
@@ -50,6 +52,12 @@ class Artifact:
             from tessera.codegen import jit as cj
             self._obj = cj.emit_cpu(c.llvm_ir, c.cpu, c.features).obj
         return self._obj
+
+    def export_library(self, path: str = ".", name: str | None = None, threads: int = 1):
+        """Write ``lib<name>.so`` + ``<name>.h`` (a C library of this CPU artifact, sizes fixed to the
+        ones it was compiled for): ``tessera/export/``."""
+        from tessera.export import export_artifact   # the export layer sits above the frontend
+        return export_artifact(self, path, name, threads)
 
     def ptx(self) -> str:
         if self.compiled.target != "nvidia":

@@ -512,8 +512,8 @@ class JitFunction:
     def compile(self, *args, **kwargs) -> "Artifact":
         if self._dyn is not None:
             return self._dyn.compile(self._flat(args, kwargs))
-        v, _, _ = self._variant(self._flat(args, kwargs))
-        return Artifact(self, v)
+        v, arrays, _ = self._variant(self._flat(args, kwargs))
+        return Artifact(self, v, [a.shape for a in arrays])   # the sizes it was compiled for (tessera.export)
 
     def explain(self, *args, **kwargs) -> LaneReport:
         return self.compile(*args, **kwargs).report()

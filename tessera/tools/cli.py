@@ -1,4 +1,4 @@
-"""The ``tessera`` command: demo, bench, mma, lanes, docs, doctor, cache."""
+"""The ``tessera`` command: demo, bench, mma, lanes, docs, doctor, cache, tune, aot."""
 from __future__ import annotations
 
 import argparse
@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     from tessera.tools import cache_cli
     cache_cli.add_parser(sub)
     __import__("tessera.tools.tune_cli", fromlist=["add_parser"]).add_parser(sub)   # tessera tune
+    __import__("tessera.tools.aot_cli", fromlist=["add_parser"]).add_parser(sub)   # tessera aot
     args = ap.parse_args(argv)
     try:
         return args.func(args)
