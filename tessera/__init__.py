@@ -15,8 +15,8 @@ from tessera.frontend import ops
 from tessera.frontend.jit import Artifact, JitFunction, compile, explain, jit
 from tessera.frontend.profile import profile
 from tessera.frontend.tune import tune
-# ahead-of-time export: lib<name>.so + <name>.h (tessera/export/; the name is the function, not the package)
-from tessera.export import export
+# ahead-of-time export: lib<name>.so + <name>.h (tessera/aotlib/)
+from tessera.aotlib import export
 aot = export
 from tessera.runtime.lanes import LOG as lane_log
 from tessera.runtime.threads import get_num_threads, set_num_threads

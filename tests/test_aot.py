@@ -1,4 +1,4 @@
-"""Ahead-of-time export (tessera/export/): lib<name>.so + <name>.h, run without Python.
+"""Ahead-of-time export (tessera/aotlib/): lib<name>.so + <name>.h, run without Python.
 
 Each library is exported once per module (an export compiles, emits the kernels' object and
 links: a few seconds); the numeric tests call it on fresh random inputs and compare with a
@@ -17,7 +17,7 @@ import pytest
 
 import tessera as ts
 from tessera.errors import ExportError, TesseraError
-from tessera.export import driver, link
+from tessera.aotlib import driver, link
 from tessera.mma import x86 as X
 from tessera.toolchain import find_llvm_tool
 
@@ -115,7 +115,7 @@ def test_multi_kernel_program_runs_its_whole_launch_plan(libs, loaded, rng):
 
 def test_planted_bug_skipping_a_launch_fails_the_oracle(tmp_path, monkeypatch, rng):
     import importlib
-    E = importlib.import_module("tessera.export")   # the package (``tessera.export`` is the function)
+    E = importlib.import_module("tessera.aotlib")
     real = E.make_plan
 
     def skip_first(*a, **k):

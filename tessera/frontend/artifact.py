@@ -55,8 +55,8 @@ class Artifact:
 
     def export_library(self, path: str = ".", name: str | None = None, threads: int = 1):
         """Write ``lib<name>.so`` + ``<name>.h`` (a C library of this CPU artifact, sizes fixed to the
-        ones it was compiled for): ``tessera/export/``."""
-        from tessera.export import export_artifact   # the export layer sits above the frontend
+        ones it was compiled for): ``tessera/aotlib/``."""
+        from tessera.aotlib import export_artifact   # the export layer sits above the frontend
         return export_artifact(self, path, name, threads)
 
     def ptx(self) -> str:

@@ -1,5 +1,5 @@
 """``tessera aot FILE.py:fn --shape 8x16 --shape 16x32 ...``: export a function ahead of time as
-``lib<name>.so`` + ``<name>.h`` (tessera/export/)."""
+``lib<name>.so`` + ``<name>.h`` (tessera/aotlib/)."""
 from __future__ import annotations
 
 import ast
@@ -55,7 +55,7 @@ def load_function(spec: str):
 
 
 def main(args) -> int:
-    from tessera.export import export
+    from tessera.aotlib import export
     fn = load_function(args.target)
     if not args.shape:
         raise ExportError("give each array argument's shape with --shape (in argument order)")

@@ -1,8 +1,8 @@
 """The C header of an exported library: its entry points, error codes and fixed shapes."""
 from __future__ import annotations
 
-from tessera.export import driver
-from tessera.export.plan import C_TYPES, Plan, Tensor
+from tessera.aotlib import driver
+from tessera.aotlib.plan import C_TYPES, Plan, Tensor
 
 _CODES = {driver.OK: "OK", driver.ERR_CPU: "ERR_CPU", driver.ERR_NOMEM: "ERR_NOMEM",
           driver.ERR_NULL: "ERR_NULL", driver.ERR_THREADS: "ERR_THREADS"}

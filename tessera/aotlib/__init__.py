@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from tessera.errors import ExportError, LaneUnavailableError
-from tessera.export import cpufeat, driver, link
-from tessera.export.header import header
-from tessera.export.plan import Plan, make_plan
+from tessera.aotlib import cpufeat, driver, link
+from tessera.aotlib.header import header
+from tessera.aotlib.plan import Plan, make_plan
 
 _C_WORDS = {"auto", "break", "case", "char", "const", "continue", "default", "do", "double", "else", "enum",
             "extern", "float", "for", "goto", "if", "inline", "int", "long", "register", "restrict", "return",

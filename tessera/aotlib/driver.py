@@ -22,8 +22,8 @@ docs/numerics.md).  Nothing calls back into Python: the only external symbols ar
 """
 from __future__ import annotations
 
-from tessera.export import cpufeat
-from tessera.export.plan import Buffer, Plan
+from tessera.aotlib import cpufeat
+from tessera.aotlib.plan import Buffer, Plan
 
 # the C error codes (the header defines them as <NAME>_OK, <NAME>_ERR_...)
 OK, ERR_CPU, ERR_NOMEM, ERR_NULL, ERR_THREADS = 0, 1, 2, 3, 4
