@@ -57,11 +57,10 @@ from tessera.passes.tile.kernels.common import (
     reg_elem,
     trace_view,
 )
+from tessera.passes.tile.kernels.gemm_plan import Operand, broadcast_view
 from tessera.passes.tile.kernels.gemm import (
     HEAVY_FNS,
     GemmConfig,
-    Operand,
-    _broadcast_view,
     _load_operand,
     _round,
     batch_offset_of,
@@ -138,10 +137,10 @@ def analyse(kop: s.KernelOp) -> DualPlan:
             vw = trace_view(v, block)
             if vw is None or vw.arg >= len(kop.inputs):
                 raise illegal(name, f"epilogue operand of {op.name} is not a kernel input")
-            ov = _broadcast_view(vw, out_dims)
+            ov = broadcast_view(vw, out_dims)
             operands[v] = Operand(vw.arg, ov.strides[-2] == 0, ov.strides[-1] == 0, ov)
-    return DualPlan(_broadcast_view(a, (*batch, m, k)), _broadcast_view(b1, (*batch, k, n)),
-                    _broadcast_view(b3, (*batch, k, n)), batch, m, n, k, m1.lhs.type.element_type,
+    return DualPlan(broadcast_view(a, (*batch, m, k)), broadcast_view(b1, (*batch, k, n)),
+                    broadcast_view(b3, (*batch, k, n)), batch, m, n, k, m1.lhs.type.element_type,
                     yielded[0].type.element_type, m1.result, m3.result, ops, yielded[0], operands)
 
 
