@@ -91,6 +91,49 @@ def test_attention_key_length_mask_is_fused_and_exact(rng):
     assert len(explicit_dyn.compiles) == 1
 
 
+def composed_bias_attn(q, k, v, bias):
+    """BERT's form: an additive padding bias inside the softmax, written out."""
+    return ts.ops.softmax((q @ k.swapaxes(-1, -2)) * 0.25 + bias) @ v
+
+
+composed_bias_dyn = ts.jit(dynamic=ATTN_DYN)(composed_bias_attn)
+
+
+def test_additive_bias_and_key_length_mask_are_one_attention_kernel(rng):
+    """where(key < L, s + bias, -inf) becomes one float mask where(key < L, bias, -inf) of the
+    attention kernel (fuse-attention); a general condition with a bias is left composed."""
+    for seq in (19, 29):
+        q, k, v = _qkv(rng, seq)
+        bias = _bias(rng, seq)
+        want = explicit_oracle(q, k, v, bias)
+        assert np.abs(composed_bias_dyn(q, k, v, bias) - want).max() / np.abs(want).max() < 1e-5, seq
+    assert len(composed_bias_dyn.compiles) == 1
+    kinds = [k_["kind"] for k_ in ts.explain(composed_bias_dyn, q, k, v, bias).kernels]
+    assert kinds.count("attention") == 1 and "rowwise" not in kinds and "gemm" not in kinds, kinds
+
+    def user_where(q, k, v, bias, keep):   # a user's condition: not a key length, stays composed
+        s = (q @ k.swapaxes(-1, -2)) * 0.25 + bias
+        return ts.ops.softmax(ts.ops.where(keep, s, -np.inf)) @ v
+    keep = rng.random((2, 1, 1, 29)) < 0.8
+    keep[..., 0] = True
+    got = ts.jit(user_where)(q, k, v, bias, keep)
+    want = explicit_oracle(q, k, v, np.where(keep, bias, -np.inf))
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-5
+    kinds = [k_["kind"] for k_ in ts.explain(ts.jit(user_where), q, k, v, bias, keep).kernels]
+    assert "attention" not in kinds, kinds
+
+
+def test_planted_combined_mask_without_the_key_length_fails(monkeypatch, rng):
+    from tessera.passes.graph import fuse_attention
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    monkeypatch.setattr(fuse_attention, "combined_mask", lambda cond, bias, neg_inf, new_ops: bias)
+    q, k, v = _qkv(rng, 21)
+    bias = _bias(rng, 21)
+    got = ts.jit(dynamic=ATTN_DYN)(composed_bias_attn)(q, k, v, bias)
+    want = explicit_oracle(q, k, v, bias)
+    assert np.abs(got - want).max() / np.abs(want).max() > 1e-3   # padded keys took weight
+
+
 def reductions(x, w):
     """x [B, S, D], w [S, N]; S dynamic.  Inputs chosen so zero padding would change each result."""
     neg = -(x * x) - 1.0                  # every real value < -1: a padded 0 - 1 = -1 would win max/argmax

@@ -3,7 +3,12 @@
 A mask may also be a ``where(cond, scores, -inf)`` (or two nested, one of them causal, as
 ``jit(dynamic=)`` makes it): ``cond`` (bool, True = attend) becomes the attention's mask, and
 the iota comparison ``i[:, None] >= j[None, :]`` (row index at least the column index: top-left
-causal, whatever the two lengths) becomes ``causal``, whose blocks the kernel skips.
+causal, whatever the two lengths) becomes ``causal``, whose blocks the kernel skips.  Inside
+the where an additive float bias may stand (``where(.., s + bias, -inf)``: BERT's padding bias
+under ``jit(dynamic=)``): with the causal mask it is the attention's mask; with the key-length
+mask ``iota < L`` (L a runtime argument) the two become one float mask ``where(iota < L, bias,
+-inf)``, the same scores wherever they are finite.  Any other condition with a bias is left
+composed.
 
 The composed form is rewritten into ``tessera.attention`` (with ``masked_rows = "nan"``: a
 row whose every score is -inf gives NaN in the composed form, and so it does in the fused
@@ -21,11 +26,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
+from xdsl.ir import BlockArgument
 from xdsl.traits import Pure
 from xdsl.dialects.builtin import BoolAttr, Float32Type, FloatAttr, ModuleOp, StringAttr, f64, i1
 
 from tessera.ir import graph as g
-from tessera.ir.graph_typed import GreaterEqualOp, LessEqualOp
+from tessera.ir.graph_typed import GreaterEqualOp, LessEqualOp, LessOp
 from tessera.ir.attrs import int_array, ival
 from tessera.passes.base import TesseraPass, register
 from tessera.passes.graph.fuse_matmul_epilogue import _operand_views
@@ -63,22 +69,28 @@ def _match(pv: g.MatmulOp):
             conds.append(w.cond)
             x = w.on_true
             chain.append(w)
-        if not isinstance(x.owner, (g.MatmulOp, g.MulOp, g.DivOp)):
-            return None
         rest = [c for c in conds if not _row_ge_col(c)]
         if len(rest) > 1:
             return None
         causal = len(rest) < len(conds)
         mask = rest[0] if rest else None
-    elif isinstance(x.owner, g.AddOp) and single_use(x):
-        add = x.owner
-        for a, m in ((add.lhs, add.rhs), (add.rhs, add.lhs)):
-            if isinstance(a.owner, (g.MatmulOp, g.MulOp, g.DivOp)) and not isinstance(m.owner, g.ConstantOp):
-                mask, x = m, a
-                chain.append(add)
-                break
-        else:
+        bias = _additive(x)
+        if bias is not None:   # where(.., s + bias, -inf): BERT's padding bias under jit(dynamic=) or causal
+            if mask is not None and not _key_length(mask):
+                return None
+            chain.append(x.owner)
+            x = bias[1]
+            # a key-length mask and a bias are one float mask, where(key < L, bias, -inf): the same
+            # scores wherever they are finite (a padded key's scores come from zero-padded inputs)
+            mask = bias[0] if mask is None else ("combine", mask, bias[0], chain[1].on_false)
+        if not isinstance(x.owner, (g.MatmulOp, g.MulOp, g.DivOp)):
             return None
+    elif isinstance(x.owner, g.AddOp) and single_use(x):
+        bias = _additive(x)
+        if bias is None:
+            return None
+        chain.append(x.owner)
+        mask, x = bias
     scale = 1.0
     if isinstance(x.owner, (g.MulOp, g.DivOp)) and single_use(x):
         sop = x.owner
@@ -101,10 +113,32 @@ def _match(pv: g.MatmulOp):
     # k = transpose(x, perm with its last two entries exchanged)
     perm = kt.permutation
     kperm = perm[:-2] + [perm[-1], perm[-2]]
-    if any(t.type.rank != rank for t in (qk.lhs, pv.rhs)) or (mask is not None and mask.type.rank > rank):
+    mask_rank = 0 if mask is None else max(m.type.rank for m in mask[1:3]) if isinstance(mask, tuple) else mask.type.rank
+    if any(t.type.rank != rank for t in (qk.lhs, pv.rhs)) or mask_rank > rank:
         return None
     chain += [qk, kt]
     return qk.lhs, (kt.input, kperm), pv.rhs, scale, mask, chain, causal
+
+
+def _additive(x):
+    """(bias, scores) when ``x`` = scores + bias (single use, bias not a constant), else None."""
+    add = x.owner
+    if not (isinstance(add, g.AddOp) and single_use(x)):
+        return None
+    for a, m in ((add.lhs, add.rhs), (add.rhs, add.lhs)):
+        if isinstance(a.owner, (g.MatmulOp, g.MulOp, g.DivOp)) and not isinstance(m.owner, g.ConstantOp):
+            return m, a
+    return None
+
+
+def _key_length(cond) -> bool:
+    """Whether ``cond`` is ``iota(last axis) < L`` with L a runtime scalar argument: the key-length
+    mask ``jit(dynamic=)`` puts before a softmax over a padded axis."""
+    op = cond.owner
+    if not isinstance(op, LessOp) or not isinstance(op.rhs, BlockArgument) or op.rhs.type.rank != 0:
+        return False
+    it = op.lhs.owner
+    return isinstance(it, g.IotaOp) and ival(it.axis) == it.result.type.rank - 1
 
 
 def _row_ge_col(cond) -> bool:
@@ -144,6 +178,14 @@ def _unsqueeze(v, new_ops: list):
     return r.result
 
 
+def combined_mask(cond, bias, neg_inf, new_ops: list):
+    """where(cond, bias, -inf): a key-length condition and an additive bias as one float mask."""
+    dims = g.broadcast_dims(cond.type.dims, bias.type.dims, "attention mask")
+    w = g.WhereOp.create(operands=[cond, bias, neg_inf], result_types=[g.TensorType.of(dims, bias.type.element_type)])
+    new_ops.append(w)
+    return w.result
+
+
 def rewrite_composed(block) -> bool:
     changed = False
     for op in list(block.ops):
@@ -154,6 +196,8 @@ def rewrite_composed(block) -> bool:
             continue
         q, (kx, kperm), v, scale, mask, chain, causal = m
         new_ops = []
+        if isinstance(mask, tuple):   # ("combine", key-length cond, bias, -inf): one float mask
+            mask = combined_mask(*mask[1:], new_ops)
         if kperm == list(range(len(kperm))):
             k = kx
         else:
