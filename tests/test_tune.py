@@ -187,6 +187,31 @@ def test_jit_tune_row_family_chunk(cache, rng, monkeypatch):
     assert f"chunk={entry.pins['chunk']}" in rep.pipeline if entry.pins else "chunk=" not in rep.pipeline
 
 
+def _attn_then_gemm(q, k, v, w):
+    return tessera.ops.attention(q, k, v).reshape(-1, 32) @ w
+
+
+def test_pins_scoped_to_a_kernel_kind_leave_the_others_alone(rng):
+    """A tuned GEMM pin (MC = 30, register tile 2x2) must not reach the attention kernel of the same
+    program: pin_kinds scopes it (the tuner always scopes its pins to the family it tuned)."""
+    q, k, v = (rng.standard_normal((1, 2, 40, 32)).astype(np.float32) for _ in range(3))
+    w = rng.standard_normal((32, 24)).astype(np.float32)
+    pins = {"tile_m": 30, "register_tile": (2, 2)}
+    with pytest.raises(ScheduleIllegalError, match="query block 30"):   # unscoped, MC=30 is attention's block
+        tessera.jit(_attn_then_gemm, schedule=pins)(q, k, v, w)
+    f = tessera.jit(_attn_then_gemm, schedule={**pins, "pin_kinds": "gemm"})
+    got = f(q, k, v, w)
+    s = q.astype(np.float64) @ k.astype(np.float64).swapaxes(-1, -2) / np.sqrt(32)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    want = ((p / p.sum(-1, keepdims=True)) @ v.astype(np.float64)).reshape(-1, 32) @ w
+    assert np.abs(got - want).max() < 1e-4
+    kern = {kk["kind"]: kk for kk in tessera.explain(f, q, k, v, w).kernels}
+    assert list(kern["gemm"]["register_tile"]) == [2, 2] and kern["gemm"]["tiles"]["m"] == 30
+    assert list(kern["attention"]["register_tile"]) != [2, 2]
+    with pytest.raises(ScheduleIllegalError, match="pin_kinds"):
+        tessera.jit(_attn_then_gemm, schedule={"pin_kinds": "gemm+bogus"})(q, k, v, w)
+
+
 def test_tessera_tune_api(cache, rng):
     """tessera.tune(fn, *args) tunes now and stores; a function without a tunable kernel is refused."""
     a = rng.standard_normal((8, 24)).astype(np.float32)

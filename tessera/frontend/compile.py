@@ -42,7 +42,7 @@ from tessera.runtime import cache
 from tessera.runtime.cpu import CpuExecutable, HostProgram
 
 PIN_KEYS = {"tile_m": int, "tile_n": int, "tile_k": int, "register_tile": tuple, "mma_shape": tuple,
-            "parallel": str, "threads": int, "unroll": int, "chunk": int, "deterministic": bool}
+            "parallel": str, "threads": int, "unroll": int, "chunk": int, "deterministic": bool, "pin_kinds": str}
 GPU_PIN_KEYS = {"tile_m": int, "tile_n": int, "tile_k": int, "register_tile": tuple, "mma_shape": tuple,
                 "staging": int, "mma_family": str}
 TARGETS = ("cpu", "rocm", "nvidia")
@@ -69,6 +69,11 @@ def check_pins(pins: dict | None, target: str = "cpu") -> dict:
         elif want is int:
             if not isinstance(v, int) or isinstance(v, bool) or v < 0 or (k in ("threads", "unroll") and v < 1):
                 raise ScheduleIllegalError(f"schedule {k}={v!r}: expected a positive int")
+        elif k == "pin_kinds":   # the kernel kinds schedule-cpu knows
+            from tessera.passes.schedule.schedule_cpu import PARALLEL_LEGAL
+            if not (isinstance(v, str) and v and all(x in PARALLEL_LEGAL for x in v.split("+"))):
+                raise ScheduleIllegalError(f"schedule pin_kinds={v!r}: '+'-joined kernel kinds of "
+                                           f"{', '.join(PARALLEL_LEGAL)}")
         elif k == "mma_family":
             if v not in ("wmma", "mfma", "mma_sync", "wgmma"):
                 raise ScheduleIllegalError(f"schedule mma_family={v!r}; GPU families: wmma, mfma, mma_sync, wgmma")

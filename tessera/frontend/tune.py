@@ -4,7 +4,9 @@
 first compile for a shape and stores the winner (``runtime/tunedb.py``); every later compile, in
 this process or another, takes the database's exact entry, else its nearest shape's, instead of the
 cost model's guess.  The lane report says which (``schedule from the tuning database (entry ...)``
-or ``schedule from the cost model``).  Pins the caller gave always win.
+or ``schedule from the cost model``).  Pins the caller gave always win.  A tuned family's pins
+reach only its own kernels (``pin_kinds``: a GEMM's MC or register tile never lands on the
+attention or row kernels of the same program).
 
 A tuning run (``tune_graph``):
 
@@ -129,7 +131,8 @@ def schedule_for(jf, graph, arrays) -> tuple[dict, str]:
     if entry is None:
         return jf.schedule, (f"schedule from the cost model (no tuning-database entry for {family} {dtype} "
                              f"{'x'.join(map(str, shape))})")
-    return {**entry.pins, **jf.schedule}, f"schedule from the tuning database (entry {entry.describe()})"
+    scoped = {**entry.pins, "pin_kinds": space.FAMILIES[family].pin_kinds} if entry.pins else {}
+    return {**scoped, **jf.schedule}, f"schedule from the tuning database (entry {entry.describe()})"
 
 
 def tune(fn, *args, **opts) -> tunedb.Entry:
@@ -247,7 +250,9 @@ def tune_graph(jf, graph, arrays, key: tunedb.Key, *, limit: int = 6, min_rounds
     times: dict[str, float | None] = {}
     compiled, schedules, failed = [], set(), {}
     # 1. compile every candidate before any timing, each in a worker process (tune_workers.py)
-    for pins, c, why in tune_workers.compile_all(lambda p: _compile(jf, graph, p), cands):
+    scope = space.FAMILIES[key.family].pin_kinds   # a candidate's pins touch only the tuned family's kernels
+    for pins, c, why in tune_workers.compile_all(lambda p: _compile(jf, graph, {**p, "pin_kinds": scope} if p else p),
+                                                 cands):
         if c is None:
             times[label(pins)] = None
             failed[label(pins)] = why

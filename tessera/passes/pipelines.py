@@ -53,7 +53,7 @@ GRAPH_PASSES = "canonicalize,fuse-attention,fuse-matmul-epilogue,fuse-rowwise,fu
 # the CPU lane also pairs two GEMMs of one A whose products meet in one epilogue (SwiGLU)
 CPU_GRAPH_PASSES = GRAPH_PASSES.replace("fuse-matmul-epilogue", "fuse-dual-gemm,fuse-matmul-epilogue")
 SCHEDULE_PINS = ("threads", "tile-m", "tile-n", "tile-k", "register-tile", "mma-shape", "parallel", "unroll",
-                 "chunk")
+                 "chunk", "pin-kinds")
 
 
 from tessera.passes.base import fmt_option as _fmt  # noqa: E402
@@ -94,6 +94,7 @@ _named(NamedPipeline(
      _opt("parallel", str, False, "", "parallel loop: m (gemm) / r (others) / none"),
      _opt("unroll", int, False, 0, "gemm k-loop unroll"),
      _opt("chunk", int, False, 0, "columns per step of row kernels"),
+     _opt("pin-kinds", str, False, "", "kernel kinds ('+'-joined) the tile/register/chunk pins apply to; '': all"),
      _opt("deterministic", bool, False, False, "kernels ignore the caller's FTZ/DAZ (bit-reproducible results "
                                                "whatever the calling thread's floating-point mode; docs/numerics.md)"),
      _opt("input", str, False, "graph", "the layer the input is at: graph, schedule, tile or target")],

@@ -19,6 +19,7 @@ Options pin choices (``tessera.jit(schedule=...)``); an illegal pin is a
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from dataclasses import dataclass
@@ -84,6 +85,8 @@ class ScheduleCpu(TesseraPass):
     parallel: str = option("", doc="loop split across threads: m or bm (gemm), r (others), or none")
     unroll: int = option(4, doc="unroll of the gemm k loop")
     chunk: int = option(0, doc="columns per step of row/elementwise kernels (0: 4 vector registers)")
+    pin_kinds: str = option("", doc="kernel kinds ('+'-joined) the tile, register-tile, mma-shape and chunk pins "
+                                    "apply to; '': every kernel (the tuner scopes its pins to the family it tuned)")
 
     def __post_init__(self) -> None:
         """Options out of their legal range are refused when the pipeline is parsed (bounds.py)."""
@@ -108,6 +111,10 @@ class ScheduleCpu(TesseraPass):
 
     def _schedule(self, fop: g.FusionOp, isa, w: int, threads: int, name: str) -> None:
         kind = fop.kind.data
+        if self.pin_kinds and kind not in self.pin_kinds.split("+"):   # pins of another family: the model's own
+            plain = dataclasses.replace(self, tile_m=0, tile_n=0, tile_k=0, register_tile=(), mma_shape=(), chunk=0,
+                                        pin_kinds="")
+            return plain._schedule(fop, isa, w, threads, name)
         if register_elem(fop) != f32:
             w //= 2   # f64 registers: the same vector bits, half the lanes
         decode = _decode_rows(fop) if kind == "attention" else None

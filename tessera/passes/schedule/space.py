@@ -33,12 +33,18 @@ class Family:
     version: int
     attrs: tuple[str, ...]
     doc: str
+    kinds: tuple[str, ...] = ()   # the kernel kinds its pins apply to (schedule-cpu's pin_kinds)
+
+    @property
+    def pin_kinds(self) -> str:
+        return "+".join(self.kinds)
 
 
 FAMILIES = {
     "gemm": Family("gemm", 1, ("register_tile", "tile_k", "tile_m", "tile_n"),
-                   "register tile within the vector registers; KC/MC/NC within L2/L3"),
-    "row": Family("row", 1, ("chunk",), "columns per step: 1, 2, 4 or 8 vector registers"),
+                   "register tile within the vector registers; KC/MC/NC within L2/L3", ("gemm",)),
+    "row": Family("row", 1, ("chunk",), "columns per step: 1, 2, 4 or 8 vector registers",
+                  ("rowwise", "elementwise")),
 }
 KC_CHOICES = (128, 256, 512, 1024)
 
