@@ -109,6 +109,25 @@ def test_cnn_forward_backward_and_explain(rng):
     assert "max_pool2d_with_indices" in str(table)
 
 
+class Attend(nn.Module):
+    """torch's fused attention (F.scaled_dot_product_attention, causal): its CPU flash op, its logsumexp
+    saved for backward, and its backward op all map."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x):
+        return self.proj(F.scaled_dot_product_attention(x, x * 0.5, x, is_causal=True))
+
+
+def test_scaled_dot_product_attention_forward_and_backward(rng):
+    table = _train_step_matches_eager(_init(Attend(), rng), torch.from_numpy(
+        rng.standard_normal((2, 2, 5, 8)).astype(np.float32)), 1e-4)
+    assert not table.rows, str(table)
+    assert any("flash_attention_for_cpu_backward" in op for *_, ops in table.partitions for op in ops)
+
+
 def _mlp_cumsum(x, w, b):
     return torch.relu(torch.cumsum(x @ w + b, dim=1)) * 2.0
 

@@ -337,20 +337,47 @@ def _adaptive_avg_pool(node, x, size):
 
 
 # ------------------------------------------------------------------------------- attention
-def _sdpa_check(node):
-    a = list(node.args) + [None] * 3
-    if a[3]:
-        return f"dropout_p={a[3]}"
+def _sdpa_check(node, first=0):
+    """The flash-attention op's arguments from ``first`` (1 in its backward: after the output
+    gradient; there q, k, v are followed by out and logsumexp)."""
+    a = list(node.args[first:])
+    extra = 2 if first else 0
+    dropout = a[3 + extra] if len(a) > 3 + extra else 0.0
+    if dropout:
+        return f"dropout_p={dropout}"
     if node.kwargs.get("attn_mask") is not None:
         return "an attn_mask"
-    if node.args[0].meta["val"].dim() != 4:
+    q, k = a[0].meta["val"], a[1].meta["val"]
+    if q.dim() != 4:
         return "q is not [batch, heads, seq, dim]"
-    return _unused_outputs(1)(node)
+    return None if q.shape[1] == k.shape[1] else "grouped-query heads"
+
+
+def _scale(q, scale):
+    return float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+
+
+def _lse(q, k, is_causal, scale):
+    """The logsumexp over keys of the scaled scores (flash attention's second result)."""
+    s = ops.matmul(q, ops.swapaxes(k, -2, -1)) * _scale(q, scale)
+    if is_causal:
+        sq, sk = q.shape[-2], k.shape[-2]
+        s = ops.where(ops.less_equal(ops.iota((sq, sk), 1), ops.iota((sq, sk), 0)), s, -math.inf)
+    return ops.logsumexp(s, -1)
 
 
 @aten("aten._scaled_dot_product_flash_attention_for_cpu.default", check=_sdpa_check)
 def _sdpa(node, q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None):
-    return ops.attention(q, k, v, causal=bool(is_causal), scale=scale), None
+    out = ops.attention(q, k, v, causal=bool(is_causal), scale=scale)
+    used = {u.args[1] for u in node.users}
+    return out, (_lse(q, k, is_causal, scale) if 1 in used else None)
+
+
+@aten("aten._scaled_dot_product_flash_attention_for_cpu_backward.default", check=lambda node: _sdpa_check(node, 1))
+def _sdpa_backward(node, g, q, k, v, out, lse, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None):
+    from tessera.frontend.autodiff import vjp
+    _, back = vjp(lambda q, k, v: ops.attention(q, k, v, causal=bool(is_causal), scale=scale), q, k, v)
+    return back(g)
 
 
 # ------------------------------------------------------------------------------- backward of nn ops
