@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import copy
 import importlib
+import os
 import pkgutil
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -176,7 +179,20 @@ def test_refused_subgraph_falls_back_to_aten_recorded(rng, monkeypatch):
     assert any("planted refusal" in r.reason and "UNSUPPORTED_CONSTRUCT" in r.reason for r in be.table.rows)
 
 
-def test_registered_by_name_and_entry_point(rng):
+def test_dynamic_shapes_stay_aten_and_right(rng):
+    """A second size makes Dynamo compile with symbolic sizes: those nodes stay ATen, recorded."""
+    be = ts.torch.TesseraBackend()
+    f = torch.compile(_resid, backend=be)
+    w = torch.from_numpy(rng.standard_normal((4, 4)).astype(np.float32))
+    for n in (3, 5):
+        x = torch.from_numpy(rng.standard_normal((n, 4)).astype(np.float32))
+        a = [t.double().numpy() for t in (x, w)]
+        assert_close(f(x, w).numpy(), np.tanh(a[0] @ a[1]) + a[0], 1e-5, f"rows={n}")
+    assert len(be.table.partitions) == 1   # the first, static graph
+    assert be.table.rows and all("symbolic" in r.reason for r in be.table.rows), str(be.table)
+
+
+def test_registered_by_name_and_entry_point(rng, tmp_path):
     ts.torch.register_backend()
     ts.torch.register_backend()   # twice: no error
     x, w = (torch.from_numpy(rng.standard_normal(s).astype(np.float32)) for s in ((3, 4), (4, 4)))
@@ -188,3 +204,13 @@ def test_registered_by_name_and_entry_point(rng):
     assert importlib.import_module("tessera.torch").TesseraBackend is torch_backend.TesseraBackend
     with pytest.raises(ArgumentError):
         ts.torch.TesseraBackend(check="sometimes")
+    # the entry point as torch reads it (importlib.metadata), in a process that never calls register_backend
+    info = tmp_path / "tessera_ep_probe-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tessera-ep-probe\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(f"[torch_dynamo_backends]\ntessera = {eps['tessera']}\n")
+    probe = ("import torch._dynamo as d, tessera.frontend.torch_backend as b\n"
+             "assert d.lookup_backend('tessera') is b.tessera_backend\nprint('ok')")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    run = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
