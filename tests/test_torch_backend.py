@@ -131,6 +131,33 @@ def test_scaled_dot_product_attention_forward_and_backward(rng):
     assert any("flash_attention_for_cpu_backward" in op for *_, ops in table.partitions for op in ops)
 
 
+def _mlp(x, w, b):
+    return ts.ops.gelu(x @ w + b)
+
+
+MLP_OP = ts.torch.op(_mlp, name="tessera_backend_tests::mlp")
+
+
+def test_tessera_op_inlines_into_the_subgraph_with_its_backward(rng):
+    """A tessera.torch.op (and its _vjp op) in a graph the backend compiles is traced inline; the
+    loss is a 0-d result of the subgraph."""
+    x, w, b = (torch.from_numpy(rng.standard_normal(s).astype(np.float32)) for s in ((6, 5), (5, 7), (7,)))
+    w.requires_grad_(), b.requires_grad_()
+    be = ts.torch.TesseraBackend()
+    loss = torch.compile(lambda x, w, b: (torch.relu(MLP_OP(x, w, b)) * x.sum(1, keepdim=True)).sum(),
+                         backend=be)(x, w, b)
+    loss.backward()
+    assert not be.table.rows, str(be.table)
+    ops_seen = {op for *_, ops in be.table.partitions for op in ops}
+    assert {"tessera_backend_tests.mlp.default", "tessera_backend_tests.mlp_vjp.default"} <= ops_seen
+    xr, wr, br = (t.detach().double().requires_grad_() for t in (x, w, b))
+    want = (torch.relu(F.gelu(xr @ wr + br, approximate="tanh")) * xr.sum(1, keepdim=True)).sum()
+    want.backward()
+    assert loss.shape == () and abs(loss.item() - want.item()) <= 1e-5 * abs(want.item())
+    assert_close(w.grad.numpy(), wr.grad.numpy(), 1e-5, "w grad")
+    assert_close(b.grad.numpy(), br.grad.numpy(), 1e-5, "b grad")
+
+
 def _mlp_cumsum(x, w, b):
     return torch.relu(torch.cumsum(x @ w + b, dim=1)) * 2.0
 

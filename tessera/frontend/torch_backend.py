@@ -173,6 +173,8 @@ def _replay_fn(sub, name: str):
 
 def _close(got, want) -> tuple[bool, float]:
     import torch
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return False, float("nan")
     if got.dtype.is_floating_point:
         g, w = got.double(), want.double()
         nan = torch.isnan(w)
@@ -233,7 +235,7 @@ class Subgraph:
             r = np.asarray(r)
         if any(isinstance(a, np.ndarray) and np.may_share_memory(r, a) for a in arrays):
             r = r.copy()   # never hand back an input's memory as a result
-        t = torch.from_numpy(np.ascontiguousarray(r))
+        t = torch.from_numpy(r if r.flags.c_contiguous else r.copy(order="C"))   # (ascontiguousarray makes 0-d 1-d)
         if isinstance(want, torch.Tensor) and t.numel() > 1 and t.stride() != want.stride():
             t = torch.empty_strided(t.shape, want.stride(), dtype=t.dtype).copy_(t)   # the promised strides
         return t
@@ -249,7 +251,8 @@ class Subgraph:
             ok, err = _close(g, w)
             if not ok:
                 raise TorchBackendMismatchError(
-                    f"torch.compile backend: {self.name} ({self.graph} graph) output {k} differs from ATen's: max "
+                    f"torch.compile backend: {self.name} ({self.graph} graph) output {k} ({tuple(g.shape)} "
+                    f"{g.dtype}) differs from ATen's ({tuple(w.shape)} {w.dtype}): max "
                     f"|diff| {err:.3g} over tolerance {CHECK_RTOL} x max |ATen| (ops: "
                     f"{', '.join(sorted({str(n.target) for n in self.sub.graph.nodes if n.op == 'call_function'}))})")
 

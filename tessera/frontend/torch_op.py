@@ -133,8 +133,10 @@ def op(fn, name: str | None = None, *, outputs: int = 1):
         return outs[0] if outputs == 1 else tuple(outs)
 
     custom.tessera_function = jitfn
-    from tessera.frontend import torch_op_grad
+    from tessera.frontend import torch_aten, torch_op_grad
     torch_op_grad.register(custom, jitfn, name, _params(jitfn.fn), outputs, _overlaps)
+    # under torch.compile(backend="tessera") the op is traced inline into the subgraph around it
+    torch_aten.TABLE[str(custom._opoverload)] = lambda node, *args: jitfn(*args)
     return custom
 
 

@@ -93,3 +93,17 @@ def register(custom, jitfn, name: str, params: list[str], outputs: int, overlaps
 
     custom.register_autograd(backward, setup_context=setup_context)
     custom.tessera_vjp = back_op
+    # under torch.compile(backend="tessera"): the backward program traced inline (float params only:
+    # an integer one's empty placeholder gradient has no Tessera counterpart)
+    from tessera.frontend import torch_aten
+
+    def inline(node, *args):
+        got = program(*args[:-1], *args[-1])
+        return list(got) if isinstance(got, tuple) else [got]
+
+    def all_float(node):
+        vals = [node.args[i].meta["val"] for i in tensor_pos]
+        return None if all(v.dtype.is_floating_point for v in vals) else "an integer or bool tensor parameter"
+    key = str(back_op._opoverload)
+    torch_aten.TABLE[key] = inline
+    torch_aten.CHECKS[key] = all_float
