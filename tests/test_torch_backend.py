@@ -131,6 +131,27 @@ def test_scaled_dot_product_attention_forward_and_backward(rng):
     assert any("flash_attention_for_cpu_backward" in op for *_, ops in table.partitions for op in ops)
 
 
+@pytest.mark.parametrize("model, size", [
+    ("conv_block", dict(batch=1, channels=4, size=8)),
+    pytest.param("gpt2_block", dict(batch=1, seq=8, dim=16, heads=2), marks=pytest.mark.slow)])
+def test_real_program_models_map_whole(rng, model, size):
+    """The models' own torch forward (examples/models: F.conv2d padding="same" + residual + max-pool;
+    layer_norm, fused causal attention, GELU MLP) compile whole and match float64 eager."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        mod = importlib.import_module(f"models.{model}")
+    finally:
+        sys.path.remove(str(ROOT / "examples"))
+    args, extra = mod.make(rng, **size)
+    ta = [torch.from_numpy(a) for a in args]
+    be = ts.torch.TesseraBackend()
+    with torch.no_grad():
+        got = torch.compile(lambda *a: mod.torch_forward(*a, **extra), backend=be, dynamic=False)(*ta)
+        want = mod.torch_forward(*[t.double() for t in ta], **extra)
+    assert not be.table.rows and len(be.table.partitions) == 1, str(be.table)
+    assert_close(got.numpy(), want.numpy(), 1e-5, model)
+
+
 def _mlp(x, w, b):
     return ts.ops.gelu(x @ w + b)
 
