@@ -262,3 +262,16 @@ def test_registered_by_name_and_entry_point(rng, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
     run = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+
+
+def test_check_comparison_rules():
+    """The first-call check: equal infinities and NaN at the same places agree; the rest within
+    1e-3 of the largest finite |ATen| value; any shape, dtype, inf or NaN difference fails."""
+    a = torch.tensor([1.0, float("inf"), float("nan"), 3.0])
+    assert torch_backend._close(a.clone(), a)[0]
+    near, far, inf, nan = (a.clone() for _ in range(4))
+    near[3], far[3], inf[1], nan[2] = 3.0001, 3.1, 5.0, 5.0
+    assert torch_backend._close(near, a)[0]
+    assert not any(torch_backend._close(b, a)[0] for b in (far, inf, nan))
+    assert not torch_backend._close(torch.zeros(()), torch.zeros(1))[0]          # a 0-d result made 1-d
+    assert not torch_backend._close(a.double(), a)[0]
