@@ -65,9 +65,10 @@ class ExplainTable:
         for g, name, n, opnames in self.partitions:
             out.append(f"  [{g}] {name}: {n} nodes ({', '.join(sorted(set(opnames)))})")
         if self.rows:
-            w = max(len(r.op) for r in self.rows)
-            out.append(f"  {'graph':<12} {'node':<24} {'ATen op':<{w}}  why")
-            out += [f"  {r.graph:<12} {r.node:<24} {r.op:<{w}}  {r.reason}" for r in self.rows]
+            g, n, w = (max(len(h), *(len(getattr(r, f)) for r in self.rows))
+                       for h, f in (("graph", "graph"), ("node", "node"), ("ATen op", "op")))
+            out.append(f"  {'graph':<{g}}  {'node':<{n}}  {'ATen op':<{w}}  why")
+            out += [f"  {r.graph:<{g}}  {r.node:<{n}}  {r.op:<{w}}  {r.reason}" for r in self.rows]
         return "\n".join(out)
 
 
@@ -288,7 +289,8 @@ def compile_graph(gm, example_inputs, *, graph: str, table: ExplainTable, check:
         if n.op == "call_module" and n.target.startswith("fused_"):
             sub = getattr(fused, n.target)
             name = f"torch_{graph.replace(' ', '_')}_{next(_IDS)}"
-            ops_in = [str(m.target) for m in sub.graph.nodes if m.op == "call_function"]
+            ops_in = ["getitem" if m.target is operator.getitem else str(m.target) for m in sub.graph.nodes
+                      if m.op == "call_function"]
             table.partitions.append((graph, name, len(ops_in), ops_in))
             setattr(fused, n.target, _as_module(Subgraph(sub, name, graph, table, check)))
     fused.recompile()
