@@ -16,6 +16,8 @@ from tessera.frontend.vjp_rules import broadcast_to
 
 TABLE: dict[str, object] = {}
 CHECKS: dict[str, object] = {}
+# argument positions that may be integer tensors (indices); every other tensor must be float
+INDEX_ARGS: dict[str, set[int]] = {"aten.max_pool2d_with_indices_backward.default": {7}}
 
 # ops that compute nothing (views and identities): a run of covered nodes made of these alone
 # is left to ATen (no kernel to build)
@@ -234,6 +236,28 @@ def _select(node, x, dim, index):
     return x[(slice(None),) * dim + (index,)]
 
 
+def _zero_pad(g, dim, before, after):
+    from tessera.frontend.nn import pad
+    widths = [(0, 0)] * g.ndim
+    widths[dim] = (before, after)
+    return pad(g, tuple(widths)) if before or after else g
+
+
+@aten("aten.slice_backward.default",
+      check=lambda node: None if node.args[5] == 1 else f"step={node.args[5]} (only 1 maps)")
+def _slice_backward(node, g, sizes, dim, start, end, step):
+    dim %= len(sizes)
+    a, b, _ = slice(start, end).indices(sizes[dim])
+    return _zero_pad(g, dim, a, sizes[dim] - max(a, b))
+
+
+@aten("aten.select_backward.default")
+def _select_backward(node, g, sizes, dim, index):
+    dim %= len(sizes)
+    index %= sizes[dim]
+    return _zero_pad(ops.expand_dims(g, dim), dim, index, sizes[dim] - index - 1)
+
+
 aten("aten.cat.default")(lambda node, xs, dim=0: ops.concatenate(list(xs), dim))
 
 
@@ -300,14 +324,17 @@ def _pool_args(node, x, k, stride, padding):
     return k, stride, padding
 
 
-def _max_pool_check(node):
-    a = list(node.args) + [None] * 6
+def _max_pool_args_reason(args) -> str | None:
+    """max_pool2d_with_indices' arguments (x, kernel, stride, padding, dilation, ceil_mode)."""
+    a = list(args) + [None] * 6
     dil, ceil = a[4] or [1], a[5] or False
     if any(d != 1 for d in dil):
         return f"dilation={list(dil)}"
-    if ceil:
-        return "ceil_mode=True"
-    return _unused_outputs(1)(node)
+    return "ceil_mode=True" if ceil else None
+
+
+def _max_pool_check(node):
+    return _max_pool_args_reason(node.args) or _unused_outputs(1)(node)
 
 
 @aten("aten.max_pool2d_with_indices.default", check=_max_pool_check)
@@ -323,6 +350,36 @@ def _avg_pool_check(node, first=0):
     if a[5] is False:
         return "count_include_pad=False"
     return f"divisor_override={a[6]}" if a[6] is not None else None
+
+
+def _max_pool_backward_check(node):
+    k, stride, padding = node.args[2], node.args[3], node.args[4]
+    k = (k[0], k[-1])
+    if ((stride[0], stride[-1]) if stride else k) != k:
+        return f"stride {list(stride)} != kernel {list(k)} (overlapping or gapped windows)"
+    if any(padding if isinstance(padding, (list, tuple)) else [padding]):
+        return f"padding={padding}"
+    return _max_pool_args_reason(node.args[1:])
+
+
+@aten("aten.max_pool2d_with_indices_backward.default", check=_max_pool_backward_check)
+def _max_pool_backward(node, g, x, k, stride, padding, dilation, ceil_mode, indices):
+    """Windows that tile the input (stride == kernel, no padding): each input element takes its
+    window's gradient where torch's saved index names it (ties go where torch's forward chose)."""
+    n, c, h, w = x.shape
+    kh, kw = k[0], k[-1]
+    ho, wo = g.shape[2], g.shape[3]
+    up_shape = (n, c, ho, kh, wo, kw)
+
+    def up(t):   # each window's value over the window's kh x kw elements
+        return ops.reshape(broadcast_to(ops.reshape(t, (n, c, ho, 1, wo, 1)), up_shape), (n, c, ho * kh, wo * kw))
+    pos = ops.iota((ho * kh, wo * kw), 0, dtype=indices.dtype) * w + ops.iota((ho * kh, wo * kw), 1,
+                                                                             dtype=indices.dtype)
+    dx = ops.where(ops.equal(up(indices), pos), up(g), 0.0)
+    if ho * kh < h or wo * kw < w:   # rows / columns no window reads
+        from tessera.frontend.nn import pad
+        dx = pad(dx, ((0, 0), (0, 0), (0, h - ho * kh), (0, w - wo * kw)))
+    return dx
 
 
 @aten("aten.avg_pool2d.default", check=_avg_pool_check)

@@ -37,6 +37,7 @@ from tessera.frontend import torch_aten
 CHECK_MODES = ("first", "always", "off")
 CHECK_RTOL = 1e-3
 _FLOATS = ("torch.float32", "torch.float64")
+_INDICES = ("torch.int64", "torch.int32")   # where the table's INDEX_ARGS allow an index tensor
 _IDS = itertools.count()
 
 
@@ -76,11 +77,11 @@ def _val(n):
     return n.meta.get("val") if hasattr(n, "meta") else None
 
 
-def _tensor_reason(v, what: str) -> str | None:
+def _tensor_reason(v, what: str, index: bool = False) -> str | None:
     import torch
     if isinstance(v, (list, tuple)):
         for x in v:
-            r = _tensor_reason(x, what)
+            r = _tensor_reason(x, what, index)
             if r:
                 return r
         return None
@@ -92,7 +93,7 @@ def _tensor_reason(v, what: str) -> str | None:
         return f"{what} is a {type(v).__name__}"
     if v.device.type != "cpu":
         return f"{what} is on {v.device} (the backend runs the CPU lane)"
-    if str(v.dtype) not in _FLOATS:
+    if str(v.dtype) not in _FLOATS and not (index and str(v.dtype) in _INDICES):
         return f"{what} has dtype {v.dtype} (float32 and float64 map)"
     if any(not isinstance(s, int) for s in v.shape):
         return f"{what} has symbolic sizes (dynamic shapes are left to ATen)"
@@ -115,8 +116,10 @@ def node_reason(node) -> str | None:
         r = f"arguments of an unexpected form ({type(e).__name__}: {e})"
     if r:
         return r
-    for i, a in enumerate(node.all_input_nodes):
-        r = _tensor_reason(_val(a), f"input {a.name}")
+    index_pos = torch_aten.INDEX_ARGS.get(name, set())
+    for a in node.all_input_nodes:
+        index = any(node.args[i] is a for i in index_pos if i < len(node.args))
+        r = _tensor_reason(_val(a), f"input {a.name}", index)
         if r:
             return r
     val = _val(node)
@@ -194,6 +197,17 @@ def _close(got, want) -> tuple[bool, float]:
     return err <= CHECK_RTOL * max(scale, 1e-6), err
 
 
+def _dense(t) -> bool:
+    """Whether ``t``'s strides lay its elements out one each, without gaps (some permutation of
+    C-contiguous): a layout a fresh tensor can be given."""
+    expect = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
+        if stride != expect:
+            return False
+        expect *= size
+    return True
+
+
 class Subgraph:
     """One covered run: calls the jitted replay on the tensors; ``sub`` is the ATen original
     (for the first-call check and the compile-failure fallback)."""
@@ -242,8 +256,9 @@ class Subgraph:
         if any(isinstance(a, np.ndarray) and np.may_share_memory(r, a) for a in arrays):
             r = r.copy()   # never hand back an input's memory as a result
         t = torch.from_numpy(r if r.flags.c_contiguous else r.copy(order="C"))   # (ascontiguousarray makes 0-d 1-d)
-        if isinstance(want, torch.Tensor) and t.numel() > 1 and t.stride() != want.stride():
+        if isinstance(want, torch.Tensor) and t.numel() > 1 and t.stride() != want.stride() and _dense(want):
             t = torch.empty_strided(t.shape, want.stride(), dtype=t.dtype).copy_(t)   # the promised strides
+        # (an expanded result, strides 0, comes back dense: the same values, one element each)
         return t
 
     def _compare(self, outs, args):
