@@ -203,6 +203,58 @@ def _native_layer_norm_backward(node, g, x, shape, mean, rstd, w, b, mask):
     return dx, dw, db
 
 
+def _per_channel(v, x):
+    """A [C] vector shaped to broadcast over x's channel axis (axis 1)."""
+    return ops.reshape(v, (1, v.shape[0]) + (1,) * (x.ndim - 2))
+
+
+def _bn_axes(x):
+    return (0,) + tuple(range(2, x.ndim))
+
+
+@aten("aten._native_batch_norm_legit_functional.default",
+      check=lambda node: None if node.args[5] else "training=False")
+def _batch_norm_train(node, x, w, b, running_mean, running_var, training, momentum, eps):
+    """Batch statistics over every axis but the channels; the running statistics' new values
+    (torch's: the variance unbiased) are results too (AOTAutograd writes them back)."""
+    axes = _bn_axes(x)
+    mean = ops.reduce_mean(x, axes)
+    centred = x - _per_channel(mean, x)
+    var = ops.reduce_mean(ops.square(centred), axes)
+    invstd = ops.rsqrt(var + eps)
+    out = centred * _per_channel(invstd, x)
+    out = out if w is None else out * _per_channel(w, x)
+    out = out if b is None else out + _per_channel(b, x)
+    n = math.prod(x.shape) // x.shape[1]
+    new_mean = running_mean * (1.0 - momentum) + mean * momentum
+    new_var = running_var * (1.0 - momentum) + var * (momentum * n / max(n - 1, 1))
+    return out, mean, invstd, new_mean, new_var
+
+
+@aten("aten._native_batch_norm_legit_no_training.default", check=_unused_outputs(1, 2))
+def _batch_norm_eval(node, x, w, b, running_mean, running_var, momentum, eps):
+    out = (x - _per_channel(running_mean, x)) * _per_channel(ops.rsqrt(running_var + eps), x)
+    out = out if w is None else out * _per_channel(w, x)
+    return (out if b is None else out + _per_channel(b, x)), None, None
+
+
+@aten("aten.native_batch_norm_backward.default", check=lambda node: None if node.args[7] else "train=False")
+def _batch_norm_backward(node, g, x, w, running_mean, running_var, save_mean, save_invstd, train, eps, mask):
+    axes = _bn_axes(x)
+    invstd = _per_channel(save_invstd, x)
+    xhat = (x - _per_channel(save_mean, x)) * invstd
+    gw = g if w is None else g * _per_channel(w, x)
+    dx = dw = db = None
+    if mask[0]:
+        dx = invstd * (gw - ops.reduce_mean(gw, axes, keepdims=True)
+                       - xhat * ops.reduce_mean(gw * xhat, axes, keepdims=True))
+    if mask[1] and w is not None:
+        dw = ops.reduce_sum(g * xhat, axes)
+    if mask[2]:
+        db = ops.reduce_sum(g, axes)
+    return dx, dw, db
+
+
 # ------------------------------------------------------------------------------- views
 aten("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")(
     lambda node, x, shape: ops.reshape(x, tuple(shape)))
