@@ -251,17 +251,30 @@ def test_refused_subgraph_falls_back_to_aten_recorded(rng, monkeypatch):
     assert any("planted refusal" in r.reason and "UNSUPPORTED_CONSTRUCT" in r.reason for r in be.table.rows)
 
 
-def test_dynamic_shapes_stay_aten_and_right(rng):
-    """A second size makes Dynamo compile with symbolic sizes: those nodes stay ATen, recorded."""
+def test_dynamic_shapes_specialise_per_shape(rng):
+    """A second size makes Dynamo compile with symbolic sizes: the backend traces that graph again at
+    each concrete shape and compiles it through Tessera (forward and backward), one entry per shape."""
     be = ts.torch.TesseraBackend()
     f = torch.compile(_resid, backend=be)
-    w = torch.from_numpy(rng.standard_normal((4, 4)).astype(np.float32))
-    for n in (3, 5):
+    w = torch.from_numpy(rng.standard_normal((4, 4)).astype(np.float32)).requires_grad_()
+    before = len(ts.lane_log.entries)
+    for n in (3, 5, 6):
         x = torch.from_numpy(rng.standard_normal((n, 4)).astype(np.float32))
-        a = [t.double().numpy() for t in (x, w)]
-        assert_close(f(x, w).numpy(), np.tanh(a[0] @ a[1]) + a[0], 1e-5, f"rows={n}")
-    assert len(be.table.partitions) == 1   # the first, static graph
-    assert be.table.rows and all("symbolic" in r.reason for r in be.table.rows), str(be.table)
+        w.grad = None
+        y = f(x, w)
+        (y * y).sum().backward()
+        xr, wr = x.double(), w.detach().double().requires_grad_()
+        want = _resid(xr, wr)
+        (want * want).sum().backward()
+        assert_close(y.detach().numpy(), want.detach().numpy(), 1e-5, f"rows={n}")
+        assert_close(w.grad.numpy(), wr.grad.numpy(), 1e-5, f"rows={n} grad")
+    assert not be.table.rows, str(be.table)
+    graphs = [g for g, *_ in be.table.partitions]
+    # the first shape static; the symbolic graphs specialised at 5 and 6 rows, forward and backward
+    assert len(graphs) == 6 and sum(" [" in g for g in graphs) == 4, graphs
+    ran = [e.function for e in ts.lane_log.entries[before:] if e.function.startswith("torch_")]
+    assert len(set(ran)) == 6 and all(e.lane == "cpu-x86" for e in ts.lane_log.entries[before:]
+                                      if e.function.startswith("torch_"))
 
 
 def test_registered_by_name_and_entry_point(rng, tmp_path):

@@ -14,6 +14,10 @@ compiler for each); for each graph:
    ``tessera.ops`` under ``tessera.jit`` (one Graph IR program, compiled on first call); every
    replayed node's shape and dtype are checked against the FX node's fake tensor at trace time.
 
+A graph with symbolic sizes (Dynamo's dynamic shapes, after a second input shape) is traced again
+at each concrete shape it is called with (``make_fx``) and partitioned as a static graph
+(``PerShape``): one Tessera compile per shape, as ``tessera.jit`` specialises anyway.
+
 At run time the subgraph's tensors go to the jitted function as numpy views (no copy), its
 results come back with the strides the ATen graph promised.  ``check="first"`` (the default)
 also runs the ATen subgraph on the first call and compares (max |diff| <= 1e-3 of the largest
@@ -91,7 +95,7 @@ def _tensor_reason(v, what: str, index: bool = False) -> str | None:
     if v is None or isinstance(v, (bool, int, float)):
         return None
     if isinstance(v, torch.SymInt) or isinstance(v, torch.SymFloat):
-        return f"{what} is a symbolic size (dynamic shapes are left to ATen)"
+        return f"{what} is a symbolic size"
     if not isinstance(v, torch.Tensor):
         return f"{what} is a {type(v).__name__}"
     if v.device.type != "cpu":
@@ -99,7 +103,7 @@ def _tensor_reason(v, what: str, index: bool = False) -> str | None:
     if str(v.dtype) not in _FLOATS and not (index and str(v.dtype) in _INDICES):
         return f"{what} has dtype {v.dtype} (float32 and float64 map)"
     if any(not isinstance(s, int) for s in v.shape):
-        return f"{what} has symbolic sizes (dynamic shapes are left to ATen)"
+        return f"{what} has symbolic sizes"
     if v.numel() == 0:
         return f"{what} is empty"
     return None
@@ -291,7 +295,58 @@ class Subgraph:
 
 
 def compile_graph(gm, example_inputs, *, graph: str, table: ExplainTable, check: str = "first"):
-    """Partition one ATen graph: covered runs become Tessera subgraphs, the rest stays ATen."""
+    """One ATen graph, compiled: partitioned now where its sizes are static; one with symbolic
+    sizes (Dynamo's dynamic shapes) is specialised per concrete shape at run time (``PerShape``)."""
+    if _symbolic(gm):
+        return PerShape(gm, graph, table, check)
+    from torch._functorch.aot_autograd import make_boxed_func
+    return make_boxed_func(_partition(gm, graph=graph, table=table, check=check))
+
+
+def _symbolic(gm) -> bool:
+    import torch
+    for n in gm.graph.nodes:
+        v = _val(n)
+        for x in (v if isinstance(v, (list, tuple)) else [v]):
+            if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                return True
+            if isinstance(x, torch.Tensor) and any(not isinstance(s, int) for s in x.shape):
+                return True
+    return False
+
+
+class PerShape:
+    """A graph with symbolic sizes: at each new set of argument shapes (and strides, and the values
+    of its integer arguments) it is traced again with those concrete sizes (``make_fx``, fake
+    tensors) and partitioned as a static graph; at most MAX_SHAPES kept, oldest dropped."""
+    MAX_SHAPES = 16
+
+    def __init__(self, gm, graph: str, table: ExplainTable, check: str):
+        self.gm, self.graph, self.table, self.check = gm, graph, table, check
+        self._boxed_call = True   # AOTAutograd passes the arguments as one list (an instance attribute:
+        # the wrapper torch puts around a backward copies the instance's __dict__ only)
+        self.compiled: dict[tuple, object] = {}
+
+    def __call__(self, args):
+        import torch
+        from torch.fx.experimental.proxy_tensor import make_fx
+        key = tuple((tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a for a in args)
+        fn = self.compiled.get(key)
+        if fn is None:
+            plain = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
+            with torch.no_grad():
+                static = make_fx(self.gm, tracing_mode="fake")(*plain)
+            sizes = ",".join("x".join(map(str, a.shape)) for a in args if isinstance(a, torch.Tensor))
+            sizes = sizes if len(sizes) <= 40 else sizes[:37] + "..."
+            fn = _partition(static, graph=f"{self.graph} [{sizes}]", table=self.table, check=self.check)
+            if len(self.compiled) >= self.MAX_SHAPES:
+                self.compiled.pop(next(iter(self.compiled)))
+            self.compiled[key] = fn
+        return fn(*args)
+
+
+def _partition(gm, *, graph: str, table: ExplainTable, check: str):
+    """Partition one static ATen graph: covered runs become Tessera subgraphs, the rest stays ATen."""
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.operator_support import OperatorSupport
 
@@ -315,14 +370,13 @@ def compile_graph(gm, example_inputs, *, graph: str, table: ExplainTable, check:
     for n in list(fused.graph.nodes):
         if n.op == "call_module" and n.target.startswith("fused_"):
             sub = getattr(fused, n.target)
-            name = f"torch_{graph.replace(' ', '_')}_{next(_IDS)}"
+            name = f"torch_{graph.split(' [')[0].replace(' ', '_')}_{next(_IDS)}"
             ops_in = ["getitem" if m.target is operator.getitem else str(m.target) for m in sub.graph.nodes
                       if m.op == "call_function"]
             table.partitions.append((graph, name, len(ops_in), ops_in))
             setattr(fused, n.target, _as_module(Subgraph(sub, name, graph, table, check)))
     fused.recompile()
-    from torch._functorch.aot_autograd import make_boxed_func
-    return make_boxed_func(fused)
+    return fused
 
 
 def _as_module(sg: Subgraph):
