@@ -361,6 +361,13 @@ class DeviceArrayError(ArgumentError):
     code = "DEVICE_ARRAY"
 
 
+class TorchBackendMismatchError(FrontendError):
+    """The ``torch.compile(backend="tessera")`` check found a Tessera subgraph whose result differs
+    from ATen's (a wrong op mapping): raised, never a silent wrong result (the message names the
+    subgraph and its ATen ops)."""
+    code = "TORCH_BACKEND_MISMATCH"
+
+
 class GradError(FrontendError):
     """``tessera.grad`` / ``value_and_grad`` / ``vjp`` cannot differentiate what it was given."""
     code = "GRAD"

@@ -8,9 +8,10 @@ a SymInt stays one.  Results never alias inputs (custom ops forbid it; a result 
 with an input is copied).  Parameters annotated ``float`` / ``int`` / ``bool`` are Python
 numbers in the schema; every other parameter is a Tensor.
 
-No autograd formula is registered yet (``tessera.grad`` is not in this tree): an input that
-requires grad gives outputs whose backward raises torch's own error, never a silent wrong
-gradient.
+The autograd formula comes from ``tessera.vjp`` of the jitted function (``torch_op_grad.py``:
+the backward is a custom op ``<name>_vjp`` of its own, with a fake implementation, so it traces
+under ``torch.compile`` / AOTAutograd too); a function with an op that has no vjp rule raises
+``GRAD_NO_RULE`` when its gradient is asked for.
 """
 from __future__ import annotations
 
@@ -76,14 +77,20 @@ def result_types(jitfn, args) -> list[tuple[tuple, np.dtype]]:
 
 
 def _schema(fn, outputs: int) -> str:
+    params = _params(fn)
+    ret = "Tensor" if outputs == 1 else "(" + ", ".join(["Tensor"] * outputs) + ")"
+    return f"({', '.join(params)}) -> {ret}"
+
+
+def _params(fn) -> list[str]:
+    """Each parameter's schema entry (``"Tensor x"``, ``"float s"``)."""
     params = []
     for p in inspect.signature(fn).parameters.values():
         if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
             raise ArgumentError(f"tessera.torch.op: parameter {p.name!r} of {fn.__name__} is not positional; "
                                 "a custom op takes positional tensors and numbers")
         params.append(f"{_SCALARS.get(p.annotation, 'Tensor')} {p.name}")
-    ret = "Tensor" if outputs == 1 else "(" + ", ".join(["Tensor"] * outputs) + ")"
-    return f"({', '.join(params)}) -> {ret}"
+    return params
 
 
 def op(fn, name: str | None = None, *, outputs: int = 1):
@@ -126,6 +133,10 @@ def op(fn, name: str | None = None, *, outputs: int = 1):
         return outs[0] if outputs == 1 else tuple(outs)
 
     custom.tessera_function = jitfn
+    from tessera.frontend import torch_aten, torch_op_grad
+    torch_op_grad.register(custom, jitfn, name, _params(jitfn.fn), outputs, _overlaps)
+    # under torch.compile(backend="tessera") the op is traced inline into the subgraph around it
+    torch_aten.TABLE[str(custom._opoverload)] = lambda node, *args: jitfn(*args)
     return custom
 
 
