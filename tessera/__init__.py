@@ -31,6 +31,8 @@ __all__ = ["jit", "compile", "explain", "ops", "dtypes", "errors", "TesseraError
 __all__ += ["grad", "value_and_grad", "vjp", "stop_gradient"]
 __all__ += ["tune"]
 __all__ += ["export", "aot"]
+from tessera import onnx  # noqa: E402 - tessera.onnx.load; imports onnx only when it loads a model
+__all__ += ["onnx"]
 __version__ = "0.1.0"
 
 
