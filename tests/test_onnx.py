@@ -285,7 +285,8 @@ def test_slicing_gather_concat_and_elementwise(rng):
     ids = rng.integers(-10, 10, 3).astype(np.int64)
     got = fn(x, ids)
     want = misc_ref(x.astype(np.float64), ids)
-    for name, g, w in zip(["rs2", "rmean", "ls", "cs", "cl", "lg2", "mix", "am", "tv", "ti", "rex", "pw", "rsq"], got, want):
+    names = ["rs2", "rmean", "ls", "cs", "cl", "lg2", "mix", "am", "tv", "ti", "rex", "pw", "rsq"]
+    for name, g, w in zip(names, got, want):
         if w.dtype.kind == "i":
             assert np.array_equal(g, w), name
         else:
@@ -326,3 +327,16 @@ def test_bad_files_and_opsets(tmp_path):
     with pytest.raises(ts.TesseraError) as e:
         ts.onnx.load(m)(np.ones((2, 3), F))
     assert e.value.code == "ONNX_UNSUPPORTED" and "'rs' (Reshape)" in str(e.value)
+
+
+def test_dynamic_dim_that_cannot_bucket_is_specialised(rng):
+    """A Flatten that merges the dim_param axis cannot be bucketed: DYNAMIC_SHAPE, then one
+    compile per shape (fn.dynamic_fallback says why), still correct."""
+    m = _model([h.make_node("Flatten", ["x"], ["f"], name="flat", axis=0),
+                h.make_node("Softmax", ["f"], ["y"], name="sm", axis=1)], [_vi("x", ["N", 3])], [_vi("y", [1, "M"])])
+    fn = ts.onnx.load(m)
+    for n in (2, 5):
+        x = rng.standard_normal((n, 3)).astype(F)
+        e = np.exp(x.astype(np.float64).reshape(1, -1))
+        assert _close(fn(x), e / e.sum())
+    assert fn.dynamic == {} and fn.dynamic_fallback, fn.dynamic_fallback

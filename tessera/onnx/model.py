@@ -149,7 +149,8 @@ class OnnxFunction:
         self._jit_opts = {"target": target, "arch": arch}
         self.dynamic = {}
         for i, (name, _, dims) in enumerate(self.inputs):
-            axes = {a: (d if isinstance(d, str) else f"{name}_{a}") for a, d in enumerate(dims) if not isinstance(d, int)}
+            axes = {a: (d if isinstance(d, str) else f"{name}_{a}") for a, d in enumerate(dims)
+                    if not isinstance(d, int)}
             if axes:
                 self.dynamic[i] = axes
         self.dynamic_fallback = None                  # why the bucketed compile was given up, if it was
@@ -242,7 +243,8 @@ class OnnxFunction:
         vals = list(args) + [None] * (len(self.inputs) - len(args))
         for k, v in kwargs.items():
             if k not in self.input_names:
-                raise ArgumentError(f"tessera.onnx: the model has no input {k!r} (inputs: {', '.join(self.input_names)})")
+                raise ArgumentError(f"tessera.onnx: the model has no input {k!r} "
+                                    f"(inputs: {', '.join(self.input_names)})")
             i = self.input_names.index(k)
             if i < len(args):
                 raise ArgumentError(f"tessera.onnx: input {k!r} given by position and by name")
@@ -255,7 +257,8 @@ class OnnxFunction:
                 v = vals[i] = np.asarray(v, dtype=d)
             if isinstance(v, np.ndarray):
                 if v.dtype != d:
-                    raise DtypeError(f"tessera.onnx: input {name!r} is {dt.name(d)} in the model, got {dt.name(v.dtype)}")
+                    raise DtypeError(f"tessera.onnx: input {name!r} is {dt.name(d)} in the model, "
+                                     f"got {dt.name(v.dtype)}")
                 if v.ndim != len(dims) or any(isinstance(m, int) and m != s for m, s in zip(dims, v.shape)):
                     shown = tuple(m if m is not None else "?" for m in dims)
                     raise ShapeMismatchError(f"tessera.onnx: input {name!r} has shape {shown} in the model, got "
