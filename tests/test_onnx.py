@@ -340,3 +340,32 @@ def test_dynamic_dim_that_cannot_bucket_is_specialised(rng):
         e = np.exp(x.astype(np.float64).reshape(1, -1))
         assert _close(fn(x), e / e.sum())
     assert fn.dynamic == {} and fn.dynamic_fallback, fn.dynamic_fallback
+
+
+def test_opset18_forms_and_less_common_attributes(rng):
+    """Split num_outputs, Reduce axes as an input (opset 18), LayerNormalization over two axes,
+    TopK largest=0, Conv auto_pad SAME_LOWER with stride 2, exclusive CumSum."""
+    n = h.make_node
+    c = {"ax": _i64(-1), "k": _i64(2), "s": 1 + 0.1 * W(4).astype(F), "cw": W((2, 1, 3, 3)).astype(F)}
+    nodes = [n("Split", ["x"], ["p0", "p1"], name="split", axis=1, num_outputs=2),               # [3,2,4] each
+             n("ReduceMean", ["p0", "ax"], ["rm"], name="rmean", keepdims=0),                      # [3,2]
+             n("LayerNormalization", ["x", "s"], ["ln"], name="ln", axis=1, epsilon=1e-3),        # over [4, 4], scale broadcast
+             n("TopK", ["rm", "k"], ["tv", "ti"], name="topk", axis=1, largest=0),
+             n("CumSum", ["p1", "ax"], ["cs"], name="cs", exclusive=1),
+             n("Conv", ["img", "cw"], ["cv"], name="conv", auto_pad="SAME_LOWER", strides=[2, 2])]
+    m = _model(nodes, [_vi("x", [3, 4, 4]), _vi("img", [1, 1, 5, 6])],
+               [_vi("rm", [3, 2]), _vi("ln", [3, 4, 4]), _vi("tv", [3, 2]), _vi("ti", [3, 2], T.INT64),
+                _vi("cs", [3, 2, 4]), _vi("cv", [1, 2, 3, 3])], c.items(), opset=18, name="o18")
+    x = rng.standard_normal((3, 4, 4)).astype(F)
+    img = rng.standard_normal((1, 1, 5, 6)).astype(F)
+    rm, ln, tv, ti, cs, cv = ts.onnx.load(m)(x, img)
+    xd = x.astype(np.float64)
+    assert _close(rm, xd[:, :2].mean(-1))
+    mu = xd.mean((1, 2), keepdims=True)
+    want_ln = (xd - mu) / np.sqrt(((xd - mu) ** 2).mean((1, 2), keepdims=True) + 1e-3) * c["s"].astype(np.float64)
+    assert _close(ln, want_ln)
+    order = np.argsort(xd[:, :2].mean(-1), axis=1, kind="stable")[:, :2]
+    assert np.array_equal(ti, order) and _close(tv, np.take_along_axis(xd[:, :2].mean(-1), order, 1))
+    assert _close(cs, np.cumsum(xd[:, 2:], -1) - xd[:, 2:])
+    # SAME_LOWER, stride 2: H 5 -> 3 (total pad 2: 1 before, 1 after), W 6 -> 3 (total 1: before)
+    assert _close(cv, _conv_ref(img.astype(np.float64), c["cw"].astype(np.float64), None, 2, (1, 1, 1, 0), 1))
