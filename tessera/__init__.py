@@ -40,4 +40,7 @@ def __getattr__(name):   # tessera.torch imports torch: only when asked for
     if name == "torch":
         import importlib
         return importlib.import_module("tessera.torch")
+    if name == "jax":    # tessera.jax imports jax: only when asked for
+        import importlib
+        return importlib.import_module("tessera.jax")
     raise AttributeError(f"module 'tessera' has no attribute {name!r}")
