@@ -349,7 +349,7 @@ def test_opset18_forms_and_less_common_attributes(rng):
     c = {"ax": _i64(-1), "k": _i64(2), "s": 1 + 0.1 * W(4).astype(F), "cw": W((2, 1, 3, 3)).astype(F)}
     nodes = [n("Split", ["x"], ["p0", "p1"], name="split", axis=1, num_outputs=2),               # [3,2,4] each
              n("ReduceMean", ["p0", "ax"], ["rm"], name="rmean", keepdims=0),                      # [3,2]
-             n("LayerNormalization", ["x", "s"], ["ln"], name="ln", axis=1, epsilon=1e-3),  # over [4, 4]; scale broadcast
+             n("LayerNormalization", ["x", "s"], ["ln"], name="ln", axis=1, epsilon=1e-3),  # [4, 4], scale bcast
              n("TopK", ["rm", "k"], ["tv", "ti"], name="topk", axis=1, largest=0),
              n("CumSum", ["p1", "ax"], ["cs"], name="cs", exclusive=1),
              n("Conv", ["img", "cw"], ["cv"], name="conv", auto_pad="SAME_LOWER", strides=[2, 2])]
