@@ -31,6 +31,8 @@ __all__ = ["jit", "compile", "explain", "ops", "dtypes", "errors", "TesseraError
 __all__ += ["grad", "value_and_grad", "vjp", "stop_gradient"]
 __all__ += ["tune"]
 __all__ += ["export", "aot"]
+from tessera import onnx  # noqa: E402 - tessera.onnx.load; imports onnx only when it loads a model
+__all__ += ["onnx"]
 __version__ = "0.1.0"
 
 
@@ -38,4 +40,7 @@ def __getattr__(name):   # tessera.torch imports torch: only when asked for
     if name == "torch":
         import importlib
         return importlib.import_module("tessera.torch")
+    if name == "jax":    # tessera.jax imports jax: only when asked for
+        import importlib
+        return importlib.import_module("tessera.jax")
     raise AttributeError(f"module 'tessera' has no attribute {name!r}")

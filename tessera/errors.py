@@ -368,6 +368,16 @@ class TorchBackendMismatchError(FrontendError):
     code = "TORCH_BACKEND_MISMATCH"
 
 
+class OnnxImportError(FrontendError):
+    """An ONNX model cannot be read: a corrupt file, an opset outside 13..21, a malformed graph (``tessera.onnx``)."""
+    code = "ONNX_IMPORT"
+
+
+class OnnxUnsupportedError(OnnxImportError):
+    """An ONNX node uses an op, an attribute or an input count that ``tessera.onnx`` does not map; the message lists every such node (name, op type, reason)."""
+    code = "ONNX_UNSUPPORTED"
+
+
 class GradError(FrontendError):
     """``tessera.grad`` / ``value_and_grad`` / ``vjp`` cannot differentiate what it was given."""
     code = "GRAD"

@@ -382,7 +382,7 @@ class BucketedJit(JitFunction):
                 raise DynamicShapeError(
                     f"tracing {self.name} at dynamic {name} {sizes[sym] + 1} (to find which axes follow it) failed "
                     f"where {sizes[sym]} traced: {e.code}: {e.message}") from None
-        self.out_axes[_pattern_key(prepared, kinds)] = mask_graph(g1, g2s, sizes)
+        self.out_axes[_pattern_key(prepared, kinds, dims)] = mask_graph(g1, g2s, sizes)
         return g1
 
     def _count_compile(self, key, kinds, prepared, arrays) -> None:
@@ -396,11 +396,14 @@ class BucketedJit(JitFunction):
             self.compiles[-1] = f"dynamic {_describe(self.owner.names, ns, sizes, 'first at length')}: {cause}"
 
 
-def _pattern_key(args, kinds) -> tuple:
-    """What a trace's output axes are kept by: arrays' dtypes and shapes, numbers as numbers,
+def _pattern_key(args, kinds, dims=()) -> tuple:
+    """What a trace's output axes are kept by: arrays' dtypes and shapes (the dynamic axes' sizes
+    left out: another bucket may reuse a compile without tracing again), numbers as numbers,
     static values by value."""
-    return tuple(("a", a.dtype.str, a.shape) if k == ARRAY else ("n",) if k == SCALAR else ("s",) + _scalar_key(a)
-                 for a, k in zip(args, kinds))
+    def shape(i, a):
+        return tuple(-1 if any(p == i and ax == j for p, ax, _ in dims) else n for j, n in enumerate(a.shape))
+    return tuple(("a", a.dtype.str, shape(i, a)) if k == ARRAY else ("n",) if k == SCALAR else ("s",) + _scalar_key(a)
+                 for i, (a, k) in enumerate(zip(args, kinds)))
 
 
 class Buckets:
@@ -487,7 +490,7 @@ class Buckets:
     def unpad(self, outs, padded, ns: list[int], sizes: list[int]):
         """The results sliced back to the true lengths along their dynamic axes."""
         tup = isinstance(outs, tuple)
-        axes = self.inner.out_axes.get(_pattern_key(padded, self._kinds(padded)))
+        axes = self.inner.out_axes.get(_pattern_key(padded, self._kinds(padded), self.dims(padded)))
         if axes is None:
             raise InternalError(f"dynamic=: no traced output axes for this call of {self.fn.name}")
         res = []
