@@ -530,10 +530,12 @@ class SimtLowerer(SimtCopies, OpLowerer):
 # what every GPU tile -> target lowering consumes and produces (a target adds its own ops)
 GPU_CONSUMES = ("tile.alloc", "tile.view", "tile.async_copy", "tile.wait", "tile.barrier", "tile.fragment_zero",
                 "tile.fragment_pack", "tile.mma", "tile.fragment_unpack", "tile.load", "tile.store", "tile.constant",
-                "tile.elementwise", "tile.mask", "tile.reduce", "tile.program_id", "tile.wave_id", "tile.launch")
+                "tile.elementwise", "tile.mask", "tile.reduce", "tile.program_id", "tile.wave_id", "tile.launch",
+                "tile.splat_index")
 GPU_PRODUCES = ("tessera_gpu.thread_id", "tessera_gpu.block_id", "tessera_gpu.shared", "tessera_gpu.load",
                 "tessera_gpu.store", "tessera_gpu.barrier", "tessera_gpu.pack", "tessera_gpu.extract",
-                "tessera_gpu.convert", "tessera_gpu.math", "tessera_gpu.launch")
+                "tessera_gpu.convert", "tessera_gpu.math", "tessera_gpu.launch",
+                "tessera_gpu.shuffle_xor")
 
 
 def lower_for_arch(module: ModuleOp, pass_name: str, target: str, arch: str, make_lowerer, make_map) -> None:
