@@ -20,7 +20,7 @@ from tessera.ir.attrs import ival, strs
 from tessera.ir.target import gpu as G
 
 GPU_DIALECTS = ("tessera_gpu", "arith", "scf", "func", "builtin")
-_MATH_LIB = ("exp", "exp_bounded", "tanh", "erf", "silu", "gelu_tanh", "gelu_erf", "sigmoid")
+_MATH_LIB = ("exp", "exp_bounded", "tanh", "erf", "silu", "gelu_tanh", "gelu_erf", "sigmoid", "log")
 
 
 class GpuFn(FnCodegen):

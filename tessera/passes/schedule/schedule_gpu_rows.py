@@ -1,6 +1,6 @@
 """The GPU schedule of memory-bound kernels (``schedule-gpu`` calls :func:`rows_schedule`):
 elementwise chains, copies through permuted strides (``transpose``), row kernels (softmax,
-layer_norm, rms_norm) and reductions over the last axes.
+layer_norm, rms_norm, log_softmax) and reductions over the last axes.
 
 - vector V: 16 bytes of the narrowest tensor the kernel reads or writes (8 for f16/bf16, 4 for
   f32): each thread moves V consecutive elements per access;
@@ -11,7 +11,7 @@ layer_norm, rms_norm) and reductions over the last axes.
   flat elementwise kernel).
 
 What these kernels cannot do is refused here, naming the op and the lane: row ops other than
-softmax / layer_norm / rms_norm, reductions other than sum / mean / max over a contiguous run of
+softmax / layer_norm / rms_norm / log_softmax, reductions other than sum / mean / max over a contiguous run of
 axes, and
 int / bool tensors (the typed ops).
 """
@@ -21,6 +21,7 @@ from xdsl.dialects.builtin import BFloat16Type, Float16Type, IntegerType, String
 
 from tessera.errors import ScheduleIllegalError
 from tessera.ir import graph as g
+from tessera.ir.graph_rows import LogSoftmaxOp
 from tessera.ir.attrs import i64_attr, int_array, ints, str_array
 
 ROW_KINDS = ("rowwise", "reduce", "elementwise", "transpose")
@@ -51,7 +52,7 @@ def _check_ops(fop: g.FusionOp, name: str, target: str) -> g.Operation | None:
             if isinstance(getattr(v.type, "element_type", None), IntegerType):
                 raise _refuse(name, op, target, " on int or bool tensors")
         if isinstance(op, g.ROWWISE):
-            if not isinstance(op, (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp)):
+            if not isinstance(op, (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, LogSoftmaxOp)):
                 raise _refuse(name, op, target)
             main = op
         elif isinstance(op, g.REDUCTIONS):

@@ -8,6 +8,7 @@ threads x V, V elements = 16 bytes of the narrowest tensor; ``passes/schedule/sc
   past its end, and each statistic is one ``tile.reduce`` of a per-thread accumulator tile:
 
     softmax     pass 1 max; pass 2 sum of exp(x - max); pass 3 out = epilogue(exp(x - max) / sum)
+    log_softmax pass 1 max (s: clamped finite); pass 2 sum of exp(x - s); pass 3 x - s - log(sum)
     layer_norm  pass 1 mean; pass 2 variance about the mean; pass 3 normalise, scale, shift
     rms_norm    pass 1 mean of squares; pass 2 normalise and scale
 
@@ -30,6 +31,7 @@ from xdsl.dialects.builtin import StringAttr, UnitAttr, f32
 from tessera.errors import ScheduleIllegalError
 from tessera.ir import dims as D
 from tessera.ir import graph as g
+from tessera.ir.graph_rows import LogSoftmaxOp
 from tessera.ir import schedule as s
 from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr, int_array, ints, str_array
@@ -46,7 +48,8 @@ from tessera.passes.tile.kernels.common import (
 )
 
 KINDS = ("rowwise", "reduce", "elementwise", "transpose")
-GPU_ROW_OPS = (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp)
+GPU_ROW_OPS = (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, LogSoftmaxOp)
+F32_MAX = 3.4028234663852886e38
 GPU_REDUCTIONS = (g.ReduceSumOp, g.ReduceMeanOp, g.ReduceMaxOp)
 NEG_INF = float("-inf")
 
@@ -157,7 +160,13 @@ def _rowwise(kop: s.KernelOp):
             return []
         b.for_(0, C, chunk, body)
 
-    if isinstance(norm, g.SoftmaxOp):
+    if isinstance(norm, LogSoftmaxOp):    # x - s - log(sum exp(x - s)), s = the maximum clamped finite
+        mx = accumulate("max", NEG_INF, lambda bc, xv: xv)
+        sh = elementwise(b, "min", [elementwise(b, "max", [mx, tile_const(b, -F32_MAX)]), tile_const(b, F32_MAX)])
+        ssum = accumulate("add", 0.0, lambda bc, xv: elementwise(bc, "exp_bounded", [shift(bc, xv, sh)]))
+        lse = elementwise(b, "add", [sh, elementwise(b, "log", [ssum])])
+        write_pass(lambda bc, xv, c, left: elementwise(bc, "sub", [xv, lse]))
+    elif isinstance(norm, g.SoftmaxOp):
         mx = accumulate("max", NEG_INF, lambda bc, xv: xv)
         ssum = accumulate("add", 0.0, lambda bc, xv: elementwise(bc, "exp_bounded", [shift(bc, xv, mx)]))
         inv = elementwise(b, "recip", [ssum])
