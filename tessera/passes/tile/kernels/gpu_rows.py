@@ -12,7 +12,10 @@ threads x V, V elements = 16 bytes of the narrowest tensor; ``passes/schedule/sc
     layer_norm  pass 1 mean; pass 2 variance about the mean; pass 3 normalise, scale, shift
     rms_norm    pass 1 mean of squares; pass 2 normalise and scale
 
-  (later passes re-read the row: from L2 for rows of up to a few MB);
+  a row of at most one chunk, or of at most HELD = 2 chunks, is read once and kept in registers for
+  every pass (four held chunks took softmax to 134 registers per thread, one 256-thread workgroup
+  per SM; two take 80, three workgroups); a longer row is re-read by each pass (from L2 for rows of
+  up to a few MB);
 - ``reduce`` (sum / mean / max over a contiguous run of axes): over the last axes one workgroup per
   output element; with inner axes after them one workgroup per (outer index, chunk of inner
   columns), each thread folding its columns down the reduced rows (no exchange);
@@ -50,6 +53,7 @@ from tessera.passes.tile.kernels.common import (
 KINDS = ("rowwise", "reduce", "elementwise", "transpose")
 GPU_ROW_OPS = (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, LogSoftmaxOp)
 F32_MAX = 3.4028234663852886e38
+HELD = 2          # chunks of a row kept in registers (4096 f16 / 2048 f32 columns with 256 threads)
 GPU_REDUCTIONS = (g.ReduceSumOp, g.ReduceMeanOp, g.ReduceMaxOp)
 NEG_INF = float("-inf")
 
@@ -146,54 +150,78 @@ def _rowwise(kop: s.KernelOp):
         R.emit_ops(bc, epilogue, vals, f32)
         R.store_row(kf, bc, out_buf, out.type.element_type, vals[out], bc.add(out_off, c), left, chunk)
 
-    def accumulate(kind: str, pad: float, f):
-        def body(bc, c, carried):
-            xv, left = x_chunk(bc, c, pad if kind == "max" else 0.0)
-            val = mask_cols(bc, f(bc, xv), left, pad)
-            return [elementwise(bc, kind, [carried[0], val])]
-        return _reduce(b, kind, b.for_(0, C, chunk, body, [splat_row(b, chunk, pad)])[0])
+    def program(b, held: int):
+        """The row's passes; ``held`` > 0: the row fits that many chunks, read once and kept in registers
+        (chunks past the row's end are all masked: they read and write nothing)."""
+        cached = [x_chunk(b, i * chunk) for i in range(held)]
 
-    def write_pass(f):
-        def body(bc, c, _c):
-            xv, left = x_chunk(bc, c)
-            write(bc, c, left, f(bc, xv, c, left))
-            return []
-        b.for_(0, C, chunk, body)
+        def accumulate(kind: str, pad: float, f):
+            if held:
+                acc = None
+                for xv, left in cached:
+                    val = mask_cols(b, f(b, xv), left, pad)
+                    acc = val if acc is None else elementwise(b, kind, [acc, val])
+                return _reduce(b, kind, acc)
 
-    if isinstance(norm, LogSoftmaxOp):    # x - s - log(sum exp(x - s)), s = the maximum clamped finite
-        mx = accumulate("max", NEG_INF, lambda bc, xv: xv)
-        sh = elementwise(b, "min", [elementwise(b, "max", [mx, tile_const(b, -F32_MAX)]), tile_const(b, F32_MAX)])
-        ssum = accumulate("add", 0.0, lambda bc, xv: elementwise(bc, "exp_bounded", [shift(bc, xv, sh)]))
-        lse = elementwise(b, "add", [sh, elementwise(b, "log", [ssum])])
-        write_pass(lambda bc, xv, c, left: elementwise(bc, "sub", [xv, lse]))
-    elif isinstance(norm, g.SoftmaxOp):
-        mx = accumulate("max", NEG_INF, lambda bc, xv: xv)
-        ssum = accumulate("add", 0.0, lambda bc, xv: elementwise(bc, "exp_bounded", [shift(bc, xv, mx)]))
-        inv = elementwise(b, "recip", [ssum])
-        write_pass(lambda bc, xv, c, left: elementwise(bc, "mul", [
-            elementwise(bc, "exp_bounded", [shift(bc, xv, mx)]), inv]))
-    else:
-        nt = t.SplatIndexOp.create(operands=[b.c(C)], result_types=[t.tile_type(1, 1, f32)])
-        b.op(nt)
-        inv_n = elementwise(b, "recip", [nt.result])
-        if isinstance(norm, g.LayerNormOp):
-            mean = elementwise(b, "mul", [accumulate("add", 0.0, lambda bc, xv: xv), inv_n])
-            var = elementwise(b, "mul", [accumulate("add", 0.0, lambda bc, xv: elementwise(
-                bc, "mul", [elementwise(bc, "sub", [xv, mean])] * 2)), inv_n])
+            def body(bc, c, carried):
+                xv, left = x_chunk(bc, c, pad if kind == "max" else 0.0)
+                val = mask_cols(bc, f(bc, xv), left, pad)
+                return [elementwise(bc, kind, [carried[0], val])]
+            return _reduce(b, kind, b.for_(0, C, chunk, body, [splat_row(b, chunk, pad)])[0])
+
+        def write_pass(f):
+            for i, (xv, left) in enumerate(cached):
+                write(b, i * chunk, left, f(b, xv, i * chunk, left))
+            if held:
+                return
+
+            def body(bc, c, _c):
+                xv, left = x_chunk(bc, c)
+                write(bc, c, left, f(bc, xv, c, left))
+                return []
+            b.for_(0, C, chunk, body)
+
+        if isinstance(norm, LogSoftmaxOp):    # x - s - log(sum exp(x - s)), s = the maximum clamped finite
+            mx = accumulate("max", NEG_INF, lambda bc, xv: xv)
+            sh = elementwise(b, "min", [elementwise(b, "max", [mx, tile_const(b, -F32_MAX)]),
+                                        tile_const(b, F32_MAX)])
+            ssum = accumulate("add", 0.0, lambda bc, xv: elementwise(bc, "exp_bounded", [shift(bc, xv, sh)]))
+            lse = elementwise(b, "add", [sh, elementwise(b, "log", [ssum])])
+            write_pass(lambda bc, xv, c, left: elementwise(bc, "sub", [xv, lse]))
+        elif isinstance(norm, g.SoftmaxOp):
+            mx = accumulate("max", NEG_INF, lambda bc, xv: xv)
+            ssum = accumulate("add", 0.0, lambda bc, xv: elementwise(bc, "exp_bounded", [shift(bc, xv, mx)]))
+            inv = elementwise(b, "recip", [ssum])
+            write_pass(lambda bc, xv, c, left: elementwise(bc, "mul", [
+                elementwise(bc, "exp_bounded", [shift(bc, xv, mx)]), inv]))
         else:
-            mean = None
-            var = elementwise(b, "mul", [accumulate("add", 0.0, lambda bc, xv: elementwise(bc, "mul", [xv, xv])),
-                                         inv_n])
-        rstd = elementwise(b, "rsqrt", [elementwise(b, "add", [var, tile_const(b, eps)])])
+            nt = t.SplatIndexOp.create(operands=[b.c(C)], result_types=[t.tile_type(1, 1, f32)])
+            b.op(nt)
+            inv_n = elementwise(b, "recip", [nt.result])
+            if isinstance(norm, g.LayerNormOp):
+                mean = elementwise(b, "mul", [accumulate("add", 0.0, lambda bc, xv: xv), inv_n])
+                var = elementwise(b, "mul", [accumulate("add", 0.0, lambda bc, xv: elementwise(
+                    bc, "mul", [elementwise(bc, "sub", [xv, mean])] * 2)), inv_n])
+            else:
+                mean = None
+                var = elementwise(b, "mul", [accumulate("add", 0.0, lambda bc, xv: elementwise(bc, "mul", [xv, xv])),
+                                             inv_n])
+            rstd = elementwise(b, "rsqrt", [elementwise(b, "add", [var, tile_const(b, eps)])])
 
-        def normalise(bc, xv, c, left):
-            y = elementwise(bc, "sub", [xv, mean]) if mean is not None else xv
-            y = elementwise(bc, "mul", [y, rstd])
-            for v, fn in ((getattr(norm, "scale", None), "mul"), (getattr(norm, "bias", None), "add")):
-                if v is not None:
-                    y = elementwise(bc, fn, [y, R.load_leaf(kf, bc, leaves[v], offsets[v], c, left, chunk)])
-            return y
-        write_pass(normalise)
+            def normalise(bc, xv, c, left):
+                y = elementwise(bc, "sub", [xv, mean]) if mean is not None else xv
+                y = elementwise(bc, "mul", [y, rstd])
+                for v, fn in ((getattr(norm, "scale", None), "mul"), (getattr(norm, "bias", None), "add")):
+                    if v is not None:
+                        y = elementwise(bc, fn, [y, R.load_leaf(kf, bc, leaves[v], offsets[v], c, left, chunk)])
+                return y
+            write_pass(normalise)
+        return []
+
+    # rows of at most one chunk (2048 f16 / 1024 f32 columns with 256 threads) or HELD chunks are read
+    # once and kept in registers; longer rows loop over their chunks in every pass
+    b.if_(b.cmp("sle", C, chunk), lambda b1: program(b1, 1), lambda be: be.if_(
+        be.cmp("sle", C, HELD * chunk), lambda b4: program(b4, HELD), lambda bl: program(bl, 0)) and [])
     nrows = D.product(dims[:-1])
     return _finish(kf, kf.finish(), [D.ceil_extent(nrows, 1)], T, wave), sig.dims, 0, []
 
