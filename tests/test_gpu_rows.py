@@ -232,3 +232,20 @@ def test_demo_block_compiles_entirely_for_the_gpu_and_matches_float64(target, ar
     assert {"rowwise", "gemm", "transpose"} == set(kinds) and kinds.count("rowwise") == 3   # 2 layer_norms, softmax
     want = numpy_block(*[a.astype(np.float64) for a in args])
     assert _rel(art.emulate(*args), want) < 2e-2          # f16 between kernels, as the CPU lane in f16
+
+
+def test_shuffle_xor_verifies_its_mask_and_wave():
+    from xdsl.dialects import arith
+    from xdsl.dialects.builtin import FloatAttr, f32
+    from tessera.errors import TargetVerifyError
+    from tessera.ir.attrs import i64_attr
+    from tessera.ir.target import gpu as G
+    v = arith.ConstantOp(FloatAttr(1.0, f32), f32).result
+    for mask, width, ok in ((16, 32, True), (32, 64, True), (32, 32, False), (0, 32, False), (4, 16, False)):
+        op = G.ShuffleXorOp.create(operands=[v], attributes={"mask": i64_attr(mask), "width": i64_attr(width)},
+                                   result_types=[f32])
+        if ok:
+            op.verify()
+        else:
+            with pytest.raises(TargetVerifyError):
+                op.verify()
