@@ -249,3 +249,14 @@ def test_shuffle_xor_verifies_its_mask_and_wave():
         else:
             with pytest.raises(TargetVerifyError):
                 op.verify()
+
+
+def test_a_static_short_row_takes_one_wave_without_the_shared_exchange(rng):
+    """A reshape makes the row length static (25): the schedule sizes the workgroup to one warp, whose
+    reduction is the shuffle butterfly alone."""
+    x = rng.standard_normal((6, 75)).astype(np.float16)
+    art = ts.compile(lambda a: ts.ops.softmax(a.reshape(6, 3, 25)), x, target="nvidia", arch="sm_90")
+    rows = next(a for a in art.abi() if a["symbol"].endswith("_rowwise"))
+    assert rows["block"] == [32, 1, 1] and rows["shared_bytes"] == 0
+    want = _softmax(x.astype(np.float64).reshape(6, 3, 25))
+    assert _rel(art.emulate(x), want) < TOL["f16"]
