@@ -211,6 +211,12 @@ def test_uncovered_ops_keep_their_coded_refusal(fn, what, rng):
     assert "nvidia" in str(e.value)
 
 
+def test_float64_rows_are_refused_naming_the_op_and_lane(rng):
+    x = rng.standard_normal((5, 75))
+    with pytest.raises(ScheduleIllegalError, match=r"tessera\.softmax\).*rocm lane.*float64"):
+        ts.compile(lambda a: ts.ops.softmax(a), x, target="rocm", arch="gfx942")
+
+
 # small GEMM tiles keep the emulator quick (the default 128 x 128 tiles take minutes there); the row
 # kernels are what this file tests
 DEMO_PINS = {"nvidia": {"tile_m": 32, "tile_n": 32, "tile_k": 32, "register_tile": (1, 2), "staging": 1},

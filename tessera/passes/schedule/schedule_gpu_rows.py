@@ -13,11 +13,11 @@ layer_norm, rms_norm, log_softmax) and reductions over the last axes.
 What these kernels cannot do is refused here, naming the op and the lane: row ops other than
 softmax / layer_norm / rms_norm / log_softmax, reductions other than sum / mean / max over a contiguous run of
 axes, and
-int / bool tensors (the typed ops).
+int / bool tensors (the typed ops) and float64 ones.
 """
 from __future__ import annotations
 
-from xdsl.dialects.builtin import BFloat16Type, Float16Type, IntegerType, StringAttr
+from xdsl.dialects.builtin import BFloat16Type, Float16Type, Float64Type, IntegerType, StringAttr
 
 from tessera.errors import ScheduleIllegalError
 from tessera.ir import graph as g
@@ -51,6 +51,8 @@ def _check_ops(fop: g.FusionOp, name: str, target: str) -> g.Operation | None:
         for v in list(op.operands) + list(op.results):
             if isinstance(getattr(v.type, "element_type", None), IntegerType):
                 raise _refuse(name, op, target, " on int or bool tensors")
+            if isinstance(getattr(v.type, "element_type", None), Float64Type):
+                raise _refuse(name, op, target, " on float64 tensors (the GPU kernels compute in f32)")
         if isinstance(op, g.ROWWISE):
             if not isinstance(op, (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, LogSoftmaxOp)):
                 raise _refuse(name, op, target)
