@@ -257,6 +257,8 @@ SAMPLES: dict[str, str] = {
   %w = tessera_gpu.convert %v : vector<8xf16> -> vector<8xf32>
   %x = tessera_gpu.math "gelu_tanh" %w : (vector<8xf32>) -> vector<8xf32>
   %y = tessera_gpu.math "add" %x, %w : (vector<8xf32>, vector<8xf32>) -> vector<8xf32>
+  %q = tessera_gpu.extract %y[0] : vector<8xf32> -> f32
+  %z = tessera_gpu.shuffle_xor %q {mask = 16 : i64, width = 32 : i64} : f32 -> f32
   tessera_nvidia.cp_async %s[%t], %g[%i], %i {bytes = 16 : i64} : !tile.buffer<f16, smem>, !tile.buffer<f16, global>
   tessera_nvidia.cp_async_commit
   tessera_nvidia.cp_async_wait {pending = 1 : i64}
@@ -266,6 +268,7 @@ SAMPLES: dict[str, str] = {
     "tessera_gpu.barrier": None, "tessera_gpu.pack": None, "tessera_gpu.extract": None, "tessera_gpu.convert": None,
     "tessera_gpu.math": None, "tessera_nvidia.cp_async": None, "tessera_nvidia.cp_async_commit": None,
     "tessera_nvidia.cp_async_wait": None, "tessera_nvidia.ldmatrix": None,
+    "tessera_gpu.shuffle_xor": None,
     "tessera_gpu.launch": _fn(f"%x : {Y}", f"""  %r = tessera_gpu.launch @k0(%x) {{dims = ["M", "N"], grid = ["N/64", "M/64", "1"], block = 128 : i64, shared = 1024 : i64}} : ({Y}) -> {Y}
   func.return %r : {Y}""", Y),
     "tile.program_id": _fn("", """  %p = tile.program_id {axis = 2 : i64} : index

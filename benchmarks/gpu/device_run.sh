@@ -43,3 +43,9 @@ print('tessera imports; llvmlite', llvmlite.__version__, 'numpy', numpy.__versio
 timeout 300 $py -m pytest -q -rs tests/test_nvidia_device.py tests/test_cuda_runtime.py 2>&1 | tee "$OUT/pytest.log"
 timeout 200 $py benchmarks/gpu/nvidia_check.py --bundle benchmarks/gpu/bundle 2>&1 | tee "$OUT/check.log"
 timeout 200 $py benchmarks/gpu/attention_bench.py 2>&1 | tee "$OUT/attention.log"
+# the memory-bound kernels (rows, reductions, chains) when their bundle was carried
+# (./dev python benchmarks/gpu/build_rows_bundle.py --arch sm_90 here): float64 / emulator checks, then
+# 16384 x 8192 against torch and a device copy
+if [ -f benchmarks/gpu/rows_bundle/manifest.json ]; then
+  timeout 240 $py benchmarks/gpu/rows_bench.py --bundle benchmarks/gpu/rows_bundle 2>&1 | tee "$OUT/rows.log"
+fi

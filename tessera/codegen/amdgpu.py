@@ -85,6 +85,14 @@ class AmdgpuFn(GpuFn):
         self.b.call(self.gen.intrinsic("llvm.amdgcn.s.barrier", ir.VoidType(), []), [])
         self.b.fence("acquire", "workgroup")
 
+    def target_shuffle_xor(self, value, mask: int, width: int):
+        """``ds_bpermute_b32``: each lane reads lane (lane ^ mask)'s value (a byte address, lane * 4)."""
+        lane = self.b.urem(self.target_thread_id(), ir.Constant(I32, width))
+        addr = self.b.shl(self.b.xor(lane, ir.Constant(I32, mask)), ir.Constant(I32, 2))
+        fn = self.gen.intrinsic("llvm.amdgcn.ds.bpermute", I32, [I32, I32])
+        got = self.b.call(fn, [addr, self.b.bitcast(value, I32)])
+        return self.b.bitcast(got, ir.FloatType())
+
     def _matrix(self, op):
         rec = record_for(op, self.gen.arch)
         types = [_parse_llvm_type(a) for a in rec.llvm_args]

@@ -20,7 +20,7 @@ from tessera.ir.attrs import ival, strs
 from tessera.ir.target import gpu as G
 
 GPU_DIALECTS = ("tessera_gpu", "arith", "scf", "func", "builtin")
-_MATH_LIB = ("exp", "exp_bounded", "tanh", "erf", "silu", "gelu_tanh", "gelu_erf", "sigmoid")
+_MATH_LIB = ("exp", "exp_bounded", "tanh", "erf", "silu", "gelu_tanh", "gelu_erf", "sigmoid", "log")
 
 
 class GpuFn(FnCodegen):
@@ -54,6 +54,12 @@ class GpuFn(FnCodegen):
 
     def target_barrier(self) -> None:
         raise NotImplementedError
+
+    def target_shuffle_xor(self, value: ir.Value, mask: int, width: int) -> ir.Value:
+        raise NotImplementedError
+
+    def op_tessera_gpu_shuffle_xor(self, op: G.ShuffleXorOp):
+        self.set(op, self.target_shuffle_xor(self.v(op.value), ival(op.mask), ival(op.width)))
 
     # ------------------------------------------------------------------ work distribution
     def op_tessera_gpu_thread_id(self, op):
@@ -113,6 +119,9 @@ class GpuFn(FnCodegen):
         a = self.v(op.input)
         to = llvm_type(op.result.type)
         if isinstance(G.element_of(op.input.type), IntegerType):     # a bool mask read as 0.0 / 1.0
+            self.set(op, self.b.uitofp(a, to))
+            return
+        if isinstance(op.input.type, IndexType):                     # a row length (sizes are >= 0)
             self.set(op, self.b.uitofp(a, to))
             return
         wide = isinstance(G.element_of(op.result.type), Float32Type)

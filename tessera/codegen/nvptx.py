@@ -70,6 +70,11 @@ class NvptxFn(GpuFn):
     def target_barrier(self) -> None:
         self.b.call(self.gen.intrinsic("llvm.nvvm.barrier0", ir.VoidType(), []), [])
 
+    def target_shuffle_xor(self, value, mask: int, width: int):
+        """``shfl.sync.bfly.b32`` over the full warp (clamp 31: lanes stay in their warp)."""
+        fn = self.gen.intrinsic("llvm.nvvm.shfl.sync.bfly.f32", ir.FloatType(), [I32, ir.FloatType(), I32, I32])
+        return self.b.call(fn, [ir.Constant(I32, -1), value, ir.Constant(I32, mask), ir.Constant(I32, 0x1F)])
+
     def op_tessera_nvidia_mma_sync(self, op: NV.MmaSyncOp):
         rec = record_for(op, self.gen.arch)
         self.gen.used.add(rec.id)

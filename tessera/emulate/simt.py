@@ -403,6 +403,14 @@ class Emulator:
         with np.errstate(all="ignore"):
             ctx.vals[op.result] = MATH[op.fn.data](*args).astype(np.float32)
 
+    def op_tessera_gpu_shuffle_xor(self, ctx, op: G.ShuffleXorOp, mask):
+        """Lane l of each wave gets lane (l ^ mask)'s value; the whole wave must take part."""
+        width = ival(op.width)
+        self.require_uniform(ctx, op, mask, width, "a wave shuffle")
+        v = np.broadcast_to(np.asarray(self.v(ctx, op.value), dtype=np.float32), (ctx.nthreads,))
+        t = np.arange(ctx.nthreads)
+        ctx.vals[op.result] = v[(t - t % width) + ((t % width) ^ ival(op.mask))].copy()
+
     # ------------------------------------------------------------------ matrix instructions
     def _layout(self, family: str, shape, lanes: int, dtype: str) -> L.InstrLayout:
         try:
@@ -589,6 +597,7 @@ MATH = {
     "select_max": lambda a, b: np.where(a > b, a, b),
     "floor": np.floor, "ceil": np.ceil, "round": np.rint, "square": np.square, "sign": np.sign,
     "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
+    "log": np.log,
 }
 
 

@@ -38,7 +38,8 @@ FAMILIES = {
 
 # what the GPU lanes (nvidia, rocm) do with an op
 GPU_MODES = {
-    "kernel": "a GPU kernel of its own (f16/bf16; f32 with math_mode tf32)",
+    "kernel": "a GPU kernel of its own (GEMM / attention: f16/bf16, f32 with math_mode tf32; memory-bound "
+              "kernels: f16/bf16/f32), and fused where its family fuses",
     "epilogue": "fused into a GEMM or attention epilogue; refused as a kernel of its own (SCHEDULE_ILLEGAL)",
     "refused": "refused with a coded error naming the op and the lane",
 }
@@ -66,14 +67,14 @@ def _op(name: str, family: str, kinds: str, api: str, gpu: str, summary: str) ->
     OPS[name] = OpDef(name, family, kinds, tuple(a.strip() for a in api.split(",") if a.strip()), gpu, summary)
 
 
-E, EPI, NO = "elementwise", "epilogue", "refused"
+E, EPI, NO = "elementwise", "kernel", "refused"   # EPI: fused into epilogues, and a GPU kernel of its own
 # ---- elementwise, one operand
 _op("neg", E, "fi", "neg, unary -", EPI, "-x")
 _op("abs", E, "fi", "abs, abs()", EPI, "|x|")
 _op("exp", E, "f", "exp", EPI, "e ** x")
 _op("exp2", E, "f", "exp2", NO, "2 ** x")
 _op("expm1", E, "f", "expm1", NO, "e ** x - 1, accurate near 0")
-_op("log", E, "f", "log", NO, "natural logarithm (NaN below 0, -inf at 0)")
+_op("log", E, "f", "log", "kernel", "natural logarithm (NaN below 0, -inf at 0)")
 _op("log1p", E, "f", "log1p", NO, "log(1 + x), accurate near 0")
 _op("tanh", E, "f", "tanh", EPI, "hyperbolic tangent")
 _op("erf", E, "f", "erf", EPI, "the error function")
@@ -122,10 +123,10 @@ _op("where", E, "fib", "where, tril, triu", NO, "cond ? a : b, broadcasting all 
 _op("iota", "source", "fi", "iota, arange, tril, triu", NO, "index along an axis (arange: start + step * i)")
 _op("constant", "source", "fi", "Python numbers", EPI, "a scalar (a weak type: x_f16 * 2.0 stays f16)")
 # ---- layout
-_op("transpose", "view", "fib", "transpose, swapaxes, moveaxis, .T", NO, "permute axes")
-_op("reshape", "view", "fib", "reshape, expand_dims, squeeze, x[None], matmul of 1-D", NO,
+_op("transpose", "view", "fib", "transpose, swapaxes, moveaxis, .T", "kernel", "permute axes")
+_op("reshape", "view", "fib", "reshape, expand_dims, squeeze, x[None], matmul of 1-D", "kernel",
     "same elements, new shape")
-_op("slice", "view", "fib", "x[a:b:c], x[i], split, chunk", NO, "basic slicing, steps and negative steps")
+_op("slice", "view", "fib", "x[a:b:c], x[i], split, chunk", "kernel", "basic slicing, steps and negative steps")
 _op("concat", "view", "fib", "concatenate, stack", NO, "join along an axis")
 _op("pad", "pad", "f", "pad", NO, "constant, reflect or edge padding")
 # ---- gathers
@@ -138,20 +139,20 @@ _op("conv_patches", "gemm", "f", "conv2d", NO, "conv2d's implicit-GEMM A operand
 _op("attention", "attention", "f", "attention", "kernel",
     "softmax(q k^T * scale + mask) v; causal, grouped-query heads")
 # ---- row kernels
-_op("softmax", "row", "f", "softmax", NO, "exp(x - max) / sum along an axis")
-_op("log_softmax", "row", "f", "log_softmax", NO, "x - logsumexp(x) along an axis")
+_op("softmax", "row", "f", "softmax", "kernel", "exp(x - max) / sum along an axis")
+_op("log_softmax", "row", "f", "log_softmax", "kernel", "x - logsumexp(x) along an axis")
 _op("logsumexp", "row", "f", "logsumexp", NO, "log(sum(exp(x))) along an axis, overflow-free")
-_op("layer_norm", "row", "f", "layer_norm", NO, "(x - mean) / sqrt(var + eps) * scale + bias, last axis")
-_op("rms_norm", "row", "f", "rms_norm", NO, "x / sqrt(mean(x^2) + eps) * scale, last axis")
+_op("layer_norm", "row", "f", "layer_norm", "kernel", "(x - mean) / sqrt(var + eps) * scale + bias, last axis")
+_op("rms_norm", "row", "f", "rms_norm", "kernel", "x / sqrt(mean(x^2) + eps) * scale, last axis")
 _op("argmax", "row", "f", "argmax", NO, "index of the first maximum (NaN first, as numpy)")
 _op("argmin", "row", "f", "argmin", NO, "index of the first minimum (NaN first, as numpy)")
 _op("top_k", "row", "f", "top_k", NO, "k largest values and their indices, sorted, ties by index")
 _op("cross_entropy", "row", "f", "cross_entropy", NO,
     "-log softmax(logits)[label] from integer labels; mean/sum/none, ignore_index")
 # ---- reductions and scans
-_op("reduce_sum", "reduction", "f", "reduce_sum, .sum()", NO, "sum over axes")
-_op("reduce_mean", "reduction", "f", "reduce_mean, .mean(), var, std", NO, "mean over axes")
-_op("reduce_max", "reduction", "f", "reduce_max, .max()", NO, "max over axes")
+_op("reduce_sum", "reduction", "f", "reduce_sum, .sum()", "kernel", "sum over axes")
+_op("reduce_mean", "reduction", "f", "reduce_mean, .mean(), var, std", "kernel", "mean over axes")
+_op("reduce_max", "reduction", "f", "reduce_max, .max()", "kernel", "max over axes")
 _op("reduce_prod", "reduction", "f", "prod", NO, "product over axes")
 _op("reduce_any", "reduction", "fib", "any", NO, "logical or over axes")
 _op("reduce_all", "reduction", "fib", "all", NO, "logical and over axes")

@@ -26,7 +26,36 @@ GPU_CODE = ("benchmarks/gpu/", "tessera/codegen/gpu.py", "tessera/codegen/nvptx.
             "tessera/emulate/", "tessera/frontend/gpu_build.py", "tessera/ir/target/gpu.py",
             "tessera/ir/target/nvidia.py", "tessera/mma/nvidia.py", "tessera/passes/schedule/schedule_gpu.py",
             "tessera/passes/target/gpu/", "tessera/passes/target/nvidia/", "tessera/passes/tile/kernels/gpu_attention.py",
-            "tessera/passes/tile/kernels/gpu_gemm.py", "tessera/runtime/cuda.py", "tessera/runtime/gpu.py")
+            "tessera/passes/tile/kernels/gpu_gemm.py", "tessera/runtime/cuda.py", "tessera/runtime/gpu.py",
+            "tessera/passes/schedule/schedule_gpu_rows.py", "tessera/passes/tile/kernels/gpu_rows.py")
+
+# the kernel generators of the GPU lanes, by kernel family (what runs where: the op lists come from
+# the op registry, tessera/ir/opset.py, whose declarations tests/test_opset.py checks against real compiles)
+GPU_GENERATORS = {
+    "gemm": "`kernels/gpu_gemm.py`: mma.sync / WMMA / MFMA, staged shared memory, fused epilogue",
+    "attention": "`kernels/gpu_attention.py`: flash attention, four waves per query block",
+    "row": "`kernels/gpu_rows.py`: one workgroup per row, 16-byte vectors, warp-shuffle reductions",
+    "reduction": "`kernels/gpu_rows.py`: one workgroup per row (last axes) or per column chunk",
+    "elementwise": "`kernels/gpu_rows.py`: fused chains, one workgroup per chunk or row, 16-byte vectors",
+    "view": "`kernels/gpu_rows.py`: a copy through permuted strides where no stride expresses it",
+}
+
+
+def where_lines() -> list[str]:
+    """What runs where: per kernel family, the ops the GPU lanes run and the ones they refuse."""
+    from tessera.ir import opset
+    out = ["## What runs where", "",
+           "Both GPU lanes (`target=\"nvidia\"`, `target=\"rocm\"`) lower the same Tile IR; ops marked refused "
+           "raise a coded error naming the op and the lane.  From the op registry (`tessera lanes`, `docs/ops.md`):",
+           "", "| family | GPU kernel | ops run on the GPU lanes | refused there |", "|---|---|---|---|"]
+    for fam in opset.FAMILIES:
+        ops = [d for d in opset.OPS.values() if d.family == fam]
+        run = [d.name for d in ops if d.gpu != "refused"]
+        no = [d.name for d in ops if d.gpu == "refused"]
+        if not ops or fam == "structure":
+            continue
+        out.append(f"| {fam} | {GPU_GENERATORS.get(fam, '-')} | {', '.join(run) or '-'} | {', '.join(no) or '-'} |")
+    return out + [""]
 
 SECTIONS = (
     ("gpu.txt", "Device (nvidia-smi)"),
@@ -38,6 +67,9 @@ SECTIONS = (
                   "against `torch.matmul` (cuBLAS), CUDA events, median of 20 after warm-up"),
     ("attention.log", "`attention_bench.py`: flash attention (batch*heads 16, d 64, f16) against torch's "
                       "`scaled_dot_product_attention` on the same data, CUDA events, median of 20 after warm-up"),
+    ("rows.log", "`rows_bench.py`: the memory-bound kernels (softmax, layer_norm, rms_norm, gelu(x + b), a row "
+                 "sum; f16 and bf16) against float64 and the emulator, then 16384 x 8192 against torch and a device "
+                 "copy, CUDA events, median of 20 after warm-up"),
     ("before-bf16-fix-check.log", "The first run, before the bf16 fix: bf16 kernels ran the f16 `mma.sync` "
                                   "(the emulator, which reads the registers' types, had agreed with float64). The "
                                   "fix keys lane maps by the operand dtype and makes `tessera_nvidia.mma_sync` "
@@ -128,6 +160,10 @@ def gpu_md(results: Path = RESULTS) -> str:
            "in `benchmarks/gpu/results/since.json` by `tessera docs gpu --since --write`; GPU code: "
            + ", ".join(f"`{p}`" for p in GPU_CODE) + ").",
            "ROCm has had no AMD GPU: its code objects are checked structurally and by the wave emulator only.", ""]
+    out += where_lines()
+    out += ["The memory-bound kernels (rows, reductions, elementwise chains, copies) have not run on a device yet: "
+            "`benchmarks/gpu/build_rows_bundle.py` (here) and `benchmarks/gpu/rows_bench.py` (there, one call) "
+            "check them against float64 and the emulator and time them against torch and a device copy.", ""]
     rs = runs(results)
     sf = results / SINCE
     since = json.loads(sf.read_text()) if sf.exists() else None
@@ -163,4 +199,4 @@ def write_since(results: Path = RESULTS) -> Path:
     return p
 
 
-__all__ = ["GPU_CODE", "commits_since", "gpu_md", "since_md", "since_record", "write_since"]
+__all__ = ["GPU_CODE", "GPU_GENERATORS", "where_lines", "commits_since", "gpu_md", "since_md", "since_record", "write_since"]

@@ -20,6 +20,8 @@ workgroup-shared memory) indexed in elements.
   pack          scalars -> ``vector<N x elem>``     extract   one element of a vector
   convert       float <-> float (f32, f16, bf16), elementwise on vectors
   math          ``fn`` on f32 scalars or vectors (the ``tile.elementwise`` functions)
+  shuffle_xor   the f32 value of lane ``lane ^ mask`` of this thread's wave (every lane of the wave
+                takes part: a butterfly step of a wave-wide reduction)
   launch        host program step: run kernel ``callee`` on a grid of workgroups
 """
 from __future__ import annotations
@@ -188,6 +190,7 @@ class ConvertOp(IRDLOperation):
     def verify_(self) -> None:
         a, r = self.input.type, self.result.type
         src_ok = isinstance(element_of(a), FLOATS) or element_of(a) == IntegerType(1)   # bool masks -> 0.0 / 1.0
+        src_ok = src_ok or isinstance(a, IndexType)     # a row length as a float (a mean's divisor)
         if lanes_of(a) != lanes_of(r) or not src_ok or not isinstance(element_of(r), FLOATS):
             raise _bad(self, f"converts floats (or bools to floats) of one shape: {a} -> {r}")
 
@@ -229,5 +232,24 @@ class LaunchOp(IRDLOperation):
     assembly_format = "$callee `(` $args `)` attr-dict `:` functional-type($args, results)"
 
 
+@irdl_op_definition
+class ShuffleXorOp(IRDLOperation):
+    """``result`` = ``value`` as lane ``lane ^ mask`` of this wave holds it (``mask`` < the wave size);
+    every lane of the wave must reach it (NVIDIA ``shfl.sync.bfly``, AMD ``ds_bpermute``)."""
+
+    name = "tessera_gpu.shuffle_xor"
+    value = operand_def(Float32Type)
+    mask = attr_def(IntegerAttr)
+    width = attr_def(IntegerAttr)     # the wave size the kernel is laid out for
+    result = result_def(Float32Type)
+    assembly_format = "$value attr-dict `:` type($value) `->` type($result)"
+
+    def verify_(self) -> None:
+        m, w = ival(self.mask), ival(self.width)
+        if w not in (32, 64) or not 0 < m < w:
+            raise _bad(self, f"mask {m} must be in 1..{w - 1} of a wave of 32 or 64 lanes")
+
+
 GPU = Dialect("tessera_gpu", [ThreadIdOp, BlockIdOp, SharedOp, LoadOp, StoreOp, BarrierOp, PackOp, ExtractOp,
-                              ConvertOp, MathOp, LaunchOp], [])
+                              ConvertOp, MathOp, LaunchOp,
+                              ShuffleXorOp], [])

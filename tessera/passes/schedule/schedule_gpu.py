@@ -15,8 +15,10 @@ inputs, f32 accumulation).  For each one the pass records:
 
 Attention kernels (``tessera.attention``, also when fused from the composed form) get the
 flash tiling of ``kernels/gpu_attention.py``: tiles ``[1, 4*m, BKV]`` over loops ``bh, q, kv``
-(four waves of m query rows per workgroup; ``tile-n`` pins the key block).  Any other
-kernel kind has no GPU generator and is refused here with a coded error.
+(four waves of m query rows per workgroup; ``tile-n`` pins the key block).  Elementwise,
+transpose, rowwise and reduce kernels get the memory-bound schedule of
+``schedule_gpu_rows.py`` (one workgroup per row, 16-byte vectors).  Any other kernel kind has
+no GPU generator and is refused here with a coded error.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from tessera.ir.attrs import i64_attr, int_array, str_array
 from tessera.mma.selector import get_isa, require_lowering, select_mma
 from tessera.passes.base import TesseraPass, option, register
 from tessera.passes.schedule import bounds
+from tessera.passes.schedule import schedule_gpu_rows
 from tessera.passes.schedule.schedule_cpu import _dtype
 from tessera.passes.util import function_blocks, swap_op
 
@@ -158,6 +161,9 @@ class ScheduleGpu(TesseraPass):
         kind = fop.kind.data
         if kind == "attention":
             return self._attention(fop, isa, name)
+        if kind in schedule_gpu_rows.ROW_KINDS:   # memory-bound kernels: schedule_gpu_rows.py
+            return self._kernel(fop, name, schedule_gpu_rows.rows_schedule(fop, name, self.target,
+                                                                           isa.wave_sizes[0]))
         if kind != "gemm":
             ops = ", ".join(o.name for o in fop.body.block.ops if o.name != "tessera.yield")
             raise ScheduleIllegalError(

@@ -28,6 +28,7 @@ from tessera.passes.tile.kernels import scan
 from tessera.passes.tile.kernels import gather
 from tessera.passes.tile.kernels import pad
 from tessera.passes.tile.kernels import attention_decode
+from tessera.passes.tile.kernels import gpu_rows
 
 
 def _selection(kop: s.KernelOp) -> MmaSelection:
@@ -37,7 +38,7 @@ def _selection(kop: s.KernelOp) -> MmaSelection:
 
 
 GPU = ("rocm", "nvidia")
-CPU_ONLY = ("tile.splat_index", "tile.claim", "tile.prefetch", "tile.load_index",
+CPU_ONLY = ("tile.claim", "tile.prefetch", "tile.load_index",
             "tile.index")   # GPU lowerings refuse iota by name
 GPU_ONLY = ("tile.program_id", "tile.wave_id")
 ALL_PRODUCED = ("func.func", "tile.launch", "tile.alloc", "tile.view", "tile.async_copy", "tile.wait", "tile.barrier",
@@ -73,6 +74,8 @@ def generate(kop: s.KernelOp, target: str = "x86"):
     if target in GPU and any(isinstance(o, g.ConvPatchesOp) for o in kop.body.block.ops):
         raise ScheduleIllegalError(f"kernel {kop.sym_name.data}: tessera.conv_patches (conv2d's implicit GEMM) "
                                    f"has no {target} lowering; conv2d runs on the CPU lane")
+    if target in GPU and kind in gpu_rows.KINDS:     # memory-bound kernels on the GPU lanes
+        return gpu_rows.generate(kop)
     if target in GPU and kind not in ("gemm", "attention"):
         raise ScheduleIllegalError(f"kernel {kop.sym_name.data}: no {target} generator for {kind} kernels")
     if kind == "gemm" or target in GPU:     # kernels whose instruction record names their target

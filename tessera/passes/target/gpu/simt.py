@@ -42,8 +42,9 @@ from xdsl.ir import Attribute, Block, Region, SSAValue
 
 from tessera.errors import CodegenError, PassFailedError
 
-# tile.elementwise functions the GPU lanes refuse by name (tessera.ops's log, log1p, exp2, expm1, sin, cos)
-GPU_REFUSED_FNS = ("log", "log1p", "exp2", "expm1", "sin", "cos")
+# tile.elementwise functions the GPU lanes refuse by name (tessera.ops's log1p, exp2, expm1, sin, cos; log
+# runs, as the CPU lane's f64-widened polynomial: log_softmax needs it)
+GPU_REFUSED_FNS = ("log1p", "exp2", "expm1", "sin", "cos")
 # typed tile functions (comparisons, where, logic, integer ops, pow, casts to/from int and bool):
 # refused on the GPU lanes, naming the tessera.ops function they come from
 GPU_REFUSED_TYPED = {"cmp_eq": "equal (==)", "cmp_ne": "not_equal (!=)", "cmp_lt": "less (<)", "cmp_le": "less_equal (<=)",
@@ -530,10 +531,12 @@ class SimtLowerer(SimtCopies, OpLowerer):
 # what every GPU tile -> target lowering consumes and produces (a target adds its own ops)
 GPU_CONSUMES = ("tile.alloc", "tile.view", "tile.async_copy", "tile.wait", "tile.barrier", "tile.fragment_zero",
                 "tile.fragment_pack", "tile.mma", "tile.fragment_unpack", "tile.load", "tile.store", "tile.constant",
-                "tile.elementwise", "tile.mask", "tile.reduce", "tile.program_id", "tile.wave_id", "tile.launch")
+                "tile.elementwise", "tile.mask", "tile.reduce", "tile.program_id", "tile.wave_id", "tile.launch",
+                "tile.splat_index")
 GPU_PRODUCES = ("tessera_gpu.thread_id", "tessera_gpu.block_id", "tessera_gpu.shared", "tessera_gpu.load",
                 "tessera_gpu.store", "tessera_gpu.barrier", "tessera_gpu.pack", "tessera_gpu.extract",
-                "tessera_gpu.convert", "tessera_gpu.math", "tessera_gpu.launch")
+                "tessera_gpu.convert", "tessera_gpu.math", "tessera_gpu.launch",
+                "tessera_gpu.shuffle_xor")
 
 
 def lower_for_arch(module: ModuleOp, pass_name: str, target: str, arch: str, make_lowerer, make_map) -> None:

@@ -32,6 +32,7 @@ from tessera.ir.builder import Builder
 from tessera.ir.target import nvidia as NV
 from tessera.mma.selector import get_isa
 from tessera.passes.base import TesseraPass, option, register
+from tessera.passes.target.gpu.simt_rows import RowsLowerer, is_row_kernel
 from tessera.passes.target.gpu.simt import (
     GPU_CONSUMES,
     GPU_PRODUCES,
@@ -186,6 +187,8 @@ class LowerTileToNvidia(TesseraPass):
             if wave != 32:
                 raise PassFailedError(f"{NAME}: kernel @{fn.sym_name.data} is laid out for {wave}-lane waves; "
                                       "NVIDIA warps have 32")
+            if is_row_kernel(fn):     # memory-bound kernels (passes/target/gpu/simt_rows.py)
+                return RowsLowerer({}, 32, ival(fn.attributes["gpu.block"]), "smem")
             return NvidiaLowerer({}, 32, ival(fn.attributes["gpu.block"]), "smem", arch=self.arch)
 
         lower_for_arch(module, NAME, "nvidia", self.arch, make_lowerer, lambda ft: lane_map_for(self.arch, ft))

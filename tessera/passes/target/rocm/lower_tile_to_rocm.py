@@ -37,6 +37,7 @@ from tessera.ir.builder import Builder
 from tessera.ir.target import rocm as R
 from tessera.mma.selector import get_isa
 from tessera.passes.base import TesseraPass, option, register
+from tessera.passes.target.gpu.simt_rows import RowsLowerer, is_row_kernel
 from tessera.passes.target.gpu.simt import (
     GPU_CONSUMES,
     GPU_PRODUCES,
@@ -159,6 +160,8 @@ class LowerTileToRocm(TesseraPass):
             if wave not in waves:
                 raise PassFailedError(f"{NAME}: kernel @{fn.sym_name.data} is laid out for wave{wave}; {self.arch} "
                                       f"runs wave{'/'.join(map(str, waves))}")
+            if is_row_kernel(fn):     # memory-bound kernels (passes/target/gpu/simt_rows.py)
+                return RowsLowerer({}, wave, ival(fn.attributes["gpu.block"]), "lds")
             return SimtLowerer({}, wave, ival(fn.attributes["gpu.block"]), "lds")
 
         lower_for_arch(module, NAME, "rocm", self.arch, make_lowerer, lambda ft: lane_map_for(self.arch, ft))

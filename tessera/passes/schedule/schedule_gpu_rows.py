@@ -1,0 +1,101 @@
+"""The GPU schedule of memory-bound kernels (``schedule-gpu`` calls :func:`rows_schedule`):
+elementwise chains, copies through permuted strides (``transpose``), row kernels (softmax,
+layer_norm, rms_norm, log_softmax) and reductions over the last axes.
+
+- vector V: 16 bytes of the narrowest tensor the kernel reads or writes (8 for f16/bf16, 4 for
+  f32): each thread moves V consecutive elements per access;
+- threads: a power of two, at least one wave and at most 256, about enough for a whole row in
+  one chunk where the row length is static (256 where it is symbolic, or for a flat elementwise
+  kernel); chunk = threads x V columns per step (``tiles = [1, chunk]`` over loops ``r, c``);
+- parallel ``r``: one workgroup per row (per output element of a reduction, per chunk of a
+  flat elementwise kernel).
+
+What these kernels cannot do is refused here, naming the op and the lane: row ops other than
+softmax / layer_norm / rms_norm / log_softmax, reductions other than sum / mean / max over a contiguous run of
+axes, and
+int / bool tensors (the typed ops) and float64 ones.
+"""
+from __future__ import annotations
+
+from xdsl.dialects.builtin import BFloat16Type, Float16Type, Float64Type, IntegerType, StringAttr
+
+from tessera.errors import ScheduleIllegalError
+from tessera.ir import graph as g
+from tessera.ir.graph_rows import LogSoftmaxOp
+from tessera.ir.attrs import i64_attr, int_array, ints, str_array
+
+ROW_KINDS = ("rowwise", "reduce", "elementwise", "transpose")
+MAX_THREADS = 256
+
+
+def _bytes(elem) -> int:
+    if isinstance(elem, (Float16Type, BFloat16Type)):
+        return 2
+    if isinstance(elem, IntegerType):
+        return max(1, elem.width.data // 8)
+    return 4
+
+
+def _refuse(name: str, op, target: str, why: str = "") -> ScheduleIllegalError:
+    return ScheduleIllegalError(f"kernel {name} ({op.name}): the {target} lane has no kernel for {op.name}{why}; it "
+                                "runs on the CPU lane (cpu-x86)")
+
+
+def _check_ops(fop: g.FusionOp, name: str, target: str) -> g.Operation | None:
+    """The row op or reduction of the group (None for a chain or a copy); refuses what the GPU
+    generators do not cover."""
+    main = None
+    for op in fop.body.block.ops:
+        if isinstance(op, g.YieldOp):
+            continue
+        for v in list(op.operands) + list(op.results):
+            if isinstance(getattr(v.type, "element_type", None), IntegerType):
+                raise _refuse(name, op, target, " on int or bool tensors")
+            if isinstance(getattr(v.type, "element_type", None), Float64Type):
+                raise _refuse(name, op, target, " on float64 tensors (the GPU kernels compute in f32)")
+        if isinstance(op, g.ROWWISE):
+            if not isinstance(op, (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, LogSoftmaxOp)):
+                raise _refuse(name, op, target)
+            main = op
+        elif isinstance(op, g.REDUCTIONS):
+            if not isinstance(op, (g.ReduceSumOp, g.ReduceMeanOp, g.ReduceMaxOp)):
+                raise _refuse(name, op, target)
+            rank = op.input.type.rank
+            axes = sorted(a % rank for a in ints(op.axes))
+            if axes != list(range(axes[0], axes[-1] + 1)):
+                raise _refuse(name, op, target, f" over axes {axes} (canonicalize splits them)")
+            main = op
+    return main
+
+
+def rows_schedule(fop: g.FusionOp, name: str, target: str, wave: int) -> dict:
+    """The schedule.kernel attributes of a memory-bound GPU kernel."""
+    kind = fop.kind.data
+    main = _check_ops(fop, name, target)
+    values = list(fop.inputs) + list(fop.outputs)
+    V = 16 // min(_bytes(v.type.element_type) for v in values)
+    V = min(V, 8)
+    length = None
+    if main is not None:
+        d = main.input.type.dims
+        length = d[-1]
+        if isinstance(main, g.REDUCTIONS):   # the reduced run, or the inner axes after it
+            rank = len(d)
+            axes = sorted(a % rank for a in ints(main.axes))
+            span = d[axes[0]:] if axes[-1] == rank - 1 else d[axes[-1] + 1:]
+            length = 1
+            for x in span:
+                length = length * x if isinstance(x, int) and isinstance(length, int) else None
+    elif kind == "transpose":
+        length = fop.outputs[0].type.dims[-1] if fop.outputs[0].type.dims else 1
+    threads = MAX_THREADS
+    if isinstance(length, int):
+        threads = wave
+        while threads < MAX_THREADS and threads * V < length:
+            threads *= 2
+    return {"parallel": StringAttr("r"), "threads": i64_attr(threads), "staging": i64_attr(1),
+            "mma": StringAttr(""), "register_tile": int_array([]), "vector": i64_attr(wave),
+            "loops": str_array(["r", "c"]), "tiles": int_array([1, threads * V]), "order": str_array(["r", "c"])}
+
+
+__all__ = ["ROW_KINDS", "rows_schedule"]

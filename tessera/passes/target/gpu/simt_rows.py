@@ -1,0 +1,240 @@
+"""The GPU SIMT lowering of row kernels (``gpu.rows`` kernels: elementwise chains, softmax /
+layer_norm / rms_norm, row reductions, copies), shared by both GPU lanes.
+
+The Tile IR of such a kernel is written per workgroup: a ``[1, C]`` tile is one chunk of a row,
+and the lowering owns its distribution: thread ``tid`` holds columns ``tid*V .. tid*V + V - 1``
+(``V = C / block``; consecutive threads hold consecutive runs, so a warp's accesses are
+coalesced).  A ``[1, 1]`` tile is one f32 value every thread of the workgroup holds.
+
+- ``tile.load`` of a ``[1, C]`` view: one vector load per thread (16 bytes for 16-bit data with
+  V = 8, or f32 with V = 4) where the thread's run lies inside the view's valid extent and its
+  address is V-element aligned; else element loads with the view's pad outside the extent
+  (the row's tail, or a row whose start is not aligned); a strided view (a transposed leaf)
+  loads element by element;
+- ``tile.store``: the same, vector or masked elements; a ``[1, 1]`` value is stored by thread 0;
+- ``tile.reduce`` of a ``[1, C]`` tile: each thread folds its V items in order, the wave folds
+  with ``tessera_gpu.shuffle_xor`` butterflies (every lane ends with the wave's result), then
+  lane 0 of each wave writes it to shared memory and, after a barrier, every thread folds the
+  waves' results in wave order: one value per workgroup, the same in every thread, in a fixed
+  order (results do not depend on timing);
+- ``tile.elementwise`` on vectors of V items (a ``[1, 1]`` operand broadcast), ``tile.mask``
+  per item on its column, ``tile.splat_index`` as an index converted to f32.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.dialects import arith
+from xdsl.dialects.builtin import IntegerType, StringAttr, f32
+from xdsl.ir import SSAValue
+
+from tessera.errors import CodegenError
+from tessera.ir import tile as t
+from tessera.ir.attrs import i64_attr, ival
+from tessera.ir.builder import Builder
+from tessera.ir.target import gpu as G
+from tessera.passes.target.gpu.simt import GPU_REFUSED_FNS, GPU_REFUSED_TYPED, SimtLowerer
+from tessera.passes.target.gpu.simt_values import Dist, Item, OperandMap, Splat, View, const_int, elem_bytes, vec
+
+REDUCE_FNS = {"add": "add", "max": "max", "select_max": "max", "min": "min", "mul": "mul"}
+NEUTRAL = {"add": 0.0, "max": float("-inf"), "min": float("inf"), "mul": 1.0}
+
+
+def is_row_kernel(fn) -> bool:
+    return "gpu.rows" in fn.attributes
+
+
+@dataclass
+class RowsLowerer(SimtLowerer):
+    """A :class:`SimtLowerer` for ``gpu.rows`` kernels (no fragments)."""
+
+    # ------------------------------------------------------------------ distribution
+    def per_thread(self, C: int) -> int:
+        if C % self.block:
+            raise CodegenError(f"a [1, {C}] row tile is not whole runs of the workgroup's {self.block} threads")
+        return C // self.block
+
+    def row_map(self, b: Builder, C: int) -> OperandMap:
+        V = self.per_thread(C)
+        base = b.mul(self.tid, V)
+        return OperandMap([Item(0, 0, base, i, V) for i in range(V)], [V])
+
+    def run_start(self, b: Builder, C: int):
+        return b.mul(self.tid, self.per_thread(C))
+
+    def splat_dist(self, b: Builder, value: SSAValue, C: int) -> Dist:
+        V = self.per_thread(C)
+        return Dist([self.pack(b, [value] * V)], self.row_map(b, C), (1, C))
+
+    def as_parts(self, b: Builder, v, like: Dist) -> list[SSAValue]:
+        V = like.omap.parts[0]
+        if isinstance(v, Dist):
+            if v.omap.parts != like.omap.parts:
+                raise CodegenError("row tiles of different widths meet in one elementwise op")
+            return v.parts
+        s = self.fconst(b, v.value) if isinstance(v, Splat) else v
+        if not isinstance(s, SSAValue):
+            raise CodegenError(f"cannot use {type(v).__name__} as a row tile operand on the GPU")
+        return [self.pack(b, [s] * V)]
+
+    # ------------------------------------------------------------------ memory
+    def _fast(self, b: Builder, vv: View, c0, V: int):
+        """True where this thread's V columns lie inside the extent at a V-aligned address."""
+        inside = b.cmp("sle", b.add(c0, V), vv.cols)
+        aligned = b.cmp("eq", b.rem(b.add(vv.off, c0), V), 0)
+        return b.op(arith.AndIOp(inside, aligned)).results[0]
+
+    def load_row(self, b: Builder, vv: View, pad: float) -> Dist:
+        C = vv.shape[1]
+        V = self.per_thread(C)
+        c0 = self.run_start(b, C)
+        omap = self.row_map(b, C)
+
+        def elements(be: Builder):
+            return [self.pack(be, [self.masked_load(be, vv, 0, be.add(c0, i), f32, pad, check_rows=False)
+                                   for i in range(V)])]
+        if V == 1 or const_int(vv.cs) != 1:
+            return Dist(elements(b), omap, (1, C))
+        esize = elem_bytes(vv.elem)
+
+        def vector(bv: Builder):
+            raw = self.load(bv, vv.base, self.address(bv, vv, 0, c0), vec(vv.elem, V), min(V * esize, 16))
+            return [self.convert(bv, raw, f32)]
+        part = b.if_(self._fast(b, vv, c0, V), vector, elements, [vec(f32, V)])[0]
+        return Dist([part], omap, (1, C))
+
+    def op_tile_load(self, op: t.LoadOp, b: Builder) -> None:
+        vv: View = self.vmap[op.source]
+        R, C = vv.shape
+        pad = op.pad.value.data if op.pad is not None else 0.0
+        if R != 1:
+            raise CodegenError(f"a row kernel loads [1, C] tiles, not [{R}, {C}]")
+        if isinstance(vv.elem, IntegerType):
+            raise CodegenError(f"int or bool operands have no GPU lowering (lane: {self.lowering_name}); they run on "
+                               "the CPU lane (cpu-x86)")
+        if C == 1:      # one value per row (a broadcast leaf): every thread reads it
+            self.vmap[op.result] = self.masked_load(b, vv, 0, 0, f32, pad)
+            return
+        self.vmap[op.result] = self.load_row(b, vv, pad)
+
+    def op_tile_store(self, op: t.StoreOp, b: Builder) -> None:
+        vv: View = self.vmap[op.dest]
+        d = self.vmap[op.value]
+        C = vv.shape[1]
+        esize = elem_bytes(vv.elem)
+        if C == 1:
+            val = self.convert(b, self.fconst(b, d.value) if isinstance(d, Splat) else d, vv.elem)
+            b.if_(b.cmp("eq", self.tid, 0), lambda bt: self.store(bt, val, vv.base, vv.off, esize) or [])
+            return
+        if not isinstance(d, Dist):
+            d = self.splat_dist(b, self.fconst(b, d.value) if isinstance(d, Splat) else d, C)
+        V = self.per_thread(C)
+        c0 = self.run_start(b, C)
+        part = d.parts[0]
+
+        def elements(be: Builder):
+            for i in range(V):
+                c = be.add(c0, i)
+                val = self.convert(be, self.extract(be, part, i), vv.elem)
+                be.if_(be.cmp("slt", c, vv.cols), lambda bt, c=c, val=val: self.store(
+                    bt, val, vv.base, self.address(bt, vv, 0, c), esize) or [])
+            return []
+        if V == 1 or const_int(vv.cs) != 1:
+            elements(b)
+            return
+
+        def vector(bv: Builder):
+            self.store(bv, self.convert(bv, part, vv.elem), vv.base, self.address(bv, vv, 0, c0), min(V * esize, 16))
+            return []
+        b.if_(self._fast(b, vv, c0, V), vector, elements)
+
+    # ------------------------------------------------------------------ math
+    def op_tile_elementwise(self, op: t.ElementwiseOp, b: Builder) -> None:
+        fn = op.fn.data
+        if fn in GPU_REFUSED_TYPED or any(isinstance(v.type.element_type, IntegerType) for v in op.inputs):
+            what = GPU_REFUSED_TYPED.get(fn, f"{fn} on int or bool values")
+            raise CodegenError(f"tessera.ops.{what} has no GPU lowering (lane: {self.lowering_name}); it runs on the "
+                               "CPU lane (cpu-x86)")
+        if fn in GPU_REFUSED_FNS:
+            raise CodegenError(f"tile.elementwise {fn} has no GPU lowering (lane: {self.lowering_name}); "
+                               f"tessera.ops.{fn} runs on the CPU lane (cpu-x86) only")
+        vals = [self.vmap[v] for v in op.inputs]
+        like = next((v for v in vals if isinstance(v, Dist)), None)
+        C = op.result.type.dims[1]
+        if like is None:
+            args = [self.fconst(b, v.value) if isinstance(v, Splat) else v for v in vals]
+            r = b.op(G.MathOp.create(operands=args, attributes={"fn": op.fn}, result_types=[f32])).results[0]
+            self.vmap[op.result] = r if C == 1 else self.splat_dist(b, r, C)
+            return
+        args = [self.as_parts(b, v, like)[0] for v in vals]
+        r = b.op(G.MathOp.create(operands=args, attributes={"fn": op.fn}, result_types=[args[0].type])).results[0]
+        self.vmap[op.result] = Dist([r], like.omap, op.result.type.dims)
+
+    def op_tile_constant(self, op: t.ConstantOp, b: Builder) -> None:
+        super().op_tile_constant(op, b)
+        C = op.result.type.dims[1]
+        if C > 1:   # a [1, C] constant carried through a loop must have the row tile's registers
+            self.vmap[op.result] = self.splat_dist(b, self.fconst(b, self.vmap[op.result].value), C)
+
+    def op_tile_splat_index(self, op, b: Builder) -> None:
+        self.vmap[op.result] = b.op(G.ConvertOp.create(operands=[self.scalar(op.input)], result_types=[f32])).results[0]
+
+    def op_tile_mask(self, op: t.MaskOp, b: Builder) -> None:
+        if op.diag is not None:
+            raise CodegenError("tile.mask with a diagonal has no row-kernel lowering")
+        super().op_tile_mask(op, b)
+
+    # ------------------------------------------------------------------ reductions
+    def combine(self, b: Builder, fn: str, x: SSAValue, y: SSAValue) -> SSAValue:
+        return b.op(G.MathOp.create(operands=[x, y], attributes={"fn": StringAttr(fn)},
+                                    result_types=[x.type])).results[0]
+
+    def butterfly(self, b: Builder, fn: str, v: SSAValue) -> SSAValue:
+        """The wave's fold of v in every lane: xor-shuffles of 16, 8, 4, 2, 1 (32 first on wave64)."""
+        m = self.wave // 2
+        while m >= 1:
+            other = b.op(G.ShuffleXorOp.create(operands=[v], attributes={"mask": i64_attr(m),
+                                                                         "width": i64_attr(self.wave)},
+                                               result_types=[f32])).results[0]
+            v = self.combine(b, fn, v, other)
+            m //= 2
+        return v
+
+    def op_tile_reduce(self, op: t.ReduceOp, b: Builder) -> None:
+        src = self.vmap[op.input]
+        kind = op.kind.data
+        if ival(op.axis) != 1 or kind not in REDUCE_FNS:
+            raise CodegenError(f"tile.reduce kind {kind!r} on axis {ival(op.axis)} has no row-kernel lowering")
+        fn = REDUCE_FNS[kind]
+        if not isinstance(src, Dist):   # a [1, 1] tile: already the row's value
+            self.vmap[op.result] = self.fconst(b, src.value) if isinstance(src, Splat) else src
+            return
+        items = self.items_of(src, b)
+        acc = items[0]
+        for x in items[1:]:
+            acc = self.combine(b, fn, acc, x)
+        acc = self.butterfly(b, fn, acc)
+        nwaves = self.block // self.wave
+        if nwaves > 1:
+            alloc = t.AllocOp.create(attributes={"size": i64_attr(nwaves)},
+                                     result_types=[t.BufferType(f32, StringAttr(self.space))])
+            self.op_tile_alloc(alloc, b)
+            scratch = self.vmap.pop(alloc.result)
+            wid = b.c(self.wave_id)
+            b.if_(b.cmp("eq", b.c(self.lane), 0), lambda bt: self.store(bt, acc, scratch, wid, 4) or [])
+            b.op(G.BarrierOp.create())
+            vals = []
+            for w0 in range(0, nwaves, 4):
+                n = min(4, nwaves - w0)
+                if n == 4:
+                    v4 = self.load(b, scratch, b.c(w0), vec(f32, 4), 16)
+                    vals += [self.extract(b, v4, i) for i in range(4)]
+                else:
+                    vals += [self.load(b, scratch, b.c(w0 + i), f32, 4) for i in range(n)]
+            acc = vals[0]
+            for x in vals[1:]:
+                acc = self.combine(b, fn, acc, x)
+        self.vmap[op.result] = acc
+
+
+__all__ = ["RowsLowerer", "is_row_kernel"]
