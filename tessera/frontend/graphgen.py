@@ -217,6 +217,8 @@ def _infer(graph: TraceGraph, uf: _UF, dims: dict) -> None:
             d = _reshape_dims(ins[0], n.inputs[0].shape, n.shape)
         elif op in ("take", "take_along_axis", "one_hot"):
             d = _gather_dims(uf, n, ins)
+        elif op == "scatter_add":
+            d = _scatter_dims(uf, n, ins)
         elif op == "attention":
             q, k, v = ins[:3]
             _unify(uf, q[0], k[0])
@@ -304,6 +306,21 @@ def _gather_dims(uf: _UF, n: Node, ins) -> list[D.Dim]:
     return out
 
 
+def _scatter_dims(uf: _UF, n: Node, ins) -> list[D.Dim]:
+    """scatter_add: the updates' dims with the indices' dims replaced by the (static) axis; a
+    target's dims are the same ones."""
+    ax, m = n.attrs["axis"], len(n.inputs[0].shape)
+    u = ins[1]
+    for k in range(m):   # the updates' middle dims are the indices' dims
+        _unify(uf, ins[0][k], u[ax + k])
+    d = list(u[:ax]) + [n.shape[ax]] + list(u[ax + m:])
+    if n.attrs["based"]:
+        for k, (a, c) in enumerate(zip(d, ins[2])):
+            if k != ax:
+                _unify(uf, a, c)
+    return d
+
+
 class _Shape:
     def __init__(self, shape):
         self.shape = shape
@@ -362,6 +379,9 @@ def _make_op(n: Node, operands, T):
         return cls.create(operands=operands, result_types=[T], attributes={"axis": i64_attr(n.attrs["axis"])})
     if n.op == "one_hot":
         return g.OneHotOp.create(operands=operands, result_types=[T])
+    if n.op == "scatter_add":
+        return g.ScatterAddOp(operands=[operands[0], operands[1], operands[2:]], result_types=[T],
+                              attributes={"axis": i64_attr(n.attrs["axis"])})
     if n.op == "attention":
         groups = [[operands[0]], [operands[1]], [operands[2]], [operands[3]] if n.attrs["mask"] else []]
         attrs = {"causal": BoolAttr(n.attrs["causal"], i1), "masked_rows": StringAttr(n.attrs["masked_rows"])}

@@ -172,26 +172,23 @@ def vjp_attention(n, g, need):
 
 
 # --------------------------------------------------------------------------- gathers
-def _one_hot_rows(idx, size, dtype):
-    """[count, size] one-hot rows of the clamped indices (the gathers clamp), flattened."""
-    flat = ops.reshape(idx, (math.prod(idx._node.shape),))
-    return ops.one_hot(ops.clip(flat, 0, size - 1), size, dtype=dtype)
-
-
 @rule("take")
 def vjp_take(n, g, need):
-    """dx[.., v, ..] = sum of g over the positions that read row v: one_hot(ids)^T @ g, a GEMM
-    (deterministic; duplicate ids summed in a fixed order).  Costs ids x rows x width multiplies;
-    a scatter-add op of its own is later work."""
+    """dx[.., v, ..] = sum of g over the positions that read row v: ``scatter_add`` of g into
+    zeros, take's exact adjoint (the same index bounding; duplicates summed in index order, the
+    same bits for any thread count; the former one_hot(ids)^T @ g GEMM cost ids x rows x width
+    multiplies and sent negative ids to row 0)."""
     x, idx = n.inputs
-    ax = n.attrs["axis"]
-    s = x.shape
-    pre, post = math.prod(s[:ax]), math.prod(s[ax + 1:])
-    count = math.prod(idx.shape)
-    hot = _one_hot_rows(T(idx), s[ax], g.dtype)
-    g3 = reshape(g, (pre, count, post))
-    dx = ops.matmul(_swap(hot), g3)   # [pre, rows, post]
-    return [ops.reshape(dx, s), None]
+    dx = ops.scatter_add(x.shape, T(idx), reshape(g, n.shape), axis=n.attrs["axis"])
+    return [dx, None]
+
+
+@rule("scatter_add")
+def vjp_scatter_add(n, g, need):
+    """d updates = take(g, indices, axis) (the same bounding), d target = g."""
+    idx = n.inputs[0]
+    gu = ops.take(g, T(idx), axis=n.attrs["axis"]) if need[1] else None
+    return [None, gu] + ([g] if n.attrs["based"] else [])
 
 
 @rule("take_along_axis")
