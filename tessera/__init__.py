@@ -19,6 +19,7 @@ from tessera.runtime.lanes import LOG as lane_log
 from tessera.runtime.threads import get_num_threads, set_num_threads
 # reverse-mode differentiation (frontend/autodiff.py, the differentiate transformation)
 from tessera.frontend.autodiff import grad, stop_gradient, value_and_grad, vjp
+from tessera.frontend.remat import checkpoint  # recompute a region in the backward (frontend/remat.py)
 
 bfloat16 = dtypes.bfloat16
 float32 = dtypes.float32
@@ -27,6 +28,7 @@ __all__ = ["jit", "compile", "explain", "ops", "dtypes", "errors", "TesseraError
            "lane_log", "bfloat16", "float32", "set_num_threads", "get_num_threads"]
 __all__ += ["grad", "value_and_grad", "vjp", "stop_gradient"]
 __all__ += ["tune"]
+__all__ += ["checkpoint"]
 __version__ = "0.1.0"
 
 
