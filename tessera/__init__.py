@@ -20,6 +20,7 @@ from tessera.runtime.threads import get_num_threads, set_num_threads
 # reverse-mode differentiation (frontend/autodiff.py, the differentiate transformation)
 from tessera.frontend.autodiff import grad, stop_gradient, value_and_grad, vjp
 from tessera.frontend.remat import checkpoint  # recompute a region in the backward (frontend/remat.py)
+from tessera import optim  # optimizer steps (tessera/optim.py)
 
 bfloat16 = dtypes.bfloat16
 float32 = dtypes.float32
@@ -29,6 +30,7 @@ __all__ = ["jit", "compile", "explain", "ops", "dtypes", "errors", "TesseraError
 __all__ += ["grad", "value_and_grad", "vjp", "stop_gradient"]
 __all__ += ["tune"]
 __all__ += ["checkpoint"]
+__all__ += ["optim"]
 __version__ = "0.1.0"
 
 
