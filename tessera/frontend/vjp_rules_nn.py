@@ -103,11 +103,15 @@ def vjp_norm(n, g, need):
 
 @rule("cross_entropy")
 def vjp_cross_entropy(n, g, need):
-    """dlogits = (softmax(logits) - one_hot(label)) * g per row; 0 on ignored rows."""
+    """dlogits = (softmax(logits) - one_hot(label)) * g per row; 0 on ignored rows.  The one-hot is
+    never built: ``iota == label`` is computed in the row kernel from its column index
+    (fuse-rowwise takes it into the softmax's epilogue), so the backward is one row kernel."""
     logits, labels = T(n.inputs[0]), T(n.inputs[1])
-    c = logits._node.shape[-1]
+    shape = logits._node.shape
     p = ops.softmax(logits if logits.dtype == n.dtype else ops.cast(logits, n.dtype), -1)
-    hot = ops.one_hot(labels, c, dtype=n.dtype)
+    cols = ops.iota((1,) * (len(shape) - 1) + shape[-1:], len(shape) - 1, dtype=labels.dtype)   # (sizes stay symbolic)
+    hit = ops.equal(cols, ops.expand_dims(labels, -1))
+    hot = ops.where(hit, 1.0, 0.0)
     keep = ops.not_equal(labels, n.attrs["ignore_index"])
     row = ops.where(keep, g, 0.0)
     d = ops.mul(ops.sub(p, hot), ops.expand_dims(row, -1))
