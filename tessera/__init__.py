@@ -22,6 +22,8 @@ from tessera.runtime.lanes import LOG as lane_log
 from tessera.runtime.threads import get_num_threads, set_num_threads
 # reverse-mode differentiation (frontend/autodiff.py, the differentiate transformation)
 from tessera.frontend.autodiff import grad, stop_gradient, value_and_grad, vjp
+from tessera.frontend.remat import checkpoint  # recompute a region in the backward (frontend/remat.py)
+from tessera import optim  # optimizer steps (tessera/optim.py)
 
 bfloat16 = dtypes.bfloat16
 float32 = dtypes.float32
@@ -33,6 +35,8 @@ __all__ += ["tune"]
 __all__ += ["export", "aot"]
 from tessera import onnx  # noqa: E402 - tessera.onnx.load; imports onnx only when it loads a model
 __all__ += ["onnx"]
+__all__ += ["checkpoint"]
+__all__ += ["optim"]
 __version__ = "0.1.0"
 
 

@@ -354,3 +354,11 @@ TYPED_SAMPLES = {
                                     "  func.return"),
 }
 SAMPLES.update(TYPED_SAMPLES)
+
+# scatter_add (tessera/ir/graph_scatter.py): into zeros and into a target
+_ST, _SI, _SU = "!tessera.tensor<[11, D], f32>", "!tessera.tensor<[B, S], i64>", "!tessera.tensor<[B, S, D], f32>"
+SAMPLES["tessera.scatter_add"] = _fn(
+    f"%t : {_ST}, %i : {_SI}, %u : {_SU}",
+    f"  %z = tessera.scatter_add %i, %u {{axis = 0 : i64}} : {_SI}, {_SU} -> {_ST}\n"
+    f"  %r = tessera.scatter_add %i, %u into %z : {_ST} {{axis = 0 : i64}} : {_SI}, {_SU} -> {_ST}\n"
+    f"  func.return %r : {_ST}", _ST)

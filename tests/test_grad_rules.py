@@ -120,6 +120,9 @@ CASES = {
     "attention": (lambda q, k, v: O.attention(q, k, v), _attn_t, [(1, 2, 3, 4), (1, 2, 5, 4), (1, 2, 5, 4)]),
     "attention_causal_gqa": (lambda q, k, v: O.attention(q, k, v, causal=True),
                              lambda q, k, v: _attn_t(q, k, v, causal=True), [(1, 4, 3, 2), (1, 2, 3, 2), (1, 2, 3, 2)]),
+    "take_axis1": (lambda t, i: O.take(t, i, 1), lambda t, i: t[:, i], [(3, 5), ("int", (7,), 5)]),
+    "scatter_add": (lambda x, i, u: O.scatter_add(x, i, u, 1), lambda x, i, u: x.index_add(1, i, u),
+                    [(3, 5), ("int", (6,), 5), (3, 6)]),
 }
 
 ROUNDED = {"cast"}

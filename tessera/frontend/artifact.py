@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from tessera.errors import ArgumentError, FrontendError
 from tessera.frontend.compile import Compiled, feature_list, resolve_arch
+from tessera.frontend import remat
 from tessera.frontend.report import LaneReport
 from tessera.frontend.trace import results
 
@@ -90,7 +91,8 @@ class Artifact:
         return LaneReport(self.fn.name, c.lane, c.target, c.arch, c.cpu, feature_list(isa), m["layers"],
                           m["passes"], m["kernels"], m["compile_ms"], c.cache_status, m["pipeline"], list(v.copies),
                           static, compiles=list(self.fn.compiles),
-                          notes=_thread_notes(c, m["kernels"]), schedule=v.schedule_source)
+                          notes=_thread_notes(c, m["kernels"]), schedule=v.schedule_source,
+                          saved=remat.saved_lines(v.graph), saved_bytes=remat.saved_bytes(v.graph))
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)

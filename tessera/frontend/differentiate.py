@@ -23,6 +23,8 @@ from __future__ import annotations
 from tessera import dtypes as dt
 from tessera.errors import GradNoRuleError, InternalError
 from tessera.frontend import ops
+from tessera.frontend import remat
+from tessera.frontend import trace as tr
 from tessera.frontend import vjp_rules, vjp_rules_nn  # noqa: F401 - registers the rules
 from tessera.frontend.trace import Node, Tensor, user_location
 from tessera.ir import opset_grad
@@ -76,6 +78,7 @@ def differentiate(nodes: list[Node], seeds: list[tuple[Node, Tensor]], wrt: list
     node that no seed depends on (the caller gives zeros there)."""
     live = depends(nodes, wrt)
     cts: dict[int, Tensor] = {}
+    start = len(tr._graph().nodes)
 
     def accumulate(n: Node, ct: Tensor) -> None:
         ct = _fit(ct, n)
@@ -102,7 +105,9 @@ def differentiate(nodes: list[Node], seeds: list[tuple[Node, Tensor]], wrt: list
         for i, (x, ct) in enumerate(zip(n.inputs, outs)):
             if need[i] and ct is not None:
                 accumulate(x, ct)
-    return [cts.get(id(w)) for w in wrt]
+    out = [cts.get(id(w)) for w in wrt]
+    remat.rematerialize(tr._graph(), nodes, start)   # saved or recomputed (frontend/remat.py)
+    return out
 
 
 __all__ = ["RULES", "depends", "differentiate", "rule_for"]

@@ -300,3 +300,19 @@ def _row_reduce(uf, n, ins):
 @rule("top_k")
 def _top_k(uf, n, ins):
     return list(ins[0][:-1]) + [n.attrs["k"]]
+
+
+@rule("scatter_add")
+def _scatter_add(uf, n, ins):
+    """The updates' dims with the indices' dims replaced by the (static) axis; a target's dims are
+    the same ones."""
+    ax, m = n.attrs["axis"], len(n.inputs[0].shape)
+    u = ins[1]
+    for k in range(m):   # the updates' middle dims are the indices' dims
+        unify(uf, ins[0][k], u[ax + k])
+    d = list(u[:ax]) + [n.shape[ax]] + list(u[ax + m:])
+    if n.attrs["based"]:
+        for k, (a, c) in enumerate(zip(d, ins[2])):
+            if k != ax:
+                unify(uf, a, c)
+    return d

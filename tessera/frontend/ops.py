@@ -458,6 +458,10 @@ __all__ += ["logsumexp", "log_softmax", "cumsum", "cumprod", "prod", "argmax", "
 from tessera.frontend.gather import one_hot, take, take_along_axis  # noqa: E402
 
 __all__ += ["take", "take_along_axis", "one_hot"]
+# scatter_add, take's adjoint (frontend/scatter.py)
+from tessera.frontend.scatter import index_add, scatter_add  # noqa: E402
+
+__all__ += ["scatter_add", "index_add"]
 
 # comparisons, where, logic, integer ops, pow and index generators (frontend/ops_typed.py)
 from tessera.frontend.ops_typed import (  # noqa: E402

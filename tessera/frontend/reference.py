@@ -74,6 +74,17 @@ def gather64(op: str, x: list, attrs: dict, shape) -> np.ndarray:
     return _along(x[0], i, ax)
 
 
+def scatter_add64(x: list, attrs: dict, shape) -> np.ndarray:
+    """scatter_add on float64 values: the target (or zeros) plus the updates added at the bounded
+    indices along the axis, duplicates summed (``np.add.at``)."""
+    ax = attrs["axis"]
+    out = np.array(x[2], np.float64) if attrs["based"] else np.zeros(shape, np.float64)
+    i = bounded_indices(x[0], shape[ax]).reshape(-1)
+    u = np.asarray(x[1], np.float64).reshape(shape[:ax] + (i.size,) + tuple(shape[ax + 1:]))
+    np.add.at(out, (slice(None),) * ax + (i,), u)
+    return out
+
+
 def _along(a, i, ax):
     """take_along_axis with the off-axis dims broadcast both ways (numpy broadcasts them too)."""
     sa, si = list(a.shape), list(i.shape)
@@ -181,6 +192,7 @@ REFERENCE = {
     "concat": lambda n, x: np.concatenate(x, axis=n.attrs["axis"]),
     "pad": _pad, "conv_patches": _conv_patches, "slice": _slice, "attention": _attention, "cast": _cast,
     **{k: (lambda n, x: gather64(n.op, x, n.attrs, n.shape)) for k in ("take", "take_along_axis", "one_hot")},
+    "scatter_add": lambda n, x: scatter_add64(x, n.attrs, n.shape),
     **{k: (lambda n, x: R.OPS[n.op](n, x)) for k in R.OPS},   # comparisons, where, logic, integer ops
     **{k: (lambda n, x: rowops.REFERENCE[n.op](x, n)) for k in rowops.REFERENCE},
 }

@@ -25,6 +25,8 @@ class LaneReport:
     compiles: list[str] = field(default_factory=list)   # the function's compiles so far, each with its cause
     notes: list[str] = field(default_factory=list)      # what a call changes from the schedule (a thread cap)
     schedule: str = ""   # where the schedule's pins came from: tuning database, cost model, caller (frontend/tune.py)
+    saved: list[str] = field(default_factory=list)   # a gradient's forward values kept for the backward (remat.py)
+    saved_bytes: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -51,6 +53,8 @@ class LaneReport:
             lines.append(f"  schedule  {self.schedule}")
         for n in self.notes:
             lines.append(f"  note      {n}")
+        for s in self.saved:
+            lines.append(f"  saved     {s}")
         if len(self.compiles) > 1:
             lines.append(f"  compiles  {len(self.compiles)} for this function; the last: {self.compiles[-1]}")
         if self.passes:

@@ -103,11 +103,15 @@ def vjp_norm(n, g, need):
 
 @rule("cross_entropy")
 def vjp_cross_entropy(n, g, need):
-    """dlogits = (softmax(logits) - one_hot(label)) * g per row; 0 on ignored rows."""
+    """dlogits = (softmax(logits) - one_hot(label)) * g per row; 0 on ignored rows.  The one-hot is
+    never built: ``iota == label`` is computed in the row kernel from its column index
+    (fuse-rowwise takes it into the softmax's epilogue), so the backward is one row kernel."""
     logits, labels = T(n.inputs[0]), T(n.inputs[1])
-    c = logits._node.shape[-1]
+    shape = logits._node.shape
     p = ops.softmax(logits if logits.dtype == n.dtype else ops.cast(logits, n.dtype), -1)
-    hot = ops.one_hot(labels, c, dtype=n.dtype)
+    cols = ops.iota((1,) * (len(shape) - 1) + shape[-1:], len(shape) - 1, dtype=labels.dtype)   # (sizes stay symbolic)
+    hit = ops.equal(cols, ops.expand_dims(labels, -1))
+    hot = ops.where(hit, 1.0, 0.0)
     keep = ops.not_equal(labels, n.attrs["ignore_index"])
     row = ops.where(keep, g, 0.0)
     d = ops.mul(ops.sub(p, hot), ops.expand_dims(row, -1))
@@ -172,26 +176,23 @@ def vjp_attention(n, g, need):
 
 
 # --------------------------------------------------------------------------- gathers
-def _one_hot_rows(idx, size, dtype):
-    """[count, size] one-hot rows of the clamped indices (the gathers clamp), flattened."""
-    flat = ops.reshape(idx, (math.prod(idx._node.shape),))
-    return ops.one_hot(ops.clip(flat, 0, size - 1), size, dtype=dtype)
-
-
 @rule("take")
 def vjp_take(n, g, need):
-    """dx[.., v, ..] = sum of g over the positions that read row v: one_hot(ids)^T @ g, a GEMM
-    (deterministic; duplicate ids summed in a fixed order).  Costs ids x rows x width multiplies;
-    a scatter-add op of its own is later work."""
+    """dx[.., v, ..] = sum of g over the positions that read row v: ``scatter_add`` of g into
+    zeros, take's exact adjoint (the same index bounding; duplicates summed in index order, the
+    same bits for any thread count; the former one_hot(ids)^T @ g GEMM cost ids x rows x width
+    multiplies and sent negative ids to row 0)."""
     x, idx = n.inputs
-    ax = n.attrs["axis"]
-    s = x.shape
-    pre, post = math.prod(s[:ax]), math.prod(s[ax + 1:])
-    count = math.prod(idx.shape)
-    hot = _one_hot_rows(T(idx), s[ax], g.dtype)
-    g3 = reshape(g, (pre, count, post))
-    dx = ops.matmul(_swap(hot), g3)   # [pre, rows, post]
-    return [ops.reshape(dx, s), None]
+    dx = ops.scatter_add(x.shape, T(idx), reshape(g, n.shape), axis=n.attrs["axis"])
+    return [dx, None]
+
+
+@rule("scatter_add")
+def vjp_scatter_add(n, g, need):
+    """d updates = take(g, indices, axis) (the same bounding), d target = g."""
+    idx = n.inputs[0]
+    gu = ops.take(g, T(idx), axis=n.attrs["axis"]) if need[1] else None
+    return [None, gu] + ([g] if n.attrs["based"] else [])
 
 
 @rule("take_along_axis")

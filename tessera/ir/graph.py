@@ -575,6 +575,7 @@ ELEMENTWISE_BINARY += TYPED_BINARY
 ELEMENTWISE_OTHER = (WhereOp, IotaOp)   # elementwise with three operands / none
 
 from tessera.ir.graph_nn import ConvPatchesOp, PadOp  # noqa: E402  (defined beside, on GraphOp)
+from tessera.ir.graph_scatter import ScatterAddOp  # noqa: E402  (take's adjoint)
 
 Graph = Dialect(
     "tessera",
@@ -585,7 +586,8 @@ Graph = Dialect(
      LogOp, Log1pOp, Exp2Op, Expm1Op, SinOp, CosOp, SigmoidOp, AbsOp, SignOp, RsqrtOp, ReciprocalOp, FloorOp, CeilOp,
      RoundOp, SquareOp,
      TakeOp, TakeAlongAxisOp, OneHotOp,
-     PadOp, ConvPatchesOp]
+     PadOp, ConvPatchesOp,
+     ScatterAddOp]
     + ROWS_OPS,
     [TensorType],
 )

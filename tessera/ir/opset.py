@@ -34,6 +34,8 @@ FAMILIES = {
     "gather": "read in place by its consumer where it feeds an elementwise chain or a GEMM's A; else a gather kernel",
     "pad": "its own copy kernel",
     "structure": "structure of fused programs (no kernel of its own)",
+    "scatter": "a scatter kernel: each worker owns column blocks of the result and adds the updates in index "
+               "order (the same bits for any thread count)",
 }
 
 # what the GPU lanes (nvidia, rocm) do with an op
@@ -133,6 +135,8 @@ _op("pad", "pad", "f", "pad", NO, "constant, reflect or edge padding")
 _op("take", "gather", "fi", "take, x[idx]", NO, "gather along an axis (indices clamped)")
 _op("take_along_axis", "gather", "fi", "take_along_axis", NO, "gather per position (indices clamped)")
 _op("one_hot", "gather", "i", "one_hot", NO, "labels -> one-hot rows (out-of-range labels give zeros)")
+_op("scatter_add", "scatter", "f", "scatter_add, index_add", NO,
+    "x.at[idx].add(u) along an axis: take's adjoint (indices clamped, duplicates summed in order)")
 # ---- matrix products
 _op("matmul", "gemm", "f", "matmul, @", "kernel", "a @ b with numpy's batch rules; bf16/f16 accumulate in f32")
 _op("conv_patches", "gemm", "f", "conv2d", NO, "conv2d's implicit-GEMM A operand (no im2col buffer)")

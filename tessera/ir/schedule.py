@@ -36,6 +36,7 @@ from tessera.ir.graph import TensorType, YieldOp
 KINDS = ("gemm", "rowwise", "elementwise", "reduce", "transpose", "concat", "attention",
          "gather", "pad")
 KINDS += ("scan",)   # cumsum / cumprod (passes/tile/kernels/scan.py)
+KINDS += ("scatter",)   # scatter_add (passes/tile/kernels/scatter.py)
 
 
 _strs, _ints = strs, ints

@@ -241,7 +241,7 @@ def launch_work(step: Step, env: dict[str, int], sizes: list[int]) -> tuple[bool
             return True, max(1, math.isqrt(ops[0] * ops[1] * out))
     if kind == "gemm":
         return True, (out * max(1, sizes[-1]) if sizes else out)   # (a step from an older cache)
-    if kind.startswith("attention"):
+    if kind.startswith("attention") or kind == "scatter":   # a scatter's work: the updates it adds
         return False, max([out] + [n(t) for t in step.in_types])
     return False, out
 

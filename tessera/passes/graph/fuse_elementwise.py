@@ -18,6 +18,7 @@ from tessera.ir.strided import StridedView
 from tessera.passes.base import TesseraPass, register
 from tessera.passes.graph.outline import generated, is_elementwise, outline, single_use
 from tessera.passes.graph.outline_kernels import operand_reshapes
+from tessera.passes.graph.returned_outputs import returned_besides_one
 from tessera.passes.util import function_blocks, view_through_all
 
 
@@ -73,7 +74,8 @@ def _grow(op, shape, group: list, block) -> None:
                 group.append(p)
                 group.extend(r for r in operand_reshapes(p, block) if r not in seen)
                 seen.update(group)
-            elif (is_elementwise(p) and single_use(v) and p.results[0].type.dims == shape and p not in seen
+            elif (is_elementwise(p) and (single_use(v) or not in_join and returned_besides_one(v))   # (returned_outputs.py)
+                  and p.results[0].type.dims == shape and p not in seen
                   and not (in_join and isinstance(p, g.IotaOp))):   # (an iota in a segment would read the wrong column)
                 seen.add(p)
                 group.append(p)

@@ -47,7 +47,10 @@ def _prologue(v, shape, group: list) -> None:
                 group.extend(x for x in gen if x not in group)
 
 
-def _epilogue(v, group: list) -> None:
+def _epilogue(v, group: list, operand_trees: bool = False) -> None:
+    """The single-use elementwise chain consuming ``v``; with ``operand_trees`` (softmax and the
+    norms, whose kernel computes iotas in its epilogue) also the same-shape elementwise trees
+    feeding the chain's other operands (cross-entropy's backward: ``p - where(iota == label)``)."""
     while single_use(v):
         user = next(iter(v.uses)).operation
         if isinstance(user, g.CastOp):
@@ -60,6 +63,8 @@ def _epilogue(v, group: list) -> None:
         for other in user.operands:
             if other != v and isinstance(other.owner, g.ConstantOp) and single_use(other):
                 group.append(other.owner)
+            elif operand_trees and other != v and other.type.dims == v.type.dims:
+                _prologue(other, v.type.dims, group)
         group.append(user)
         v = user.results[0]
 
@@ -81,5 +86,5 @@ class FuseRowwise(TesseraPass):
                     group = [op]
                     _prologue(op.input, op.input.type.dims, group)
                     if not isinstance(op, g.ROW_REDUCING):   # logsumexp's / argmax's result is not row-shaped
-                        _epilogue(op.result, group)
+                        _epilogue(op.result, group, isinstance(op, (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp)))
                     outline(group, "rowwise")

@@ -19,6 +19,7 @@ from tessera.passes.util import function_blocks, view_through_all
 KIND_OF = {g.TransposeOp: "transpose", g.SliceOp: "transpose", g.ConcatOp: "concat", g.ReshapeOp: "elementwise", g.ConstantOp: "elementwise",
            g.MatmulOp: "gemm", g.AttentionOp: "attention",
            g.TakeOp: "gather", g.TakeAlongAxisOp: "gather", g.OneHotOp: "gather",
+           g.ScatterAddOp: "scatter",
            g.PadOp: "pad"}
 
 
@@ -26,7 +27,7 @@ def operand_reshapes(op, block) -> list:
     """A gather reads its operands in place through single-use reshapes of them (a reshape of a
     tensor outside any group is row-major: the same buffer); they join its group, so no copy
     kernel (which would carry integer indices through float registers) runs first."""
-    if not isinstance(op, g.GATHERS):
+    if not isinstance(op, (*g.GATHERS, g.ScatterAddOp)):
         return []
     return [v.owner for v in op.operands if isinstance(v.owner, g.ReshapeOp) and v.owner.parent is block
             and single_use(v)]

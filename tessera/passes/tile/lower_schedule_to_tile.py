@@ -29,6 +29,7 @@ from tessera.passes.tile.kernels import gather
 from tessera.passes.tile.kernels import pad
 from tessera.passes.tile.kernels import attention_decode
 from tessera.passes.tile.kernels import gpu_rows
+from tessera.passes.tile.kernels import scatter
 
 
 def _selection(kop: s.KernelOp) -> MmaSelection:
@@ -98,7 +99,8 @@ def generate(kop: s.KernelOp, target: str = "x86"):
         return attention_decode.generate(kop)
     mod = {"rowwise": rowwise, "elementwise": elementwise, "reduce": reduce, "transpose": transpose,
            "concat": concat, "attention": attention, "gather": gather,
-           "scan": scan, "pad": pad}.get(kind)
+           "scan": scan, "pad": pad,
+           "scatter": scatter}.get(kind)
     if mod is None:
         raise ScheduleIllegalError(f"no Tile IR generator for kernel kind {kind!r}")
     return mod.generate(kop)

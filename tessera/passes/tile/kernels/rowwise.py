@@ -30,6 +30,7 @@ from tessera.ir.attrs import i64_attr
 from tessera.passes.tile.kernels import rows as R
 from tessera.passes.tile.kernels.common import KernelSig, elementwise, mask_cols, splat_row, tile_const
 from tessera.passes.util import register_elem
+from tessera.passes.tile.kernels.typed import emit_iotas, row_digit
 
 NEG_INF = float("-inf")
 SCRATCH = 16384  # floats per slot of softmax's two per-thread scratch rows (128 KiB in all: L2)
@@ -105,6 +106,7 @@ def generate(kop: s.KernelOp):
             self.ctx = R.RowCtx(kf, br, r, dims, leaves)
             self.nxt = R.RowCtx(kf, br, br.add(r, 2), dims, leaves).offsets
             self.out_off = br.mul(r, C)
+            self.r = r
 
     # the leaves each side reads: x (and the prologue's inputs) as the row is read; the epilogue's
     # inputs as it is written, which may be x itself or the norm's scale/bias (a residual such as
@@ -125,6 +127,9 @@ def generate(kop: s.KernelOp):
     def finish_chunk(bc, row, c, left, yv):
         vals = {v: R.load_leaf(kf, bc, leaves[v], row.ctx.offsets[v], c, left, chunk) for v in epi_leaves}
         vals[norm.result] = yv
+        if any(isinstance(o, g.IotaOp) for o in epilogue):   # a column-index mask (cross-entropy's backward)
+            emit_iotas(bc, epilogue, vals, reg, len(dims), lambda ax: (
+                (c, (1, chunk), 0, 1) if ax == len(dims) - 1 else (row_digit(bc, kf, row.r, dims, ax), (1, 1), 0, 0)))
         R.emit_ops(bc, epilogue, vals, reg)
         R.store_row(kf, bc, out_buf, out.type.element_type, vals[out], bc.add(row.out_off, c), left, chunk, stream)
 
