@@ -47,6 +47,14 @@ def _prologue(v, shape, group: list) -> None:
                 group.extend(x for x in gen if x not in group)
 
 
+def _reads_full_rows(tree: list, shape) -> bool:
+    """Whether an epilogue operand tree reads a row-shaped value from outside itself: the row
+    kernel loads only the row input and the chain's direct operands, so such a tree stays out
+    (cross-entropy's ``where(iota == label, ..)`` reads only iotas, constants and the labels)."""
+    inside = {r for op in tree for r in op.results}
+    return any(o not in inside and o.type.dims == shape for op in tree for o in op.operands)
+
+
 def _epilogue(v, group: list, operand_trees: bool = False) -> None:
     """The single-use elementwise chain consuming ``v``; with ``operand_trees`` (softmax and the
     norms, whose kernel computes iotas in its epilogue) also the same-shape elementwise trees
@@ -64,7 +72,10 @@ def _epilogue(v, group: list, operand_trees: bool = False) -> None:
             if other != v and isinstance(other.owner, g.ConstantOp) and single_use(other):
                 group.append(other.owner)
             elif operand_trees and other != v and other.type.dims == v.type.dims:
-                _prologue(other, v.type.dims, group)
+                tree: list = []
+                _prologue(other, v.type.dims, tree)
+                if not _reads_full_rows(tree, v.type.dims):
+                    group.extend(tree)
         group.append(user)
         v = user.results[0]
 
