@@ -258,3 +258,14 @@ def column_strips(b: Builder, nc, width: int, nr: int, cn: int, strip, first_nrv
         return []
 
     b.if_(b.cmp("sgt", rem, 0), lambda b3: remainder(b3, first_nrv))
+
+
+def single_op(kop, classes, holds: str):
+    """The one op of ``classes`` a gather-like kernel holds (beside reshapes of its operands),
+    yielding its result; else ``SCHEDULE_ILLEGAL`` saying what such a kernel ``holds``."""
+    block = kop.body.block
+    ops = [op for op in block.ops if not isinstance(op, (g.YieldOp, g.ReshapeOp))]
+    if len(ops) != 1 or not isinstance(ops[0], classes) or list(block.last_op.operands) != [ops[0].result]:
+        raise ScheduleIllegalError(f"kernel {kop.sym_name.data}: {holds} (and reshapes of its operands) and "
+                                   "yields its result")
+    return ops[0]

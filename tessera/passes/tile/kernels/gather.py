@@ -23,7 +23,7 @@ from tessera.ir.attrs import ival
 from tessera.ir.builder import INDEX, Builder
 from tessera.ir.strided import row_major_strides
 from tessera.passes.tile.kernels import rows as R
-from tessera.passes.tile.kernels.common import KernelFn, KernelSig, reg_elem, splat_row, tile_const, trace_view
+from tessera.passes.tile.kernels.common import KernelFn, KernelSig, reg_elem, single_op, splat_row, tile_const, trace_view
 from tessera.passes.util import register_elem
 
 
@@ -65,12 +65,7 @@ def operand_arg(name: str, op, v) -> int:
 
 
 def _single(kop: s.KernelOp):
-    block = kop.body.block
-    ops = [op for op in block.ops if not isinstance(op, (g.YieldOp, g.ReshapeOp))]
-    if len(ops) != 1 or not isinstance(ops[0], g.GATHERS) or list(block.last_op.operands) != [ops[0].result]:
-        raise ScheduleIllegalError(f"kernel {kop.sym_name.data}: a gather kernel holds one take, "
-                                   "take_along_axis or one_hot (and reshapes of its operands) and yields its result")
-    return ops[0]
+    return single_op(kop, g.GATHERS, "a gather kernel holds one take, take_along_axis or one_hot")
 
 
 def generate(kop: s.KernelOp):

@@ -11,7 +11,6 @@ values.  The sum is held in the result's dtype after each add (f32 registers for
 """
 from __future__ import annotations
 
-from tessera.errors import ScheduleIllegalError
 from tessera.ir import dims as D
 from tessera.ir import graph as g
 from tessera.ir import schedule as s
@@ -19,7 +18,7 @@ from tessera.ir import tile as t
 from tessera.ir.attrs import ival
 from tessera.ir.builder import Builder
 from tessera.passes.tile.kernels import rows as R
-from tessera.passes.tile.kernels.common import KernelSig, elementwise, reg_elem, splat_row
+from tessera.passes.tile.kernels.common import KernelSig, elementwise, reg_elem, single_op, splat_row
 from tessera.passes.tile.kernels.gather import _copy, bounded_index, load_index, operand_arg
 from tessera.passes.util import register_elem
 
@@ -39,12 +38,7 @@ def walk_indices(b: Builder, count, body) -> None:
 
 
 def _single(kop: s.KernelOp) -> g.ScatterAddOp:
-    block = kop.body.block
-    ops = [op for op in block.ops if not isinstance(op, (g.YieldOp, g.ReshapeOp))]
-    if len(ops) != 1 or not isinstance(ops[0], g.ScatterAddOp) or list(block.last_op.operands) != [ops[0].result]:
-        raise ScheduleIllegalError(f"kernel {kop.sym_name.data}: a scatter kernel holds one scatter_add (and "
-                                   "reshapes of its operands) and yields its result")
-    return ops[0]
+    return single_op(kop, g.ScatterAddOp, "a scatter kernel holds one scatter_add")
 
 
 def generate(kop: s.KernelOp):
