@@ -152,8 +152,23 @@ class _Fn(FnCodegen):
         mt = self._memory_type(vt)
         fn = self.gen.intrinsic(f"llvm.masked.store.{self._vec_suffix(mt)}.p0", ir.VoidType(),
                                 [mt, PTR, I32, ir.VectorType(I1, vt.count)])
+        count = self.v(op.count)
+        if self.gen.avx512 and isinstance(mt.element, ir.IntType) and mt.element.width < 32:
+            count = self._opaque(count)
         self.b.call(fn, [val if mt is vt else self.b.bitcast(val, mt), addr, ir.Constant(I32, 1),
-                         self._mask(self.v(op.count), vt.count)])
+                         self._mask(count, vt.count)])
+
+    def _opaque(self, value):
+        """``value`` through an empty inline-asm move, so LLVM cannot fold it to a constant.
+
+        LLVM 22's X86 backend miscompiles a masked store of 8- or 16-bit lanes whose mask it has
+        folded to one constant lane when the value is a truncation from 32-bit lanes (a bf16
+        rounding, an int8 result): with AVX-512 it becomes a 32-bit scalar store, writing two or
+        three bytes past the lane (``pad(mode="edge")`` on bf16 lost the element after each
+        edge).  Kept opaque, the count gives a real mask and a ``vpmovdw`` with a mask register.
+        ``tests/test_x86_codegen_bugs.py`` shows the miscompile and the guard."""
+        fty = ir.FunctionType(value.type, [value.type])
+        return self.b.call(ir.InlineAsm(fty, "", "=r,0"), [value])
 
     def op_tessera_x86_load(self, op):
         ty = llvm_type(op.result.type)
