@@ -418,7 +418,7 @@ class SimtLowerer(SimtCopies, OpLowerer):
                                "CPU lane (cpu-x86)")
         if op.fn.data in GPU_REFUSED_FNS:
             raise CodegenError(f"tile.elementwise {op.fn.data} has no GPU lowering (lane: {self.lowering_name}); "
-                               "tessera.ops.{op.fn.data} runs on the CPU lane (cpu-x86) only")
+                               f"tessera.ops.{op.fn.data} runs on the CPU lane (cpu-x86) only")
         vals = [self.vmap[v] for v in op.inputs]
         like = next((v for v in vals if isinstance(v, Dist)), None)
         if like is None:
