@@ -180,7 +180,11 @@ def test_jit_tune_row_family_chunk(cache, rng, monkeypatch):
     np.testing.assert_allclose(tessera.jit(_softmax, tune=True)(x), oracle, rtol=1e-5, atol=1e-6)
     with tunedb.TuningDB() as db:
         (entry,) = db.entries()
-    assert entry.key.family == "row" and entry.key.shape == (24, 100) and len(entry.times) == 4
+    from tessera.passes.schedule import space
+    # the model's chunk and 1, 2, 8 registers' worth as far as a 100-column row is that wide (the
+    # count depends on the host's vector width)
+    n = len(space.row_candidates(cols=100))
+    assert entry.key.family == "row" and entry.key.shape == (24, 100) and len(entry.times) == n >= 3
     assert set(entry.pins) <= {"chunk"}
     rep = tessera.explain(tessera.jit(_softmax), x)
     assert rep.schedule.startswith("schedule from the tuning database (entry row v1 f32 24x100")

@@ -13,7 +13,7 @@ from decimal import Decimal as D, localcontext
 
 import numpy as np
 
-from tessera.tools.numerics64 import PI
+from tessera.tools.numerics64 import PI, pow10
 
 NAMES = ("log", "log1p", "exp2", "expm1", "sin", "cos")
 NUMPY = {"log": np.log, "log1p": np.log1p, "exp2": np.exp2, "expm1": np.expm1, "sin": np.sin, "cos": np.cos}
@@ -71,7 +71,7 @@ def sample(name: str, rng: np.random.Generator, n: int, dtype=np.float64) -> np.
     lo_exp = -300 if dtype == np.float64 else -40     # into the subnormals of float32
     hi_exp = 300 if dtype == np.float64 else 38
     k = n // 4
-    mag = lambda a, b, m: 10.0 ** rng.uniform(a, b, m)   # noqa: E731
+    mag = lambda a, b, m: pow10(rng.uniform(a, b, m))   # noqa: E731
     if name == "log":
         parts = [mag(lo_exp, hi_exp, 2 * k), 1 + rng.uniform(-0.3, 0.3, k), rng.uniform(0, 4, n - 3 * k)]
     elif name == "log1p":
