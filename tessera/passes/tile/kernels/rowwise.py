@@ -21,6 +21,7 @@ thread count).
 from __future__ import annotations
 
 from xdsl.dialects.builtin import StringAttr, f32, f64
+from xdsl.ir import OpResult
 
 from tessera.errors import ScheduleIllegalError
 from tessera.ir import graph as g
@@ -43,7 +44,17 @@ def _split(block):
         raise ScheduleIllegalError(f"a rowwise kernel holds one softmax/layer_norm/rms_norm, found {len(norms)}")
     norm = norms[0]
     i = ops.index(norm)
-    return ops[:i], norm, ops[i + 1:]
+    # the prologue is what the norm reads (computed per chunk as the row is read); an op before
+    # the norm that it does not read (a constant only the epilogue uses, as a gradient's seed) is
+    # the epilogue's
+    deps, todo = set(), list(norm.operands)
+    while todo:
+        v = todo.pop()
+        if isinstance(v, OpResult) and v.owner in ops and v.owner not in deps:
+            deps.add(v.owner)
+            todo.extend(v.owner.operands)
+    return ([o for o in ops[:i] if o in deps], norm,
+            [o for o in ops[:i] if o not in deps] + ops[i + 1:])
 
 
 def _reduce(b, kind: str, tile_v):
@@ -78,7 +89,9 @@ def generate(kop: s.KernelOp):
     out = outs[0]
     chunk = R.chunk_of(kop)
     vec_operands = [v for v in (getattr(norm, "scale", None), getattr(norm, "bias", None)) if v is not None]
-    leaves = R.find_leaves(block, dims, prologue + epilogue + ([norm] if not prologue else []) + [yield_op])
+    # the norm's own operands too: its input is a kernel input whenever no prologue op computes it
+    # (a prologue of constants alone, as a gradient's seed, reads nothing)
+    leaves = R.find_leaves(block, dims, prologue + epilogue + [norm, yield_op])
     for v in vec_operands:
         leaves.update(R.find_leaves(block, dims, [_Use(v)]))
     leaves.pop(norm.result, None)
