@@ -37,6 +37,7 @@ KINDS = ("gemm", "rowwise", "elementwise", "reduce", "transpose", "concat", "att
          "gather", "pad")
 KINDS += ("scan",)   # cumsum / cumprod (passes/tile/kernels/scan.py)
 KINDS += ("scatter",)   # scatter_add (passes/tile/kernels/scatter.py)
+KINDS += ("rowreduce",)   # a row result from its row's reductions (passes/tile/kernels/rowreduce.py)
 
 
 _strs, _ints = strs, ints

@@ -15,6 +15,7 @@ from tessera.passes.graph import (  # noqa: F401  (importing registers the passe
     fuse_dual_gemm,
     fuse_elementwise,
     fuse_matmul_epilogue,
+    fuse_row_reductions,
     fuse_rowwise,
     outline_kernels,
 )
@@ -52,6 +53,8 @@ def _opt(spelling: str, typ, required: bool, default, doc: str) -> OptionInfo:
 GRAPH_PASSES = "canonicalize,fuse-attention,fuse-matmul-epilogue,fuse-rowwise,fuse-elementwise,outline-kernels"
 # the CPU lane also pairs two GEMMs of one A whose products meet in one epilogue (SwiGLU)
 CPU_GRAPH_PASSES = GRAPH_PASSES.replace("fuse-matmul-epilogue", "fuse-dual-gemm,fuse-matmul-epilogue")
+# ... and a row-shaped result with the last-axis reductions of its own row (kernels/rowreduce.py)
+CPU_GRAPH_PASSES = CPU_GRAPH_PASSES.replace("fuse-rowwise", "fuse-rowwise,fuse-row-reductions")
 SCHEDULE_PINS = ("threads", "tile-m", "tile-n", "tile-k", "register-tile", "mma-shape", "parallel", "unroll",
                  "chunk", "pin-kinds")
 

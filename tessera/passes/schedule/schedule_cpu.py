@@ -46,6 +46,7 @@ PARALLEL_LEGAL = {"gemm": ("m", "b*m", "none", "n"), "rowwise": ("r", "none"), "
                   "pad": ("r", "none")}
 PARALLEL_LEGAL["scan"] = ("r", "none")
 PARALLEL_LEGAL["scatter"] = ("r", "none")
+PARALLEL_LEGAL["rowreduce"] = ("r", "none")
 PARALLEL_LEGAL["attention"] += ("bh*kv",)   # bh*kv: the split-K decode kernel (kernels/attention_decode.py)
 
 

@@ -44,7 +44,7 @@ FAMILIES = {
     "gemm": Family("gemm", 1, ("register_tile", "tile_k", "tile_m", "tile_n"),
                    "register tile within the vector registers; KC/MC/NC within L2/L3", ("gemm",)),
     "row": Family("row", 1, ("chunk",), "columns per step: 1, 2, 4 or 8 vector registers",
-                  ("rowwise", "elementwise")),
+                  ("rowwise", "rowreduce", "elementwise")),
 }
 KC_CHOICES = (128, 256, 512, 1024)
 

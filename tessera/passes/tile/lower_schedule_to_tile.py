@@ -27,6 +27,7 @@ from tessera.passes.tile.kernels import (attention, concat, elementwise, gemm, g
 from tessera.passes.tile.kernels import scan
 from tessera.passes.tile.kernels import gather
 from tessera.passes.tile.kernels import pad
+from tessera.passes.tile.kernels import rowreduce
 from tessera.passes.tile.kernels import attention_decode
 from tessera.passes.tile.kernels import gpu_rows
 from tessera.passes.tile.kernels import scatter
@@ -99,7 +100,7 @@ def generate(kop: s.KernelOp, target: str = "x86"):
         return attention_decode.generate(kop)
     mod = {"rowwise": rowwise, "elementwise": elementwise, "reduce": reduce, "transpose": transpose,
            "concat": concat, "attention": attention, "gather": gather,
-           "scan": scan, "pad": pad,
+           "scan": scan, "pad": pad, "rowreduce": rowreduce,
            "scatter": scatter}.get(kind)
     if mod is None:
         raise ScheduleIllegalError(f"no Tile IR generator for kernel kind {kind!r}")
