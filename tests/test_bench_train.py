@@ -171,3 +171,19 @@ def test_quick_run_end_to_end(tmp_path, capsys):
         assert max(r["check"]["tessera"].values()) < 1
         assert not math.isnan(bench_train.row_figures(r)["gflops"])
     assert "gpt2 block step" in "\n".join(bench_train.section(tmp_path))
+
+
+@pytest.mark.slow
+def test_planted_wrong_tessera_step_is_refused_before_timing(rng, monkeypatch):
+    """Tessera's training step with the loss summed instead of averaged (a wrong loss and gradient
+    scale, the kind of bug AdamW's sign-like first steps would hide) is refused, nothing timed."""
+    import tessera as ts
+    w = W.make_step(rng, batch=1, seq=8, dim=16, heads=2)
+
+    def summed(x, y, *params, n_head):
+        return ts.ops.reduce_sum(ts.ops.square(W._ts_block(x, params, n_head) - y))
+    monkeypatch.setattr(W, "_ts_loss", summed)
+    monkeypatch.setattr(W, "_TS_STEP", {})
+    _no_timing(monkeypatch)
+    with pytest.raises(BenchMismatchError, match="tessera.*(loss|grad)"):
+        bench_train.measure_row("step", w, {}, 1.0, [], 1)
