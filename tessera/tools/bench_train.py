@@ -42,8 +42,10 @@ PEERS = ("torch", "torch.compile", "jax.jit")
 MEMORY_IMPLS = ("tessera", "torch", "jax.jit")
 AIM = {"step": 1.0, "attn": 1.3}     # issue 28's aims: the ratio against the fastest peer
 # the check's tolerances, float32 against float64: per tensor, max |error| / max |oracle| (loss:
-# relative; parameters: absolute, a fraction of the learning rate, i.e. of an update)
-TOL = {"loss": 1e-4, "grad": 2e-3, "v": 2e-3, "param_lr": 2e-3, "attn": 2e-3}
+# relative; parameters: absolute, in units of the learning rate, i.e. of an update).  Seen at the
+# full sizes (every library, 2026-12-04): loss <= 6e-7, grad <= 2e-6, v <= 3e-6, attn <= 2.1e-6,
+# param_lr <= 1.3e-4 (the parameters' own float32 rounding); the margins are about 30-100x.
+TOL = {"loss": 2e-5, "grad": 2e-4, "v": 2e-4, "param_lr": 1e-3, "attn": 2e-4}
 
 
 def sizes(quick: bool) -> dict:
