@@ -521,6 +521,14 @@ class BenchLogError(TesseraError):
     area = "tools"
 
 
+class BenchMismatchError(TesseraError):
+    """A benchmarked implementation's result differs from the float64 oracle: it is not timed.
+
+    (``tessera bench train`` checks every implementation's result before timing it.)"""
+    code = "BENCH_MISMATCH"
+    area = "tools"
+
+
 def all_error_classes() -> list[type[TesseraError]]:
     """Every TesseraError class defined in Tessera, in definition order, base first."""
     seen: list[type[TesseraError]] = []

@@ -127,26 +127,53 @@ def write_run(log_dir: Path, run: dict) -> Path:
     that it supersedes (the repository keeps one log per host, git keeps the rest): a full run
     replaces every older log of its host; a ``--quick`` run replaces older quick runs only, so a
     host's latest full run stays beside it."""
-    _check_run(run, "new run")
+    return keep_log(run, log_dir, _check_run)
+
+
+def keep_log(run: dict, log_dir: Path, check) -> Path:
+    """``write_run``'s rule for any benchmark's logs: ``check(run, where)`` validates the run (it
+    raises ``BenchLogError``), then it is kept in its host's folder, superseding older logs."""
+    check(run, "new run")
     folder = Path(log_dir) / run["host"]["slug"]
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / log_name(run)
     for old in folder.glob("*.json"):
-        if old != path and (not run["quick"] or read_log(old)["quick"]):
+        if old != path and (not run["quick"] or _read_json(old).get("quick")):
             old.unlink()
     path.write_text(json.dumps(run, indent=1, allow_nan=False) + "\n")
     return path
 
 
-def read_log(path: Path) -> dict:
-    """One run's raw log, checked."""
-    path = Path(path)
+def _read_json(path: Path) -> dict:
     try:
-        run = json.loads(path.read_text())
+        run = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise BenchLogError(f"{path}: not a readable benchmark log ({e})") from None
     if not isinstance(run, dict):
         raise BenchLogError(f"{path}: a benchmark log is one run, a JSON object")
+    return run
+
+
+def latest_logs(log_dir: Path, check) -> list[dict]:
+    """Each host's latest full run, else its latest quick one (``latest_run``), from
+    ``<log_dir>/<host>/*.json``, every log checked with ``check(run, where)``; hosts in name order."""
+    out = []
+    d = Path(log_dir)
+    for host in sorted(p for p in d.iterdir() if p.is_dir()) if d.is_dir() else []:
+        runs = []
+        for p in sorted(host.glob("*.json")):
+            run = _read_json(p)
+            check(run, p.name)
+            runs.append(run)
+        if runs:
+            out.append(latest_run(runs))
+    return out
+
+
+def read_log(path: Path) -> dict:
+    """One run's raw log, checked."""
+    path = Path(path)
+    run = _read_json(path)
     _check_run(run, path.name)
     if run["host"].get("slug") != path.parent.name:
         raise BenchLogError(f"{path}: host {run['host'].get('slug')!r} kept in the folder of {path.parent.name!r}")
@@ -366,6 +393,8 @@ def render_doc(log_dir: Path = LOG_DIR) -> str:
             out += render_run(run) + [""]
     from tessera.tools import bench_models
     out += bench_models.section()
+    from tessera.tools import bench_train
+    out += bench_train.section()
     out += ["## Earlier runs (not re-rendered)", "",
             "Runs made before the raw logs were kept are not shown: their timings were not kept, and their ratio "
             "divided the peers' fresh-output time by Tessera's pooled-output time.  The last of each host is in the "
@@ -390,5 +419,6 @@ def benchmarks_md() -> str:
     return render_doc(LOG_DIR)
 
 
-__all__ = ["benchmarks_md", "git_state", "host_slug", "isa_summary", "latest_run", "load_logs", "read_log",
+__all__ = ["benchmarks_md", "git_state", "host_slug", "isa_summary", "keep_log", "latest_logs", "latest_run",
+           "load_logs", "read_log",
            "render_doc", "render_run", "row_stats", "write_run"]

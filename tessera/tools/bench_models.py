@@ -97,10 +97,6 @@ def measure(quick: bool, models=MODELS, one_thread: bool = True) -> dict:
 
 
 # --------------------------------------------------------------------------- logs and the document
-def _median(xs) -> float:
-    return float(np.median(np.asarray(xs, dtype=float)))
-
-
 def check(run: dict, where: str) -> None:
     for k in ("schema", "date", "commit", "quick", "host", "rows"):
         if k not in run:
@@ -115,37 +111,17 @@ def check(run: dict, where: str) -> None:
 
 def write_run(run: dict, log_dir: Path = LOG_DIR) -> Path:
     from tessera.tools import bench_doc
-    check(run, "new run")
-    folder = Path(log_dir) / run["host"]["slug"]
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / bench_doc.log_name(run)
-    for old in folder.glob("*.json"):
-        if old != path and (not run["quick"] or json.loads(old.read_text()).get("quick")):
-            old.unlink()
-    path.write_text(json.dumps(run, indent=1, allow_nan=False) + "\n")
-    return path
+    return bench_doc.keep_log(run, log_dir, check)
 
 
 def latest_runs(log_dir: Path = LOG_DIR) -> list[dict]:
     """Each host's latest full run, else its latest quick one (``bench_doc.latest_run``'s rule)."""
     from tessera.tools import bench_doc
-    out = []
-    d = Path(log_dir)
-    for host in sorted(p for p in d.iterdir() if p.is_dir()) if d.is_dir() else []:
-        runs = []
-        for p in sorted(host.glob("*.json")):
-            try:
-                run = json.loads(p.read_text())
-            except (OSError, json.JSONDecodeError) as e:
-                raise BenchLogError(f"{p}: not a readable models log ({e})") from None
-            check(run, p.name)
-            runs.append(run)
-        if runs:
-            out.append(bench_doc.latest_run(runs))
-    return out
+    return bench_doc.latest_logs(log_dir, check)
 
 
 def render_run(run: dict) -> list[str]:
+    from tessera.tools import bench_doc
     h = run["host"]
     out = [f"### `{h['slug']}`: {h['cpu_model']} (LLVM {h['llvm_cpu']}; {h['isa']}), {h['usable_cpus']} CPUs "
            f"-- {run['date'][:10]}, commit `{run['commit'][:12]}`" + (", `--quick`: a smoke test" if run["quick"]
@@ -155,7 +131,7 @@ def render_run(run: dict) -> list[str]:
            "|---|---|---|---|---|" + "---|" * len(PEERS) + "---|---|---|"]
     for r in run["rows"]:
         libs = r["libraries"]
-        med = {k: _median(v["times_s"]) for k, v in libs.items()}
+        med = {k: bench_doc.median(v["times_s"]) for k, v in libs.items()}
         peers = {k: v for k, v in med.items() if k in PEERS}
         best = min(peers.items(), key=lambda kv: kv[1]) if peers else None
         ratio = f"{best[1] / med[FRESH]:.2f} ({best[0]})" if best else "--"

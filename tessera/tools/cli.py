@@ -51,6 +51,9 @@ def _bench(args) -> int:
     if args.what == "models":
         from tessera.tools import bench_models
         return bench_models.main(args)
+    if args.what == "train":
+        from tessera.tools import bench_train
+        return bench_train.main(args)
     from tessera.tools import bench_cpu
     return bench_cpu.main(args)
 
@@ -107,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.set_defaults(func=lambda a: __import__("tessera.tools.demo", fromlist=["main"]).main(a))
     bt = sub.add_parser("bench", help="benchmarks: cpu (the performance table), models (examples/models against "
                                       "the peers), render (docs/benchmarks.md from the raw logs), tiles "
-                                      "(register-tile calibration)")
-    bt.add_argument("what", choices=["cpu", "models", "render", "tiles"])
+                                      "(register-tile calibration), train (training step and attention "
+                                      "gradient against the peers)")
+    bt.add_argument("what", choices=["cpu", "models", "render", "tiles", "train"])
     bt.add_argument("--models", nargs="*", default=None, help="models: which examples (default: all)")
     bt.add_argument("--all-threads-only", action="store_true", help="models: skip the one-thread rows")
     bt.add_argument("--write", action="store_true",
