@@ -278,6 +278,23 @@ class CallPlan:
     threads_version: int = 0
 
 
+def drop_after(program: HostProgram) -> list[list[int]]:
+    """Per step, the intermediates it is the last to touch: a call lets go of each right after that
+    step, so its buffer serves a later kernel of the same call (the pool's, or malloc's for fresh
+    buffers) instead of every intermediate living until the call returns.  Arguments and results
+    are kept."""
+    keep = set(program.results) | set(program.input_ids)
+    last: dict[int, int] = {}
+    for i, s in enumerate(program.steps):
+        for v in (*s.args, *s.outs):
+            last[v] = i
+    out: list[list[int]] = [[] for _ in program.steps]
+    for v, i in last.items():
+        if v not in keep:
+            out[i].append(v)
+    return out
+
+
 class CpuExecutable:
     def __init__(self, program: HostProgram, addresses: dict[str, int], max_threads: int, amx: bool = False,
                  missing_features: tuple[str, ...] = ()):
@@ -299,6 +316,7 @@ class CpuExecutable:
         self._ws_pool: dict[int, tuple[np.ndarray, int]] = {}   # tid -> (buffer, 64-byte aligned address)
         self._team: tuple[np.ndarray, int] = (np.zeros(0, np.uint8), 0)
         self._gen = 0      # bumped whenever a workspace or the team buffer moves (plans hold addresses)
+        self._drop_after = drop_after(program)
         forksafe.lock(self, "_run_lock")   # one call at a time uses the workspaces and the team buffer
 
     def _workspace(self, tid: int, size: int) -> int:
@@ -395,7 +413,10 @@ class CpuExecutable:
         prog = self.program
         vals: dict[int, np.ndarray] = dict(zip(prog.input_ids, arrays))
         results = set(prog.results)   # the others are intermediates (memory.scratch)
-        for ps in plan.steps:
+        for n_step, ps in enumerate(plan.steps):
+            if n_step:   # intermediates the previous step read last go back (to the pool, or to malloc)
+                for v in self._drop_after[n_step - 1]:
+                    del vals[v]
             s = ps.step
             # reading /proc costs ~150 us: only results that could matter are checked
             if ps.need and ps.need > host.memory_available():
