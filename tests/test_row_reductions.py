@@ -1,7 +1,8 @@
 """``fuse-row-reductions`` + ``kernels/rowreduce.py``: a row-shaped result computed from last-axis
 keepdims reductions of its own row is ONE kernel, against float64 numpy oracles (odd row lengths,
 rank 3, broadcast inputs, NaN rows); softmax / log_softmax backward are the forward's row kernel
-plus one; a value also used elsewhere stays outside; a planted wrong tail pad is caught."""
+plus one, layer_norm's backward 5 kernels (were 15); a value also used elsewhere is recomputed inside; a
+planted wrong tail pad is caught."""
 from __future__ import annotations
 
 import numpy as np
@@ -77,7 +78,7 @@ def test_row_scalar_inputs_and_nan_rows(rng):
     assert _kinds(jf, x, t) == ["rowreduce"]
 
 
-def test_a_reduction_also_returned_stays_its_own_kernel(rng):
+def test_a_reduction_also_returned_is_recomputed_in_the_row_kernel(rng):
     x = rng.standard_normal((12, 40)).astype(np.float32)
     def both(x):
         m = x.mean(-1, keepdims=True)
@@ -87,7 +88,7 @@ def test_a_reduction_also_returned_stays_its_own_kernel(rng):
     c, m = jf(x)
     O.assert_close(m, O.f64(x).mean(-1, keepdims=True), 1e-6)
     O.assert_close(c, O.f64(x) - O.f64(x).mean(-1, keepdims=True), 1e-6)
-    assert sorted(_kinds(jf, x)) == ["elementwise", "reduce"]
+    assert sorted(_kinds(jf, x)) == ["reduce", "rowreduce"]   # the returned mean: its own kernel
 
 
 @pytest.mark.parametrize("which", ["softmax", "log_softmax"])
@@ -113,3 +114,33 @@ def test_planted_wrong_tail_pad_is_caught(rng, monkeypatch):
     x = -rng.uniform(1, 2, (8, 45)).astype(np.float32)
     got = ts.jit(lambda x: x - x.max(-1, keepdims=True))(x)
     assert O.rel_err(got, O.f64(x) - O.f64(x).max(-1, keepdims=True)) > 0.1
+
+
+@pytest.mark.parametrize("which", ["layer_norm", "rms_norm"])
+def test_norm_backward_kernels(rng, which):
+    """dx is one row kernel, dgamma's rows (g * xhat) another, then the column sums: 5 kernels for
+    layer_norm (15 before the row kernels), 3 for rms_norm (11).  The forward is not run: the
+    seed's broadcast no longer reads it (canonicalize drops ``where(c, t, t)``)."""
+    x, w = rng.standard_normal((40, 96)).astype(np.float32), rng.standard_normal((40, 96)).astype(np.float32)
+    gam, bet = rng.standard_normal(96).astype(np.float32), rng.standard_normal(96).astype(np.float32)
+    if which == "layer_norm":
+        f, args = (lambda x, g, b, w: (OPS.layer_norm(x, g, b) * w).sum()), (x, gam, bet, w)
+    else:
+        f, args = (lambda x, g, w: (OPS.rms_norm(x, g) * w).sum()), (x, gam, w)
+    jf = ts.jit(ts.grad(f, argnums=tuple(range(len(args) - 1))))
+    got = jf(*args)
+    x64, g64, w64 = O.f64(x), O.f64(gam), O.f64(w)
+    xc = x64 - x64.mean(-1, keepdims=True) if which == "layer_norm" else x64
+    eps = 1e-5 if which == "layer_norm" else 1e-6
+    r = 1 / np.sqrt((xc * xc).mean(-1, keepdims=True) + eps)
+    xhat = xc * r
+    gh = w64 * g64
+    inner = gh - xhat * (gh * xhat).mean(-1, keepdims=True)
+    if which == "layer_norm":
+        inner = inner - gh.mean(-1, keepdims=True)
+    want = [r * inner, (w64 * xhat).sum(0)] + ([w64.sum(0)] if which == "layer_norm" else [])
+    for gv, wv in zip(got, want):
+        O.assert_close(gv, wv, 1e-4)
+    kinds = sorted(_kinds(jf, *args))
+    assert kinds == sorted(["rowreduce", "rowreduce", "reduce"] + (["elementwise", "reduce"] if which == "layer_norm"
+                                                                   else []))

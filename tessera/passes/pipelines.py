@@ -54,7 +54,7 @@ GRAPH_PASSES = "canonicalize,fuse-attention,fuse-matmul-epilogue,fuse-rowwise,fu
 # the CPU lane also pairs two GEMMs of one A whose products meet in one epilogue (SwiGLU)
 CPU_GRAPH_PASSES = GRAPH_PASSES.replace("fuse-matmul-epilogue", "fuse-dual-gemm,fuse-matmul-epilogue")
 # ... and a row-shaped result with the last-axis reductions of its own row (kernels/rowreduce.py)
-CPU_GRAPH_PASSES = CPU_GRAPH_PASSES.replace("fuse-rowwise", "fuse-rowwise,fuse-row-reductions")
+CPU_GRAPH_PASSES = CPU_GRAPH_PASSES.replace("fuse-rowwise", "fuse-row-reductions,fuse-rowwise")
 SCHEDULE_PINS = ("threads", "tile-m", "tile-n", "tile-k", "register-tile", "mma-shape", "parallel", "unroll",
                  "chunk", "pin-kinds")
 

@@ -10,6 +10,8 @@
   (``sink_transpose_pool.py``)
 - a transpose whose same transpose is padded earlier reads the padded copy's interior
   (``reuse_padded.py``)
+- ``where(c, t, t)`` (a broadcast) as an operand of a binary elementwise op whose other
+  operand has the result's shape -> ``t``
 - unused pure Graph IR ops are removed
 - a reshape, or a transpose or slice that keeps the last axis contiguous, with several uses is
   cloned per use: a view is free, so each consumer can read it through its own strides
@@ -66,6 +68,8 @@ def _simplify_once(op) -> bool:
             insert_before(op, new)
             replace_op(op, [new.result])
             return True
+    if isinstance(op, g.ELEMENTWISE_BINARY) and _drop_broadcast_where(op):
+        return True
     if isinstance(op, g.CastOp) and op.input.type == op.result.type:
         replace_op(op, [op.input])
         return True
@@ -149,6 +153,23 @@ def _split_shared_views(block) -> None:
             ops = list(user.operands)
             ops[use.index] = clone.result
             user.operands = ops
+
+
+def _drop_broadcast_where(op) -> bool:
+    """``where(c, t, t)`` is ``t`` broadcast to c's shape (the backward rules' broadcast, as the op set
+    has no broadcast op): as an operand of a binary elementwise op whose other operand already has
+    the result's shape, ``t`` itself broadcasts the same way.  The gradient of ``sum(f(x) * w)``
+    then reads w, not a ones tensor made from the forward value."""
+    a, b = op.operands
+    for i, (v, other) in enumerate(((a, b), (b, a))):
+        w = v.owner
+        if (isinstance(w, g.WhereOp) and w.on_true is w.on_false and other.type.dims == op.results[0].type.dims
+                and w.on_true.type.element_type == w.result.type.element_type):
+            ops = list(op.operands)
+            ops[i] = w.on_true
+            op.operands = ops
+            return True
+    return False
 
 
 def _is_pure_graph_op(op) -> bool:

@@ -7,8 +7,9 @@ What it groups, written the way users and the backward rules write it:
 backward ``y * (g - sum(g * y))``, log_softmax's ``g - exp(y) * sum(g)``, the norms' backward
 ``r * (gh - mean(gh) - xhat * mean(gh * xhat))`` (reductions of reductions).  The group is the
 operand tree of one row-shaped elementwise op: elementwise ops on rows (dims ``S``) or on row
-scalars (``S[:-1] + (1,)``) and sum / mean / max over the last axis with ``keepdims``; a value
-also used outside the tree stays outside (the kernel has one result).  Float32 / float64 values
+scalars (``S[:-1] + (1,)``) and sum / mean / max over the last axis with ``keepdims``.  The kernel
+has one result: a value of the tree also used elsewhere is recomputed inside (from a copy of its
+ops) and still computed outside for its other users.  Float32 / float64 values
 (and the bool masks of comparisons and ``where`` between them) only.
 
 The CPU lane runs it (``kernels/rowreduce.py``); GPU pipelines do not include the pass.
@@ -63,21 +64,35 @@ def _tree(out_op, block, dims) -> list | None:
             continue
         group.add(op)
         todo.extend(op.operands)
-    # a value used outside the group is the group's input instead: drop its op, then whatever
-    # only it used, until every member's uses are inside
-    changed = True
-    while changed:
-        changed = False
-        for op in list(group):
-            if op is out_op:
-                continue
-            if any(u.operation not in group for u in op.results[0].uses):
-                group.discard(op)
-                changed = True
     if not any(isinstance(op, REDUCE) for op in group):
         return None
-    # constants the group reads are copied in by ``outline``; order as the block has it
     return [op for op in block.ops if op in group]
+
+
+def _private_copy(group: list, out_op) -> list:
+    """The group as copies of its ops, so that a value it shares with the rest of the program (the
+    norms' ``xhat``, read by dx's row and by dgamma's column sums) is recomputed inside instead of
+    keeping the group out: the copies are placed before ``out_op``, which (and whatever only it
+    used) then goes.  Constants are copied in by ``outline`` anyway."""
+    mapping: dict = {}
+    copies = []
+    for op in group:
+        new = op.clone(value_mapper=mapping)
+        out_op.parent.insert_op_before(new, out_op)
+        for old, r in zip(op.results, new.results):
+            mapping[old] = r
+        copies.append(new)
+    out_op.results[0].replace_all_uses_with(copies[-1].results[0])
+    dead = [out_op]
+    while dead:
+        op = dead.pop()
+        if op.parent is None or any(r.uses for r in op.results):
+            continue
+        producers = [v.owner for v in op.operands if isinstance(v, OpResult)]
+        op.detach()
+        op.erase()
+        dead.extend(producers)
+    return copies
 
 
 @register
@@ -100,7 +115,7 @@ class FuseRowReductions(TesseraPass):
                     continue
                 group = _tree(op, block, dims)
                 if group is not None and len(group) > 1:
-                    outline(group, "rowreduce")
+                    outline(_private_copy(group, op), "rowreduce")
 
 
 __all__ = ["FuseRowReductions"]
