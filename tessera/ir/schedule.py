@@ -37,6 +37,7 @@ KINDS = ("gemm", "rowwise", "elementwise", "reduce", "transpose", "concat", "att
          "gather", "pad")
 KINDS += ("scan",)   # cumsum / cumprod (passes/tile/kernels/scan.py)
 KINDS += ("scatter",)   # scatter_add (passes/tile/kernels/scatter.py)
+KINDS += ("attention_bwd",)   # attention_grad (passes/tile/kernels/attention_backward.py)
 
 
 _strs, _ints = strs, ints
