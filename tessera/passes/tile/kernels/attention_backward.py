@@ -192,7 +192,7 @@ def generate(kop: s.KernelOp):
                 return []
             bq_.for_(0, bq, 1, delta)
 
-            kv_end = bq_.min(nS, bq_.add(q0, bq)) if causal else nS
+            kv_end = keys_end(bq_, nS, q0, bq, causal)
 
             def k_at(ba, ir, kk):
                 return ws["ka"], "l2", ba.add(ba.mul(ir, nD), ba.mul(kk, MR)), 1
@@ -299,7 +299,7 @@ def generate(kop: s.KernelOp):
                     p = load(bs, view(bs, ws["s"], F, "l1", (MR, NRW), bs.add(bs.mul(ir, BQ), jr), BQ, 1, MR, NRW),
                              (MR, NRW))
                     dd = load(bs, view(bs, ws["dd"], F, "l1", (1, NRW), jr, 0, 1, 1, NRW), (1, NRW))
-                    ds = elementwise(bs, "mul", [elementwise(bs, "mul", [p, elementwise(bs, "sub", [val, dd])]), sc])
+                    ds = dscores(bs, p, val, dd, sc)
                     store(bs, ds, view(bs, ws["dp"], F, "l1", (MR, NRW), bs.add(bs.mul(ir, BQ), jr), BQ, 1,
                                        bs.sub(nk, ir), NRW))
                 micro_gemm(bk, lambda ba, ir, kk: (ws["va"], "l2", ba.add(ba.mul(ir, nD), ba.mul(kk, MR)), 1),
@@ -345,4 +345,15 @@ def generate(kop: s.KernelOp):
     return fn, sig.dims, workspace, []
 
 
-__all__ = ["analyse", "generate"]
+def dscores(b: Builder, p, dpt, delta, scale):
+    """dS^T = P^T * (dP^T - Delta) * scale (Delta per query: a row broadcast down the keys)."""
+    return elementwise(b, "mul", [elementwise(b, "mul", [p, elementwise(b, "sub", [dpt, delta])]), scale])
+
+
+def keys_end(b: Builder, n, q0, bq, causal: bool):
+    """The keys a block of bq queries from q0 sees: all n, or (causal) those up to its last query;
+    the key blocks past it are skipped."""
+    return b.min(n, b.add(q0, bq)) if causal else n
+
+
+__all__ = ["analyse", "dscores", "generate", "keys_end"]
