@@ -199,20 +199,54 @@ def test_lane_report_names_the_kernel(rng):
     assert "attention_bwd" in text and "tessera.attention_grad" in text
 
 
-def test_composed_backward_where_the_kernel_does_not_apply(rng):
-    """d(additive mask) asked for, and cross-attention lengths: the composed backward (named in
-    vjp_attention's docstring), still exact."""
+def test_composed_backward_for_a_mask_gradient(rng):
+    """d(additive mask) asked for: the composed backward (named in vjp_attention's docstring: that
+    gradient is dS, S x S by definition), still exact."""
     q, k, v, w = _inputs(rng, 1, 2, 2, 40, 16, np.float64)
     m = rng.standard_normal((1, 1, 40, 40))
     f = ts.jit(ts.grad(lambda q, k, v, w, m: O.reduce_sum(O.attention(q, k, v, mask=m) * w), argnums=(0, 1, 2, 4)))
     got = f(q, k, v, w, m)
     assert not any("attention_bwd" in n for n in _kernels(f, [q, k, v, w, m]))
     _check(got[:3], oracle(q, k, v, w, m), np.float64)
+
+
+def test_composed_backward_for_cross_attention_lengths(rng):
+    q, _, _, w = _inputs(rng, 1, 2, 2, 40, 16, np.float64)
     kx, vx = (rng.standard_normal((1, 2, 23, 16)) for _ in range(2))   # 40 queries, 23 keys
-    f2 = _grad_fn()
-    assert not any("attention_bwd" in n for n in _kernels(f2, [q, kx, vx, w]))
-    got = f2(q, kx, vx, w)
+    f = _grad_fn()
+    assert not any("attention_bwd" in n for n in _kernels(f, [q, kx, vx, w]))
+    got = f(q, kx, vx, w)
     assert got[0].shape == q.shape and got[1].shape == kx.shape
+
+
+def test_heads_split_from_one_projection_and_a_scale(rng):
+    """q, k, v as transposed views of one [B, S, H*D] tensor (a GPT block's split heads), an
+    explicit scale, causal: read in place through their strides."""
+    b, s, h, d = 2, 77, 4, 32
+    x = rng.standard_normal((b, s, h * d)).astype(np.float32)
+    w = rng.standard_normal((b, h, s, d)).astype(np.float32)
+
+    def loss(x, w):
+        q = O.transpose(O.reshape(x, (b, s, h, d)), (0, 2, 1, 3))
+        return O.reduce_sum(O.attention(q, q * 0.5, q, causal=True, scale=0.3) * w)
+    f = ts.jit(ts.grad(loss))
+    got = f(x, w)
+    assert any("attention_bwd" in n for n in _kernels(f, [x, w]))
+    q = x.reshape(b, s, h, d).transpose(0, 2, 1, 3)
+    dq, dk, dv = oracle(q, q * 0.5, q, w, causal=True, scale=0.3)
+    want = (dq + 0.5 * dk + dv).transpose(0, 2, 1, 3).reshape(b, s, h * d)
+    assert np.abs(got - want).max() / np.abs(want).max() < 2e-4
+
+
+def test_bf16_inputs_compute_in_float32(rng):
+    import ml_dtypes
+    q, k, v, w = (x.astype(ml_dtypes.bfloat16) for x in _inputs(rng, 1, 2, 2, 50, 16, np.float32))
+    f = _grad_fn()
+    got = f(q, k, v, w)
+    assert any("attention_bwd" in n for n in _kernels(f, [q, k, v, w]))
+    for a, want in zip(got, oracle(q, k, v, w)):
+        assert a.dtype == q.dtype
+        assert np.abs(a.astype(np.float64) - want).max() / np.abs(want).max() < 1e-2
 
 
 def test_attention_backward_op_refuses_cross_shapes(rng):
