@@ -256,3 +256,18 @@ def test_attention_backward_op_refuses_cross_shapes(rng):
     f = ts.jit(lambda q, k, v, o, g: O.attention_backward(q, k, v, o, g))
     with pytest.raises(AttentionSeqError, match="seq_q == seq_k"):
         f(q, k2, k2, w, w)
+
+
+def test_gpu_lanes_refuse_it_by_name(rng):
+    from tessera.errors import ScheduleIllegalError
+    q, k, v, w = _inputs(rng, 1, 2, 2, 64, 64, np.float16)
+    f = ts.jit(lambda q, k, v, o, g: O.attention_backward(q, k, v, o, g), target="nvidia", arch="sm_90")
+    with pytest.raises(ScheduleIllegalError, match="attention_grad.*nvidia"):
+        ts.compile(f, q, k, v, w, w)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("causal", [False, True])
+def test_16x4096x64(rng, causal):
+    q, k, v, w = _inputs(rng, 1, 16, 16, 4096, 64, np.float32)
+    _check(_grad_fn(causal)(q, k, v, w), oracle(q, k, v, w, causal=causal), np.float32, tol=1e-4)
