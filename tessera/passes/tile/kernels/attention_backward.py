@@ -89,6 +89,7 @@ def generate(kop: s.KernelOp):
     scale = op.scale.value.data if op.scale is not None else None
     causal = bool(op.causal.value.data)
     bool_mask = mask_view is not None and isinstance(op.mask.type.element_type, IntegerType)
+    masked = causal or mask_view is not None
 
     sig = KernelSig(name, reg=F)
     for v in kop.inputs:
@@ -247,7 +248,8 @@ def generate(kop: s.KernelOp):
 
                     def max_row(bj, j, c):
                         x = logits(bj, j0, j, c0)
-                        store(bj, x, s_row(bj, "s", j, c0))
+                        if masked:   # the sum pass reads the masked scores back
+                            store(bj, x, s_row(bj, "s", j, c0))
                         return [elementwise(bj, "max", [c[0], x])]
                     m_new = bc.for_(0, kn, 1, max_row, [m_old])[0]
                     m_safe = elementwise(bc, "finite_or_zero", [m_new])
@@ -291,7 +293,12 @@ def generate(kop: s.KernelOp):
                         store(bj, elementwise(bj, "mul", [elementwise(bj, "exp2_bounded", [d]), il]),
                               s_row(bj, "s", j, c0))
                         return []
-                    bc.for_(0, nk, 1, p_row)
+                    if causal:   # keys past the strip's last query: P = 0 without the exponentials
+                        kn = causal_keys(bc, q0, j0, bc.add(c0, CW), nk)
+                        bc.for_(0, kn, 1, p_row)
+                        bc.for_(kn, nk, 1, lambda bj, j, _c4: store(bj, zeros(bj, CW), s_row(bj, "s", j, c0)) or [])
+                    else:
+                        bc.for_(0, nk, 1, p_row)
                     return []
                 bk.for_(0, bqs, CW, p_strip)
 
