@@ -276,6 +276,24 @@ def _attention(uf, n, ins):
     return [q[0], q[1], q[2], v[3]]
 
 
+@rule("attention_grad")
+def _attention_grad(uf, n, ins):
+    """attention's rule on (q, k, v [, mask]); o and do have q's dims; the packed result
+    [B, HKV, G + 2, S, D] with seq_q == seq_k and head dim == value dim."""
+    class _Fwd:   # the forward's node as attention's rule reads it
+        shape = n.inputs[0].shape[:3] + n.inputs[2].shape[3:]
+        inputs = n.inputs[:3] + n.inputs[5:]
+        attrs = {"mask": n.attrs["mask"]}
+    q, k, v = ins[:3]
+    out = _attention(uf, _Fwd, ins[:3] + ins[5:])
+    for x in ins[3:5]:
+        for a, c in zip(x, out):
+            unify(uf, a, c)
+    unify(uf, q[2], k[2])
+    unify(uf, q[3], v[3])
+    return [q[0], k[1], n.shape[2], q[2], q[3]]
+
+
 @rule("layer_norm", "rms_norm")
 def _norm(uf, n, ins):
     d = list(ins[0])

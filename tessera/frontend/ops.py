@@ -462,6 +462,10 @@ __all__ += ["take", "take_along_axis", "one_hot"]
 from tessera.frontend.scatter import index_add, scatter_add  # noqa: E402
 
 __all__ += ["scatter_add", "index_add"]
+# attention's backward kernel (frontend/attention_grad.py)
+from tessera.frontend.attention_grad import attention_backward  # noqa: E402
+
+__all__ += ["attention_backward"]
 
 # comparisons, where, logic, integer ops, pow and index generators (frontend/ops_typed.py)
 from tessera.frontend.ops_typed import (  # noqa: E402

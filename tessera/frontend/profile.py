@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from tessera.errors import ArgumentError
 
 # kernel kind -> the family a report groups it in
-FAMILY = {"gemm": "gemm", "attention": "attention", "rowwise": "row", "rowreduce": "row", "reduce": "row", "elementwise": "elementwise",
+FAMILY = {"gemm": "gemm", "attention": "attention", "attention_bwd": "attention", "rowwise": "row", "rowreduce": "row", "reduce": "row", "elementwise": "elementwise",
           "transpose": "copy", "concat": "copy"}
 
 

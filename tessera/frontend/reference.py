@@ -55,6 +55,34 @@ def attention64(q, k, v, mask, scale, causal, masked_rows="zero"):
     return out
 
 
+def attention_grad64(q, k, v, o, do, mask, scale, causal):
+    """float64 dQ, dK, dV of ``attention64`` (o: its output) packed as tessera.attention_grad packs
+    them, [B, HKV, G + 2, S, D]; a fully-masked query row contributes nothing."""
+    b, hq, s, d = q.shape
+    hk = k.shape[1]
+    g = hq // hk
+    kr, vr = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
+    sc = np.matmul(q, np.swapaxes(kr, -1, -2)) * scale
+    allowed = np.ones(sc.shape, bool)
+    if causal:
+        allowed &= np.tril(np.ones(sc.shape[-2:], bool))
+    if mask is not None:
+        if mask.dtype == np.bool_:
+            allowed &= np.broadcast_to(mask, sc.shape)
+        else:
+            sc = sc + mask
+    sc = np.where(allowed, sc, -np.inf)
+    m = sc.max(-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        e = np.exp(sc - np.where(np.isfinite(m), m, 0))
+        p = np.nan_to_num(e / e.sum(-1, keepdims=True))
+    dp = np.matmul(do, np.swapaxes(vr, -1, -2))
+    ds = p * (dp - (do * o).sum(-1, keepdims=True))
+    dq = np.matmul(ds, kr) * scale
+    dk = (np.matmul(np.swapaxes(ds, -1, -2), q) * scale).reshape(b, hk, g, s, d).sum(2)
+    dv = np.matmul(np.swapaxes(p, -1, -2), do).reshape(b, hk, g, s, d).sum(2)
+    return np.concatenate([dq.reshape(b, hk, g, s, d), dk[:, :, None], dv[:, :, None]], axis=2)
+
 
 def bounded_indices(i, n: int) -> np.ndarray:
     """The gathers' index policy (ir/graph_index.py): numpy's meaning in [-n, n), clamped outside."""
@@ -164,6 +192,11 @@ def _attention(n, x):
                        n.attrs["masked_rows"])
 
 
+def _attention_grad(n, x):
+    sc = n.attrs["scale"] if n.attrs["scale"] is not None else 1 / math.sqrt(max(x[0].shape[-1], 1))
+    return attention_grad64(*x[:5], x[5] if n.attrs["mask"] else None, sc, n.attrs["causal"])
+
+
 def _cast(n, x):
     r = R.cast(x[0], n.dtype)
     return r if n.dtype.kind in "biu" else r.astype(np.float64)
@@ -191,6 +224,7 @@ REFERENCE = {
     "reshape": lambda n, x: np.reshape(x[0], n.shape),
     "concat": lambda n, x: np.concatenate(x, axis=n.attrs["axis"]),
     "pad": _pad, "conv_patches": _conv_patches, "slice": _slice, "attention": _attention, "cast": _cast,
+    "attention_grad": _attention_grad,
     **{k: (lambda n, x: gather64(n.op, x, n.attrs, n.shape)) for k in ("take", "take_along_axis", "one_hot")},
     "scatter_add": lambda n, x: scatter_add64(x, n.attrs, n.shape),
     **{k: (lambda n, x: R.OPS[n.op](n, x)) for k in R.OPS},   # comparisons, where, logic, integer ops

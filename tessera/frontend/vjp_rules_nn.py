@@ -1,9 +1,9 @@
 """vjp rules of matmul, the row ops, attention, the gathers and top_k (see ``vjp_rules.py`` for the form).
 
-These are composite: each backward is written with ``tessera.ops`` (GEMMs, row reductions,
-elementwise chains), so it is fused and scheduled as any traced code.  Backward kernels of their
-own (a flash-attention backward, fused dx/dgamma row kernels) are later work; attention's rule
-recomputes the probabilities from q, k, v (an S x S intermediate in the backward graph).
+Most are composite: each backward is written with ``tessera.ops`` (GEMMs, row reductions,
+elementwise chains), so it is fused and scheduled as any traced code.  Attention's backward is
+an op of its own (``tessera.attention_grad``, the flash-attention backward kernel) where it
+applies; its rule says where the composed form (an S x S intermediate) remains.
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import math
 
 from tessera import dtypes as dt
 from tessera.frontend import ops
+from tessera.frontend.attention_grad import fits
 from tessera.frontend.vjp_rules import T, reshape, rule, unbroadcast
 
 
@@ -118,14 +119,31 @@ def vjp_cross_entropy(n, g, need):
     return [ops.cast(d, logits.dtype) if d.dtype != logits.dtype else d, None]
 
 
-# --------------------------------------------------------------------------- attention (recomputed)
+# --------------------------------------------------------------------------- attention
 @rule("attention")
 def vjp_attention(n, g, need):
-    """Recompute P = softmax(q k^T * scale + mask) (grouped-query heads as a broadcast batch axis),
-    then dV = P^T g, dP = g V^T, dS = P * (dP - rowsum(dP * P)), dQ = dS K * scale,
+    """The flash-attention backward kernel (``ops.attention_backward``: one
+    ``tessera.attention_grad``, dQ, dK and dV recomputing the probabilities block by block from
+    q, k, v, the saved output and g; no S x S tensor) wherever it applies: seq_q == seq_k and
+    head dim == value dim (its packed result), any mask but an additive float one whose own
+    gradient is asked for.  Otherwise (cross-attention shapes, or d(mask) wanted, which is dS
+    itself, an S x S tensor by definition) the composed form below: recompute
+    P = softmax(q k^T * scale + mask) (grouped-query heads as a broadcast batch axis), then
+    dV = P^T g, dP = g V^T, dS = P * (dP - rowsum(dP * P)), dQ = dS K * scale,
     dK = dS^T Q * scale, each summed over the query heads sharing a key/value head."""
     q, k, v = (T(x) for x in n.inputs[:3])
     mask = T(n.inputs[3]) if n.attrs.get("mask") else None
+    mask_grad = mask is not None and need[3] and mask.dtype != dt.bool_
+    if fits(q._node.shape, k._node.shape, v._node.shape) and not mask_grad:
+        gq = reshape(g, n.shape)
+        grads = ops.attention_backward(q, k, v, T(n), gq if gq.dtype == q.dtype else ops.cast(gq, q.dtype),
+                                       causal=n.attrs["causal"], scale=n.attrs["scale"], mask=mask)
+        return [x if wanted else None for x, wanted in zip(grads, need[:3])] + ([None] if mask is not None else [])
+    return _vjp_attention_composed(n, g, need, q, k, v, mask)
+
+
+def _vjp_attention_composed(n, g, need, q, k, v, mask):
+    """The composed backward (see vjp_attention): an S x S probability tensor in the graph."""
     b, h, sq, d = q._node.shape
     hk, sk = k._node.shape[1], k._node.shape[2]
     grp = h // hk

@@ -576,6 +576,7 @@ ELEMENTWISE_OTHER = (WhereOp, IotaOp)   # elementwise with three operands / none
 
 from tessera.ir.graph_nn import ConvPatchesOp, PadOp  # noqa: E402  (defined beside, on GraphOp)
 from tessera.ir.graph_scatter import ScatterAddOp  # noqa: E402  (take's adjoint)
+from tessera.ir.graph_attention_grad import AttentionGradOp  # noqa: E402  (attention's backward)
 
 Graph = Dialect(
     "tessera",
@@ -587,7 +588,7 @@ Graph = Dialect(
      RoundOp, SquareOp,
      TakeOp, TakeAlongAxisOp, OneHotOp,
      PadOp, ConvPatchesOp,
-     ScatterAddOp]
+     ScatterAddOp, AttentionGradOp]
     + ROWS_OPS,
     [TensorType],
 )

@@ -142,6 +142,8 @@ _op("matmul", "gemm", "f", "matmul, @", "kernel", "a @ b with numpy's batch rule
 _op("conv_patches", "gemm", "f", "conv2d", NO, "conv2d's implicit-GEMM A operand (no im2col buffer)")
 _op("attention", "attention", "f", "attention", "kernel",
     "softmax(q k^T * scale + mask) v; causal, grouped-query heads")
+_op("attention_grad", "attention", "f", "attention_backward", NO,
+    "dQ, dK, dV of attention, packed [B, HKV, G+2, S, D]: the flash backward (no S x S buffer)")
 # ---- row kernels
 _op("softmax", "row", "f", "softmax", "kernel", "exp(x - max) / sum along an axis")
 _op("log_softmax", "row", "f", "log_softmax", "kernel", "x - logsumexp(x) along an axis")

@@ -38,6 +38,7 @@ KINDS = ("gemm", "rowwise", "elementwise", "reduce", "transpose", "concat", "att
 KINDS += ("scan",)   # cumsum / cumprod (passes/tile/kernels/scan.py)
 KINDS += ("scatter",)   # scatter_add (passes/tile/kernels/scatter.py)
 KINDS += ("rowreduce",)   # a row result from its row's reductions (passes/tile/kernels/rowreduce.py)
+KINDS += ("attention_bwd",)   # attention_grad (passes/tile/kernels/attention_backward.py)
 
 
 _strs, _ints = strs, ints

@@ -19,7 +19,7 @@ from tessera.passes.util import function_blocks, view_through_all
 KIND_OF = {g.TransposeOp: "transpose", g.SliceOp: "transpose", g.ConcatOp: "concat", g.ReshapeOp: "elementwise", g.ConstantOp: "elementwise",
            g.MatmulOp: "gemm", g.AttentionOp: "attention",
            g.TakeOp: "gather", g.TakeAlongAxisOp: "gather", g.OneHotOp: "gather",
-           g.ScatterAddOp: "scatter",
+           g.ScatterAddOp: "scatter", g.AttentionGradOp: "attention_bwd",
            g.PadOp: "pad"}
 
 

@@ -47,6 +47,7 @@ PARALLEL_LEGAL = {"gemm": ("m", "b*m", "none", "n"), "rowwise": ("r", "none"), "
 PARALLEL_LEGAL["scan"] = ("r", "none")
 PARALLEL_LEGAL["scatter"] = ("r", "none")
 PARALLEL_LEGAL["rowreduce"] = ("r", "none")
+PARALLEL_LEGAL["attention_bwd"] = ("bh", "none")   # bh: one (batch, kv head) per item (dK, dV owned)
 PARALLEL_LEGAL["attention"] += ("bh*kv",)   # bh*kv: the split-K decode kernel (kernels/attention_decode.py)
 
 
@@ -121,7 +122,8 @@ class ScheduleCpu(TesseraPass):
             w //= 2   # f64 registers: the same vector bits, half the lanes
         decode = _decode_rows(fop) if kind == "attention" else None
         par = self.parallel or (self._gemm_parallel(fop) if kind == "gemm" else
-                                ("bh*kv" if decode else "bh*q") if kind == "attention" else "r")
+                                ("bh*kv" if decode else "bh*q") if kind == "attention" else
+                                "bh" if kind == "attention_bwd" else "r")
         if par not in PARALLEL_LEGAL.get(kind, ()):
             raise ScheduleIllegalError(f"kernel {name}: parallel={par!r} is not legal for a {kind} kernel; "
                                        f"legal: {', '.join(PARALLEL_LEGAL[kind])}")
@@ -138,7 +140,7 @@ class ScheduleCpu(TesseraPass):
                                            f"per kv head, static heads and head dims")
             attrs["sym_name"] = StringAttr(f"{name}_decode")
             attrs.update(self._attention_decode(isa, w, decode, _dtype(register_elem(fop))))
-        elif kind == "attention":
+        elif kind in ("attention", "attention_bwd"):   # the backward runs the forward's blocks
             attrs.update(self._attention(isa, w, name, _dtype(register_elem(fop))))
         else:
             chunk = self.chunk or 4 * w

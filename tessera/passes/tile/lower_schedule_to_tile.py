@@ -31,6 +31,7 @@ from tessera.passes.tile.kernels import rowreduce
 from tessera.passes.tile.kernels import attention_decode
 from tessera.passes.tile.kernels import gpu_rows
 from tessera.passes.tile.kernels import scatter
+from tessera.passes.tile.kernels import attention_backward
 
 
 def _selection(kop: s.KernelOp) -> MmaSelection:
@@ -63,7 +64,7 @@ def check_bounds(kop: s.KernelOp, target: str) -> None:
         vals.update(threads=ival(kop.threads))
         if kind == "gemm":
             vals.update(tile_m=tiles.get("m", 0), tile_n=tiles.get("n", 0), tile_k=tiles.get("k", 0))
-        elif kind == "attention":
+        elif kind in ("attention", "attention_bwd"):
             vals.update(tile_m=tiles.get("q", 0), tile_n=tiles.get("kv", 0))
         else:
             vals.update(chunk=tiles.get("c", 0))
@@ -101,7 +102,7 @@ def generate(kop: s.KernelOp, target: str = "x86"):
     mod = {"rowwise": rowwise, "elementwise": elementwise, "reduce": reduce, "transpose": transpose,
            "concat": concat, "attention": attention, "gather": gather,
            "scan": scan, "pad": pad, "rowreduce": rowreduce,
-           "scatter": scatter}.get(kind)
+           "scatter": scatter, "attention_bwd": attention_backward}.get(kind)
     if mod is None:
         raise ScheduleIllegalError(f"no Tile IR generator for kernel kind {kind!r}")
     return mod.generate(kop)

@@ -45,6 +45,7 @@ from tessera.mma.selector import record_by_id
 from tessera.passes.tile.kernels.common import (ALIGN, KernelSig, elementwise, for_claimed, illegal, mask_cols,
                                                 splat_row, tile_const, trace_view)
 from tessera.passes.tile.kernels.rows import broadcast_to
+from tessera.passes.tile.kernels.attention_tiles import Tiles
 
 MAX_HEAD_DIM = 256
 LOG2E = 1.4426950408889634   # scores are kept in log2 units: the softmax's exponentials are 2^x
@@ -169,84 +170,9 @@ def generate(kop: s.KernelOp):
     total = b.mul(b.mul(nB, nH), nqb)
     group = b.div(nH, b.max(nHKV, 1))
 
-    def view(bb: Builder, src, el, space, shape, off, rs, cs, rows, cols):
-        v = t.ViewOp.create(operands=[src, bb.c(off), bb.c(rs), bb.c(cs), bb.c(rows), bb.c(cols)],
-                            result_types=[t.view_type(shape[0], shape[1], el, space)])
-        bb.op(v)
-        return v.result
-
-    def load(bb: Builder, v, shape, pad: float = 0.0):
-        attrs = {"pad": FloatAttr(pad, F)} if pad != 0.0 else {}
-        ld = t.LoadOp.create(operands=[v], attributes=attrs, result_types=[t.tile_type(shape[0], shape[1], F)])
-        bb.op(ld)
-        return ld.result
-
-    def store(bb: Builder, value, v):
-        bb.op(t.StoreOp.create(operands=[value, v]))
-
-    def pack(bb: Builder, src, dst, layout: str, panel: int):
-        tok = t.AsyncCopyOp.create(operands=[src, dst, bb.c(0)], attributes={
-            "layout": StringAttr(layout), "panel": i64_attr(panel), "kpack": i64_attr(1)},
-            result_types=[t.TokenType()])
-        bb.op(tok)
-        bb.op(t.WaitOp.create(operands=[tok.token]))
-
-    def strip(bb: Builder, pitch: int, rows, width: int, fn):
-        """fn(builder, row, col0) for every row and every ``width`` columns of a ``pitch``-wide block."""
-        def r_body(br, r, _c):
-            br.for_(0, pitch, width, lambda bc, c0, _c2: fn(bc, r, c0) or [])
-            return []
-        bb.for_(0, rows, 1, r_body)
-
-    frag_a = t.fragment((MR, NRW, 1), F, F, "a", "col_major", rec.family)
-    frag_b = frag_a.with_role("b", "row_major")
-    frag_c = t.fragment((MR, NRW, 1), F, F, "acc", "row_major", rec.family)
-
-    def micro_gemm(bb: Builder, a_at, b_at, rows, cols, kext, finish, col0=None, ahead=None):
-        """For every MR x NR*W tile of a rows x cols result: finish(acc = sum over k < kext of
-        A[rows, k] B[k, cols]).  a_at(ir, kk) -> (buffer, space, offset, row stride) of the MR
-        elements A[ir.., kk]; b_at(jr, kk) -> (buffer, space, offset) of the NR*W contiguous
-        elements B[kk, jr..].  kext may be a function of (builder, ir): the k extent of row tile
-        ir; col0(builder, ir), if given, is the first column of row tile ir that is computed
-        (a multiple of NR*W; the tiles before it are not); ahead(builder, ir), if given, runs
-        before each row tile (prefetches)."""
-        def tile_ir(bi: Builder, ir, _c):
-            ke = kext(bi, ir) if callable(kext) else kext
-            if ahead is not None:
-                ahead(bi, ir)
-
-            def tile_jr(bj: Builder, jr, _c2):
-                acc0 = bj.op(t.FragmentZeroOp.create(result_types=[frag_c])).results[0]
-
-                def step(bk: Builder, kk, acc):
-                    buf_a, space_a, off_a, rs_a = a_at(bk, ir, kk)
-                    av = view(bk, buf_a, F, space_a, (MR, 1), off_a, rs_a, 1, MR, 1)
-                    buf_b, space_b, off_b = b_at(bk, jr, kk)
-                    bv = view(bk, buf_b, F, space_b, (1, NRW), off_b, 1, 1, 1, NRW)
-                    fa = bk.op(t.FragmentPackOp.create(operands=[av], result_types=[frag_a])).results[0]
-                    fb = bk.op(t.FragmentPackOp.create(operands=[bv], result_types=[frag_b])).results[0]
-                    return bk.op(t.MmaOp.create(operands=[fa, fb, acc], result_types=[frag_c])).results[0]
-
-                kmain = bj.mul(bj.div(ke, U), U)
-
-                def unrolled(bk, kk, c):
-                    acc = c[0]
-                    for u in range(U):
-                        acc = step(bk, bk.add(kk, u), acc)
-                    return [acc]
-
-                acc = bj.for_(0, kmain, U, unrolled, [acc0])[0]
-                acc = bj.for_(kmain, ke, 1, lambda bk, kk, c: [step(bk, kk, c[0])], [acc])[0]
-                un = bj.op(t.FragmentUnpackOp.create(operands=[acc], result_types=[t.tile_type(MR, NRW, F)]))
-                finish(bj, ir, jr, un.results[0])
-                return []
-            bi.for_(col0(bi, ir) if col0 is not None else 0, cols, NRW, tile_jr)
-            return []
-        bb.for_(0, rows, MR, tile_ir)
-
-    def panel_at(ba: Builder, panel, pitch, jr, kk):
-        """B[kk, jr..] in a b_panel whose panels hold ``pitch`` k rows."""
-        return panel, "l2", ba.add(ba.mul(ba.div(jr, NRW), ba.mul(NRW, pitch)), ba.mul(kk, NRW))
+    tl = Tiles(F, rec, MR, NRW, U)
+    view, load, store, pack, strip, micro_gemm, panel_at = (tl.view, tl.load, tl.store, tl.pack, tl.strip,
+                                                            tl.micro_gemm, tl.panel_at)
 
     def item(bi: Builder, w):
         bidx = bi.div(w, bi.mul(nH, nqb))

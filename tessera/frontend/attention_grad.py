@@ -1,0 +1,58 @@
+"""``attention_backward``: dQ, dK, dV of ``attention`` from one flash-attention backward kernel.
+
+``attention_backward(q, k, v, out, dout, causal=, scale=, mask=)`` records one
+``tessera.attention_grad`` (``ir/graph_attention_grad.py``) whose packed result
+``[B, HKV, G + 2, S, D]`` is sliced into dQ [B, H, S, D], dK and dV [B, HKV, S, D].  The kernel
+(``passes/tile/kernels/attention_backward.py``) recomputes the probabilities block by block, so
+no S x S tensor exists.  It takes self-attention shapes (seq_q == seq_k, head dim == value dim)
+in float32 / float64; bf16 / f16 inputs are computed in float32 and the gradients cast back.
+Other shapes are refused here (ATTENTION_SEQ / ATTENTION_HEAD_DIM): ``attention``'s vjp rule
+takes its composed form for them (``frontend/vjp_rules_nn.py``)."""
+from __future__ import annotations
+
+from tessera import dtypes as dt
+from tessera.errors import AttentionHeadDimError, AttentionSeqError
+from tessera.frontend import ops
+from tessera.frontend.trace import Tensor, _err, _graph, add_node
+
+
+def fits(q_shape, k_shape, v_shape) -> bool:
+    """Whether the kernel's packed result can hold these shapes' gradients."""
+    return q_shape[2] == k_shape[2] and q_shape[3] == v_shape[3]
+
+
+def attention_backward(q, k, v, out, dout, *, causal: bool = False, scale: float | None = None,
+                       mask=None) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) of ``attention(q, k, v, causal=, scale=, mask=)`` for the cotangent ``dout``,
+    given its output ``out``.  A fully-masked query row contributes nothing.  The mask (bool or
+    additive float) gets no gradient here."""
+    q, k, v = ops._t(q, "attention_backward"), ops._t(k, "attention_backward"), ops._t(v, "attention_backward")
+    out, dout = ops._t(out, "attention_backward: out"), ops._t(dout, "attention_backward: dout")
+    ref = ops.attention(q, k, v, causal=causal, scale=scale, mask=mask)   # checks q, k, v and the mask
+    if not fits(q.shape, k.shape, v.shape):
+        raise _err(AttentionSeqError if q.shape[2] != k.shape[2] else AttentionHeadDimError,
+                   f"attention_backward: one kernel packs dQ, dK and dV, so it needs seq_q == seq_k and head dim == "
+                   f"value dim; got q {q.shape}, k {k.shape}, v {v.shape}")
+    for name, x in (("out", out), ("dout", dout)):
+        if x.shape != ref.shape or x.dtype != ref.dtype:
+            raise _err(AttentionSeqError, f"attention_backward: {name} is {x.shape} {dt.name(x.dtype)}, the forward's "
+                                          f"output is {ref.shape} {dt.name(ref.dtype)}")
+    mnode = ref._node.inputs[3] if mask is not None else None
+    _graph().nodes.remove(ref._node)   # recorded only for its checks
+    wide = q.dtype if q.dtype in (dt.float32, dt.float64) else dt.float32
+    xs = [x if x.dtype == wide else ops.cast(x, wide) for x in (q, k, v, out, dout)]
+    b, h, s, d = q.shape
+    hk = k.shape[1]
+    grp = h // hk
+    if mnode is not None and mnode.dtype != dt.bool_ and mnode.dtype != wide:   # an additive bf16 / f16 mask
+        mnode = ops.cast(Tensor(mnode), wide)._node
+    inputs = [x._node for x in xs] + ([mnode] if mnode is not None else [])
+    packed = add_node("attention_grad", inputs, {"causal": bool(causal), "scale": None if scale is None else
+                                                 float(scale), "mask": mask is not None},
+                      (b, hk, grp + 2, s, d), wide)
+    dq = ops.reshape(packed[:, :, :grp], (b, h, s, d))
+    dk, dv = packed[:, :, grp], packed[:, :, grp + 1]
+    return tuple(x if x.dtype == q.dtype else ops.cast(x, q.dtype) for x in (dq, dk, dv))
+
+
+__all__ = ["attention_backward", "fits"]
