@@ -24,10 +24,12 @@ other shapes or dtypes are refused with ``SHAPE_MISMATCH`` / ``BAD_ARGUMENT`` wh
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import itertools
 import os
 import re
+import shutil
 import tempfile
 
 import numpy as np
@@ -61,6 +63,7 @@ def _outputs(res) -> tuple:
 
 _TARGETS: dict[str, tuple[str, object]] = {}   # library path -> (FFI target name, the handler's CDLL)
 _COUNT = itertools.count()
+_FOLDERS: list[str] = []   # the folders op(via="ffi") exported into
 
 
 def _np_dtype(s: str) -> np.dtype:
@@ -122,7 +125,10 @@ def _export(jf, key, threads):
     base = re.sub(r"\W", "_", jf.name).strip("_") or "fn"
     name = f"{base[:40]}_{next(_COUNT)}" if base[0].isalpha() else f"fn_{base[:40]}_{next(_COUNT)}"
     examples = [np.zeros(shape, d) for shape, d in key]
-    return export(jf, *examples, path=tempfile.mkdtemp(prefix="tessera-jax-ffi-"), name=name, threads=threads)
+    if not _FOLDERS:
+        atexit.register(lambda: [shutil.rmtree(d, ignore_errors=True) for d in _FOLDERS])
+    _FOLDERS.append(tempfile.mkdtemp(prefix="tessera-jax-ffi-"))   # removed at exit (loaded copies stay mapped)
+    return export(jf, *examples, path=_FOLDERS[-1], name=name, threads=threads)
 
 
 def op(fn, *, vmap_method: str = "sequential", via: str = "callback", threads: int | None = None):
