@@ -4,7 +4,8 @@ Reading a DLPack capsule through ctypes costs tens of microseconds per tensor; f
 common producers a cheaper zero-copy view exists:
 
 - a torch CPU tensor (exactly ``torch.Tensor``, no grad, not conjugated / negated, not bf16):
-  ``tensor.numpy()`` is a view of its storage, strides and offset honoured;
+  a view of its memory through ``__array_interface__`` (``data_ptr``, strides in bytes), strides
+  and offset honoured (not ``tensor.numpy()``, which marks the storage not resizable for good);
 - a JAX array on one CPU device (exactly ``jaxlib``'s ``ArrayImpl``): ``numpy.asarray`` reads
   it through the buffer protocol, a read-only view of its buffer.
 
@@ -53,13 +54,34 @@ def _register(mod: str) -> None:
         _READERS[impl] = _jax_reader(SingleDeviceSharding)
 
 
+class _TorchView:
+    """A torch tensor's memory as ``__array_interface__`` (read-only); it holds the tensor, so numpy's
+    view (whose ``base`` this is) keeps the storage alive."""
+
+    __slots__ = ("__array_interface__", "tensor")
+
+
 def _torch_reader(torch):
-    bf16 = torch.bfloat16
+    types = {torch.float32: "<f4", torch.float64: "<f8", torch.float16: "<f2", torch.int8: "|i1",
+             torch.int32: "<i4", torch.int64: "<i8", torch.bool: "|b1", torch.uint8: "|u1", torch.int16: "<i2"}
 
     def read(a):
-        if a.requires_grad or not a.is_cpu or a.dtype is bf16 or a.is_conj() or a.is_neg():
-            return None   # refused, or read through DLPack (bf16: numpy has no such dtype)
-        arr = a.numpy()   # a view of the tensor's storage
+        if a.requires_grad or not a.is_cpu or a.is_conj() or a.is_neg():
+            return None   # refused, or read through DLPack
+        typestr = types.get(a.dtype)
+        if typestr is None:
+            return None   # bf16 (numpy has no such dtype) and the rest: DLPack
+        # Not ``a.numpy()``: that marks the tensor's storage not resizable for good, and FSDP frees
+        # an unsharded parameter by resizing its storage to 0 after the backward.
+        if a.numel() == 0:
+            arr = np.empty(tuple(a.shape), typestr)
+        else:
+            v = _TorchView()
+            v.tensor = a
+            item = a.element_size()
+            v.__array_interface__ = {"data": (a.data_ptr(), True), "shape": tuple(a.shape), "typestr": typestr,
+                                     "strides": tuple(s * item for s in a.stride()), "version": 3}
+            arr = np.asarray(v)   # a read-only view of the tensor's memory, strides and offset honoured
         arr.flags.writeable = False
         return arr
     return read
