@@ -11,6 +11,7 @@ memory / spills from ``ptxas -arch=<sm> -v``.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from llvmlite import ir
@@ -197,7 +198,6 @@ def register_cap(threads: int) -> int:
 
 
 def build(llvm_ir: str, arch: str, records: list[str] | None = None, max_threads: int = 0) -> PtxBuild:
-    import re
     used = records if records is not None else []
     major, minor = ptx_version_for(arch, used)
     cpu = get_isa("nvidia", arch).llvm_cpu or arch
@@ -206,4 +206,19 @@ def build(llvm_ir: str, arch: str, records: list[str] | None = None, max_threads
     if arch == "sm_90a":   # LLVM's sm_90a target spells the PTX target as sm_90a already; keep it
         ptx = re.sub(r"\.target sm_90\b", ".target sm_90a", ptx)
     options = [f"-maxrregcount={register_cap(max_threads)}"] if max_threads else []
-    return PtxBuild(arch, ptx, f"{major}.{minor}", ptx_tools.assemble(ptx, arch, options=options))
+    cubin = ptx_tools.assemble(ptx, arch, options=options)
+    if arch == "sm_90a":
+        check_wgmma_advisories(cubin.log)
+    return PtxBuild(arch, ptx, f"{major}.{minor}", cubin)
+
+
+# ptxas info C75xx "Potential Performance Loss: wgmma.mma_async instructions are serialized due to ...":
+# the pipeline silently fell back to one wgmma at a time (extern calls, accumulators touched inside the
+# pipeline stage, ...).  Such a build is a failure, not a slow success.
+_WGMMA_SERIAL = re.compile(r"^.*(?:\(C75\d\d\)|wgmma[^\n]*serializ)[^\n]*$", re.MULTILINE)
+
+
+def check_wgmma_advisories(log: str) -> None:
+    hits = [m.group(0).strip() for m in _WGMMA_SERIAL.finditer(log)]
+    if hits:
+        raise CodegenError("ptxas serialized the wgmma pipeline:\n" + "\n".join(hits))
