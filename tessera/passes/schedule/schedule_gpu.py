@@ -53,6 +53,8 @@ def shared_limit(target: str, arch: str) -> int:
 WGMMA_TILE = {"bm": 128, "bn": 128, "bk": 64, "fm": 1, "fn": 1, "staging": 3}
 # the register budget (32-bit registers per lane) the accumulators may take at most
 ACC_BUDGET = {"rocm": 128, "nvidia": 96}
+# wgmma reads A and B from shared memory: no operand registers, so a warpgroup may hold m64n256's 128
+WGMMA_ACC_BUDGET = 128
 
 
 def gemm_shared_bytes(bm: int, bn: int, bk: int, staging: int, family: str = "") -> int:
@@ -210,9 +212,10 @@ class ScheduleGpu(TesseraPass):
             raise ScheduleIllegalError(f"kernel {name}: {waves} waves of {wave} lanes = {threads} threads per "
                                        "workgroup; at most 1024")
         acc_regs = fm * fn_ * (sel.regs_per_lane or 0)
-        if acc_regs > ACC_BUDGET[self.target]:
+        budget = WGMMA_ACC_BUDGET if rec.family == "wgmma" else ACC_BUDGET[self.target]
+        if acc_regs > budget:
             raise ScheduleIllegalError(f"kernel {name}: register tile {fm}x{fn_} of {rec.id} keeps {acc_regs:g} "
-                                       f"accumulator registers per lane; at most {ACC_BUDGET[self.target]}")
+                                       f"accumulator registers per lane; at most {budget}")
         shared = gemm_shared_bytes(bm, bn, bk, staging, rec.family)
         if shared > shared_limit(self.target, self.arch):
             raise ScheduleIllegalError(f"kernel {name}: {staging} stages of {bm}x{bk} A and {bk}x{bn} B blocks take "
