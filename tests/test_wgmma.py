@@ -13,7 +13,8 @@ from gpu_common import gemm_acc, inputs, oracle_acc, rel_err, rounding_model
 from tessera.codegen import ptx_tools
 from tessera.emulate import layouts as L
 from tessera.emulate import smem_desc as SD
-from tessera.errors import CodegenError, EmulatorRaceError, MmaNoLoweringError, ScheduleIllegalError
+from tessera.errors import (CodegenError, EmulatorRaceError, MmaNoLoweringError, MmaSelectorError,
+                            ScheduleIllegalError)
 from tessera.mma.selector import get_isa, select_mma
 from tessera.passes.target.nvidia import wgmma as W
 from tessera.toolchain import find_nvdisasm, find_ptxas
@@ -131,8 +132,9 @@ def test_ptxas_serialisation_advisories_fail_the_build():
 
 def test_sm_90_without_a_stays_on_mma_sync_and_wgmma_is_refused_there(rng):
     a, b, c0 = inputs(rng, "f16", 64, 64, 64)
-    with pytest.raises(Exception, match="wgmma"):
+    with pytest.raises(MmaSelectorError, match="wgmma") as e:
         _compile(gemm_acc, (a, b, c0), "sm_90", mma_family="wgmma")
+    assert e.value.code == "MMA_SELECTOR"
     assert _compile(gemm_acc, (a, b, c0), "sm_90").report().kernels[0]["mma"]["record"].startswith(
         "nvidia.mma_sync")
 

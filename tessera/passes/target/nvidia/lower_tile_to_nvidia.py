@@ -140,6 +140,9 @@ class NvidiaLowerer(WgmmaLowering, SimtLowerer):
     def pack_operand(self, b: Builder, vv: View, omap: OperandMap, ft: t.FragmentType) -> list[SSAValue]:
         if ft.family.data == "wgmma":
             return [self.descriptor_of(b, vv, ft)]
+        if vv.base in self.swizzled:    # its elements are permuted: only a wgmma descriptor reads them right
+            raise CodegenError(f"a {ft.family.data} fragment packed from a swizzle128-staged buffer; only wgmma "
+                               "descriptors read that layout")
         role = ft.role.data
         m, n, k = ft.mnk
         in_smem = vv.base.type.space.data == "smem" and vv.full and vv.align % 8 == 0 and elem_bytes(vv.elem) == 2
