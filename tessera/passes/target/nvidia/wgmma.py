@@ -146,7 +146,11 @@ class WgmmaLowering:
             ch = b.add(self.tid, q * self.block)
 
             def one(b2: Builder, ch=ch):
-                r, j = b2.div(ch, 8), b2.rem(ch, 8)
+                # contiguous rows: consecutive threads take consecutive 16-byte chunks of a row; strided
+                # (B read as B^T): consecutive threads take consecutive rows, so each of the eight element
+                # loads is coalesced across the warp.  fast_ok is uniform: one mapping per copy.
+                r = b2.select(fast_ok, b2.c(b2.div(ch, 8)), b2.c(b2.rem(ch, R)))
+                j = b2.select(fast_ok, b2.c(b2.rem(ch, 8)), b2.c(b2.div(ch, R)))
                 c0 = b2.mul(j, 8)
                 daddr = b2.add(doff, swizzled_index(r, j, b2))
                 whole = b2.op(arith.AndIOp(fast_ok, b2.op(arith.AndIOp(
