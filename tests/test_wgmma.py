@@ -169,11 +169,15 @@ def test_emulated_transposed_b_and_epilogue(rng):
 
 
 # teeth: each planted bug below makes the emulated kernel fail
-def _plant_and_run(monkeypatch, rng):
+def _plant(monkeypatch, rng):
     _fresh(monkeypatch)
     a, b, c0 = inputs(rng, "f16", 64, 128, 64)
-    art = _compile(gemm_acc, (a, b, c0))
-    return art.emulate(a, b, c0), oracle_acc(a, b, c0)
+    return _compile(gemm_acc, (a, b, c0)), (a, b, c0)
+
+
+def _plant_and_run(monkeypatch, rng):
+    art, args = _plant(monkeypatch, rng)
+    return art.emulate(*args), oracle_acc(*args)
 
 
 def test_teeth_wrong_swizzle_in_the_copy(monkeypatch, rng):
@@ -197,11 +201,13 @@ def test_teeth_missing_wgmma_fence(monkeypatch, rng):
     from tessera.ir.target import gpu as G
     from tessera.ir.target import nvidia as NV
     monkeypatch.setattr(NV.WgmmaFenceOp, "create", classmethod(lambda cls, **k: G.BarrierOp.create()))
-    with pytest.raises(CodegenError, match="C7519"):
-        _plant_and_run(monkeypatch, rng)
     monkeypatch.setattr(nvptx, "check_wgmma_advisories", lambda log: None)
+    art, args = _plant(monkeypatch, rng)
+    monkeypatch.undo()
+    with pytest.raises(CodegenError, match="C7519"):
+        nvptx.check_wgmma_advisories(ptx_tools.assemble(art.ptx(), "sm_90a").log)
     with pytest.raises(EmulatorRaceError, match="wgmma.fence"):
-        _plant_and_run(monkeypatch, rng)
+        art.emulate(*args)
 
 
 def test_teeth_missing_async_proxy_fence(monkeypatch, rng):
@@ -220,10 +226,12 @@ def test_teeth_missing_wait_group(monkeypatch, rng):
     from tessera.ir.target import gpu as G
     from tessera.ir.target import nvidia as NV
     monkeypatch.setattr(NV.WgmmaWaitOp, "create", classmethod(lambda cls, **k: G.BarrierOp.create()))
-    with pytest.raises(CodegenError, match="C7517"):
-        _plant_and_run(monkeypatch, rng)
     monkeypatch.setattr(nvptx, "check_wgmma_advisories", lambda log: None)
-    got, want = _plant_and_run(monkeypatch, rng)
+    art, args = _plant(monkeypatch, rng)
+    monkeypatch.undo()
+    with pytest.raises(CodegenError, match="C7517"):
+        nvptx.check_wgmma_advisories(ptx_tools.assemble(art.ptx(), "sm_90a").log)
+    got, want = art.emulate(*args), oracle_acc(*args)
     assert np.isnan(got).any() or rel_err(got, want) > 1e-2
 
 
