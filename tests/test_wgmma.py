@@ -188,9 +188,16 @@ def test_teeth_wrong_swizzle_in_the_copy(monkeypatch, rng):
 
 
 def test_teeth_wrong_descriptor_stride(monkeypatch, rng):
+    """A stride of 2048 reads every other 8-row group: past the block, into a stage a cp.async is
+    still filling (a race) or, where that stage has landed, the wrong rows."""
+    from tessera.errors import EmulatorError
     monkeypatch.setattr(W, "descriptor_high", lambda: W.descriptor(0, sbo=2048))
-    got, want = _plant_and_run(monkeypatch, rng)
-    assert not rel_err(got, want) < 1e-2
+    try:
+        got, want = _plant_and_run(monkeypatch, rng)
+    except EmulatorError as e:
+        assert e.code in ("EMULATE_RACE", "EMULATE_OUT_OF_BOUNDS")
+    else:
+        assert not rel_err(got, want) < 1e-2
 
 
 @needs_ptxas

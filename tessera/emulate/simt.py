@@ -563,6 +563,8 @@ class Emulator(WgmmaOps):
                 dst.pending[g, e] = False
                 self._check_write(ctx, op, dst, g, e, act)
                 dst.data[g, e] = data.astype(dst.data.dtype)
+                if dst.unfenced is not None:       # cp.async writes through the generic proxy
+                    dst.unfenced[g, e] = True
 
     def op_tessera_gpu_launch(self, ctx, op, mask):
         raise EmulatorError("tessera_gpu.launch is a host step, not kernel code")

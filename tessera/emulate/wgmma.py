@@ -84,7 +84,12 @@ class WgmmaOps:
             if (buf.w_epoch[g, e] == ctx.epoch[g]).any():
                 raise self.fail(EmulatorRaceError, ctx, op, f"wgmma reads {what} elements written in this barrier "
                                 "interval (no barrier between the copy and the wgmma)")
+            if buf.pending is not None and buf.pending[g, e].any():
+                raise self.fail(EmulatorRaceError, ctx, op, f"wgmma reads {what} elements a cp.async in flight will "
+                                "write (missing wait)")
             out[inside] = buf.data[g, e].astype(np.float64)
+            buf.r_epoch[g, e] = ctx.epoch[g]     # read by the warpgroup: a write before the next barrier races
+            buf.r_thread[g, e] = -2
             addr = np.where(inside, -1, addr)
         if (addr >= 0).any():
             raise self.fail(EmulatorFaultError, ctx, op, f"wgmma {what} descriptor names shared bytes outside every "

@@ -188,6 +188,11 @@ class NvidiaLowerer(WgmmaLowering, SimtLowerer):
             b.op(NV.CpAsyncCommitOp.create())   # one group per copy: tile.wait counts copies
 
     def op_tile_wait(self, op: t.WaitOp, b: Builder) -> None:
+        if self.wgmma_kernel():   # the swizzled copies' cp.async groups, then their writes to the async proxy
+            pending = ival(op.outstanding) if op.outstanding is not None else 0
+            b.op(NV.CpAsyncWaitOp.create(attributes={"pending": i64_attr(pending)}))
+            b.op(NV.FenceProxyAsyncOp.create())
+            return
         if self.cp_async:
             pending = ival(op.outstanding) if op.outstanding is not None else 0
             b.op(NV.CpAsyncWaitOp.create(attributes={"pending": i64_attr(pending)}))

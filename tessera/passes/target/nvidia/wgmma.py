@@ -23,9 +23,10 @@ holds D[16w + g + 8*((i/2) % 2), 8*(i/4) + 2q + i % 2].
 
 Placement (the lowering's, not the kernel writer's): a run of ``tile.mma`` of this family is
 one group — ``wgmma.fence`` before its first instruction, ``commit_group`` and ``wait_group 0``
-before anything else touches the accumulators or shared memory; the staging copy ends with
-``fence.proxy.async.shared::cta`` before the barrier, so its generic-proxy stores are
-visible to the async-proxy reads of wgmma.
+before anything else touches the accumulators or shared memory; the staging copy is cp.async
+(one commit group per copy) and ``tile.wait`` becomes ``cp.async.wait_group n`` followed by
+``fence.proxy.async.shared::cta``, so the landed (generic-proxy) writes are visible to the
+async-proxy reads of wgmma after the barrier.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr
 from tessera.ir.builder import Builder
 from tessera.ir.target import nvidia as NV
-from tessera.passes.target.gpu.simt_values import Item, LaneMap, OperandMap, View, const_int, elem_bytes, vec
+from tessera.passes.target.gpu.simt_values import Item, LaneMap, OperandMap, View, const_int, elem_bytes
 
 ROW_BYTES = 128          # one swizzled row: 64 16-bit elements
 ATOM_BYTES = 1024        # 8 rows: the swizzle pattern's period; stride between 8-row groups
@@ -132,9 +133,10 @@ class WgmmaLowering:
 
     def copy_swizzled(self, b: Builder, src: View, dst: SSAValue, doff) -> None:
         """The block ``src`` (rows x 64) into ``dst[doff...]`` swizzled: each thread moves 16-byte
-        chunks (a vector load when the source rows are contiguous and aligned, else eight masked
-        element loads), zeros outside the view's valid extent; then fences its stores for the
-        async proxy."""
+        chunks — ``cp.async`` (zero-filled past the valid extent) when the source rows are
+        contiguous and aligned, else eight masked element loads and one 16-byte store — and commits
+        them as one group.  ``tile.wait`` waits for the group and fences the thread's writes for the
+        async proxy (``fence.proxy.async``) before the barrier that precedes the wgmma."""
         R, C = src.shape
         if C * elem_bytes(src.elem) != ROW_BYTES:
             raise CodegenError(f"a swizzle128 copy moves rows of 128 bytes; this block has {C} "
@@ -153,25 +155,28 @@ class WgmmaLowering:
                 j = b2.select(fast_ok, b2.c(b2.rem(ch, 8)), b2.c(b2.div(ch, R)))
                 c0 = b2.mul(j, 8)
                 daddr = b2.add(doff, swizzled_index(r, j, b2))
-                whole = b2.op(arith.AndIOp(fast_ok, b2.op(arith.AndIOp(
-                    b2.cmp("slt", r, src.rows), b2.cmp("sle", b2.add(c0, 8), src.cols))).results[0])).results[0]
 
                 def vector(bt: Builder):
-                    val = self.load(bt, src.base, bt.add(src.off, bt.add(bt.mul(r, src.rs), c0)), vec(src.elem, 8), 16)
-                    self.store(bt, val, dst, daddr, 16)
+                    # cp.async of 16 bytes, zero-filling what lies past the view's valid extent
+                    avail = bt.mul(bt.max(bt.min(bt.sub(src.cols, c0), 8), 0), 2)
+                    nbytes = bt.select(bt.cmp("slt", r, src.rows), bt.c(avail), bt.c(0))
+                    has = bt.cmp("sgt", nbytes, 0)
+                    sidx = bt.select(has, bt.c(bt.add(src.off, bt.add(bt.mul(r, src.rs), c0))), bt.c(0))
+                    bt.op(NV.CpAsyncOp.create(operands=[dst, bt.c(daddr), src.base, sidx, nbytes],
+                                              attributes={"bytes": i64_attr(16)}))
                     return []
 
                 def edge(be: Builder):
                     vals = [self.masked_load(be, src, r, be.add(c0, i), src.elem, 0.0) for i in range(8)]
                     self.store(be, self.pack(be, vals), dst, daddr, 16)
                     return []
-                b2.if_(whole, vector, edge)
+                b2.if_(fast_ok, vector, edge)
                 return []
             if (q + 1) * self.block <= chunks:
                 one(b)
             else:
                 b.if_(b.cmp("slt", ch, chunks), one)
-        b.op(NV.FenceProxyAsyncOp.create())
+        b.op(NV.CpAsyncCommitOp.create())     # one group per copy: tile.wait counts copies
         self.swizzled.add(dst)
 
 
