@@ -238,12 +238,13 @@ def test_calling_without_a_gpu_raises_lane_unavailable(rng):
         ts.jit(gemm_acc, target="nvidia", arch="sm_90")(a, b, c0)
 
 
-def test_sm_90a_skips_wgmma_which_has_no_lowering_and_says_so_when_pinned(rng):
-    from tessera.errors import MmaNoLoweringError
+def test_sm_90a_runs_wgmma_and_mma_sync_when_pinned(rng):
+    """sm_90a GEMM is lowered to wgmma now (tests/test_wgmma.py); mma.sync stays reachable there by pin."""
     a, b, c0 = inputs(rng, "bf16", 33, 29, 37)
     art = _compile(gemm_acc, (a, b, c0), "sm_90a")
     assert ".target sm_90a" in art.ptx()
-    assert art.report().kernels[0]["mma"]["record"] == "nvidia.mma_sync.m16n8k16.bf16"
-    assert rel_err(art.emulate(a, b, c0), oracle_acc(a, b, c0)) < 1e-2
-    with pytest.raises(MmaNoLoweringError, match="wgmma.*no lowering in lower-tile-to-nvidia"):
-        _compile(gemm_acc, (a, b, c0), "sm_90a", mma_family="wgmma")
+    assert art.report().kernels[0]["mma"]["record"] == "nvidia.wgmma.m64n128k16.bf16"
+    assert rel_err(art.emulate(a, b, c0), oracle_acc(a, b, c0)) < 1e-5
+    pinned = _compile(gemm_acc, (a, b, c0), "sm_90a", mma_family="mma_sync")
+    assert pinned.report().kernels[0]["mma"]["record"] == "nvidia.mma_sync.m16n8k16.bf16"
+    assert rel_err(pinned.emulate(a, b, c0), oracle_acc(a, b, c0)) < 1e-2

@@ -49,3 +49,9 @@ timeout 200 $py benchmarks/gpu/attention_bench.py 2>&1 | tee "$OUT/attention.log
 if [ -f benchmarks/gpu/rows_bundle/manifest.json ]; then
   timeout 240 $py benchmarks/gpu/rows_bench.py --bundle benchmarks/gpu/rows_bundle 2>&1 | tee "$OUT/rows.log"
 fi
+# the Hopper lane (sm_90a wgmma GEMM) when its bundle was carried
+# (./dev python benchmarks/gpu/build_hopper_bundle.py here): float64 / emulator checks of every
+# wgmma cubin, then 4096^3, 8192^3 and 16384x1024x4096 against torch.matmul (cuBLAS), sm_90 mma.sync beside
+if [ -f benchmarks/gpu/hopper_bundle/manifest.json ]; then
+  timeout 280 $py benchmarks/gpu/nvidia_check.py --bundle benchmarks/gpu/hopper_bundle 2>&1 | tee "$OUT/hopper.log"
+fi

@@ -261,6 +261,15 @@ class FnCodegen:
     def op_arith_ori(self, op):
         self._bin(op, self.b.or_)
 
+    def op_arith_xori(self, op):
+        self._bin(op, self.b.xor)
+
+    def op_arith_shrui(self, op):
+        self._bin(op, self.b.lshr)
+
+    def op_arith_shli(self, op):
+        self._bin(op, self.b.shl)
+
     _PRED = {0: ("==", True), 1: ("!=", True), 2: ("<", True), 3: ("<=", True), 4: (">", True), 5: (">=", True),
              6: ("<", False), 7: ("<=", False), 8: (">", False), 9: (">=", False)}
 

@@ -11,6 +11,7 @@ memory / spills from ``ptxas -arch=<sm> -v``.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from llvmlite import ir
@@ -49,6 +50,8 @@ class NvptxFn(GpuFn):
     def setup(self, fn) -> None:
         super().setup(fn)
         self.f.calling_convention = "ptx_kernel"
+        # wgmma reads 128-byte-swizzled blocks whose atoms must be 1024-byte aligned
+        self._smem_align = 1024 if any(isinstance(o, NV.WgmmaOp) for o in fn.walk()) else 16
 
     def shared_base(self) -> ir.Value:
         """Dynamic shared memory (``.extern .shared``): the launch passes the kernel's size, so a
@@ -56,7 +59,7 @@ class NvptxFn(GpuFn):
         if self._lds is None:
             g = ir.GlobalVariable(self.gen.m, ir.ArrayType(ir.IntType(8), 0), f"{self.f.name}_dynsmem", addrspace=3)
             g.linkage = "external"
-            g.align = 16
+            g.align = self._smem_align
             g.type = ir.PointerType(addrspace=3)
             self._lds = g
         return self._lds
@@ -115,6 +118,50 @@ class NvptxFn(GpuFn):
                     [ir.Constant(I32, ival(op.pending))])
 
 
+    # ------------------------------------------------------------------ wgmma (sm_90a)
+    def op_tessera_nvidia_shared_address(self, op: NV.SharedAddressOp):
+        ptr = self._ptr(op.buf, op.index, _elem(op.buf.type))
+        self.set(op, self.b.ptrtoint(ptr, ir.IntType(64)))  # the shared-window address
+
+    def op_tessera_nvidia_wgmma(self, op: NV.WgmmaOp):
+        """Inline PTX (LLVM has no wgmma intrinsic): the n/2 accumulators are outputs tied to
+        the inputs ("+f"), so they stay in registers across the asynchronous instruction."""
+        from tessera.mma.selector import get_isa as _isa
+        m, n, k = _shape(op.shape.data)
+        rec = next((r for r in _isa("nvidia", self.gen.arch).records if r.family == "wgmma" and r.shape == (m, n, k)
+                    and r.a_dtype == op.atype.data), None)
+        if rec is None:
+            raise MmaSelectorError(f"nvidia:{self.gen.arch} has no wgmma {op.shape.data} on {op.atype.data}")
+        self.gen.used.add(rec.id)
+        nd = n // 2
+        regs = ", ".join(f"${i}" for i in range(nd))
+        asm = f"{rec.mnemonic} {{{regs}}}, ${nd}, ${nd + 1}, 1, 1, 1, 0, 0;"
+        cons = ",".join(["=f"] * nd + ["l", "l"] + [str(i) for i in range(nd)] + ["~{memory}"])
+        f32t = ir.FloatType()
+        ret = ir.LiteralStructType([f32t] * nd)
+        fty = ir.FunctionType(ret, [ir.IntType(64), ir.IntType(64)] + [f32t] * nd)
+        res = self.b.call(ir.InlineAsm(fty, asm, cons, side_effect=True),
+                          [self.v(op.desc_a), self.v(op.desc_b)] + [self.v(c) for c in op.c])
+        self.set(op, *[self.b.extract_value(res, i) for i in range(nd)])
+
+    def op_tessera_nvidia_wgmma_fence(self, op):
+        self.b.call(self.gen.intrinsic("llvm.nvvm.wgmma.fence.sync.aligned", ir.VoidType(), []), [])
+
+    def op_tessera_nvidia_wgmma_commit(self, op):
+        self.b.call(self.gen.intrinsic("llvm.nvvm.wgmma.commit_group.sync.aligned", ir.VoidType(), []), [])
+
+    def op_tessera_nvidia_wgmma_wait(self, op):
+        self.b.call(self.gen.intrinsic("llvm.nvvm.wgmma.wait_group.sync.aligned", ir.VoidType(), [ir.IntType(64)]),
+                    [ir.Constant(ir.IntType(64), ival(op.pending))])
+
+    def op_tessera_nvidia_fence_proxy_async(self, op):
+        self.b.call(self.gen.intrinsic("llvm.nvvm.fence.proxy.async.shared_cta", ir.VoidType(), []), [])
+
+
+def _shape(text: str) -> tuple[int, int, int]:
+    return tuple(int(x) for x in text[1:].replace("n", " ").replace("k", " ").split())  # type: ignore[return-value]
+
+
 def _elem(buf_type) -> ir.Type:
     return llvm_type(buf_type.element_type)
 
@@ -151,7 +198,6 @@ def register_cap(threads: int) -> int:
 
 
 def build(llvm_ir: str, arch: str, records: list[str] | None = None, max_threads: int = 0) -> PtxBuild:
-    import re
     used = records if records is not None else []
     major, minor = ptx_version_for(arch, used)
     cpu = get_isa("nvidia", arch).llvm_cpu or arch
@@ -160,4 +206,19 @@ def build(llvm_ir: str, arch: str, records: list[str] | None = None, max_threads
     if arch == "sm_90a":   # LLVM's sm_90a target spells the PTX target as sm_90a already; keep it
         ptx = re.sub(r"\.target sm_90\b", ".target sm_90a", ptx)
     options = [f"-maxrregcount={register_cap(max_threads)}"] if max_threads else []
-    return PtxBuild(arch, ptx, f"{major}.{minor}", ptx_tools.assemble(ptx, arch, options=options))
+    cubin = ptx_tools.assemble(ptx, arch, options=options)
+    if arch == "sm_90a":
+        check_wgmma_advisories(cubin.log)
+    return PtxBuild(arch, ptx, f"{major}.{minor}", cubin)
+
+
+# ptxas info C75xx "Potential Performance Loss: wgmma.mma_async instructions are serialized due to ...":
+# the pipeline silently fell back to one wgmma at a time (extern calls, accumulators touched inside the
+# pipeline stage, ...).  Such a build is a failure, not a slow success.
+_WGMMA_SERIAL = re.compile(r"^.*(?:\(C75\d\d\)|wgmma[^\n]*serializ)[^\n]*$", re.MULTILINE)
+
+
+def check_wgmma_advisories(log: str) -> None:
+    hits = [m.group(0).strip() for m in _WGMMA_SERIAL.finditer(log)]
+    if hits:
+        raise CodegenError("ptxas serialized the wgmma pipeline:\n" + "\n".join(hits))

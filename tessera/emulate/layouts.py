@@ -94,7 +94,7 @@ class OperandLayout:
 
 @dataclass(frozen=True)
 class InstrLayout:
-    family: str          # "wmma" | "mfma" | "mma_sync"
+    family: str          # "wmma" | "mfma" | "mma_sync" | "wgmma"
     shape: tuple[int, int, int]   # (M, N, K)
     lanes: int           # 32 or 64
     a: OperandLayout
@@ -261,6 +261,24 @@ def _mma_sync(shape: tuple[int, int, int]) -> InstrLayout:
     return InstrLayout("mma_sync", shape, 32, a, b, c, src)
 
 
+def _wgmma(n: int) -> InstrLayout:
+    # [PTX] 9.7.15.5.1 "Register Fragments and Shared Memory Matrix Layouts" of wgmma,
+    # accumulator D for .m64nNk16 with .f32: the warpgroup's four warps each hold 16 rows
+    # (warp w: rows 16w..16w+15); within a warp the m16n8 pattern repeats every 8 columns:
+    # row = 16*w + groupID + 8*((i/2) % 2), col = 8*(i/4) + 2*threadID_in_group + (i % 2),
+    # for d_i, i < N/2 (groupID = laneid / 4, threadID_in_group = laneid % 4).
+    def d(t: int, i: int) -> tuple[int, int]:
+        w, l = t // 32, t % 32
+        return 16 * w + (l >> 2) + 8 * ((i // 2) % 2), 8 * (i // 4) + 2 * (l % 4) + (i & 1)
+    c = _operand(64, n, 128, n // 2, d, replicated=False)
+    # A and B are read from shared memory through matrix descriptors (emulate/smem_desc.py):
+    # no register items
+    none = OperandLayout(64, 16, 128, 0, np.zeros((128, 0, 2), np.int64), False)
+    return InstrLayout("wgmma", (64, n, 16), 128, none, OperandLayout(16, n, 128, 0, np.zeros((128, 0, 2), np.int64),
+                                                                       False), c,
+                       "NVIDIA PTX ISA 9.7.15.5.1 wgmma .m64nNk16 register fragment, accumulator D (f32)")
+
+
 # --------------------------------------------------------------------------- the table
 
 _GFX11 = ("gfx1100", "gfx1101", "gfx1102", "gfx1151")
@@ -292,6 +310,8 @@ _TABLE: tuple[_Entry, ...] = (
     # [PTX] mma Target ISA Notes: only .f16 with .m16n8k8 is available on sm_75
     # (.m16n8k16 .f16 and all .bf16 forms require sm_80).
     _Entry("mma_sync", (16, 8, 8), ("sm_75",), 32, ("f16",), lambda: _mma_sync((16, 8, 8))),
+    # wgmma m64nNk16 (N = 8, 16, ..., 256), sm_90a only, a warpgroup of 128 threads
+    *(_Entry("wgmma", (64, n, 16), ("sm_90a",), 128, _F16_BF16, lambda n=n: _wgmma(n)) for n in range(8, 257, 8)),
 )
 
 

@@ -39,6 +39,7 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import Attribute, Block, Operation, SSAValue
 
 from tessera.emulate import layouts as L
+from tessera.emulate.wgmma import WgmmaOps
 from tessera.errors import (
     EmulatorAlignError,
     EmulatorDivergenceError,
@@ -81,6 +82,7 @@ class Buf:
     r_epoch: np.ndarray | None = None
     r_thread: np.ndarray | None = None
     pending: np.ndarray | None = None   # elements a cp.async in flight will write
+    unfenced: np.ndarray | None = None  # written by generic-proxy stores, no fence.proxy.async yet (wgmma)
 
 
 @dataclass
@@ -99,7 +101,7 @@ class Ctx:
     async_open: list = field(default_factory=list)     # copies since the last commit
 
 
-class Emulator:
+class Emulator(WgmmaOps):
     """Runs kernels of one Target IR module for one target (``rocm:<arch>`` / ``nvidia:<sm>``)."""
 
     def __init__(self, module: ModuleOp, target: str, arch: str, max_groups_per_batch: int = 64):
@@ -233,10 +235,19 @@ class Emulator:
         self._bin(ctx, op, np.maximum)
 
     def op_arith_andi(self, ctx, op, mask):
-        self._bin(ctx, op, np.logical_and)
+        self._bin(ctx, op, np.bitwise_and)      # i1: logical; i64: bitwise
 
     def op_arith_ori(self, ctx, op, mask):
-        self._bin(ctx, op, np.logical_or)
+        self._bin(ctx, op, np.bitwise_or)
+
+    def op_arith_xori(self, ctx, op, mask):
+        self._bin(ctx, op, np.bitwise_xor)
+
+    def op_arith_shrui(self, ctx, op, mask):
+        self._bin(ctx, op, lambda a, b: (a.astype(np.uint64) >> b.astype(np.uint64)).astype(np.int64))
+
+    def op_arith_shli(self, ctx, op, mask):
+        self._bin(ctx, op, np.left_shift)
 
     _PRED = {0: np.equal, 1: np.not_equal, 2: np.less, 3: np.less_equal, 4: np.greater, 5: np.greater_equal,
              6: np.less, 7: np.less_equal, 8: np.greater, 9: np.greater_equal}
@@ -264,7 +275,7 @@ class Emulator:
             data = np.full(shape, np.nan, dtype=np_of(ty.element_type))
             ctx.shared[key] = Buf(ty.space.data, data, key, f"shared+{key}", np.full(shape, -1, np.int64),
                                   np.full(shape, -1, np.int64), np.full(shape, -1, np.int64),
-                                  np.full(shape, -1, np.int64), np.zeros(shape, bool))
+                                  np.full(shape, -1, np.int64), np.zeros(shape, bool), np.zeros(shape, bool))
         ctx.vals[op.result] = ctx.shared[key]
 
     def op_tessera_gpu_barrier(self, ctx, op, mask):
@@ -326,6 +337,7 @@ class Emulator:
             g = np.broadcast_to(ctx.gid[act][:, None], elems[act].shape)
             self._check_write(ctx, op, buf, g, elems[act], act)
             buf.data[g, elems[act]] = v
+            buf.unfenced[g, elems[act]] = True
 
     def _check_read(self, ctx, op, buf: Buf, g, e, act) -> None:
         g = np.broadcast_to(g, e.shape)
@@ -551,6 +563,8 @@ class Emulator:
                 dst.pending[g, e] = False
                 self._check_write(ctx, op, dst, g, e, act)
                 dst.data[g, e] = data.astype(dst.data.dtype)
+                if dst.unfenced is not None:       # cp.async writes through the generic proxy
+                    dst.unfenced[g, e] = True
 
     def op_tessera_gpu_launch(self, ctx, op, mask):
         raise EmulatorError("tessera_gpu.launch is a host step, not kernel code")

@@ -133,7 +133,10 @@ class AsyncCopyOp(IRDLOperation):
     k elements interleaved (2 for bf16 dot-product instructions).  Edge slivers are
     zero-padded to the full panel, and k to a multiple of ``kblock`` (default ``kpack``:
     AMX packs B in pairs but steps k by 32).  The packed data starts at element ``dest_offset`` of the
-    destination.  Returns a token that ``tile.wait`` consumes.
+    destination.  ``swizzle128`` (NVIDIA sm_90a, for wgmma descriptors): rows of ``panel``
+    elements = 128 bytes, in 1024-byte atoms of 8 rows, the 16-byte chunk j of row r stored
+    at chunk j XOR (r mod 8) (the PTX ISA's 128-byte swizzle).  Returns a token that
+    ``tile.wait`` consumes.
 
     On a GPU a copy into a workgroup-shared space (``lds``/``smem``) is collective: every
     thread of the workgroup executes it and moves its share of the elements."""
@@ -149,7 +152,7 @@ class AsyncCopyOp(IRDLOperation):
     token = result_def(TokenType)
     assembly_format = "$source `,` $dest `[` $dest_offset `]` attr-dict `:` type($source) `,` type($dest)"
 
-    LAYOUTS: ClassVar[tuple[str, ...]] = ("row_major", "a_panel", "b_panel")
+    LAYOUTS: ClassVar[tuple[str, ...]] = ("row_major", "a_panel", "b_panel", "swizzle128")
 
     def verify_(self) -> None:
         d = self.dest.type

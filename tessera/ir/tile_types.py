@@ -17,7 +17,7 @@ from tessera.errors import TileMemorySpaceError, TileShapeMismatch, TileVerifyEr
 
 FAMILIES = ("fma", "avx512_bf16", "avx512_vnni", "amx", "mma_sync", "wgmma", "wmma", "mfma", "simdgroup")
 ROLES = ("a", "b", "acc")
-LAYOUTS = ("row_major", "col_major", "panel", "lane", "vnni")
+LAYOUTS = ("row_major", "col_major", "panel", "lane", "vnni", "smem_desc")  # smem_desc: wgmma operand in shared memory
 # Memory spaces: global (device/host memory), workspace (runtime-owned per-thread scratch),
 # l1/l2/l3 (per-thread CPU staging panels sized for that cache level), team (CPU staging
 # shared by the threads of one launch, like a GPU workgroup's), lds (AMD), smem (NVIDIA),

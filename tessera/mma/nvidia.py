@@ -18,6 +18,7 @@ SM89_UP = frozenset({"sm_89", "sm_90", "sm_90a", "sm_120"})
 SM90_UP = frozenset({"sm_90", "sm_90a", "sm_120"})
 REGISTER_BUDGET = 255  # 32-bit registers per thread
 LOWERING = "lower-tile-to-nvidia"
+WGMMA_LOWERED = ("f16", "bf16")   # m64nNk16 -> f32 (passes/target/nvidia/wgmma.py); fp8 not yet
 LOWERED = {((16, 8, 16), "f16"), ((16, 8, 8), "f16"), ((16, 8, 16), "bf16"), ((16, 8, 8), "bf16")}
 
 PTX_TYPE = {"f16": "f16", "bf16": "bf16", "f32": "f32", "f64": "f64", "s8": "s8", "i32": "s32",
@@ -79,10 +80,11 @@ def _wgmma(n: int, dtype: str) -> MmaRecord:
     mnemonic = f"wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ptx}.{ptx}"
     return MmaRecord(f"nvidia.wgmma.m64n{n}k{k}.{ptx}", "nvidia", "wgmma", (64, n, k), dtype, dtype, "f32", mnemonic,
                      f"asm: {mnemonic} {{d...}}, descA, descB, p, 1, 1{', 0, 0' if k == 16 else ''};",
-                     archs=frozenset({"sm_90a"}), lanes=128, min_ptx=(8, 0), lowered_by=None,
+                     archs=frozenset({"sm_90a"}), lanes=128, min_ptx=(8, 0),
+                     lowered_by=LOWERING if dtype in WGMMA_LOWERED else None,
                      a_layout="smem_desc", b_layout="smem_desc",
                      semantics="asynchronous warpgroup MMA; A and B from shared-memory descriptors; LLVM has no "
-                               "intrinsic, so inline asm checked by ptxas -arch=sm_90a",
+                               "intrinsic, so inline asm (accumulators tied) checked by ptxas -arch=sm_90a",
                      asm_regex=mnemonic.replace(".", r"\."))
 
 

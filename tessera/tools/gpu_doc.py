@@ -27,12 +27,14 @@ GPU_CODE = ("benchmarks/gpu/", "tessera/codegen/gpu.py", "tessera/codegen/nvptx.
             "tessera/ir/target/nvidia.py", "tessera/mma/nvidia.py", "tessera/passes/schedule/schedule_gpu.py",
             "tessera/passes/target/gpu/", "tessera/passes/target/nvidia/", "tessera/passes/tile/kernels/gpu_attention.py",
             "tessera/passes/tile/kernels/gpu_gemm.py", "tessera/runtime/cuda.py", "tessera/runtime/gpu.py",
-            "tessera/passes/schedule/schedule_gpu_rows.py", "tessera/passes/tile/kernels/gpu_rows.py")
+            "tessera/passes/schedule/schedule_gpu_rows.py", "tessera/passes/tile/kernels/gpu_rows.py",
+            "tessera/passes/tile/kernels/gpu_gemm_wgmma.py")
 
 # the kernel generators of the GPU lanes, by kernel family (what runs where: the op lists come from
 # the op registry, tessera/ir/opset.py, whose declarations tests/test_opset.py checks against real compiles)
 GPU_GENERATORS = {
-    "gemm": "`kernels/gpu_gemm.py`: mma.sync / WMMA / MFMA, staged shared memory, fused epilogue",
+    "gemm": "`kernels/gpu_gemm.py`: mma.sync / WMMA / MFMA, staged shared memory, fused epilogue; on sm_90a "
+            "`kernels/gpu_gemm_wgmma.py`: wgmma from 128-byte-swizzled shared memory",
     "attention": "`kernels/gpu_attention.py`: flash attention, four waves per query block",
     "row": "`kernels/gpu_rows.py`: one workgroup per row, 16-byte vectors, warp-shuffle reductions",
     "reduction": "`kernels/gpu_rows.py`: one workgroup per row (last axes) or per column chunk",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from xdsl.dialects.builtin import IndexType, IntegerAttr, StringAttr, UnitAttr, VectorType
+from xdsl.dialects.builtin import IndexType, IntegerAttr, IntegerType, StringAttr, UnitAttr, VectorType
 from xdsl.ir import Dialect
 from xdsl.irdl import (
     AttrSizedOperandSegments,
@@ -18,6 +18,7 @@ from xdsl.irdl import (
     irdl_op_definition,
     operand_def,
     opt_attr_def,
+    result_def,
     traits_def,
     var_operand_def,
     var_result_def,
@@ -124,4 +125,92 @@ class LdmatrixOp(IRDLOperation):
             raise TargetVerifyError("ldmatrix reads shared memory (smem)", op=self)
 
 
-NVIDIA = Dialect("tessera_nvidia", [MmaSyncOp, CpAsyncOp, CpAsyncCommitOp, CpAsyncWaitOp, LdmatrixOp], [])
+@irdl_op_definition
+class SharedAddressOp(IRDLOperation):
+    """The shared-window byte address of ``buf[index]`` (``cvta.to.shared``): what a wgmma
+    matrix descriptor's start-address field encodes."""
+
+    name = "tessera_nvidia.shared_address"
+    buf = operand_def(BufferType)
+    index = operand_def(IndexType)
+    result = result_def(IntegerType)
+    traits = traits_def(Pure())
+    assembly_format = "$buf `[` $index `]` attr-dict `:` type($buf) `->` type($result)"
+
+    def verify_(self) -> None:
+        b = self.buf.type
+        if isinstance(b, BufferType) and b.space.data != "smem":
+            raise TargetVerifyError("shared_address takes a shared-memory (smem) buffer", op=self)
+
+
+@irdl_op_definition
+class WgmmaOp(IRDLOperation):
+    """``wgmma.mma_async.sync.aligned.<shape>.f32.<atype>.<atype>``: one warpgroup (128 threads)
+    multiplies A (64 x k) and B (k x n), both in shared memory named by 64-bit matrix
+    descriptors (``desc_a``, ``desc_b``), into the f32 accumulator whose n/2 registers per
+    thread are ``c`` (tied: ``d`` are the same registers after the instruction completes,
+    i.e. after a ``wgmma_wait``)."""
+
+    name = "tessera_nvidia.wgmma"
+    shape = attr_def(StringAttr)
+    atype = attr_def(StringAttr)
+    desc_a = operand_def(IntegerType)
+    desc_b = operand_def(IntegerType)
+    c = var_operand_def()
+    d = var_result_def()
+    assembly_format = ("$shape $desc_a `,` $desc_b `c` `(` $c `:` type($c) `)` attr-dict `:` type($desc_a) `,` "
+                       "type($desc_b) `->` type($d)")
+
+    def verify_(self) -> None:
+        m = _SHAPE.match(self.shape.data)
+        if not m or int(m.group(1)) != 64:
+            raise TargetVerifyError(f"wgmma shape {self.shape.data!r} is not m64nNkK", op=self)
+        n = int(m.group(2))
+        if len(self.c) != n // 2 or len(self.d) != n // 2:
+            raise TargetVerifyError(f"wgmma {self.shape.data} takes {n // 2} f32 accumulator registers per thread, "
+                                    f"got {len(self.c)} in / {len(self.d)} out", op=self)
+        if [v.type for v in self.c] != [r.type for r in self.d]:
+            raise TargetVerifyError("wgmma D registers must match C registers", op=self)
+        if self.atype.data not in ("f16", "bf16"):
+            raise TargetVerifyError(f"wgmma atype {self.atype.data!r}: f16 or bf16", op=self)
+
+
+@irdl_op_definition
+class WgmmaFenceOp(IRDLOperation):
+    """``wgmma.fence.sync.aligned``: orders earlier register and shared-memory accesses of the
+    warpgroup before the wgmma instructions that follow."""
+
+    name = "tessera_nvidia.wgmma_fence"
+    assembly_format = "attr-dict"
+
+
+@irdl_op_definition
+class WgmmaCommitOp(IRDLOperation):
+    """``wgmma.commit_group.sync.aligned``: the wgmma instructions issued since the last commit
+    form one group."""
+
+    name = "tessera_nvidia.wgmma_commit"
+    assembly_format = "attr-dict"
+
+
+@irdl_op_definition
+class WgmmaWaitOp(IRDLOperation):
+    """``wgmma.wait_group.sync.aligned pending``: wait until at most ``pending`` committed wgmma
+    groups are in flight; only then may their accumulators be read."""
+
+    name = "tessera_nvidia.wgmma_wait"
+    pending = attr_def(IntegerAttr)
+    assembly_format = "attr-dict"
+
+
+@irdl_op_definition
+class FenceProxyAsyncOp(IRDLOperation):
+    """``fence.proxy.async.shared::cta``: this thread's generic-proxy writes to shared memory
+    become visible to async-proxy reads (wgmma operands) issued after the next barrier."""
+
+    name = "tessera_nvidia.fence_proxy_async"
+    assembly_format = "attr-dict"
+
+
+NVIDIA = Dialect("tessera_nvidia", [MmaSyncOp, CpAsyncOp, CpAsyncCommitOp, CpAsyncWaitOp, LdmatrixOp, SharedAddressOp,
+                                    WgmmaOp, WgmmaFenceOp, WgmmaCommitOp, WgmmaWaitOp, FenceProxyAsyncOp], [])

@@ -48,11 +48,18 @@ NVIDIA_SHARED = {"sm_75": 64 << 10, "sm_80": 163 << 10, "sm_86": 99 << 10, "sm_8
 
 def shared_limit(target: str, arch: str) -> int:
     return NVIDIA_SHARED.get(arch, SHARED_LIMIT["nvidia"]) if target == "nvidia" else SHARED_LIMIT[target]
+# sm_90a wgmma: 128x128 blocks, two warpgroups of 64x128 (one m64n128k16 each, 64 accumulator
+# registers per thread), k-blocks of 64 (one 128-byte swizzled row), three stages (96 KiB)
+WGMMA_TILE = {"bm": 128, "bn": 128, "bk": 64, "fm": 1, "fn": 1, "staging": 3}
 # the register budget (32-bit registers per lane) the accumulators may take at most
 ACC_BUDGET = {"rocm": 128, "nvidia": 96}
+# wgmma reads A and B from shared memory: no operand registers, so a warpgroup may hold m64n256's 128
+WGMMA_ACC_BUDGET = 128
 
 
-def gemm_shared_bytes(bm: int, bn: int, bk: int, staging: int) -> int:
+def gemm_shared_bytes(bm: int, bn: int, bk: int, staging: int, family: str = "") -> int:
+    if family == "wgmma":      # unpadded swizzled blocks, each 1024-byte aligned
+        return staging * (bm + bn) * bk * 2 + 1024
     return staging * (bm * (bk + 8) + bk * (bn + 8)) * 2
 
 
@@ -106,11 +113,11 @@ class ScheduleGpu(TesseraPass):
                     self._schedule(op, isa, f"k{n}_{op.kind.data}")
                     n += 1
 
-    def _select(self, isa, name: str, what: str, dtype: str):
+    def _select(self, isa, name: str, what: str, dtype: str, family: str | None = None, shape=None):
         lowering = f"lower-tile-to-{self.target}"
         try:
-            sel = select_mma(isa, dtype, out_dtype="f32", family=self.mma_family or None,
-                             prefer_shape=tuple(self.mma_shape) if self.mma_shape else None, lowering=lowering)
+            sel = select_mma(isa, dtype, out_dtype="f32", family=self.mma_family or family,
+                             prefer_shape=tuple(self.mma_shape) if self.mma_shape else shape, lowering=lowering)
             require_lowering(sel, lowering)
         except MmaSelectorError as e:
             e.message = f"kernel {name} ({what}, {dtype} inputs): {e.message}"
@@ -130,7 +137,11 @@ class ScheduleGpu(TesseraPass):
         from tessera.passes.tile.kernels.gpu_attention import shared_bytes
         att = next(o for o in fop.body.block.ops if isinstance(o, g.AttentionOp))
         dtype = _dtype(att.q.type.element_type)
-        sel = self._select(isa, name, att.name, dtype)
+        if self.mma_family == "wgmma":
+            raise ScheduleIllegalError(f"kernel {name}: GPU attention has no wgmma generator yet (it runs on mma_sync "
+                                       "on sm_90a too)")
+        # warp-level instructions only: the attention generator has no warpgroup (wgmma) form
+        sel = self._select(isa, name, att.name, dtype, family="mma_sync" if self.target == "nvidia" else None)
         rec = sel.record
         im, in_, ik = rec.shape
         wave = rec.lanes or 32
@@ -172,9 +183,12 @@ class ScheduleGpu(TesseraPass):
         mm = next(o for o in fop.body.block.ops if isinstance(o, g.MatmulOp))
         dtype = _dtype(mm.lhs.type.element_type)
         sel = self._select(isa, name, mm.name, dtype)
+        if sel.record.family == "wgmma" and not self.mma_shape:
+            # one m64nNk16 per warpgroup spans the block's columns: N = tile-n (128 by default)
+            sel = self._select(isa, name, mm.name, dtype, shape=(64, min(self.tile_n or WGMMA_TILE["bn"], 256), 16))
         rec = sel.record
         im, in_, ik = rec.shape
-        d = default_tiles(self.target, rec.shape, self.arch)
+        d = WGMMA_TILE if rec.family == "wgmma" else default_tiles(self.target, rec.shape, self.arch)
         fm, fn_ = (self.register_tile if self.register_tile else (d["fm"], d["fn"]))
         bm = self.tile_m or d["bm"]
         bn = self.tile_n or d["bn"]
@@ -198,10 +212,11 @@ class ScheduleGpu(TesseraPass):
             raise ScheduleIllegalError(f"kernel {name}: {waves} waves of {wave} lanes = {threads} threads per "
                                        "workgroup; at most 1024")
         acc_regs = fm * fn_ * (sel.regs_per_lane or 0)
-        if acc_regs > ACC_BUDGET[self.target]:
+        budget = WGMMA_ACC_BUDGET if rec.family == "wgmma" else ACC_BUDGET[self.target]
+        if acc_regs > budget:
             raise ScheduleIllegalError(f"kernel {name}: register tile {fm}x{fn_} of {rec.id} keeps {acc_regs:g} "
-                                       f"accumulator registers per lane; at most {ACC_BUDGET[self.target]}")
-        shared = gemm_shared_bytes(bm, bn, bk, staging)
+                                       f"accumulator registers per lane; at most {budget}")
+        shared = gemm_shared_bytes(bm, bn, bk, staging, rec.family)
         if shared > shared_limit(self.target, self.arch):
             raise ScheduleIllegalError(f"kernel {name}: {staging} stages of {bm}x{bk} A and {bk}x{bn} B blocks take "
                                        f"{shared} bytes of shared memory; {self.arch} allows "

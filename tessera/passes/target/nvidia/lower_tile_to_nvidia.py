@@ -19,19 +19,20 @@ group per ``tile.async_copy``, and ``tile.wait {outstanding = n}`` becomes
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp, StringAttr, UnitAttr
 from xdsl.ir import SSAValue
 
-from tessera.errors import MmaSelectorError, PassFailedError
+from tessera.errors import CodegenError, MmaSelectorError, PassFailedError
 from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr, ival
 from tessera.ir.builder import Builder
 from tessera.ir.target import nvidia as NV
 from tessera.mma.selector import get_isa
 from tessera.passes.base import TesseraPass, option, register
+from tessera.passes.target.nvidia.wgmma import ATOM_BYTES, WgmmaLowering, WgmmaMap
 from tessera.passes.target.gpu.simt_rows import RowsLowerer, is_row_kernel
 from tessera.passes.target.gpu.simt import (
     GPU_CONSUMES,
@@ -88,30 +89,60 @@ def _segments(*sizes):
 
 def lane_map_for(arch: str, ft: t.FragmentType) -> LaneMap:
     isa = get_isa("nvidia", arch)
-    if ft.family.data != "mma_sync":
-        raise MmaSelectorError(f"nvidia:{arch}: {NAME} lowers mma_sync fragments, not {ft.family.data}")
+    fam = ft.family.data
+    if fam not in ("mma_sync", "wgmma"):
+        raise MmaSelectorError(f"nvidia:{arch}: {NAME} lowers mma_sync and wgmma fragments, not {fam}")
     shape = ft.mnk
     dtype = str(ft.elem) if ft.role.data != "acc" else None
-    cands = [r for r in isa.records if r.family == "mma_sync" and r.shape == shape and
+    cands = [r for r in isa.records if r.family == fam and r.shape == shape and
              (dtype is None or r.a_dtype == dtype) and r.lowered_by == NAME]
     if not cands:
-        legal = sorted({f"m{r.m}n{r.n}k{r.k} {r.a_dtype}" for r in isa.records if r.lowered_by == NAME})
-        raise MmaSelectorError(f"nvidia:{arch} has no lowered mma.sync {'x'.join(map(str, shape))}"
+        legal = sorted({f"{r.family} m{r.m}n{r.n}k{r.k} {r.a_dtype}" for r in isa.records if r.lowered_by == NAME})
+        legal = legal[:12] + (["..."] if len(legal) > 12 else [])
+        raise MmaSelectorError(f"nvidia:{arch} has no lowered {fam} {'x'.join(map(str, shape))}"
                                f"{' for ' + dtype if dtype else ''}; legal there: {', '.join(legal) or 'none'}")
     rec = cands[0]
-    return MmaSyncMap(rec, rec.a_dtype)
+    return WgmmaMap(rec, rec.a_dtype) if fam == "wgmma" else MmaSyncMap(rec, rec.a_dtype)
 
 
 @dataclass
-class NvidiaLowerer(SimtLowerer):
+class NvidiaLowerer(WgmmaLowering, SimtLowerer):
     arch: str = ""
+    swizzled: set = field(default_factory=set)
+    wg_open: bool = False
 
     @property
     def cp_async(self) -> bool:
-        return self.arch in CP_ASYNC_ARCHS
+        return self.arch in CP_ASYNC_ARCHS and not self.wgmma_kernel()
+
+    # ------------------------------------------------------------------ wgmma (wgmma.py)
+    WG_INSIDE = ("tile.mma", "tile.fragment_pack", "tile.view")
+
+    def lower_op(self, op, b: Builder) -> None:
+        """A run of wgmma ``tile.mma`` (with the views and descriptors between them) is one
+        group: it is committed and waited for before any other op."""
+        if self.wg_open and op.name not in self.WG_INSIDE and op.dialect_name() != "arith":
+            self.close_group(b)
+        super().lower_op(op, b)
+
+    def op_tile_mma(self, op: t.MmaOp, b: Builder) -> None:
+        if op.c.type.family.data == "wgmma" and not self.wg_open:
+            b.op(NV.WgmmaFenceOp.create())
+            self.wg_open = True
+        super().op_tile_mma(op, b)
+
+    def op_tile_alloc(self, op: t.AllocOp, b: Builder) -> None:
+        if self.wgmma_kernel():      # swizzle atoms: every staged block 1024-byte aligned
+            self.shared_bytes = -(-self.shared_bytes // ATOM_BYTES) * ATOM_BYTES
+        super().op_tile_alloc(op, b)
 
     # ------------------------------------------------------------------ ldmatrix
     def pack_operand(self, b: Builder, vv: View, omap: OperandMap, ft: t.FragmentType) -> list[SSAValue]:
+        if ft.family.data == "wgmma":
+            return [self.descriptor_of(b, vv, ft)]
+        if vv.base in self.swizzled:    # its elements are permuted: only a wgmma descriptor reads them right
+            raise CodegenError(f"a {ft.family.data} fragment packed from a swizzle128-staged buffer; only wgmma "
+                               "descriptors read that layout")
         role = ft.role.data
         m, n, k = ft.mnk
         in_smem = vv.base.type.space.data == "smem" and vv.full and vv.align % 8 == 0 and elem_bytes(vv.elem) == 2
@@ -146,11 +177,22 @@ class NvidiaLowerer(SimtLowerer):
 
     # ------------------------------------------------------------------ cp.async
     def op_tile_async_copy(self, op: t.AsyncCopyOp, b: Builder) -> None:
+        if op.layout.data == "swizzle128":
+            if self.arch != "sm_90a":
+                raise CodegenError(f"a swizzle128 staging copy feeds wgmma, which {self.arch} lacks")
+            self.copy_swizzled(b, self.vmap[op.source], self.scalar(op.dest), self.scalar(op.dest_offset))
+            self.vmap[op.token] = None
+            return
         super().op_tile_async_copy(op, b)
         if self.cp_async:
             b.op(NV.CpAsyncCommitOp.create())   # one group per copy: tile.wait counts copies
 
     def op_tile_wait(self, op: t.WaitOp, b: Builder) -> None:
+        if self.wgmma_kernel():   # the swizzled copies' cp.async groups, then their writes to the async proxy
+            pending = ival(op.outstanding) if op.outstanding is not None else 0
+            b.op(NV.CpAsyncWaitOp.create(attributes={"pending": i64_attr(pending)}))
+            b.op(NV.FenceProxyAsyncOp.create())
+            return
         if self.cp_async:
             pending = ival(op.outstanding) if op.outstanding is not None else 0
             b.op(NV.CpAsyncWaitOp.create(attributes={"pending": i64_attr(pending)}))
@@ -178,12 +220,17 @@ class LowerTileToNvidia(TesseraPass):
     kind = "target-lowering"
     consumes = GPU_CONSUMES
     produces = GPU_PRODUCES + ("tessera_nvidia.mma_sync", "tessera_nvidia.ldmatrix", "tessera_nvidia.cp_async",
-                                "tessera_nvidia.cp_async_commit", "tessera_nvidia.cp_async_wait")
-    arch: str = option(doc="NVIDIA arch (sm_75, sm_80, sm_86, sm_89, sm_90, sm_120); required")
+                                "tessera_nvidia.cp_async_commit", "tessera_nvidia.cp_async_wait",
+                                "tessera_nvidia.wgmma", "tessera_nvidia.shared_address", "tessera_nvidia.wgmma_fence",
+                                "tessera_nvidia.wgmma_commit", "tessera_nvidia.wgmma_wait",
+                                "tessera_nvidia.fence_proxy_async")
+    arch: str = option(doc="NVIDIA arch (sm_75, sm_80, sm_86, sm_89, sm_90, sm_90a, sm_120); required")
 
     def apply(self, ctx: Context, module: ModuleOp) -> None:
         def make_lowerer(fn):
             wave = ival(fn.attributes["vector"]) if "vector" in fn.attributes else 32
+            if wave == 128 and self.arch == "sm_90a":     # warpgroup kernels (wgmma.py)
+                return NvidiaLowerer({}, 128, ival(fn.attributes["gpu.block"]), "smem", arch=self.arch)
             if wave != 32:
                 raise PassFailedError(f"{NAME}: kernel @{fn.sym_name.data} is laid out for {wave}-lane waves; "
                                       "NVIDIA warps have 32")

@@ -43,6 +43,9 @@ def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
     name = kop.sym_name.data
     rec = sel.record
     gemm_gather.refuse_on_gpu(name, plan, rec.target)
+    if rec.family == "wgmma":     # NVIDIA sm_90a warpgroup MMA from swizzled shared memory
+        from tessera.passes.tile.kernels import gpu_gemm_wgmma
+        return gpu_gemm_wgmma.generate(kop, plan, sel)
     im, in_, ik = rec.shape
     tiles = kop.tile_sizes
     BM, BN, BK = tiles["m"], tiles["n"], tiles["k"]

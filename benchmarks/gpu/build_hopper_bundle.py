@@ -1,0 +1,88 @@
+"""Build the Hopper (sm_90a, wgmma) bundle that ``nvidia_check.py`` runs on an H200 (no xDSL there).
+
+    ./dev python benchmarks/gpu/build_hopper_bundle.py            # here: cubins, inputs, emulator outputs
+    python benchmarks/gpu/nvidia_check.py --bundle benchmarks/gpu/hopper_bundle --dry-run   # here: checks it
+    bash benchmarks/gpu/device_run.sh                              # there: runs it when the bundle is carried
+
+Cases (the same manifest format as ``build_nvidia_bundle.py``):
+- check: ``A @ B + C0`` (f32 out) on sm_90a for f16 and bf16 with edges in every dimension; the
+  device's output is compared with float64 and with this machine's warp-emulator output;
+- bench: ``A @ B`` (f16/bf16 out) 4096^3, 8192^3 and a skinny 16384 x 1024 x 4096 on sm_90a
+  (wgmma), and 4096^3 on sm_90 (mma.sync, the previous kernel) beside it, each timed against
+  ``torch.matmul`` (cuBLAS) on the same random device inputs (CUDA events, median of repeats).
+The manifest records the commit the cubins were built from.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+import tessera as ts  # noqa: E402
+from build_nvidia_bundle import DT, gemm, gemm_acc, launch_record  # noqa: E402
+
+CHECKS = ((128, 128, 128), (70, 72, 48), (33, 29, 37), (256, 136, 200))
+BENCH = ((4096, 4096, 4096), (8192, 8192, 8192), (16384, 1024, 4096))
+
+
+def build(out: Path, seed: int = 2026) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    cases = []
+    for dtype in ("f16", "bf16"):
+        for m, n, k in CHECKS:
+            a = rng.standard_normal((m, k)).astype(DT[dtype])
+            b = rng.standard_normal((k, n)).astype(DT[dtype])
+            c0 = rng.standard_normal((m, n)).astype(np.float32)
+            art = ts.compile(gemm_acc, a, b, c0, target="nvidia", arch="sm_90a")
+            rec = art.report().kernels[0]["mma"]["record"]
+            if not rec.startswith("nvidia.wgmma"):
+                raise SystemExit(f"sm_90a check case selected {rec}, not wgmma")
+            name = f"check_sm90a_{dtype}_{m}x{n}x{k}"
+            (out / f"{name}.cubin").write_bytes(art.binary())
+            np.save(out / f"{name}_emulated.npy", art.emulate(a, b, c0))
+            files = []
+            for i, arr in enumerate((a, b, c0)):
+                f = f"{name}_in{i}.npy"
+                np.save(out / f, arr.view(np.uint16) if arr.dtype == DT["bf16"] else arr)
+                files.append({"file": f, "dtype": dtype if i < 2 else "f32"})
+            cases.append({"name": name, "kind": "check", "cubin": f"{name}.cubin", "inputs": files, "mma": rec,
+                          "emulated": f"{name}_emulated.npy", **launch_record(art, [a, b, c0])})
+        for arch, shapes in (("sm_90a", BENCH), ("sm_90", BENCH[:1])):
+            for m, n, k in shapes:
+                a, b = np.zeros((m, k), DT[dtype]), np.zeros((k, n), DT[dtype])
+                art = ts.compile(gemm, a, b, target="nvidia", arch=arch)
+                name = f"bench_{arch}_{dtype}_{m}x{n}x{k}"
+                (out / f"{name}.cubin").write_bytes(art.binary())
+                cases.append({"name": name, "kind": "bench", "cubin": f"{name}.cubin", "dtype": dtype, "m": m,
+                              "n": n, "k": k, "flops": 2 * m * n * k,
+                              "mma": art.report().kernels[0]["mma"]["record"], **launch_record(art, [a, b])})
+    from tessera.tools.bench_doc import git_state
+    commit, dirty = git_state(ROOT)
+    manifest = {"arch": "sm_90a", "built_with": "tessera.compile(target='nvidia', arch='sm_90a' | 'sm_90')",
+                "commit": commit, "dirty": dirty, "cases": cases}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return manifest
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(HERE / "hopper_bundle"))
+    args = ap.parse_args(argv)
+    man = build(Path(args.out))
+    for c in man["cases"]:
+        print(f"{c['name']:40} {c['mma']:32} regs {c['registers']:>4} smem {c['shared']:>6} grid {c['grid']}")
+    print(f"wrote {len(man['cases'])} cases to {args.out} (commit {man['commit'][:12]}{' dirty' if man['dirty'] else ''})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,69 @@
+"""wgmma shared-memory matrix descriptors and the 128-byte swizzle, for the emulator.
+
+Written from the PTX ISA ("Asynchronous Warpgroup Level Matrix Shared Memory Layout":
+"Matrix Descriptor Format" and the swizzling-mode figures), independently of the lowering
+(``tessera/passes/target/nvidia/wgmma.py`` was not read to write it):
+
+- the descriptor is 64 bits: start address bits 0-13, leading dimension byte offset bits
+  16-29, stride dimension byte offset bits 32-45 (all three in units of 16 bytes), matrix
+  base offset bits 49-51, swizzle mode bits 62-63 (0 none, 1 128-byte, 2 64-byte,
+  3 32-byte);
+- a K-major operand with the 128-byte swizzle is made of atoms of 8 rows x 128 bytes; the
+  stride byte offset is the distance between atoms along M (or N); the leading byte offset
+  is not used;
+- the swizzle permutes the 16-byte units of each 128-byte row: unit u of the row that is
+  row r (mod 8) of its 1024-byte-aligned atom is stored at unit u XOR r, i.e. on the full
+  shared address, bits 4-6 are XORed with bits 7-9.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+SWIZZLE_NAMES = {0: "none", 1: "128B", 2: "64B", 3: "32B"}
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    start: int          # bytes
+    lbo: int            # bytes
+    sbo: int            # bytes
+    base_offset: int
+    swizzle: str
+
+
+def decode(desc: int) -> Descriptor:
+    d = int(desc) & ((1 << 64) - 1)
+    return Descriptor(start=(d & 0x3FFF) << 4, lbo=((d >> 16) & 0x3FFF) << 4, sbo=((d >> 32) & 0x3FFF) << 4,
+                      base_offset=(d >> 49) & 7, swizzle=SWIZZLE_NAMES[(d >> 62) & 3])
+
+
+def swizzle128(addr: np.ndarray) -> np.ndarray:
+    """The 128-byte swizzle on shared byte addresses: bits 4-6 ^= bits 7-9."""
+    addr = np.asarray(addr, dtype=np.int64)
+    return addr ^ (((addr >> 7) & 7) << 4)
+
+
+def kmajor_addresses(desc: int, rows: int, k: int, esize: int = 2) -> np.ndarray:
+    """Byte address [rows, k] of element (row, kk) of a K-major operand named by ``desc``
+    (A: rows = 64 of M; B: rows = N, element (n, kk) is B[kk, n])."""
+    d = decode(desc)
+    if d.swizzle != "128B":
+        raise ValueError(f"descriptor swizzle {d.swizzle}: this model covers the 128-byte swizzle only")
+    if d.base_offset != 0:
+        raise ValueError(f"descriptor base offset {d.base_offset}: this model covers atoms at 1024-byte "
+                         "aligned addresses (base offset 0) only")
+    r = np.arange(rows, dtype=np.int64)[:, None]
+    c = np.arange(k, dtype=np.int64)[None, :]
+    linear = d.start + (r // 8) * d.sbo + (r % 8) * 128 + c * esize
+    return swizzle128(linear)
+
+
+def store_address(tile_base: int, r: int, c: int, esize: int = 2, row_bytes: int = 128) -> int:
+    """Where element (r, c) of a rows x (row_bytes/esize) K-major block at a 1024-byte-aligned
+    ``tile_base`` lies under the 128-byte swizzle (the same rule, element-wise)."""
+    return int(swizzle128(np.int64(tile_base + r * row_bytes + c * esize)))
+
+
+__all__ = ["Descriptor", "decode", "swizzle128", "kmajor_addresses", "store_address"]
