@@ -245,6 +245,17 @@ SAMPLES: dict[str, str] = {
   func.return"""),
     "tessera_rocm.mfma": _fn("%a : vector<4xf16>, %c : vector<16xf32>", """  %d = tessera_rocm.mfma "32x32x8" %a, %a, %c {arch = "gfx942"} : vector<4xf16>, vector<4xf16>, vector<16xf32> -> vector<16xf32>
   func.return"""),
+    # ---- Target IR: Hopper (sm_90a) warpgroup MMA from shared-memory descriptors
+    "tessera_nvidia.wgmma": _fn("%s : !tile.buffer<f16, smem>, %t : index, %db : i64, %c0 : f32, %c1 : f32, "
+                                "%c2 : f32, %c3 : f32", """  %sa = tessera_nvidia.shared_address %s[%t] : !tile.buffer<f16, smem> -> i64
+  tessera_nvidia.fence_proxy_async
+  tessera_nvidia.wgmma_fence
+  %d:4 = tessera_nvidia.wgmma "m64n8k16" %sa, %db c(%c0, %c1, %c2, %c3 : f32, f32, f32, f32) {atype = "bf16"} : i64, i64 -> f32, f32, f32, f32
+  tessera_nvidia.wgmma_commit
+  tessera_nvidia.wgmma_wait {pending = 0 : i64}
+  func.return"""),
+    "tessera_nvidia.shared_address": None, "tessera_nvidia.fence_proxy_async": None,
+    "tessera_nvidia.wgmma_fence": None, "tessera_nvidia.wgmma_commit": None, "tessera_nvidia.wgmma_wait": None,
     # ---- Target IR: the GPU SIMT dialect and NVIDIA copies / matrix loads
     "tessera_gpu.thread_id": _fn("%g : !tile.buffer<f16, global>, %i : index", """  %t = tessera_gpu.thread_id : index
   %bx = tessera_gpu.block_id {axis = 1 : i64} : index
