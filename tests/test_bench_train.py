@@ -167,7 +167,10 @@ def test_quick_run_end_to_end(tmp_path, capsys):
     assert [r["workload"] for r in run["rows"]] == [wl[0] for wl in bench_train.workloads(True, oracle=False)]
     for r in run["rows"]:
         assert set(r["libraries"]) >= {bench_train.FRESH, bench_train.POOLED}
-        assert r["families_s"] and r["peak_bytes"]["tessera"] > 0
+        # measured, not assumed: at --quick sizes an attention gradient (no S x S buffer) may grow the
+        # resident set by less than a page the child had not touched, so 0 is a valid measurement
+        assert r["families_s"] and r["peak_bytes"]["tessera"] >= 0
+        assert "step" not in r["workload"] or r["peak_bytes"]["tessera"] > 0
         assert max(r["check"]["tessera"].values()) < 1
         assert not math.isnan(bench_train.row_figures(r)["gflops"])
     assert "gpt2 block step" in "\n".join(bench_train.section(tmp_path))
