@@ -26,7 +26,7 @@ from tessera.ir import graph as g
 from tessera.ir.attrs import ints
 from tessera.passes.base import TesseraPass, register
 from tessera.passes.graph.outline import outline
-from tessera.passes.util import function_blocks
+from tessera.passes.util import erase_dead, function_blocks
 
 ELEMENTWISE = g.ELEMENTWISE_UNARY + g.ELEMENTWISE_BINARY + (g.WhereOp,)   # comparisons and isnan included
 REDUCE = (g.ReduceSumOp, g.ReduceMeanOp, g.ReduceMaxOp)
@@ -82,16 +82,9 @@ def _private_copy(group: list, out_op) -> list:
         for old, r in zip(op.results, new.results):
             mapping[old] = r
         copies.append(new)
+    block = out_op.parent
     out_op.results[0].replace_all_uses_with(copies[-1].results[0])
-    dead = [out_op]
-    while dead:
-        op = dead.pop()
-        if op.parent is None or any(r.uses for r in op.results):
-            continue
-        producers = [v.owner for v in op.operands if isinstance(v, OpResult)]
-        op.detach()
-        op.erase()
-        dead.extend(producers)
+    erase_dead(block, set(group).__contains__)   # the originals nothing else reads (one reverse sweep)
     return copies
 
 
