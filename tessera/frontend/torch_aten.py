@@ -18,6 +18,8 @@ TABLE: dict[str, object] = {}
 CHECKS: dict[str, object] = {}
 # argument positions that may be integer tensors (indices); every other tensor must be float
 INDEX_ARGS: dict[str, set[int]] = {"aten.max_pool2d_with_indices_backward.default": {7}}
+# ops whose results may be integer tensors (argmax, topk's indices); views pass integers through
+INDEX_RESULTS: set[str] = set()
 
 # ops that compute nothing (views and identities): a run of covered nodes made of these alone
 # is left to ATen (no kernel to build)
@@ -516,3 +518,6 @@ def _avg_pool_backward(node, g, x, k, stride, padding, ceil_mode, count_include_
     from tessera.frontend.autodiff import vjp
     _, back = vjp(lambda x: ops.avg_pool2d(x, *_pool_args(node, x, k, stride, padding)), x)
     return back(g)[0]
+
+
+from tessera.frontend import torch_aten_index  # noqa: E402,F401  (adds the integer-indexed ops' entries)

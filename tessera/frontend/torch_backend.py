@@ -124,8 +124,9 @@ def node_reason(node) -> str | None:
     if r:
         return r
     index_pos = torch_aten.INDEX_ARGS.get(name, set())
+    view = name in torch_aten.VIEWS   # a view passes an integer tensor through as it is
     for a in node.all_input_nodes:
-        index = any(node.args[i] is a for i in index_pos if i < len(node.args))
+        index = view or any(node.args[i] is a for i in index_pos if i < len(node.args))
         r = _tensor_reason(_val(a), f"input {a.name}", index)
         if r:
             return r
@@ -133,7 +134,7 @@ def node_reason(node) -> str | None:
     if isinstance(val, (list, tuple)):   # a tuple result: the outputs read by a getitem
         used = {u.args[1] for u in node.users if u.target is operator.getitem}
         val = [v for k, v in enumerate(val) if k in used]
-    r = _tensor_reason(val, "its result")
+    r = _tensor_reason(val, "its result", view or name in torch_aten.INDEX_RESULTS)
     if r:
         return r
     return None
