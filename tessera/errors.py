@@ -369,12 +369,12 @@ class TorchBackendMismatchError(FrontendError):
 
 
 class OnnxImportError(FrontendError):
-    """An ONNX model cannot be read: a corrupt file, an opset outside 13..21, a malformed graph (``tessera.onnx``)."""
+    """An ONNX model cannot be read: a corrupt file, no default-domain opset, a malformed graph (``tessera.onnx``)."""
     code = "ONNX_IMPORT"
 
 
 class OnnxUnsupportedError(OnnxImportError):
-    """An ONNX node uses an op, an attribute or an input count that ``tessera.onnx`` does not map; the message lists every such node (name, op type, reason)."""
+    """An ONNX node uses an op, an op version, an attribute or an input count that ``tessera.onnx`` does not map; the message lists every such node (name, op type, reason)."""
     code = "ONNX_UNSUPPORTED"
 
 

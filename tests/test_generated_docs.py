@@ -11,7 +11,8 @@ from tessera.tools import docs
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("name", sorted(docs.GENERATORS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in docs.SLOW else n
+                                  for n in sorted(docs.GENERATORS)])
 def test_checked_in_doc_is_current(name):
     problem = docs.drift(name, ROOT)
     assert problem is None, problem

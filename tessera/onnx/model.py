@@ -1,8 +1,8 @@
 """``tessera.onnx.load``: an ONNX model as a jitted function.
 
-The model is read and checked once (``onnx.checker``, opset 13..21, every node against the
-op registry of ``convert.py``: every unsupported node is listed in one ``ONNX_UNSUPPORTED``
-error).  Nodes over constants alone (shape arithmetic, ``Constant``) are folded with numpy at
+The model is read and checked once (``onnx.checker``; every node against the op registry of
+``convert.py`` and, outside opsets 13..21, its op's version there (``versions.py``): every
+unsupported node is listed in one ``ONNX_UNSUPPORTED`` error).  Nodes over constants alone (shape arithmetic, ``Constant``) are folded with numpy at
 load time.  The rest is replayed through ``tessera.ops`` inside one ``tessera.jit`` function
 whose arguments are the graph inputs followed by the *bound* initializers (weights): those
 are passed to the kernels on every call, never compiled into the code, so
@@ -18,10 +18,10 @@ import numpy as np
 from tessera import dtypes as dt
 from tessera.errors import ArgumentError, DtypeError, DynamicShapeError, OnnxImportError, OnnxUnsupportedError, \
     ScalarSpecialize, ShapeMismatchError, TesseraError
-from tessera.onnx import ops_math, ops_nn, ops_shape  # noqa: F401 - they register their ops
+from tessera.onnx import ops_math, ops_nn, ops_shape, versions  # noqa: F401 - they register their ops
 from tessera.onnx.convert import ONNX_DTYPES, ONNX_TYPE_NAMES, OPS, Ctx, describe, materialise
 
-OPSETS = range(13, 22)         # the default-domain opsets whose semantics are mapped
+OPSETS = versions.MAPPED       # the default-domain opsets whose semantics are mapped (others: per node)
 # ops folded with numpy at load time when every input is a constant (shape arithmetic)
 FOLDABLE = {"Shape", "Constant", "ConstantOfShape", "Gather", "Concat", "Unsqueeze", "Squeeze", "Slice", "Reshape",
             "Flatten", "Cast", "Add", "Sub", "Mul", "Div", "Equal", "Less", "Greater", "Where", "Not", "And", "Or",
@@ -84,10 +84,8 @@ class OnnxFunction:
         opset = [o.version for o in mp.opset_import if o.domain in ("", "ai.onnx")]
         if not opset:
             raise OnnxImportError("tessera.onnx.load: the model imports no default-domain (ai.onnx) opset")
-        self.opset = opset[0]
-        if self.opset not in OPSETS:
-            raise OnnxImportError(f"tessera.onnx.load: opset {self.opset} is not supported (opsets "
-                                  f"{OPSETS.start}..{OPSETS.stop - 1})")
+        self.model_opset = opset[0]
+        self.opset = versions.effective(self.model_opset)   # what the handlers are told
         g = mp.graph
         consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
         inits = set(consts)
@@ -112,6 +110,8 @@ class OnnxFunction:
                 reason = f"domain {node.domain!r} is not mapped"
             elif spec is None:
                 reason = "op type not mapped"
+            elif versions.problem(node.op_type, self.model_opset, attrs):
+                reason = versions.problem(node.op_type, self.model_opset, attrs)
             elif not spec.inputs[0] <= len(node.input) <= spec.inputs[1]:
                 lo, hi = spec.inputs
                 reason = f"{len(node.input)} inputs (takes {lo if lo == hi else f'{lo}..{hi}'})"
@@ -286,7 +286,7 @@ class OnnxFunction:
 
     def __repr__(self) -> str:
         return (f"<tessera.onnx model {self.model.graph.name!r}: inputs {self.input_names}, outputs "
-                f"{self.output_names}, {len(self.weights)} bound weights, opset {self.opset}>")
+                f"{self.output_names}, {len(self.weights)} bound weights, opset {self.model_opset}>")
 
 
 class _Output:

@@ -86,6 +86,11 @@ def _ops_md() -> str:
     return HEADER.format(cmd="tessera docs ops --write") + render()
 
 
+def _onnx_md() -> str:
+    from tessera.tools.onnx_conformance import onnx_md
+    return onnx_md()
+
+
 GENERATORS: dict[str, tuple[str, Callable[[], str]]] = {
     "ops": ("docs/ops.md", _ops_md),
     "abi": ("docs/abi.md", _abi_md),
@@ -95,7 +100,10 @@ GENERATORS: dict[str, tuple[str, Callable[[], str]]] = {
     "lanes": ("docs/lanes.md", _lanes_md),
     "gpu": ("docs/gpu.md", _gpu_md),
     "benchmarks": ("docs/benchmarks.md", _benchmarks_md),
+    "onnx": ("docs/onnx.md", _onnx_md),
 }
+# generators that compile hundreds of kernels (a minute or more): their drift test is marked slow
+SLOW = {"onnx"}
 
 
 def register(name: str, path: str, fn: Callable[[], str]) -> None:
