@@ -7,7 +7,8 @@ no Python at run time.
 The function is compiled for the CPU lane as ``tessera.compile`` does (the host CPU, or
 ``arch=``); the library holds its kernels' object code, a driver that runs the whole launch plan
 (``plan.py``, ``driver.py``) and a CPU-feature check (``cpufeat.py``), linked with the bundled
-``ld.lld`` (``link.py``).  Sizes are fixed at export time: those of the example arguments.
+``ld.lld`` (``link.py``).  Sizes are fixed at export time (those of the example arguments), but
+for the axes named in ``dynamic=``: those sizes are arguments of the C functions.
 """
 from __future__ import annotations
 
@@ -54,7 +55,8 @@ class LoadedLibrary:
         self.dll = ctypes.CDLL(_loadable_path(lib.so_path))
         n = len(lib.plan.inputs) + len(lib.plan.outputs)
         self.entry = getattr(self.dll, lib.name)
-        self.entry.restype, self.entry.argtypes = ctypes.c_int, [ctypes.c_void_p] * n
+        self.entry.restype = ctypes.c_int
+        self.entry.argtypes = [ctypes.c_void_p] * n + [ctypes.c_int64] * len(lib.plan.sizes)
         self.strerror = getattr(self.dll, lib.name + "_strerror")
         self.strerror.restype, self.strerror.argtypes = ctypes.c_char_p, [ctypes.c_int]
         for fn in ("check_cpu", "get_num_threads"):
@@ -65,20 +67,29 @@ class LoadedLibrary:
     def check_cpu(self) -> int:
         return getattr(self.dll, self.lib.name + "_check_cpu")()
 
-    def call_raw(self, *arrays) -> tuple[int, list[np.ndarray]]:
-        """(the return code, the outputs) for ``arrays`` (converted to the library's dtypes, C order)."""
+    def call_raw(self, *arrays, sizes: dict[str, int] | None = None) -> tuple[int, list[np.ndarray]]:
+        """(the return code, the outputs) for ``arrays`` (converted to the library's dtypes, C order).
+        The dynamic sizes are read off the arrays' shapes (``sizes`` overrides them, unchecked: a
+        test of the library's own size check)."""
         plan = self.lib.plan
         if len(arrays) != len(plan.inputs):
             raise ExportError(f"{self.lib.name} takes {len(plan.inputs)} arrays, got {len(arrays)}")
-        ins = []
+        ins, got = [], {}
         for t, a in zip(plan.inputs, arrays):
             a = np.require(np.asarray(a, dtype=_np_dtype(t.dtype)), requirements=["C"])   # 0-d stays 0-d
-            if a.shape != t.shape:
+            for d, n in zip(t.dims, a.shape):
+                if isinstance(d, str):
+                    got.setdefault(d, n)
+            want = t.shape_for(got) if len(a.shape) == len(t.shape) else t.shape
+            if a.shape != want:
                 raise ExportError(f"{self.lib.name}: {t.name} has shape {a.shape}; the library was exported "
-                                  f"for {t.shape}")
+                                  f"for {t.dims or t.shape}" + (f" with {got}" if got else ""))
             ins.append(a)
-        outs = [np.empty(t.shape, _np_dtype(t.dtype)) for t in plan.outputs]
-        rc = self.entry(*[a.ctypes.data for a in ins + outs])
+        if sizes:
+            got.update(sizes)
+        outs = [np.empty(t.shape_for({k: max(v, 0) for k, v in got.items()}), _np_dtype(t.dtype))
+                for t in plan.outputs]
+        rc = self.entry(*[a.ctypes.data for a in ins + outs], *[got[nm] for nm, _ in plan.sizes])
         return rc, outs
 
     def __call__(self, *arrays) -> list[np.ndarray]:
@@ -159,8 +170,35 @@ def _kernel_objects(art) -> list[bytes]:
     return [art.binary()]
 
 
-def export_artifact(art, path: str = ".", name: str | None = None, threads: int = 1) -> Library:
-    """Write ``lib<name>.so`` and ``<name>.h`` for a compiled CPU artifact into folder ``path``."""
+def _dynamic_axes(dynamic, names: list[str], shapes) -> dict[tuple[int, int], str]:
+    """``dynamic`` ({argument name or index: {axis: size name}}) as {(input index, axis >= 0): name}."""
+    out: dict[tuple[int, int], str] = {}
+    if not dynamic:
+        return out
+    if not isinstance(dynamic, dict):
+        raise ExportError(f"dynamic={dynamic!r}: expected {{argument: {{axis: size name}}}}")
+    for arg, axes in dynamic.items():
+        i = arg if isinstance(arg, int) and not isinstance(arg, bool) else names.index(arg) if arg in names else None
+        if i is None or not 0 <= i < len(names):
+            raise ExportError(f"dynamic: no array argument {arg!r} (the library's arrays: {', '.join(names)})")
+        if not isinstance(axes, dict):
+            raise ExportError(f"dynamic[{arg!r}]={axes!r}: expected {{axis: size name}}")
+        rank = len(shapes[i])
+        for ax, nm in axes.items():
+            if isinstance(ax, bool) or not isinstance(ax, int) or not -rank <= ax < rank:
+                raise ExportError(f"dynamic: {names[i]} has no axis {ax!r} (rank {rank})")
+            out[(i, ax % rank)] = _c_name(nm, "dynamic size name") if isinstance(nm, str) else _c_name(
+                str(nm), "dynamic size name")
+    clash = {nm for nm in out.values()} & (set(names) | {f"out{k}" for k in range(64)} | {"out"})
+    if clash:
+        raise ExportError(f"dynamic size name {sorted(clash)[0]!r} is also a buffer's name")
+    return out
+
+
+def export_artifact(art, path: str = ".", name: str | None = None, threads: int = 1, dynamic=None,
+                    max_sizes: dict[str, int] | None = None) -> Library:
+    """Write ``lib<name>.so`` and ``<name>.h`` for a compiled CPU artifact into folder ``path``.
+    ``dynamic`` / ``max_sizes``: as :func:`export`."""
     from tessera import __version__
     from tessera.codegen import jit as cj
     from tessera.mma.selector import record_by_id
@@ -187,7 +225,8 @@ def export_artifact(art, path: str = ".", name: str | None = None, threads: int 
     if shapes is None:
         raise ExportError("this artifact does not record the sizes it was compiled for; export it with "
                           "tessera.export(fn, *example_args) or from tessera.compile(fn, *example_args)")
-    plan = make_plan(program, shapes, _input_names(fn, len(program.inputs)), threads)
+    names = _input_names(fn, len(program.inputs))
+    plan = make_plan(program, shapes, names, threads, _dynamic_axes(dynamic, names, shapes), max_sizes)
     feats = cpufeat.required(c.cpu, c.features)
     ir = driver.library_ir(plan, name, cj.host_triple(), feats)
     cj.init()
@@ -208,12 +247,16 @@ def export_artifact(art, path: str = ".", name: str | None = None, threads: int 
 
 def export(fn, *example_args, path: str = ".", name: str | None = None, threads: int = 1, target: str = "cpu",
            arch: str | None = None, schedule: dict | None = None, deterministic: bool = False,
-           **example_kwargs) -> Library:
+           dynamic: dict | None = None, max_sizes: dict[str, int] | None = None, **example_kwargs) -> Library:
     """Compile ``fn`` for the example arguments and write ``lib<name>.so`` + ``<name>.h`` into ``path``
     (``name``: the function's name).  ``threads``: the most threads a launch may run on (the
     library's default too; ``<name>_set_num_threads`` lowers it).  ``arch``: the CPU to compile
     for (default the host); the library refuses (``<NAME>_ERR_CPU``) to run on a CPU without its
-    features.  Other keywords are ``fn``'s."""
+    features.  ``dynamic={"x": {0: "batch"}, "mask": {0: "batch"}}`` leaves those axes' sizes to
+    run time: the C entry points take ``int64_t batch`` after the buffers (the kernels are
+    compiled for symbolic sizes already; nothing is padded); ``max_sizes={"batch": 4096}`` bounds
+    each (default: the example's size), and the workspace is laid out for the maxima.  Other
+    keywords are ``fn``'s."""
     from tessera.frontend.jit import compile as ts_compile
     from tessera.frontend.artifact import Artifact
     decorated = getattr(fn.fn if isinstance(fn, Artifact) else fn, "target", None)
@@ -223,11 +266,12 @@ def export(fn, *example_args, path: str = ".", name: str | None = None, threads:
         raise ExportError(f"target={target!r}: export writes CPU libraries (target='cpu'); the GPU lanes' code "
                           "objects are tessera.compile(...).binary() with their launch contracts in .abi()")
     if getattr(fn, "dynamic", None):
-        raise ExportError(f"{getattr(fn, 'name', fn)} has dynamic shapes (jit(dynamic=...)); an exported library has "
-                          "every size fixed at export time: export a function without dynamic=")
+        raise ExportError(f"{getattr(fn, 'name', fn)} has jit(dynamic=...) buckets (padded and masked calls); an "
+                          "exported library takes its dynamic sizes as C arguments instead: export the function "
+                          "without jit's dynamic= and pass tessera.export(..., dynamic=...)")
     art = ts_compile(fn, *example_args, target="cpu", arch=arch, schedule=schedule, deterministic=deterministic,
                      **example_kwargs)
-    return export_artifact(art, path, name, threads)
+    return export_artifact(art, path, name, threads, dynamic, max_sizes)
 
 
 aot = export

@@ -2,9 +2,12 @@
 
 For a library ``name`` (every symbol below is exported; nothing else is):
 
-* ``int name(<inputs>, <outputs>)``: allocates the workspace arena with ``malloc``, runs, frees;
-* ``int name_run(<inputs>, <outputs>, void *workspace)``: the same in the caller's arena of at
-  least ``name_workspace_size()`` bytes (any alignment: it is aligned here);
+* ``int name(<inputs>, <outputs>, <sizes>)``: allocates the workspace arena with ``malloc``, runs,
+  frees; ``<sizes>`` are the dynamic sizes (``int64_t``, each 1..its maximum, else
+  ``ERR_SIZE``), none for a library exported with every size fixed;
+* ``int name_run(<inputs>, <outputs>, <sizes>, void *workspace)``: the same in the caller's arena
+  of at least ``name_workspace_size()`` bytes (any alignment: it is aligned here; laid out for
+  the maximum sizes);
 * ``size_t name_workspace_size(void)``, ``int name_check_cpu(void)``,
   ``int name_set_num_threads(int)`` / ``int name_get_num_threads(void)``,
   ``const char *name_strerror(int)``.
@@ -26,12 +29,13 @@ from tessera.aotlib import cpufeat
 from tessera.aotlib.plan import Buffer, Plan
 
 # the C error codes (the header defines them as <NAME>_OK, <NAME>_ERR_...)
-OK, ERR_CPU, ERR_NOMEM, ERR_NULL, ERR_THREADS = 0, 1, 2, 3, 4
+OK, ERR_CPU, ERR_NOMEM, ERR_NULL, ERR_THREADS, ERR_SIZE = 0, 1, 2, 3, 4, 5
 MESSAGES = {OK: "success",
             ERR_CPU: "this CPU lacks a feature the library was compiled for (see <NAME>_CPU_FEATURES)",
             ERR_NOMEM: "the workspace could not be allocated",
             ERR_NULL: "a buffer pointer is NULL",
-            ERR_THREADS: "the thread count must be between 1 and <NAME>_MAX_THREADS"}
+            ERR_THREADS: "the thread count must be between 1 and <NAME>_MAX_THREADS",
+            ERR_SIZE: "a dynamic size is below 1 or above its maximum (<NAME>_MAX_<SIZE>)"}
 ENTRY_SUFFIX = ".entry"
 
 
@@ -143,7 +147,8 @@ def library_ir(plan: Plan, name: str, triple: str, cpu_features: list[str]) -> s
     """The driver module for ``plan`` (its kernels are declared; their object is linked beside it)."""
     T = plan.max_threads
     ins, outs = _ptr_list(len(plan.inputs), "in"), _ptr_list(len(plan.outputs), "out")
-    params = ", ".join(f"ptr {p}" for p in ins + outs)
+    szs = [f"%sz_{nm}" for nm, _ in plan.sizes]
+    params = ", ".join([f"ptr {p}" for p in ins + outs] + [f"i64 {z}" for z in szs])
     kernels = sorted({ln.kernel for ln in plan.launches})
     nwords = max([len(ln.buffers) + len(ln.sizes) + 2 + T for ln in plan.launches] + [1])
     arena = plan.arena_bytes()
@@ -193,7 +198,7 @@ yes:
     body += ["mx:", f"  ret ptr @{name}.msgx", "}"]
     out.append("\n".join(body))
     out.append(_run_fn(plan, name, params, ins, outs, nwords))
-    args = ", ".join(f"ptr {p}" for p in ins + outs)
+    args = ", ".join([f"ptr {p}" for p in ins + outs] + [f"i64 {z}" for z in szs])
     out.append(f"""
 define i32 @{name}({params}) nounwind {{
 entry:
@@ -234,7 +239,12 @@ def _run_fn(plan: Plan, name: str, params: str, ins: list[str], outs: list[str],
     for i, v in enumerate(nulls[1:]):
         b.append(f"  %anynull{i} = or i1 {acc}, {v}")
         acc = f"%anynull{i}"
-    b += [f"  br i1 {acc}, label %null, label %go", "go:",
+    b += [f"  br i1 {acc}, label %null, label %sizes", "sizes:"]
+    for k, (nm, top) in enumerate(plan.sizes):   # each dynamic size in 1..its maximum (unsigned compare)
+        b += [f"  %szm{k} = sub i64 %sz_{nm}, 1",
+              f"  %szok{k} = icmp ult i64 %szm{k}, {top}",
+              f"  br i1 %szok{k}, label %size{k}, label %badsize", f"size{k}:"]
+    b += ["  br label %go", "badsize:", f"  ret i32 {ERR_SIZE}", "go:",
           "  %wsi = ptrtoint ptr %ws to i64",
           "  %wsa = add i64 %wsi, 63",
           "  %base = and i64 %wsa, -64",
@@ -257,12 +267,25 @@ def _run_fn(plan: Plan, name: str, params: str, ins: list[str], outs: list[str],
         b.append(f"  %aa{n} = add i64 %base, {off}")
         return f"%aa{n}"
 
+    def size(v) -> str:
+        """An operand for a size word: a constant, or coef times the dynamic sizes (run time)."""
+        if isinstance(v, int):
+            return str(v)
+        nonlocal n
+        coef, names = v
+        cur = str(coef)
+        for nm in names:
+            n += 1
+            b.append(f"  %sw{n} = mul i64 {cur}, %sz_{nm}")
+            cur = f"%sw{n}"
+        return cur
+
     ws_words = [arena(plan.team_bytes + t * plan.ws_bytes) for t in range(T)]
     for li, ln in enumerate(plan.launches):
         vals = []
         for buf in ln.buffers:
             vals.append(addr[buf] if buf.kind != "arena" else arena(data0 + buf.index))
-        vals += [str(s) for s in ln.sizes]
+        vals += [size(s) for s in ln.sizes]
         at = len(vals)
         vals += ["1", "%base"] + ws_words
         for wi, v in enumerate(vals):
@@ -274,6 +297,6 @@ def _run_fn(plan: Plan, name: str, params: str, ins: list[str], outs: list[str],
     for ci, (dst, src, nbytes) in enumerate(plan.copies):
         s = addr[src] if src.kind != "arena" else arena(data0 + src.index)
         b += [f"  %cd{ci} = inttoptr i64 {addr[dst]} to ptr", f"  %cs{ci} = inttoptr i64 {s} to ptr",
-              f"  call void @llvm.memcpy.p0.p0.i64(ptr %cd{ci}, ptr %cs{ci}, i64 {nbytes}, i1 false)"]
+              f"  call void @llvm.memcpy.p0.p0.i64(ptr %cd{ci}, ptr %cs{ci}, i64 {size(nbytes)}, i1 false)"]
     b += ["  ret i32 0", "}"]
     return "\n".join(b)

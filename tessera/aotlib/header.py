@@ -5,24 +5,27 @@ from tessera.aotlib import driver
 from tessera.aotlib.plan import C_TYPES, Plan, Tensor
 
 _CODES = {driver.OK: "OK", driver.ERR_CPU: "ERR_CPU", driver.ERR_NOMEM: "ERR_NOMEM",
-          driver.ERR_NULL: "ERR_NULL", driver.ERR_THREADS: "ERR_THREADS"}
+          driver.ERR_NULL: "ERR_NULL", driver.ERR_THREADS: "ERR_THREADS", driver.ERR_SIZE: "ERR_SIZE"}
 
 
-def _tensor_lines(macro: str, t: Tensor, what: str) -> list[str]:
-    dims = "".join(f"[{d}]" for d in t.shape) or " (a scalar: one element)"
+def _tensor_lines(macro: str, t: Tensor, what: str, N: str) -> list[str]:
+    dims = "".join(f"[{d}]" for d in (t.dims or t.shape)) or " (a scalar: one element)"
     out = [f"/* {what} {t.name}: {C_TYPES[t.dtype][2]}{dims}, contiguous row-major */",
            f"#define {macro}_RANK {len(t.shape)}"]
-    out += [f"#define {macro}_DIM{k} {d}" for k, d in enumerate(t.shape)]
+    out += [f"#define {macro}_DIM{k} {f'{N}_MAX_{d.upper()}  /* at most: the size {d} */' if isinstance(d, str) else d}"
+            for k, d in enumerate(t.dims or t.shape)]
     n = 1
     for d in t.shape:
         n *= d
-    out.append(f"#define {macro}_NUMEL {n}")
+    dyn = any(isinstance(d, str) for d in t.dims)
+    out.append(f"#define {macro}_{'MAX_' if dyn else ''}NUMEL {n}")
     return out
 
 
 def header(plan: Plan, name: str, *, source: str, cpu: str, features: list[str], version: str) -> str:
     N = name.upper()
-    params = [f"const {t.ctype} *{t.name}" for t in plan.inputs] + [f"{t.ctype} *{t.name}" for t in plan.outputs]
+    params = [f"const {t.ctype} *{t.name}" for t in plan.inputs] + [f"{t.ctype} *{t.name}" for t in plan.outputs] \
+        + [f"int64_t {nm}" for nm, _ in plan.sizes]
     sig = ", ".join(params)
     threaded = sum(1 for ln in plan.launches if ln.threaded)
     lines = [
@@ -35,7 +38,8 @@ def header(plan: Plan, name: str, *, source: str, cpu: str, features: list[str],
         f" * {name}_get_num_threads() - 1 threads are started (pthread_create) for the launch and joined at",
         f" * its end (no persistent pool; default {plan.max_threads}, at most {N}_MAX_THREADS). A launch",
         " * with little work runs on the calling thread. Results are the same bits for every thread count.",
-        " * Buffers are contiguous row-major arrays of the sizes below (fixed at export time), any",
+        " * Buffers are contiguous row-major arrays of the sizes below (fixed at export time, but for",
+        " * the dynamic sizes, passed after the buffers: each 1.." + f"{N}_MAX_<SIZE>, else {N}_ERR_SIZE), any",
         " * alignment; outputs must not overlap inputs or each other. The library never calls Python.",
         " * Thread safety: concurrent calls are safe when each passes its own workspace",
         f" * ({name}_run) or uses {name} (which mallocs one per call).",
@@ -61,11 +65,14 @@ def header(plan: Plan, name: str, *, source: str, cpu: str, features: list[str],
               f"#define {N}_MAX_THREADS {plan.max_threads}",
               f"#define {N}_WORKSPACE_BYTES {plan.arena_bytes()}",
               f"#define {N}_NUM_INPUTS {len(plan.inputs)}",
-              f"#define {N}_NUM_OUTPUTS {len(plan.outputs)}", ""]
+              f"#define {N}_NUM_OUTPUTS {len(plan.outputs)}",
+              f"#define {N}_NUM_SIZES {len(plan.sizes)}"]
+    lines += [f"#define {N}_MAX_{nm.upper()} {top}   /* the dynamic size {nm}: 1..{top} */" for nm, top in plan.sizes]
+    lines.append("")
     for i, t in enumerate(plan.inputs):
-        lines += _tensor_lines(f"{N}_IN{i}", t, f"input {i}")
+        lines += _tensor_lines(f"{N}_IN{i}", t, f"input {i}", N)
     for i, t in enumerate(plan.outputs):
-        lines += _tensor_lines(f"{N}_OUT{i}", t, f"output {i}")
+        lines += _tensor_lines(f"{N}_OUT{i}", t, f"output {i}", N)
     lines += [
         "",
         f"/* Run the program: returns {N}_OK or an error code ({name}_strerror). Allocates its",

@@ -46,11 +46,16 @@ class Buffer:
     index: int
 
 
+# A size known only at run time: ``(coef, names)`` is ``coef`` times the product of the library's
+# size parameters ``names`` (its dynamic sizes); a fixed size is an ``int``.
+Size = int | tuple[int, tuple[str, ...]]
+
+
 @dataclass
 class Launch:
     kernel: str                  # the kernel; its entry is ``kernel + ".entry"``
     buffers: list[Buffer]        # arguments then outputs, in the words' order
-    sizes: list[int]
+    sizes: list[Size]
     workspace: int               # bytes per thread
     team: int                    # team buffer bytes (its first TEAM_HEADER bytes zeroed per launch)
     threaded: bool               # may use more than one thread (parallel and enough work)
@@ -59,8 +64,12 @@ class Launch:
 @dataclass
 class Tensor:
     name: str
-    shape: tuple[int, ...]
+    shape: tuple[int, ...]       # the largest shape (the dynamic sizes at their maximum)
     dtype: str                   # numpy dtype string (TensorSpec.dtype)
+    dims: tuple[int | str, ...] = ()   # per axis: a fixed size, or the name of a dynamic size
+
+    def shape_for(self, sizes: dict[str, int]) -> tuple[int, ...]:
+        return tuple(sizes[d] if isinstance(d, str) else d for d in self.dims) if self.dims else self.shape
 
     @property
     def ctype(self) -> str:
@@ -76,12 +85,13 @@ class Plan:
     inputs: list[Tensor]
     outputs: list[Tensor]
     launches: list[Launch]
-    copies: list[tuple[Buffer, Buffer, int]]   # (destination, source, bytes) after the launches
+    copies: list[tuple[Buffer, Buffer, Size]]  # (destination, source, bytes) after the launches
     team_bytes: int              # the team buffer: at arena offset 0
     ws_bytes: int                # one kernel workspace per thread, after the team buffer
     data_bytes: int              # intermediates, after the workspaces
     max_threads: int
     notes: list[str] = field(default_factory=list)
+    sizes: list[tuple[str, int]] = field(default_factory=list)   # the dynamic sizes: (name, maximum)
 
     def arena_bytes(self, threads: int | None = None) -> int:
         """The arena for ``threads`` threads (default: the most the library runs), plus alignment slack."""
@@ -104,13 +114,51 @@ def _static_env(program: HostProgram, shapes: list[tuple[int, ...]]) -> dict[str
     return env
 
 
-def make_plan(program: HostProgram, shapes: list[tuple[int, ...]], names: list[str], max_threads: int = 1) -> Plan:
-    """The launch plan of ``program`` for arguments of ``shapes`` (the example arguments')."""
+def _dynamic_symbols(program: HostProgram, shapes, names: list[str], dynamic) -> dict[str, str]:
+    """symbol -> the dynamic size's name, for ``dynamic``: {(input index, axis): name}.  Each marked
+    axis must be a size of its own in the program (a symbol, not specialised), and every axis of
+    that size must be marked."""
+    sym_of: dict[str, str] = {}
+    for (i, axis), nm in dynamic.items():
+        spec = program.inputs[i]
+        if not -len(spec.dims) <= axis < len(spec.dims):
+            raise ExportError(f"dynamic: {names[i]} has no axis {axis} (rank {len(spec.dims)})")
+        d = spec.dims[axis]
+        syms = [] if isinstance(d, int) else D.symbols(d)
+        if len(syms) != 1 or D.canon(d) != syms[0]:
+            raise ExportError(f"dynamic: axis {axis} of {names[i]} is compiled for the fixed size {shapes[i][axis]} "
+                              "(a size 1 in the example, or one the program reads as a number or splits): "
+                              "export with an example larger than 1 there, or keep that axis fixed")
+        if sym_of.get(syms[0], nm) != nm:
+            raise ExportError(f"dynamic: axis {axis} of {names[i]} must equal the size {sym_of[syms[0]]!r} in this "
+                              f"program (they are one size): give both the same name, not {nm!r}")
+        sym_of[syms[0]] = nm
+    for i, spec in enumerate(program.inputs):
+        for axis, d in enumerate(spec.dims):
+            if isinstance(d, str) and D.canon(d) in sym_of and (i, axis) not in dynamic \
+                    and (i, axis - len(spec.dims)) not in dynamic:
+                raise ExportError(f"dynamic: axis {axis} of {names[i]} has the size {sym_of[D.canon(d)]!r} in this "
+                                  "program: mark it dynamic too")
+    return sym_of
+
+
+def make_plan(program: HostProgram, shapes: list[tuple[int, ...]], names: list[str], max_threads: int = 1,
+              dynamic: dict[tuple[int, int], str] | None = None, max_sizes: dict[str, int] | None = None) -> Plan:
+    """The launch plan of ``program`` for arguments of ``shapes`` (the example arguments').
+    ``dynamic`` ({(input index, axis): size name}) leaves those sizes to run time, each up to
+    ``max_sizes[name]``: the arena is laid out, and threading decided, for the maxima."""
     if any(s.grid or s.block for s in program.steps):
         raise ExportError("this program was compiled for a GPU lane; export writes CPU libraries (target='cpu')")
     if len(shapes) != len(program.inputs):
         raise ExportError(f"the program takes {len(program.inputs)} arrays, {len(shapes)} shapes given")
     env = _static_env(program, shapes)
+    sym_of = _dynamic_symbols(program, shapes, names, dynamic or {})
+    maxima = dict(max_sizes or {})
+    for sym, nm in sym_of.items():
+        top = maxima.setdefault(nm, env[sym])
+        if isinstance(top, bool) or not isinstance(top, int) or top < env[sym]:
+            raise ExportError(f"max size of {nm!r} is {top!r}: expected an int at least the example's {env[sym]}")
+        env[sym] = top                             # the layout's sizes: the largest
     for spec in program.inputs:
         for d in spec.dims:
             if not isinstance(d, int) and any(s not in env for s in D.symbols(d)):
@@ -124,10 +172,38 @@ def make_plan(program: HostProgram, shapes: list[tuple[int, ...]], names: list[s
     def shape(spec: TensorSpec) -> tuple[int, ...]:
         return tuple(_eval(d, env) for d in spec.dims)
 
-    inputs = [Tensor(n, shape(spec), spec.dtype) for n, spec in zip(names, program.inputs)]
+    def size(d) -> Size:
+        """A size word: an int, or (coef, dynamic size names) when it depends on one."""
+        if isinstance(d, int):
+            return d
+        coef, syms = D._factors(D.parse_dim(d))
+        dyn = tuple(sorted(sym_of[x] for x in syms if x in sym_of))
+        for x in syms:
+            coef *= 1 if x in sym_of else env[x]
+        return (coef, dyn) if dyn else coef
+
+    def dims(spec: TensorSpec) -> tuple[int | str, ...]:
+        out = []
+        for d in spec.dims:
+            s = size(d)
+            if isinstance(s, int):
+                out.append(s)
+            elif s[0] == 1 and len(s[1]) == 1:
+                out.append(s[1][0])
+            else:
+                raise ExportError(f"a result's size {d!r} is a product of the dynamic sizes; exported results have "
+                                  "each axis of one dynamic size or fixed")
+        return tuple(out)
+
+    inputs = [Tensor(n, shape(spec), spec.dtype, dims(spec)) for n, spec in zip(names, program.inputs)]
+    example: dict[str, int] = {}
+    for (i, ax), nm in (dynamic or {}).items():
+        if example.setdefault(nm, shapes[i][ax]) != shapes[i][ax]:
+            raise ExportError(f"dynamic: the example arguments give the size {nm!r} two values "
+                              f"({example[nm]} and {shapes[i][ax]})")
     for t, sh in zip(inputs, shapes):
-        if t.shape != tuple(sh):
-            raise ExportError(f"argument {t.name} has shape {tuple(sh)}; the program expects {t.shape}")
+        if t.shape_for(example) != tuple(sh):
+            raise ExportError(f"argument {t.name} has shape {tuple(sh)}; the program expects {t.shape_for(example)}")
     where: dict[int, Buffer] = {vid: Buffer("in", i) for i, vid in enumerate(program.input_ids)}
     result_of: dict[int, int] = {}                 # value id -> the first result index returning it
     for r, vid in enumerate(program.results):
@@ -148,17 +224,21 @@ def make_plan(program: HostProgram, shapes: list[tuple[int, ...]], names: list[s
         if any(math.prod(shape(t)) == 0 for t in s.out_types):
             notes.append(f"{s.kernel}: an empty result, not launched")
             continue
-        sizes = [_eval(d, env) for d in s.dims]
-        gemm, work = launch_work(s, env, sizes)
+        gemm, work = launch_work(s, env, [_eval(d, env) for d in s.dims])
         threaded = s.parallel != "none" and work >= ((1 << 21) if gemm else (1 << 15))
-        launches.append(Launch(s.kernel, [where[v] for v in s.args + s.outs], sizes, s.workspace, s.team, threaded))
-    outputs = [Tensor(f"out{r}" if len(program.results) > 1 else "out", shape(types[vid]), types[vid].dtype)
-               for r, vid in enumerate(program.results)]
+        launches.append(Launch(s.kernel, [where[v] for v in s.args + s.outs], [size(d) for d in s.dims],
+                               s.workspace, s.team, threaded))
+    outputs = [Tensor(f"out{r}" if len(program.results) > 1 else "out", shape(types[vid]), types[vid].dtype,
+                      dims(types[vid])) for r, vid in enumerate(program.results)]
     copies = []
     for r, vid in enumerate(program.results):
         src = where[vid]
         if src != Buffer("out", r):                # an argument returned as is, or a value returned twice
-            copies.append((Buffer("out", r), src, outputs[r].nbytes))
+            t = types[vid]
+            nbytes = size(D.product([C_TYPES[t.dtype][1]] + list(t.dims)))
+            copies.append((Buffer("out", r), src, nbytes))
     team = _up(max([TEAM_HEADER] + [ln.team for ln in launches]))
     ws = _up(max([ALIGN] + [ln.workspace for ln in launches]))
-    return Plan(inputs, outputs, launches, copies, team, ws, data, max(1, max_threads), notes)
+    used = sorted(set(sym_of.values()), key=lambda nm: list(sym_of.values()).index(nm))
+    return Plan(inputs, outputs, launches, copies, team, ws, data, max(1, max_threads), notes,
+                [(nm, maxima[nm]) for nm in used])

@@ -48,6 +48,9 @@ def _shape_text(t) -> str:
 def handler_source(lib) -> str:
     """The C++ source of the handler for ``lib`` (an ``aotlib.Library``)."""
     plan, name = lib.plan, lib.name
+    if plan.sizes:
+        raise ExportError(f"{name} has dynamic sizes ({', '.join(nm for nm, _ in plan.sizes)}): the XLA FFI handler "
+                          "checks fixed shapes; export the library without dynamic= for JAX (one per shape)")
     for t in plan.inputs + plan.outputs:
         if t.dtype not in FFI_TYPES:
             raise ExportError(f"{name}: dtype {t.dtype} of {t.name} has no XLA FFI type")
