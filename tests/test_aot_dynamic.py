@@ -124,6 +124,20 @@ def test_planted_size_words_fixed_at_the_example_fail_the_oracle(tmp_path, monke
     assert not _close(ln, block64(*[a.astype(np.float64) for a in args])[0])
 
 
+def test_cli_exports_a_dynamic_library(tmp_path, rng, capsys):
+    from tessera.tools import cli
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    assert cli.main(["aot", os.path.join(root, "examples/aot/mlp.py") + ":mlp", "--shape", "8x16", "--shape",
+                     "16x32", "--shape", "32", "--dynamic", "x:0:batch", "--max", "batch=64",
+                     "--out", str(tmp_path)]) == 0
+    hdr = (tmp_path / "mlp.h").read_text()
+    assert "int mlp(const float *x, const float *w, const float *b, float *out, int64_t batch);" in hdr
+    assert "#define MLP_MAX_BATCH 64" in hdr
+    assert cli.main(["aot", os.path.join(root, "examples/aot/mlp.py") + ":mlp", "--shape", "8x16", "--shape", "16x32",
+                     "--shape", "32", "--dynamic", "x:batch", "--out", str(tmp_path)]) != 0
+    assert "ARG:AXIS:SIZE" in capsys.readouterr().err
+
+
 def test_xla_ffi_handler_refuses_a_dynamic_library(lib):
     from tessera.aotlib import xla_ffi
     with pytest.raises(ExportError, match="dynamic sizes"):

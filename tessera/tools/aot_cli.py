@@ -21,6 +21,11 @@ def add_parser(sub) -> None:
                    help="the arrays' dtype (float32 unless given; once for all, or once per --shape)")
     a.add_argument("--static", action="append", default=[], metavar="K=V",
                    help="a keyword argument passed as a Python value (n_head=8)")
+    a.add_argument("--dynamic", action="append", default=[], metavar="ARG:AXIS:SIZE",
+                   help="leave an axis' size to run time: an int64_t argument SIZE of the C functions (x:0:rows; ARG "
+                        "is the argument's name or index)")
+    a.add_argument("--max", action="append", default=[], metavar="SIZE=N",
+                   help="the largest value of a dynamic size (default: the --shape's)")
     a.add_argument("--out", default=".", help="the folder to write into (default: here)")
     a.add_argument("--name", default=None, help="the library name (default: the function's)")
     a.add_argument("--threads", type=int, default=1, help="the most threads a launch runs on (default 1)")
@@ -76,7 +81,20 @@ def main(args) -> int:
             kwargs[k] = ast.literal_eval(v)
         except (ValueError, SyntaxError):
             kwargs[k] = v
-    lib = export(fn, *arrays, path=args.out, name=args.name, threads=args.threads, arch=args.arch, **kwargs)
+    dynamic: dict = {}
+    for text in args.dynamic:
+        arg, ax, size = (text.split(":") + ["", ""])[:3]
+        if not arg or not size or not ax.lstrip("-").isdigit():
+            raise ArgumentError(f"--dynamic {text!r}: expected ARG:AXIS:SIZE (x:0:rows)")
+        dynamic.setdefault(int(arg) if arg.isdigit() else arg, {})[int(ax)] = size
+    max_sizes = {}
+    for text in args.max:
+        k, sep, v = text.partition("=")
+        if not sep or not v.isdigit():
+            raise ArgumentError(f"--max {text!r}: expected SIZE=N (rows=4096)")
+        max_sizes[k] = int(v)
+    lib = export(fn, *arrays, path=args.out, name=args.name, threads=args.threads, arch=args.arch,
+                 dynamic=dynamic or None, max_sizes=max_sizes or None, **kwargs)
     print(f"wrote {lib.so_path} and {lib.header_path}: {len(lib.plan.launches)} launch(es), CPU {lib.cpu}, "
           f"workspace {lib.plan.arena_bytes()} bytes")
     return 0
