@@ -367,3 +367,30 @@ def test_cache_clear_keeps_the_tuning_database_unless_asked(cache):
     assert not tunedb.path().exists()
     with tunedb.TuningDB() as db:   # rebuilt empty on the next use
         assert db.entries() == []
+
+
+def test_bench_tuned_column_times_model_and_tuned_schedules(cache, rng, monkeypatch):
+    """``tessera bench cpu --tuned``: the plain column keeps the cost model's schedule (compiled before the
+    tuning, in a private database), the tuned callable takes the tuned entry; both are timed in the same
+    rounds and the doc renders untuned / tuned."""
+    from tessera.tools import bench_cpu, bench_doc
+    monkeypatch.setenv("TESSERA_TUNE_BUDGET", "2")
+    monkeypatch.setenv("TESSERA_BENCH_TUNED", "1")
+    monkeypatch.delenv("TESSERA_TUNING_DB", raising=False)   # the bench sets it: restored after the test
+    user_db = tunedb.path()
+    made = []
+    real = bench_cpu._tessera_fn
+    monkeypatch.setattr(bench_cpu, "_tessera_fn", lambda kind, threads: made.append(real(kind, threads)) or made[-1])
+    a = rng.standard_normal((48, 40)).astype(np.float32)
+    b = rng.standard_normal((40, 56)).astype(np.float32)
+    row = bench_cpu.run_workload("sgemm 48x56x40", "gemm", [a, b], 2 * 48 * 56 * 40, "GFLOP/s", None, {},
+                                 use_compile=False, reps=2, with_numpy=False)
+    assert tunedb.path() != user_db and not user_db.exists()   # the user's database is left alone
+    untuned, tuned = made[0], made[-1]
+    assert tessera.explain(untuned, a, b).schedule.startswith("schedule from the cost model")
+    assert tessera.explain(tuned, a, b).schedule.startswith("schedule from the tuning database")
+    assert bench_cpu.TUNED in row["also"] and len(row["also"][bench_cpu.TUNED]["times_s"]) == 2
+    assert row["tuning"]["pins"] and "model" in row["tuning"]["candidates_ms"]
+    np.testing.assert_allclose(tuned(a, b), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    text = "\n".join(bench_doc._tuned_lines({"rows": [row]}))
+    assert "| sgemm 48x56x40 | all |" in text and row["tuning"]["pins"] in text

@@ -86,8 +86,10 @@ def bucket(shape) -> tuple[int, ...]:
 
 def path() -> Path:
     """``<cache dir>/tuning/tuning.sqlite``: ``tessera cache clear`` keeps the ``tuning/`` folder
-    unless given ``--tuning`` (runtime/cache_admin.py)."""
-    return cache_dir() / TUNING_DIR / FILE
+    unless given ``--tuning`` (runtime/cache_admin.py).  ``TESSERA_TUNING_DB`` names another file
+    (``tessera bench cpu`` uses a private one, so its untuned column is the cost model's)."""
+    other = os.environ.get("TESSERA_TUNING_DB")
+    return Path(other) if other else cache_dir() / TUNING_DIR / FILE
 
 
 def _pins_json(pins: dict) -> str:

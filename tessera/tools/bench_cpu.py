@@ -266,14 +266,52 @@ def with_pool(fn, enabled: bool):
     return call
 
 
+TUNED = "tessera tuned"      # the tuned kernel's name among a row's "also" callables
+TUNABLE = ("gemm", "gelu", "softmax", "layer_norm", "rms_norm")
+
+
+def tuning_enabled() -> bool:
+    return os.environ.get("TESSERA_BENCH_TUNED") == "1"
+
+
+def _tuned_fn(kind: str, threads: int | None, tf, inputs) -> tuple[object | None, dict]:
+    """A jitted function compiled with the schedule ``tessera.tune`` finds for ``inputs`` (into the
+    bench's private database), and what the tuning found.  ``tf`` (the untuned one) is compiled
+    first, so it keeps the cost model's schedule: the database holds nothing for it yet."""
+    import tempfile
+
+    import tessera as ts
+    from tessera.errors import TesseraError
+    from tessera.frontend.tune import label
+    # a database of its own: the tuning key has no thread count, so the one-thread row's entry
+    # would otherwise be the all-thread row's "untuned" schedule
+    os.environ["TESSERA_TUNING_DB"] = os.path.join(tempfile.mkdtemp(prefix="tessera-bench-tune-"), "tuning.sqlite")
+    tf(*inputs)
+    t0 = time.perf_counter()
+    try:
+        entry = ts.tune(_tessera_fn(kind, threads), *inputs, quiet=True)
+    except TesseraError as e:
+        return None, {"error": f"{e.code}: {e.message}", "tune_s": round(time.perf_counter() - t0, 1)}
+    info = {"pins": label(entry.pins), "tune_s": round(time.perf_counter() - t0, 1),
+            "candidates_ms": {k: v for k, v in entry.times.items()}, "failed": dict(entry.failed)}
+    fn = _tessera_fn(kind, threads)   # a new function: its compile takes the database's exact entry
+    fn(*inputs)
+    return fn, info
+
+
 def run_workload(name: str, kind: str, inputs: list[np.ndarray], work: float, unit: str, threads: int | None,
                  peers: dict, use_compile: bool = True, also: dict | None = None, reps: int | None = None,
                  with_numpy: bool = True) -> dict:
     """One row: the raw timings and fault counts of every library.  ``also``: more Tessera
     callables ``name -> (fn, args)`` timed in the same rounds (logged in ``row["also"]``, not as
-    peers)."""
+    peers); with ``--tuned``, the tuned kernel among them (``TUNED``; ``row["tuning"]``)."""
     row = {"workload": name, "kind": kind, "threads": threads or "all", "unit": unit, "work": work, "failed": {}}
     tf = _tessera_fn(kind, threads)
+    also = dict(also or {})
+    if tuning_enabled() and kind in TUNABLE:
+        fn, row["tuning"] = _tuned_fn(kind, threads, tf, inputs)
+        if fn is not None:
+            also[TUNED] = (fn, inputs)
     cands = {bench_doc.POOLED: (with_pool(tf, True), inputs),
              bench_doc.FRESH: (with_pool(tf, False), inputs),
              **{n: (with_pool(f, True), a) for n, (f, a) in (also or {}).items()}}
@@ -524,7 +562,8 @@ def measure(quick: bool) -> dict:
                 "first_touch": first_touch(sz["touch_mib"]), "compile": compile_times(),
                 "gpu": gpu_status()}
     return {"schema": bench_doc.SCHEMA, "date": date, "commit": commit, "dirty": dirty, "quick": quick,
-            "command": "./dev tessera bench cpu" + (" --quick" if quick else "") + " --write",
+            "command": "./dev tessera bench cpu" + (" --quick" if quick else "")
+            + (" --tuned" if tuning_enabled() else "") + " --write",
             "host": host_record(), "software": software(), "method": method(), "host_measures": measures,
             "rows": rows}
 
@@ -533,6 +572,12 @@ def main(args) -> int:
     quick = getattr(args, "quick", False)
     if quick:
         set_quick()
+    if getattr(args, "tuned", False):
+        os.environ["TESSERA_BENCH_TUNED"] = "1"   # the one-thread child inherits it
+    if not os.environ.get("TESSERA_TUNING_DB"):   # a private tuning database: the plain column is the cost
+        import tempfile                           # model's, whatever the user's database holds
+        os.environ["TESSERA_TUNING_DB"] = os.path.join(tempfile.mkdtemp(prefix="tessera-bench-tune-"),
+                                                       "tuning.sqlite")
     if os.environ.get("TESSERA_BENCH_CHILD") == "1thread":
         peers = _peers()
         if "torch" in peers:

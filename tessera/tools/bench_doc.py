@@ -325,6 +325,8 @@ def render_run(run: dict, level: str = "##") -> list[str]:
     for r in run["rows"]:
         s = row_stats(r)
         for name, bare in s["also_ms"].items():
+            if not name.startswith("bare"):
+                continue
             lines += ["", f"Fused epilogue: {r['workload']} took {s['ms'][POOLED]:.2f} ms (pooled outputs) against "
                       f"{bare:.2f} ms for the {name} x@w of the same shape, timed in the same rounds: "
                       f"{(s['ms'][POOLED] / bare - 1) * 100:+.1f} %."]
@@ -337,6 +339,7 @@ def render_run(run: dict, level: str = "##") -> list[str]:
             if r.get("paired"):
                 lines[-1] += (f"  (Pairs: a {m['pair_pause_s']} s pause before each call; {m['pair_least']} rounds, "
                               f"more while under {m['pair_budget_s']:.0f} s.)")
+    lines += _tuned_lines(run)
     c = hm.get("compile")
     if c:
         lines += ["", f"Compile: cold first call (new process, empty cache, gemm+gelu kernel) "
@@ -351,6 +354,31 @@ def render_run(run: dict, level: str = "##") -> list[str]:
                   + (f"; emulating the sm_90 kernel on 256x256x256: {g['emulate_s']:.2f} s" if g.get("emulate_s")
                      else "") + "."]
     return lines
+
+
+def _tuned_lines(run: dict) -> list[str]:
+    """Tuned against untuned (``--tuned``): the tuned kernel and the cost model's, both with pooled
+    outputs, timed in the same rounds."""
+    rows = [r for r in run["rows"] if "tuning" in r]
+    if not rows:
+        return []
+    out = ["", "Tuned against untuned (`--tuned`): each workload tuned first (`tessera.tune` into a private "
+           "database), then the tuned kernel timed in the same rounds as the cost model's (both pooled outputs). "
+           "**speedup** = untuned / tuned.", "",
+           "| workload | threads | untuned ms | tuned ms | **speedup** | tuned schedule | tuning s | best peer / tuned |",
+           "|---|---|---:|---:|---:|---|---:|---:|"]
+    for r in rows:
+        s, t = row_stats(r), r["tuning"]
+        tuned = s["also_ms"].get("tessera tuned")
+        if tuned is None:
+            out.append(f"| {r['workload']} | {r['threads']} | {_f(s['ms'][POOLED])} | - | - | "
+                       f"{t.get('error', 'not tuned')} | {t.get('tune_s', '-')} | - |")
+            continue
+        peer = s["ms"].get(s["best_peer"]) if s["best_peer"] else None
+        out.append(f"| {r['workload']} | {r['threads']} | {_f(s['ms'][POOLED])} | {_f(tuned)} | "
+                   f"**{_f(s['ms'][POOLED] / tuned)}** | {t['pins']} | {t['tune_s']} | "
+                   f"{_f(peer / tuned if peer else None)} |")
+    return out
 
 
 def render_method(m: dict) -> list[str]:

@@ -121,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     bt.add_argument("--dtype", default="f32")
     bt.add_argument("--quick", action="store_true",
                     help="cpu: small sizes, three rounds (a smoke test; its log is marked quick)")
+    bt.add_argument("--tuned", action="store_true",
+                    help="cpu: also tune each GEMM and row workload first (tessera.tune, a private database) and "
+                         "time the tuned kernel in the same rounds as the cost model's (adds ~30 s per workload)")
     bt.add_argument("--log-dir", default=None,
                     help="cpu/render: the raw logs' folder (default benchmarks/results/cpu; elsewhere, --write "
                          "also writes DIR/benchmarks.md)")
