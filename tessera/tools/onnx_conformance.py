@@ -19,6 +19,7 @@ tessera.tools.onnx_conformance --op Gemm`` runs one op's cases and prints each.
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import sys
 import warnings
@@ -59,14 +60,19 @@ class Report:
         return out
 
 
-def collect(ops: set[str] | None = None) -> list[Case]:
-    """ONNX's node test cases (not the ``_expanded`` ones), each with its op type."""
+@functools.lru_cache(maxsize=1)
+def _raw_cases() -> tuple:
+    """ONNX's generators run once per process (several seconds)."""
     from onnx.backend.test.case import node
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
-        raw = node.collect_testcases(None)
+        return tuple(node.collect_testcases(None))
+
+
+def collect(ops: set[str] | None = None) -> list[Case]:
+    """ONNX's node test cases (not the ``_expanded`` ones), each with its op type."""
     out = []
-    for c in raw:
+    for c in _raw_cases():
         if c.kind != "node" or "_expanded" in c.name or not c.model.graph.node:
             continue
         op = c.model.graph.node[0].op_type
