@@ -24,7 +24,9 @@ ONNX_DTYPES = {1: dt.float32, 3: dt.int8, 6: dt.int32, 7: dt.int64, 9: dt.bool_,
                11: dt.float64, 16: dt.bfloat16}
 ONNX_TYPE_NAMES = {0: "UNDEFINED", 1: "FLOAT", 2: "UINT8", 3: "INT8", 4: "UINT16", 5: "INT16", 6: "INT32",
                    7: "INT64", 8: "STRING", 9: "BOOL", 10: "FLOAT16", 11: "DOUBLE", 12: "UINT32", 13: "UINT64",
-                   14: "COMPLEX64", 15: "COMPLEX128", 16: "BFLOAT16"}
+                   14: "COMPLEX64", 15: "COMPLEX128", 16: "BFLOAT16", 17: "FLOAT8E4M3FN", 18: "FLOAT8E4M3FNUZ",
+                   19: "FLOAT8E5M2", 20: "FLOAT8E5M2FNUZ", 21: "UINT4", 22: "INT4", 23: "FLOAT4E2M1",
+                   24: "FLOAT8E8M0", 25: "UINT2", 26: "INT2"}
 FOLD_LIMIT = 4096        # a node over numpy arrays no larger than this is folded with numpy
 BUILD_LIMIT = 64         # a computed (not loaded) numpy array used as data is built from scalars up to this size
 

@@ -6,7 +6,8 @@ import numpy as np
 
 from tessera import dtypes as dt
 from tessera.frontend import ops
-from tessera.frontend.trace import Tensor
+from tessera.frontend.trace import Tensor, constant
+from tessera.frontend.vjp_rules import broadcast_to
 from tessera.onnx.convert import cast, ints, norm_axis, op, small
 
 # ---------------------------------------------------------------------------- elementwise
@@ -205,23 +206,31 @@ def _layer_norm(ctx, ins):
 _REDUCE = {"ReduceSum": ops.reduce_sum, "ReduceMean": ops.reduce_mean, "ReduceMax": ops.reduce_max}
 
 
+def axes_of(ctx, ins, x) -> tuple[list[int] | None, bool]:
+    """A Reduce* node's (sorted axes, keepdims): axes from the attribute or the second input
+    (opset 18), every axis when none are given; None for ``noop_with_empty_axes`` with none."""
+    if len(ins) > 1 and ins[1] is not None:
+        if "axes" in ctx.attrs:
+            raise ctx.refuse("axes given both as an attribute and as an input")
+        axes = ints(ctx.const(ins[1], "axes"))
+    else:
+        axes = [int(a) for a in ctx.a("axes", [])]
+    keep = bool(ctx.a("keepdims", 1))
+    if not axes:
+        if ctx.a("noop_with_empty_axes", 0):
+            return None, keep
+        axes = list(range(x.ndim))
+    return sorted({norm_axis(ctx, a, x.ndim, "axes") for a in axes}), keep
+
+
 def _reduce_handler(name):
     fn = _REDUCE[name]
 
     def h(ctx, ins):
         x = ctx.t(ins[0])
-        if len(ins) > 1 and ins[1] is not None:
-            if "axes" in ctx.attrs:
-                raise ctx.refuse("axes given both as an attribute and as an input")
-            axes = ints(ctx.const(ins[1], "axes"))
-        else:
-            axes = [int(a) for a in ctx.a("axes", [])]
-        keep = bool(ctx.a("keepdims", 1))
-        if not axes:
-            if ctx.a("noop_with_empty_axes", 0):
-                return [x]
-            axes = list(range(x.ndim))
-        axes = sorted({norm_axis(ctx, a, x.ndim, "axes") for a in axes})
+        axes, keep = axes_of(ctx, ins, x)
+        if axes is None:
+            return [x]
         return [fn(x, axis=tuple(axes), keepdims=keep)]
     return h
 
@@ -230,12 +239,12 @@ for _n in _REDUCE:
     op(_n, inputs=(1, 2), attrs=("axes", "keepdims", "noop_with_empty_axes"), static=(1,))(_reduce_handler(_n))
 
 
-def _argmax_check(attrs, opset):
+def argmax_check(attrs, opset):
     if attrs.get("select_last_index", 0):
         return "select_last_index=1 (the first maximum only)"
 
 
-@op("ArgMax", attrs=("axis", "keepdims", "select_last_index"), check=_argmax_check)
+@op("ArgMax", attrs=("axis", "keepdims", "select_last_index"), check=argmax_check)
 def _argmax(ctx, ins):
     x = ctx.t(ins[0])
     ax = norm_axis(ctx, int(ctx.a("axis", 0)), x.ndim)
@@ -254,16 +263,24 @@ def _topk(ctx, ins):
     return [vals if largest else ops.neg(vals), cast(idx, dt.int64)]
 
 
-@op("CumSum", inputs=(2, 2), attrs=("exclusive", "reverse"), static=(1,))
-def _cumsum(ctx, ins):
-    x = ctx.t(ins[0])
-    a = ints(ctx.const(ins[1], "axis"))
-    if len(a) != 1:
-        raise ctx.refuse("axis must be one integer")
-    ax = norm_axis(ctx, a[0], x.ndim)
-    rev = (slice(None),) * ax + (slice(None, None, -1),)
-    src = x[rev] if ctx.a("reverse", 0) else x
-    y = ops.cumsum(src, axis=ax)
-    if ctx.a("exclusive", 0):
-        y = y - src
-    return [y[rev] if ctx.a("reverse", 0) else y]
+def cumulative(scan, identity: float):
+    """A CumSum / CumProd handler: ``scan`` along the axis input, ``reverse`` by reading the axis
+    backwards, ``exclusive`` by shifting the running result one place (``identity`` first)."""
+    def h(ctx, ins):
+        x = ctx.t(ins[0])
+        a = ints(ctx.const(ins[1], "axis"))
+        if len(a) != 1:
+            raise ctx.refuse("axis must be one integer")
+        ax = norm_axis(ctx, a[0], x.ndim)
+        rev = (slice(None),) * ax + (slice(None, None, -1),)
+        src = x[rev] if ctx.a("reverse", 0) else x
+        y = scan(src, axis=ax)
+        if ctx.a("exclusive", 0):
+            lead = broadcast_to(cast(constant(identity, dt.float32), x.dtype), x.shape[:ax] + (1,) + x.shape[ax + 1:])
+            y = ops.concatenate([lead, y[(slice(None),) * ax + (slice(0, -1),)]], axis=ax) if x.shape[ax] > 1 \
+                else lead
+        return [y[rev] if ctx.a("reverse", 0) else y]
+    return h
+
+
+op("CumSum", inputs=(2, 2), attrs=("exclusive", "reverse"), static=(1,))(cumulative(ops.cumsum, 0.0))

@@ -6,16 +6,20 @@ opset number moves every op's version bound but most ops do not change:
 
 - below 13, the op's version must be the one it has at 13 (``And`` is version 7 at both; ``Softmax``
   11 treats its axis differently from 13 and is refused);
-- above 21, the op's version must be the one it has at 21, or a later version that only widens
-  its type constraints (opsets 22..25 added bfloat16, float8, int4 and int2 types to many ops:
-  attributes, their defaults, inputs and outputs unchanged) and adds optional attributes the
-  node does not set (``Cast``'s ``round_mode``, which rounds only into the float8/float4 types).
+- above 21, the op's version must be the one it has at 21, or a later version that only changes
+  its type constraints (opsets 22..28 added bfloat16, float8, int4 and int2 types to many ops,
+  and dropped some: attributes, their defaults, inputs and outputs unchanged; a type the model
+  uses that the version does not allow fails ``onnx.checker``) and adds optional attributes the
+  node does not set (``Cast``'s ``round_mode``, which rounds only into the float8/float4 types);
+- ops added after opset 21 (``INTRODUCED_LATER``) must have the version their handler follows.
 
 ``effective(opset)`` is the opset the handlers are told: the model's, clamped into ``MAPPED``.
 """
 from __future__ import annotations
 
 MAPPED = range(13, 22)
+# ops added after opset 21 whose handlers follow the version named here
+INTRODUCED_LATER = {"RMSNormalization": 23, "Swish": 24, "CumProd": 26}
 
 
 def effective(opset: int) -> int:
@@ -36,9 +40,17 @@ def _types(s) -> dict[str, set[str]]:
 def problem(op: str, opset: int, attrs=()) -> str | None:
     """Why ``op`` at the model's ``opset`` is not a version the handlers map (None: it is);
     ``attrs``: the names of the attributes the node sets."""
+    import onnx.defs
+    if op in INTRODUCED_LATER:
+        try:
+            have = onnx.defs.get_schema(op, opset).since_version
+        except onnx.defs.SchemaError:
+            return f"opset {opset} is not supported for {op} (it is new in opset {INTRODUCED_LATER[op]})"
+        return None if have == INTRODUCED_LATER[op] else (
+            f"opset {opset} is not supported for {op}: its version there is {have}, the mapped one "
+            f"{INTRODUCED_LATER[op]}")
     if opset in MAPPED:
         return None
-    import onnx.defs
     try:
         have = onnx.defs.get_schema(op, opset)
         ref = onnx.defs.get_schema(op, effective(opset))
@@ -55,7 +67,7 @@ def problem(op: str, opset: int, attrs=()) -> str | None:
     if added & set(attrs):
         return (f"opset {opset} is not supported for {op}: the node sets {', '.join(sorted(added & set(attrs)))}, "
                 f"new in its version {have.since_version}")
-    if _signature(have, added) == _signature(ref) and set(old) == set(new) and all(old[k] <= new[k] for k in old):
-        return None   # only types, and optional attributes this node leaves unset, were added
+    if _signature(have, added) == _signature(ref) and set(old) == set(new):
+        return None   # only the types allowed, and optional attributes this node leaves unset, changed
     return (f"opset {opset} is not supported for {op}: its version {have.since_version} changes more than "
             f"types against version {ref.since_version} ({span})")

@@ -166,6 +166,7 @@ def run_case(case: Case) -> Result:
 
 def _short(text: str, n: int = 110) -> str:
     text = re.sub(r"\s+", " ", text)
+    text = re.sub(r"^.*?error\[[A-Z_]+\]:\s*", "", text)   # the location and code prefix (host-dependent)
     text = re.sub(r"node '[^']*' \(\w+\): ", "", text)
     return text if len(text) <= n else text[: n - 3] + "..."
 
