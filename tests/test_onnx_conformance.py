@@ -97,3 +97,24 @@ def test_reshaped_scalar_constant_as_an_output():
     assert got[1].shape == (1, 1) and got[1][0, 0] == 2.5 and np.array_equal(got[0], x + 1)
     (case,) = [c for c in oc.collect({"Shape"}) if c.name == "test_shape_end_1"]
     assert oc.run_case(case).status == "passed"
+
+
+ATTENTION = ("test_attention_4d_gqa_with_past_and_present", "test_attention_3d_causal",
+             "test_attention_4d_gqa_causal_nonpad_decode",
+             "test_attention_4d_with_qk_matmul_softcap", "test_attention_local_window_with_past",
+             "test_attention_4d_attn_mask_bool")
+
+
+def test_onnx_attention_cases_and_a_planted_causal_bug(monkeypatch):
+    """ONNX Attention (opsets 23-25): GQA with a past cache, 3-D causal, per-batch nonpad decode,
+    softcap with the QK output (composed), a sliding window over a cache, a bool mask."""
+    cases = [c for c in oc.collect({"Attention"}) if c.name in ATTENTION]
+    assert len(cases) == len(ATTENTION)
+    res = {c.name: oc.run_case(c) for c in cases}
+    assert all(r.status == "passed" for r in res.values()), res
+    from tessera.onnx import ops_attention
+    real = ops_attention.ops.attention
+    monkeypatch.setattr(ops_attention.ops, "attention",
+                        lambda q, k, v, *, causal=False, scale=None, mask=None: real(q, k, v, scale=scale, mask=mask))
+    (c,) = [c for c in cases if c.name == "test_attention_3d_causal"]
+    assert oc.run_case(c).status == "failed"   # the causal flag dropped

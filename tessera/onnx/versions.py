@@ -19,7 +19,7 @@ from __future__ import annotations
 
 MAPPED = range(13, 22)
 # ops added after opset 21 whose handlers follow the version named here
-INTRODUCED_LATER = {"RMSNormalization": 23, "Swish": 24, "CumProd": 26}
+INTRODUCED_LATER = {"RMSNormalization": {23}, "Swish": {24}, "CumProd": {26}, "Attention": {23, 24, 25}}
 
 
 def effective(opset: int) -> int:
@@ -45,10 +45,10 @@ def problem(op: str, opset: int, attrs=()) -> str | None:
         try:
             have = onnx.defs.get_schema(op, opset).since_version
         except onnx.defs.SchemaError:
-            return f"opset {opset} is not supported for {op} (it is new in opset {INTRODUCED_LATER[op]})"
-        return None if have == INTRODUCED_LATER[op] else (
-            f"opset {opset} is not supported for {op}: its version there is {have}, the mapped one "
-            f"{INTRODUCED_LATER[op]}")
+            return f"opset {opset} is not supported for {op} (it is new in opset {min(INTRODUCED_LATER[op])})"
+        return None if have in INTRODUCED_LATER[op] else (
+            f"opset {opset} is not supported for {op}: its version there is {have}, the mapped ones "
+            f"{sorted(INTRODUCED_LATER[op])}")
     if opset in MAPPED:
         return None
     try:
