@@ -57,7 +57,7 @@ class FakeCudaDriver:
         self.live: dict[int, tuple[ctypes.Array, int]] = {}   # ptr -> (buffer, device)
         self.calls: list[tuple] = []
         self.launches: list[dict] = []                  # every kernel execution (direct or from a graph)
-        self.current = 0                                # the current context's device
+        self.current, self.ctx_set = 0, False           # the current context's device, and whether one is
         self.streams = itertools.count(0x5000)
         self.capturing: dict[int, list] = {}            # stream -> launches recorded
         self.handles = itertools.count(1)
@@ -86,12 +86,17 @@ class FakeCudaDriver:
         cc = self.archs[dev][3:]
         return self._r("cuDeviceGetAttribute", int(cc[:-1]) if attr == 75 else int(cc[-1]))
 
-    def cuDevicePrimaryCtxRetain(self, dev): return self._r("cuDevicePrimaryCtxRetain", ("ctx", dev))
+    CTX = 0xC0   # device d's primary context is CTX + d; 0 is "none current"
+
+    def cuDevicePrimaryCtxRetain(self, dev): return self._r("cuDevicePrimaryCtxRetain", self.CTX + dev)
     def cuDevicePrimaryCtxRelease(self, dev): return self._r("cuDevicePrimaryCtxRelease")
 
     def cuCtxSetCurrent(self, ctx):
-        self.current = ctx[1]
-        return self._r("cuCtxSetCurrent", ctx[1])
+        self.current, self.ctx_set = ctx - self.CTX, True
+        return self._r("cuCtxSetCurrent", ctx - self.CTX)
+
+    def cuCtxGetCurrent(self):
+        return self._r("cuCtxGetCurrent", self.CTX + self.current if self.ctx_set else 0)
 
     def cuCtxSynchronize(self): return self._r("cuCtxSynchronize")
     def cuModuleLoadData(self, image): return self._r("cuModuleLoadData", ("module", self.current))
@@ -209,6 +214,7 @@ class FakeCudaDriver:
             else:
                 scalars.append(ctypes.c_int64.from_address(slots[i]).value)
         rec = {"kernel": fn, "grid": (gx, gy, gz), "block": (bx, by, bz), "smem": smem, "stream": stream,
+               "device": self.current,
                "ptrs": [p for p, _ in ptrs], "dtypes": [d for _, d in ptrs], "scalars": scalars}
         self.calls.append(("cuLaunchKernel", fn, stream))
         if stream in self.capturing:
@@ -219,7 +225,9 @@ class FakeCudaDriver:
 
     def _exec(self, rec):
         for p in rec["ptrs"]:
-            assert self.owner(p) is not None, f"kernel {rec['kernel']} got {p:#x}, not live device memory"
+            hit = self.owner(p)
+            assert hit is not None, f"kernel {rec['kernel']} got {p:#x}, not live device memory"
+            assert hit[1] == rec["device"], f"kernel {rec['kernel']} on device {rec['device']} got device {hit[1]}'s memory"
         self.launches.append(rec)
         if self.run is not None:
             self.run(rec, self)

@@ -62,6 +62,7 @@ class FakeDriver:
     def cuDevicePrimaryCtxRetain(self, dev): return self._r("cuDevicePrimaryCtxRetain", "ctx")
     def cuDevicePrimaryCtxRelease(self, dev): return self._r("cuDevicePrimaryCtxRelease")
     def cuCtxSetCurrent(self, ctx): return self._r("cuCtxSetCurrent")
+    def cuCtxGetCurrent(self): return self._r("cuCtxGetCurrent", None)
     def cuCtxSynchronize(self): return self._r("cuCtxSynchronize")
     def cuModuleUnload(self, m): return self._r("cuModuleUnload")
     def cuFuncSetAttribute(self, fn, attr, value): return self._r("cuFuncSetAttribute", attr, value)

@@ -330,6 +330,20 @@ def test_wrong_device_is_refused_before_any_launch(monkeypatch, rng):
     assert drv.count("cuLaunchKernel") == 2
 
 
+def test_the_callers_current_context_is_restored(monkeypatch, rng):
+    """torch's runtime API reads the current context as its current device: a call on device 0 made while
+    device 1's context is current runs on device 0 and leaves device 1's current."""
+    f, drv, a, b = _setup(monkeypatch, rng, archs=("sm_90", "sm_90"))
+    drv.cuCtxSetCurrent(drv.CTX + 1)
+    out = f(FakeCudaArray(drv, a, device=0), FakeCudaArray(drv, b, device=0))
+    assert drv.current == 1 and {r["device"] for r in drv.launches} == {0}
+    ptr = out.ptr
+    del out
+    import gc
+    gc.collect()
+    assert ptr not in drv.live and drv.current == 1          # freed on its device, context restored again
+
+
 def test_a_cuda_array_on_the_rocm_lane_is_refused():
     class CudaThing:
         shape, dtype = (4, 4), np.dtype(np.float16)

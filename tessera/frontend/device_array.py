@@ -13,6 +13,7 @@ holder (this object, or a consumer's tensor through the capsule) lets go.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,7 +53,7 @@ class DeviceRef:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -151,7 +152,8 @@ class DeviceArray:
         if stream is not None and stream != -1:
             consumer = norm_stream(stream)
             if consumer != self.stream:   # the consumer's stream waits for the kernels that made this array
-                self._buf.module.wait(consumer, self.stream)
+                with self._buf.module.entered() as mod:
+                    mod.wait(consumer, self.stream)
         versioned = max_version is not None and tuple(max_version)[0] >= 1
         return dlpack.export(self, self.ptr, self.shape, self.dtype, dlpack.CUDA, self.device, versioned)
 
@@ -159,9 +161,9 @@ class DeviceArray:
         """A numpy copy (a counted device-to-host copy, then the stream is synchronised)."""
         out = np.empty(self.shape, self.dtype)
         mod = self._buf.module
-        mod.make_current()
-        mod.copy_out(out, self.ptr, self.stream)
-        mod.synchronize(self.stream)
+        with mod.entered():
+            mod.copy_out(out, self.ptr, self.stream)
+            mod.synchronize(self.stream)
         return out
 
 

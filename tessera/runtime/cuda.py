@@ -14,6 +14,7 @@ receives the low half of its int64 (little-endian), which is its value when it f
 from __future__ import annotations
 
 import ctypes
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -74,6 +75,12 @@ def _check(result: Any, what: str) -> Any:
         cls = LaneUnavailableError if name in _UNAVAILABLE else CodegenError
         raise cls(f"CUDA {what} failed: {name}")
     return values[0] if len(values) == 1 else tuple(values) if values else None
+
+
+def _current(cu) -> Any | None:
+    """The thread's current context, None where there is none."""
+    got = cu.cuCtxGetCurrent()
+    return got[1] if int(got[0]) == 0 and got[1] is not None and int(got[1]) != 0 else None
 
 
 def device_available() -> tuple[bool, str]:
@@ -161,8 +168,11 @@ class CudaModule:
             _check(cu.cuInit(0), "cuInit")
             self._dev = _check(cu.cuDeviceGet(device), "cuDeviceGet")
             self._ctx = _check(cu.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
+            prev = _current(cu)
             _check(cu.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
             self._module = _check(cu.cuModuleLoadData(bytes(cubin)), "cuModuleLoadData")
+            if prev is not None and int(prev) != int(self._ctx):   # the caller's context stays current
+                cu.cuCtxSetCurrent(prev)
         except (LaneUnavailableError, CodegenError):
             self.close()
             raise
@@ -305,10 +315,22 @@ class CudaModule:
     # are counted (COPIES), launches on a given stream, cross-stream ordering, and graph capture.
     # Pointers and stream handles are plain ints here (cuda-python accepts ints for CUdeviceptr and
     # CUstream); 0 is the legacy default stream.
-    def make_current(self) -> None:
+    @contextmanager
+    def entered(self):
+        """This module's context current in the block, the thread's previous one restored after it (torch's
+        runtime API takes the current context for its current device: a call must not change it)."""
         if self._module is None:
             raise CodegenError("CUDA module is closed")
-        _check(self._cu.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+        cu = self._cu
+        prev = _current(cu)
+        switch = prev is None or int(prev) != int(self._ctx)
+        if switch:
+            _check(cu.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+        try:
+            yield self
+        finally:
+            if switch and prev is not None:
+                cu.cuCtxSetCurrent(prev)
 
     def function(self, kernel: str, shared_bytes: int) -> Any:
         """The kernel's handle, opted in to ``shared_bytes`` of dynamic shared memory (once)."""

@@ -121,7 +121,10 @@ class GpuExecutable:
         array is a runtime scalar, whose few bytes are uploaded), queued on ``stream``; the results as
         device buffers.  Nothing is synchronised: the results are ready in ``stream``'s order."""
         mod = self.cuda_module(device, DeviceMismatchError)
-        mod.make_current()
+        with mod.entered():
+            return self._run_device(mod, inputs, stream, capture, env)
+
+    def _run_device(self, mod, inputs, stream, capture, env):
         plan = self.plan(mod, inputs, env)
         ptrs, scalars = [], []
         try:
@@ -143,7 +146,10 @@ class GpuExecutable:
     def _run_cuda_host(self, arrays: list[np.ndarray], env: dict | None) -> list[np.ndarray]:
         """Host arrays: copied in, the plan run on the legacy default stream, results copied out."""
         mod = self.cuda_module(0)
-        mod.make_current()
+        with mod.entered():
+            return self._run_host(mod, arrays, env)
+
+    def _run_host(self, mod, arrays, env):
         arrays = [np.ascontiguousarray(a) for a in arrays]
         plan = self.plan(mod, arrays, env)
         stream, ins, outs = 0, [], []

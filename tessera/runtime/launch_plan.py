@@ -198,4 +198,12 @@ class DeviceBuffer:
         self.ptr, self.nbytes, self.shape, self.dtype = int(ptr), int(nbytes), tuple(shape), np.dtype(dtype)
         self.device, self.stream, self.module = mod.ordinal, int(stream), mod
         if self.ptr:
-            weakref.finalize(self, _quiet_free, mod, self.ptr, self.stream)
+            weakref.finalize(self, _release, mod, self.ptr, self.stream)
+
+
+def _release(mod, ptr: int, stream: int) -> None:
+    try:
+        with mod.entered():
+            mod.free(ptr, stream)
+    except Exception:   # noqa: BLE001 - a finaliser (the context may be gone at exit)
+        pass
