@@ -376,3 +376,62 @@ def test_a_result_exports_through_dlpack_and_frees_once(monkeypatch, rng):
     gc.collect()
     assert ptr not in drv.live and [c for c in drv.calls if c[0] == "cuMemFreeAsync" and c[1] == ptr] == \
         [("cuMemFreeAsync", ptr, 3)]
+
+
+def test_the_dlpack_exporter_is_read_by_a_real_consumer(rng):
+    """The capsules DeviceArray hands out, made over host memory so that numpy (a real DLPack consumer)
+    can take them: both protocol versions, values intact, the owner released once the consumer lets go
+    (or when a capsule dies unconsumed)."""
+    import gc
+    import weakref
+    from tessera.frontend import dlpack
+    a = rng.standard_normal((5, 7)).astype(np.float32)
+
+    class Owner:
+        pass
+
+    class Producer:
+        def __init__(self, owner, versioned):
+            self.owner, self.versioned = owner, versioned
+
+        def __dlpack_device__(self):
+            return (dlpack.CPU, 0)
+
+        def __dlpack__(self, max_version=None, **kw):
+            return dlpack.export(self.owner, a.ctypes.data, a.shape, a.dtype, dlpack.CPU, 0,
+                                 versioned=self.versioned and max_version is not None)
+    for versioned in (False, True):
+        o = Owner()
+        alive = weakref.ref(o)
+        got = np.from_dlpack(Producer(o, versioned))
+        del o
+        gc.collect()
+        np.testing.assert_array_equal(got, a)
+        assert alive() is not None
+        del got
+        gc.collect()
+        assert alive() is None
+    o = Owner()
+    alive = weakref.ref(o)
+    cap = dlpack.export(o, a.ctypes.data, a.shape, a.dtype, dlpack.CPU, 0)
+    del o, cap
+    gc.collect()
+    assert alive() is None
+
+
+@pytest.mark.slow   # compiles the demo block and emulates its 12 kernels: ~40 s here
+def test_the_device_script_dry_run(tmp_path, monkeypatch):
+    import importlib.util
+    import json
+    from pathlib import Path
+    from tessera.runtime.cuda import CudaModule
+    monkeypatch.setattr(CudaModule, "launch_on", CudaModule.launch_on)   # the script spies on launches: undone after
+    monkeypatch.setattr(cuda, "_driver", cuda._driver)
+    path = Path(__file__).resolve().parent.parent / "benchmarks/gpu/device_resident.py"
+    spec = importlib.util.spec_from_file_location("device_resident_script", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--dry-run", "--out", str(tmp_path), "--seed", "7"]) == 0
+    rec = json.loads((tmp_path / "device_resident.json").read_text())
+    assert rec["ok"] and rec["gemm"]["inputs_in_place"] and rec["gemm"]["result_is_kernel_output"]
+    assert len(rec["block"]["kernels"]) > 3 and rec["block"]["rel_err"] < 2e-2 and rec["commit"]
