@@ -344,6 +344,30 @@ def test_the_callers_current_context_is_restored(monkeypatch, rng):
     assert ptr not in drv.live and drv.current == 1          # freed on its device, context restored again
 
 
+def test_requires_grad_and_a_refusing_cuda_array_interface(monkeypatch, rng):
+    """torch raises from __cuda_array_interface__ for a tensor that requires grad or is bfloat16: the first is
+    REQUIRES_GRAD, the second is read through DLPack instead."""
+    from tessera.errors import RequiresGradError
+    f, drv, a, b = _setup(monkeypatch, rng)
+
+    class GradTensor(FakeDLPackArray):
+        requires_grad = True
+
+        @property
+        def __cuda_array_interface__(self):
+            raise RuntimeError("Can't get __cuda_array_interface__ on Variable that requires grad")
+    with pytest.raises(RequiresGradError):
+        f(GradTensor(drv, a), FakeCudaArray(drv, b))
+
+    class NoCai(FakeDLPackArray):
+        @property
+        def __cuda_array_interface__(self):
+            raise TypeError("dtype torch.bfloat16 is not supported by __cuda_array_interface__")
+    x = NoCai(drv, a)
+    f(x, FakeCudaArray(drv, b))
+    assert x.streams == [1] and drv.launches[0]["ptrs"][0] == x.inner.ptr    # DLPack, legacy default stream
+
+
 def test_a_cuda_array_on_the_rocm_lane_is_refused():
     class CudaThing:
         shape, dtype = (4, 4), np.dtype(np.float16)

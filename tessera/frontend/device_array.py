@@ -81,6 +81,15 @@ def device_of(a) -> tuple[int, int] | None:
     return dlpack.CUDA, -1
 
 
+def cai_of(a) -> dict | None:
+    """``a.__cuda_array_interface__``, or None where it has none or refuses to give it (torch raises for a
+    bfloat16 tensor: DLPack reads those)."""
+    try:
+        return a.__cuda_array_interface__
+    except (AttributeError, TypeError, RuntimeError, ValueError):
+        return None
+
+
 def _typestr(t: str) -> np.dtype:
     if t.endswith("V2") or t == "bfloat16":
         raise DeviceArrayError("a __cuda_array_interface__ typestr '<V2' is ambiguous (bfloat16 has no typestr): "
@@ -91,7 +100,7 @@ def _typestr(t: str) -> np.dtype:
 def read(a, where: str, device: tuple[int, int], stream: int) -> DeviceRef:
     """Argument ``a`` as a :class:`DeviceRef`; ``stream`` is the stream the call will run on (a DLPack
     producer orders its pending work before it)."""
-    cai = getattr(a, "__cuda_array_interface__", None) if device[0] == dlpack.CUDA else None
+    cai = cai_of(a) if device[0] == dlpack.CUDA else None
     if cai is not None:
         if cai.get("mask") is not None:
             from tessera.errors import DeviceLayoutError

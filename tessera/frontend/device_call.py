@@ -22,6 +22,9 @@ The rule (``docs/gpu.md``, "Device arrays"):
 - A host array beside device arrays in one call is refused (DEVICE_HOST_MIX): no hidden copies.
   Python numbers are fine (runtime scalars: their few bytes are uploaded, counted apart).
 - ``device_options(capture=True)``: the launches are replayed as one CUDA graph (runtime/launch_plan.py).
+- A result's memory is freed stream-ordered on the stream it was made on when its last holder lets
+  go; a consumer that uses it on another stream orders that itself (as with torch's ``record_stream``).
+- A torch tensor that requires grad is refused (REQUIRES_GRAD), as on every lane.
 
 The ROCm lane takes host arrays only so far (DEVICE_ARRAY); the CPU lane never takes device arrays.
 """
@@ -33,9 +36,10 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from tessera.errors import DeviceArrayError, DeviceHostMixError, DeviceLayoutError, DeviceMismatchError
+from tessera.errors import (DeviceArrayError, DeviceHostMixError, DeviceLayoutError, DeviceMismatchError,
+                            RequiresGradError)
 from tessera.frontend import dlpack
-from tessera.frontend.device_array import DEVICE_LANES, DeviceArray, DeviceRef, device_of, read, to_framework
+from tessera.frontend.device_array import DEVICE_LANES, DeviceArray, DeviceRef, cai_of, device_of, read, to_framework
 from tessera.runtime.lanes import LOG, LaneDecision
 
 _OPTIONS = threading.local()
@@ -97,7 +101,7 @@ def _stream(kinds: set[str], device: int, first_cai) -> int:
 
 
 def _cai_stream(a):
-    cai = getattr(a, "__cuda_array_interface__", None) if a is not None else None
+    cai = cai_of(a) if a is not None else None
     return cai.get("stream") if cai is not None and int(cai.get("version", 0)) >= 3 else None
 
 
@@ -121,6 +125,11 @@ def call(fn, args: tuple):
                      else f"the {fn.lane} lane reads {'CUDA' if lane == 'nvidia' else 'host'} memory")
             raise DeviceArrayError(f"{where[i]} ({_describe(args[i])}) lives on {name}; {built}. Copy it to the host, "
                                    "or compile for the device's lane")
+    for i in dev_args:
+        if getattr(args[i], "requires_grad", False) is True:
+            raise RequiresGradError(
+                f"{where[i]} is a torch tensor that requires grad: Tessera would have to detach it and its gradient "
+                "would be lost. Pass x.detach() (no gradient flows through a tessera.jit call)")
     if host_args:
         raise DeviceHostMixError(
             f"{fn.name} was called with device arrays (arguments {sorted(dev_args)}) and host arrays (arguments "
