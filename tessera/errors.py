@@ -451,6 +451,11 @@ class LaneUnavailableError(TesseraError):
     area = "runtime"
 
 
+class SharedMemoryLimitError(LaneUnavailableError):
+    """A kernel asks for more shared memory per block than this GPU allows (its opt-in maximum): refused before any launch."""
+    code = "SHARED_MEMORY_LIMIT"
+
+
 class EmulatorError(TesseraError):
     """The GPU emulator found the kernel doing something the hardware would not allow."""
     code = "EMULATE"

@@ -38,7 +38,9 @@ class FakeCudaDriver:
     CUresult = R
     CUfunction_attribute = SimpleNamespace(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES=8)
     CUdevice_attribute = SimpleNamespace(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR=75,
-                                         CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR=76)
+                                         CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR=76,
+                                         CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN=97)
+    SMEM_OPTIN = 232448   # an H100 / H200's opt-in maximum per block
     CUpointer_attribute = SimpleNamespace(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL=9)
     CUevent_flags = SimpleNamespace(CU_EVENT_DISABLE_TIMING=2)
     CUstream_flags = SimpleNamespace(CU_STREAM_NON_BLOCKING=1)
@@ -83,6 +85,8 @@ class FakeCudaDriver:
     def cuDeviceGetName(self, n, dev): return self._r("cuDeviceGetName", b"Fake H200\0")
 
     def cuDeviceGetAttribute(self, attr, dev):
+        if attr == 97:
+            return self._r("cuDeviceGetAttribute", self.SMEM_OPTIN)
         cc = self.archs[dev][3:]
         return self._r("cuDeviceGetAttribute", int(cc[:-1]) if attr == 75 else int(cc[-1]))
 

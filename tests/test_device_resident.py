@@ -213,6 +213,19 @@ def test_large_shared_memory_opt_in_happens_once(monkeypatch, rng):
     assert all(r["smem"] == 100_000 for r in drv.launches if r["kernel"] == big)
 
 
+def test_shared_memory_over_the_device_limit_is_refused_before_launch(monkeypatch, rng):
+    from tessera.errors import SharedMemoryLimitError
+    f, drv, a, b = _setup(monkeypatch, rng)
+    exe = f.compile(a, b).compiled.executable
+    big = exe.abis[0]["symbol"]
+    monkeypatch.setattr(exe, "abis", [dict(x, shared_bytes=drv.SMEM_OPTIN + 16) if x["symbol"] == big else x
+                                      for x in exe.abis])
+    with pytest.raises(SharedMemoryLimitError, match=f"{drv.SMEM_OPTIN} \\(opt-in\\)") as e:
+        f(FakeCudaArray(drv, a), FakeCudaArray(drv, b))
+    assert e.value.code == "SHARED_MEMORY_LIMIT" and drv.count("cuLaunchKernel") == 0
+    assert drv.count("cuMemAllocAsync") == 0 and drv.count("cuFuncSetAttribute") == 0
+
+
 # --------------------------------------------------------------------------- graphs
 def test_graph_capture_replays_on_the_callers_stream(monkeypatch, rng):
     f, drv, a, b = _setup(monkeypatch, rng, emulate=True)

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tessera.errors import ArgumentError, CodegenError, LaneUnavailableError
+from tessera.errors import ArgumentError, CodegenError, LaneUnavailableError, SharedMemoryLimitError
 
 # Errors that mean "this machine cannot run the lane", not "the kernel or launch is wrong".
 _UNAVAILABLE = {
@@ -216,6 +216,12 @@ class CudaModule:
             fn = self._functions[kernel] = _check(cu.cuModuleGetFunction(self._module, kernel.encode()),
                                                   f"cuModuleGetFunction({kernel})")
         if shared_bytes > max(_DEFAULT_DYNAMIC_SMEM, self._opted.get(kernel, 0)):   # opted in once per kernel
+            limit = _check(cu.cuDeviceGetAttribute(
+                cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, self._dev),
+                "cuDeviceGetAttribute(max shared memory per block, opt-in)")
+            if shared_bytes > int(limit):
+                raise SharedMemoryLimitError(f"kernel {kernel} needs {shared_bytes} bytes of shared memory per block; "
+                                             f"CUDA device {self.ordinal} allows at most {int(limit)} (opt-in)")
             attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             _check(cu.cuFuncSetAttribute(fn, attr, int(shared_bytes)), "cuFuncSetAttribute(max dynamic smem)")
             self._opted[kernel] = int(shared_bytes)
