@@ -472,3 +472,46 @@ def test_the_device_script_dry_run(tmp_path, monkeypatch):
     rec = json.loads((tmp_path / "device_resident.json").read_text())
     assert rec["ok"] and rec["gemm"]["inputs_in_place"] and rec["gemm"]["result_is_kernel_output"]
     assert len(rec["block"]["kernels"]) > 3 and rec["block"]["rel_err"] < 2e-2 and rec["commit"]
+
+
+def test_scalars_tuples_and_returned_arguments(monkeypatch, rng):
+    """A Python number is a runtime scalar: its bytes are uploaded, counted apart from array copies.  A
+    result that is an argument, or one returned twice, is a fresh device copy: results never alias."""
+    a, b = _inputs(rng)
+
+    def several(x, y, s):
+        c = (x @ y) * s
+        return c, x, c
+
+    f = ts.jit(several, target="nvidia", arch="sm_90", schedule=PINS)
+    art = f.compile(a, b, 0.5)
+    exe = art.compiled.executable
+    exe._cuda.clear()
+    exe._plans.clear()
+    drv = FakeCudaDriver(art.abi(), run=emulator_runner(exe))
+    monkeypatch.setattr(cuda, "_driver", lambda: drv)
+    da, db = FakeCudaArray(drv, a), FakeCudaArray(drv, b)
+    h0, s0 = cuda.copies("HtoD"), cuda.copies("HtoD scalar")
+    c1, x, c2 = f(da, db, 0.5)
+    assert cuda.copies("HtoD") == h0 and cuda.copies("HtoD scalar") == s0 + 1
+    assert len({c1.ptr, x.ptr, c2.ptr, da.ptr}) == 4                  # no result aliases another or an argument
+    assert drv.count("cuMemcpyDtoDAsync") == 2
+    want = (a.astype(np.float64) @ b.astype(np.float64)) * 0.5
+    for got in (c1, c2):
+        assert np.abs(got.copy_to_host().astype(np.float64) - want).max() < 2e-2 * np.abs(want).max()
+    np.testing.assert_array_equal(x.copy_to_host(), a)
+    assert not [c for c in drv.calls if c[0] in ("cuMemcpyHtoD", "cuMemcpyDtoH")]
+
+
+def test_an_array_over_the_32_bit_index_limit_is_refused_before_any_allocation(monkeypatch, rng):
+    from types import SimpleNamespace
+    from tessera.errors import ShapeMismatchError
+    f, drv, a, b = _setup(monkeypatch, rng)
+    exe = f.compile(a, b).compiled.executable
+    big = SimpleNamespace(ptr=FakeCudaArray(drv, a).ptr, shape=(1 << 16, 1 << 15), dtype=np.dtype(np.float16), ndim=2)
+    small = SimpleNamespace(ptr=FakeCudaArray(drv, b).ptr, shape=(1 << 15, 48), dtype=np.dtype(np.float16), ndim=2)
+    with pytest.raises(ShapeMismatchError, match="32 bits"):
+        exe.run_device([big, small], stream=0, device=0)
+    assert drv.count("cuMemAllocAsync") == 0 and drv.count("cuLaunchKernel") == 0
+    exe.run_device([SimpleNamespace(**dict(vars(big), shape=(40, 32))), SimpleNamespace(**dict(vars(small), shape=(32, 48)))])
+    assert drv.count("cuLaunchKernel") == 2                      # the same refs at a legal size run
