@@ -381,7 +381,7 @@ class CudaModule:
     def wait(self, consumer: int, producer: int) -> None:
         """Order ``consumer`` after the work queued so far on ``producer`` (an event, no host wait)."""
         cu = self._cu
-        ev = _check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+        ev = _check(cu.cuEventCreate(int(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)), "cuEventCreate")   # a uint flag
         try:
             _check(cu.cuEventRecord(ev, producer), "cuEventRecord")
             _check(cu.cuStreamWaitEvent(consumer, ev, 0), "cuStreamWaitEvent")
@@ -403,7 +403,7 @@ class CudaModule:
     # the legacy default stream cannot be captured), instantiated once, replayed on the caller's stream
     def capture_stream(self) -> int:
         if self._capture is None:
-            flag = self._cu.CUstream_flags.CU_STREAM_NON_BLOCKING
+            flag = int(self._cu.CUstream_flags.CU_STREAM_NON_BLOCKING)   # a uint flag; enum-typed arguments take the enum
             self._capture = _check(self._cu.cuStreamCreate(flag), "cuStreamCreate")
         return int(self._capture)
 
