@@ -515,3 +515,23 @@ def test_an_array_over_the_32_bit_index_limit_is_refused_before_any_allocation(m
     assert drv.count("cuMemAllocAsync") == 0 and drv.count("cuLaunchKernel") == 0
     exe.run_device([SimpleNamespace(**dict(vars(big), shape=(40, 32))), SimpleNamespace(**dict(vars(small), shape=(32, 48)))])
     assert drv.count("cuLaunchKernel") == 2                      # the same refs at a legal size run
+
+
+def test_teeth_a_plan_that_patches_the_wrong_slots_is_caught(monkeypatch, rng):
+    """Planted: the plan writes each kernel's first two pointers the wrong way round (a and b swapped,
+    say).  The emulated device call no longer matches float64, or reads outside a buffer."""
+    from tessera.errors import TesseraError
+    from tessera.runtime import launch_plan
+    f, drv, a, b = _setup(monkeypatch, rng, emulate=True, m=32, k=32, n=32)
+    real = launch_plan.StepPlan.patch
+
+    def swapped(self, ptr):
+        real(self, ptr)
+        v = self.params.values
+        v[0].value, v[1].value = v[1].value, v[0].value
+    monkeypatch.setattr(launch_plan.StepPlan, "patch", swapped)
+    try:
+        out = f(FakeCudaArray(drv, a), FakeCudaArray(drv, b)).copy_to_host()
+    except (TesseraError, AssertionError):
+        return
+    assert np.abs(out.astype(np.float64) - _oracle(a, b)).max() > TOL
