@@ -36,6 +36,8 @@ __all__ += ["export", "aot"]
 from tessera import onnx  # noqa: E402 - tessera.onnx.load; imports onnx only when it loads a model
 __all__ += ["onnx"]
 __all__ += ["checkpoint"]
+from tessera.frontend.device_call import device_options  # noqa: E402 - stream / device / graph replay of GPU calls
+__all__ += ["device_options"]
 __all__ += ["optim"]
 __version__ = "0.1.0"
 

@@ -361,6 +361,21 @@ class DeviceArrayError(ArgumentError):
     code = "DEVICE_ARRAY"
 
 
+class DeviceMismatchError(DeviceArrayError):
+    """Device arrays of one call on different devices, or on a device other than the lane's (its id, or an arch the binary was not built for)."""
+    code = "DEVICE_MISMATCH"
+
+
+class DeviceHostMixError(DeviceArrayError):
+    """A GPU-lane call mixes device arrays with host arrays (all on the device, or all on the host; Python numbers are fine)."""
+    code = "DEVICE_HOST_MIX"
+
+
+class DeviceLayoutError(DeviceArrayError):
+    """A device array whose layout one device copy cannot make dense (a transpose, a broadcast, a mask, a misaligned address)."""
+    code = "DEVICE_LAYOUT"
+
+
 class TorchBackendMismatchError(FrontendError):
     """The ``torch.compile(backend="tessera")`` check found a Tessera subgraph whose result differs
     from ATen's (a wrong op mapping): raised, never a silent wrong result (the message names the
@@ -434,6 +449,11 @@ class LaneUnavailableError(TesseraError):
     """The compiled lane cannot run on this machine (no such device); no other lane is substituted."""
     code = "LANE_UNAVAILABLE"
     area = "runtime"
+
+
+class SharedMemoryLimitError(LaneUnavailableError):
+    """A kernel asks for more shared memory per block than this GPU allows (its opt-in maximum): refused before any launch."""
+    code = "SHARED_MEMORY_LIMIT"
 
 
 class EmulatorError(TesseraError):

@@ -35,7 +35,8 @@ class FakeDriver:
     CUresult = R
     CUfunction_attribute = SimpleNamespace(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES=8)
     CUdevice_attribute = SimpleNamespace(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR=75,
-                                         CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR=76)
+                                         CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR=76,
+                                         CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN=97)
 
     def __init__(self, kernels=None, devices=1, fail=None, raise_on_init=False):
         self.kernels, self.devices, self.fail, self.raise_on_init = kernels or {}, devices, fail or {}, raise_on_init
@@ -58,10 +59,11 @@ class FakeDriver:
     def cuDeviceGetCount(self): return self._r("cuDeviceGetCount", self.devices)
     def cuDeviceGet(self, i): return self._r("cuDeviceGet", i)
     def cuDeviceGetName(self, n, dev): return self._r("cuDeviceGetName", b"Fake GPU\0\0\0")
-    def cuDeviceGetAttribute(self, attr, dev): return self._r("cuDeviceGetAttribute", {75: 9, 76: 0}[attr])
+    def cuDeviceGetAttribute(self, attr, dev): return self._r("cuDeviceGetAttribute", {75: 9, 76: 0, 97: 232448}[attr])
     def cuDevicePrimaryCtxRetain(self, dev): return self._r("cuDevicePrimaryCtxRetain", "ctx")
     def cuDevicePrimaryCtxRelease(self, dev): return self._r("cuDevicePrimaryCtxRelease")
     def cuCtxSetCurrent(self, ctx): return self._r("cuCtxSetCurrent")
+    def cuCtxGetCurrent(self): return self._r("cuCtxGetCurrent", None)
     def cuCtxSynchronize(self): return self._r("cuCtxSynchronize")
     def cuModuleUnload(self, m): return self._r("cuModuleUnload")
     def cuFuncSetAttribute(self, fn, attr, value): return self._r("cuFuncSetAttribute", attr, value)

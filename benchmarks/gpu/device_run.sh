@@ -42,6 +42,10 @@ $py -c "import tessera, llvmlite, xdsl, numpy; from tessera.toolchain import fin
 print('tessera imports; llvmlite', llvmlite.__version__, 'numpy', numpy.__version__, 'ptxas', find_ptxas())"
 timeout 300 $py -m pytest -q -rs tests/test_nvidia_device.py tests/test_cuda_runtime.py 2>&1 | tee "$OUT/pytest.log"
 timeout 200 $py benchmarks/gpu/nvidia_check.py --bundle benchmarks/gpu/bundle 2>&1 | tee "$OUT/check.log"
+# device-resident calls (issue 30): torch CUDA tensors in and out of target="nvidia" (GEMM, graph replay, the
+# demo block) against float64, zero copy (runtime copy counters, torch.profiler memcpy events, data_ptr
+# identity), the caller's stream; writes $OUT/device_resident.json.  Dry-run here: --dry-run
+timeout 240 $py benchmarks/gpu/device_resident.py --out "$OUT" 2>&1 | tee "$OUT/device_resident.log"
 timeout 200 $py benchmarks/gpu/attention_bench.py 2>&1 | tee "$OUT/attention.log"
 # the memory-bound kernels (rows, reductions, chains) when their bundle was carried
 # (./dev python benchmarks/gpu/build_rows_bundle.py --arch sm_90 here): float64 / emulator checks, then

@@ -146,3 +146,110 @@ def from_capsule(capsule) -> Imported:
         arr = np.ndarray(shape, dtype, buffer=buf, offset=-low, strides=strides)
     arr.flags.writeable = False
     return Imported(arr, version, bool(flags & READ_ONLY), bool(flags & IS_COPIED), contiguous)
+
+
+# --------------------------------------------------------------------------- device memory (GPU lanes)
+@dataclass(frozen=True)
+class DeviceView:
+    """A device tensor's address and layout, read from a capsule (nothing is dereferenced)."""
+    ptr: int                          # data + byte_offset
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]          # in bytes
+    dtype: np.dtype
+    device_type: int
+    device_id: int
+    read_only: bool
+    version: tuple[int, int]
+    release: object                   # call once the kernels reading it are queued (the producer's deleter)
+
+
+def device_view(capsule) -> DeviceView:
+    """The capsule's tensor as an address and layout (consumes the capsule; ``release()`` gives it back)."""
+    name = _api.PyCapsule_GetName(capsule)
+    if name not in _USED:
+        raise DtypeError(f"not an unconsumed DLPack capsule (its name is {name!r})")
+    address = _api.PyCapsule_GetPointer(capsule, name)
+    if name == b"dltensor_versioned":
+        m = _ManagedVersioned.from_address(address)
+        version, flags = (m.version.major, m.version.minor), m.flags
+    else:
+        m = _Managed.from_address(address)
+        version, flags = (0, 0), 0
+    t = m.dl_tensor
+    dtype = dtype_of(t.dtype.code, t.dtype.bits, t.dtype.lanes)
+    _api.PyCapsule_SetName(capsule, ctypes.addressof(_USED[name]))
+    deleter = m.deleter if m.deleter else None
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    if t.strides and t.ndim:
+        strides = tuple(t.strides[i] * dtype.itemsize for i in range(t.ndim))
+    else:
+        strides = _dense(shape, dtype.itemsize)
+    done = []
+
+    def release():
+        if deleter is not None and not done:
+            done.append(1)
+            deleter(address)
+    return DeviceView(int(t.data or 0) + int(t.byte_offset), shape, strides, dtype, int(t.device.device_type),
+                      int(t.device.device_id), bool(flags & READ_ONLY), version, release)
+
+
+def _dense(shape, item: int) -> tuple[int, ...]:
+    out, run = [], item
+    for n in reversed(shape):
+        out.append(run)
+        run *= n
+    return tuple(reversed(out))
+
+
+_CODES = {"f": FLOAT, "i": INT, "u": UINT, "b": BOOL, "c": COMPLEX}
+_api.PyCapsule_New.restype = ctypes.py_object
+_api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+_EXPORTED: dict[int, tuple] = {}   # a managed tensor's address -> (its ctypes memory, the owner): alive until deleted
+_NAME_V1, _NAME_V0 = b"dltensor_versioned", b"dltensor"
+# the capsule's destructor runs while the capsule dies (refcount 0): it takes the raw pointer, never a py_object
+_raw_is_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_IsValid", _api))
+_raw_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_GetPointer", _api))
+
+
+@_Deleter
+def _export_deleter(address):
+    _EXPORTED.pop(address, None)   # drops the owner: its memory goes when nothing else holds it
+
+
+@ctypes.PYFUNCTYPE(None, ctypes.c_void_p)
+def _capsule_destructor(capsule):
+    for name in (_NAME_V1, _NAME_V0):   # never consumed: the protocol says the producer deletes
+        if _raw_is_valid(capsule, name):
+            _EXPORTED.pop(_raw_pointer(capsule, name), None)
+
+
+def export(owner, ptr: int, shape, dtype, device_type: int, device_id: int, versioned: bool = True,
+           read_only: bool = False):
+    """A DLPack capsule of the memory at ``ptr`` (C-contiguous ``shape``/``dtype``) that keeps ``owner``
+    alive until the consumer calls the deleter (or the capsule dies unconsumed)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "V" and dtype.name == "bfloat16":
+        code = BFLOAT
+    elif dtype.kind in _CODES:
+        code = _CODES[dtype.kind]
+    else:
+        raise DtypeError(f"dtype {dtype} cannot be exported through DLPack")
+    ndim = len(shape)
+    dims = (ctypes.c_int64 * max(ndim, 1))(*shape)
+    strides = (ctypes.c_int64 * max(ndim, 1))(*[s // dtype.itemsize for s in _dense(shape, dtype.itemsize)])
+    managed = _ManagedVersioned() if versioned else _Managed()
+    t = managed.dl_tensor
+    t.data, t.ndim, t.byte_offset = ptr or None, ndim, 0
+    t.device.device_type, t.device.device_id = device_type, device_id
+    t.dtype.code, t.dtype.bits, t.dtype.lanes = code, dtype.itemsize * 8, 1
+    t.shape = ctypes.cast(dims, ctypes.POINTER(ctypes.c_int64))
+    t.strides = ctypes.cast(strides, ctypes.POINTER(ctypes.c_int64))
+    managed.deleter = _export_deleter
+    if versioned:
+        managed.version.major, managed.version.minor = 1, 0
+        managed.flags = READ_ONLY if read_only else 0
+    address = ctypes.addressof(managed)
+    _EXPORTED[address] = (managed, dims, strides, owner)
+    return _api.PyCapsule_New(address, _NAME_V1 if versioned else _NAME_V0,
+                              ctypes.cast(_capsule_destructor, ctypes.c_void_p))

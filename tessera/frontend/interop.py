@@ -16,8 +16,10 @@ Refused, with a coded error:
 
 - a torch tensor with ``requires_grad=True`` (REQUIRES_GRAD): a silent detach would lose its
   gradient; detach it, or call under ``torch.no_grad()`` on a detached tensor;
-- an array in device memory (``__dlpack_device__`` CUDA, ROCm, ...) (DEVICE_ARRAY), naming the
-  device and the lane: the CPU lane reads host memory, and the GPU lanes take host arrays today.
+- an array in device memory (``__dlpack_device__`` CUDA, ROCm, ..., or ``__cuda_array_interface__``)
+  on the CPU lane (DEVICE_ARRAY), naming the device and the lane: the CPU lane reads host memory.
+  On ``target="nvidia"`` such arrays are taken where they are, with no copy (``device_call.py``:
+  its rule for streams, devices, layouts and host/device mixes); the ROCm lane takes host arrays.
 
 Results come back in the caller's framework: all array arguments torch -> torch tensors, all
 JAX -> JAX arrays; numpy, or arrays of more than one framework, -> numpy arrays.  Python
@@ -30,7 +32,7 @@ import dataclasses
 import numpy as np
 
 from tessera.errors import ArgumentError, DeviceArrayError, RequiresGradError
-from tessera.frontend import dlpack, fastread
+from tessera.frontend import device_call, dlpack, fastread
 from tessera.runtime.lanes import LOG
 
 _PLAIN = (np.ndarray, float, int, bool, type(None))
@@ -40,7 +42,8 @@ _KINDS: dict[type, str] = {}   # an array type -> its framework ('torch', 'jax',
 
 def is_array(a) -> bool:
     """Whether ``a`` is an array Tessera reads (numpy, or through DLPack / the array interface)."""
-    return isinstance(a, np.ndarray) or hasattr(a, "__dlpack__") or hasattr(a, "__array_interface__")
+    return (isinstance(a, np.ndarray) or hasattr(a, "__dlpack__") or hasattr(a, "__array_interface__")
+            or hasattr(a, "__cuda_array_interface__"))
 
 
 def framework(a) -> str:
@@ -86,6 +89,11 @@ def as_host(a, i: int, fn, notes: list | None = None) -> np.ndarray:
             f"{where} is a torch tensor that requires grad: Tessera would have to detach it and its gradient "
             "would be lost. Pass x.detach() (no gradient flows through a tessera.jit call), or register the "
             "function as a torch op (tessera.torch.op)")
+    if not hasattr(a, "__dlpack__") and hasattr(a, "__cuda_array_interface__"):
+        raise DeviceArrayError(
+            f"{where} ({_describe(a)}) lives in CUDA memory (__cuda_array_interface__); the {fn.lane} lane reads "
+            "host memory here" + (" (device arrays are taken by a call of the function, not by compile/explain)"
+                                  if fn.target == "nvidia" else "") + ". Copy it to the host first")
     if not hasattr(a, "__dlpack__"):
         arr = np.asarray(a)   # __array_interface__: a view of the object's buffer
         if notes is not None and arr.flags.c_contiguous:
@@ -99,8 +107,10 @@ def as_host(a, i: int, fn, notes: list | None = None) -> np.ndarray:
                 f"{where} ({_describe(a)}) lives on {dev}; the {fn.lane} lane reads host memory. Copy it to the "
                 "host first (torch: x.cpu(); JAX: jax.device_get(x)), or compile for the device's lane")
         raise DeviceArrayError(
-            f"{where} ({_describe(a)}) lives on {dev}; the {fn.lane} lane takes host arrays today (device "
-            "arrays without a host round trip are not built yet). Copy it to the host first")
+            f"{where} ({_describe(a)}) lives on {dev}; " + (
+                "a call of the function takes it where it is, but compile/explain read host arrays"
+                if fn.target == "nvidia" else f"the {fn.lane} lane takes host arrays (device arrays are taken on "
+                "the nvidia lane only so far)") + ". Copy it to the host first")
     imp = dlpack.from_capsule(_capsule(a, where))
     if notes is not None:
         proto = f"DLPack {imp.version[0]}.{imp.version[1]}" if imp.version != (0, 0) else "legacy DLPack"
@@ -122,6 +132,8 @@ def has_foreign(fn, args) -> bool:
 
 def call(fn, args: tuple):
     """``fn(*args)`` with foreign arrays read as numpy views, and its results in the callers' framework."""
+    if fn.target != "cpu" and device_call.wants(fn, args):
+        return device_call.call(fn, args)   # device-resident (nvidia), or its coded refusal
     kind, conv, static, learned = None, list(args), fn._static, fn._learned
     for i, a in enumerate(args):
         t = type(a)

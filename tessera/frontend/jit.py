@@ -501,7 +501,7 @@ class JitFunction:
             else:
                 outs = exe.run(arrays, env)   # raises if the lane cannot run here
             if v.decision is None:
-                v.decision = LaneDecision(self.name, self.lane, "compiled")
+                v.decision = LaneDecision(self.name, self.lane, "compiled" + getattr(exe, "copy_note", ""))
             LOG.record(v.decision)
         return results(v.graph, outs)
 

@@ -14,12 +14,13 @@ receives the low half of its int64 (little-endian), which is its value when it f
 from __future__ import annotations
 
 import ctypes
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
-from tessera.errors import ArgumentError, CodegenError, LaneUnavailableError
+from tessera.errors import ArgumentError, CodegenError, LaneUnavailableError, SharedMemoryLimitError
 
 # Errors that mean "this machine cannot run the lane", not "the kernel or launch is wrong".
 _UNAVAILABLE = {
@@ -30,6 +31,22 @@ _UNAVAILABLE = {
 }
 _DEFAULT_DYNAMIC_SMEM = 48 * 1024   # above this a kernel must opt in to dynamic shared memory
 _I64 = (-(1 << 63), (1 << 63) - 1)
+
+# Every host<->device and device<->device copy the runtime makes, by kind ("HtoD", "DtoH", "DtoD",
+# "HtoD scalar" for a runtime scalar's few bytes) -> [calls, bytes].  A device-resident call adds
+# nothing under "HtoD" or "DtoH"; tests and the device script read these counts.
+COPIES: dict[str, list[int]] = {}
+
+
+def copies(kind: str) -> int:
+    """How many copies of ``kind`` the runtime has made in this process."""
+    return COPIES.get(kind, [0, 0])[0]
+
+
+def _count(kind: str, nbytes: int) -> None:
+    c = COPIES.setdefault(kind, [0, 0])
+    c[0] += 1
+    c[1] += int(nbytes)
 
 
 def _driver() -> Any | None:
@@ -58,6 +75,12 @@ def _check(result: Any, what: str) -> Any:
         cls = LaneUnavailableError if name in _UNAVAILABLE else CodegenError
         raise cls(f"CUDA {what} failed: {name}")
     return values[0] if len(values) == 1 else tuple(values) if values else None
+
+
+def _current(cu) -> Any | None:
+    """The thread's current context, None where there is none."""
+    got = cu.cuCtxGetCurrent()
+    return got[1] if int(got[0]) == 0 and got[1] is not None and int(got[1]) != 0 else None
 
 
 def device_available() -> tuple[bool, str]:
@@ -138,13 +161,18 @@ class CudaModule:
             raise LaneUnavailableError("the CUDA lane needs cuda-python (pip install cuda-python), "
                                        "which is not installed")
         cu = self._cu
-        self._module = self._ctx = self._dev = None
+        self._module = self._ctx = self._dev = self._capture = None
+        self.ordinal = int(device)
+        self._opted: dict[str, int] = {}
         try:
             _check(cu.cuInit(0), "cuInit")
             self._dev = _check(cu.cuDeviceGet(device), "cuDeviceGet")
             self._ctx = _check(cu.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
+            prev = _current(cu)
             _check(cu.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
             self._module = _check(cu.cuModuleLoadData(bytes(cubin)), "cuModuleLoadData")
+            if prev is not None and int(prev) != int(self._ctx):   # the caller's context stays current
+                cu.cuCtxSetCurrent(prev)
         except (LaneUnavailableError, CodegenError):
             self.close()
             raise
@@ -156,7 +184,10 @@ class CudaModule:
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
         cu, module, ctx, self._module, self._ctx = self._cu, self._module, self._ctx, None, None
+        capture, self._capture = getattr(self, "_capture", None), None
         try:
+            if capture is not None:
+                cu.cuStreamDestroy(capture)
             if module is not None:
                 cu.cuModuleUnload(module)
             if ctx is not None:
@@ -184,9 +215,16 @@ class CudaModule:
         if fn is None:
             fn = self._functions[kernel] = _check(cu.cuModuleGetFunction(self._module, kernel.encode()),
                                                   f"cuModuleGetFunction({kernel})")
-        if shared_bytes > _DEFAULT_DYNAMIC_SMEM:
+        if shared_bytes > max(_DEFAULT_DYNAMIC_SMEM, self._opted.get(kernel, 0)):   # opted in once per kernel
+            limit = _check(cu.cuDeviceGetAttribute(
+                cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, self._dev),
+                "cuDeviceGetAttribute(max shared memory per block, opt-in)")
+            if shared_bytes > int(limit):
+                raise SharedMemoryLimitError(f"kernel {kernel} needs {shared_bytes} bytes of shared memory per block; "
+                                             f"CUDA device {self.ordinal} allows at most {int(limit)} (opt-in)")
             attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             _check(cu.cuFuncSetAttribute(fn, attr, int(shared_bytes)), "cuFuncSetAttribute(max dynamic smem)")
+            self._opted[kernel] = int(shared_bytes)
         return fn
 
     @staticmethod
@@ -208,6 +246,7 @@ class CudaModule:
             ptrs.append(_check(cu.cuMemAlloc(max(b.nbytes, 1)), "cuMemAlloc"))
             if b.nbytes:
                 _check(cu.cuMemcpyHtoD(ptrs[-1], b.ctypes.data, b.nbytes), "cuMemcpyHtoD")
+                _count("HtoD", b.nbytes)
 
     def _free(self, ptrs: list[Any]) -> None:
         for p in ptrs:
@@ -237,6 +276,7 @@ class CudaModule:
             for i in outputs:
                 if buffers[i].nbytes:
                     _check(cu.cuMemcpyDtoH(buffers[i].ctypes.data, ptrs[i], buffers[i].nbytes), "cuMemcpyDtoH")
+                    _count("DtoH", buffers[i].nbytes)
         finally:
             self._free(ptrs)
 
@@ -275,3 +315,123 @@ class CudaModule:
                 except Exception:
                     pass
             self._free(ptrs)
+
+    # ------------------------------------------------------------------ device-resident calls
+    # The pieces a launch plan (runtime/cuda_plan.py) is made of: stream-ordered memory, copies that
+    # are counted (COPIES), launches on a given stream, cross-stream ordering, and graph capture.
+    # Pointers and stream handles are plain ints here (cuda-python accepts ints for CUdeviceptr and
+    # CUstream); 0 is the legacy default stream.
+    @contextmanager
+    def entered(self):
+        """This module's context current in the block, the thread's previous one restored after it (torch's
+        runtime API takes the current context for its current device: a call must not change it)."""
+        if self._module is None:
+            raise CodegenError("CUDA module is closed")
+        cu = self._cu
+        prev = _current(cu)
+        switch = prev is None or int(prev) != int(self._ctx)
+        if switch:
+            _check(cu.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+        try:
+            yield self
+        finally:
+            if switch and prev is not None:
+                cu.cuCtxSetCurrent(prev)
+
+    def function(self, kernel: str, shared_bytes: int) -> Any:
+        """The kernel's handle, opted in to ``shared_bytes`` of dynamic shared memory (once)."""
+        return self._function(kernel, shared_bytes)
+
+    def alloc(self, nbytes: int, stream: int) -> int:
+        """``nbytes`` of device memory, stream-ordered on ``stream`` (no device-wide synchronisation)."""
+        return int(_check(self._cu.cuMemAllocAsync(max(int(nbytes), 1), stream), "cuMemAllocAsync"))
+
+    def free(self, ptr: int, stream: int) -> None:
+        """Give back what :meth:`alloc` gave, stream-ordered after the work queued on ``stream``."""
+        _check(self._cu.cuMemFreeAsync(ptr, stream), "cuMemFreeAsync")
+
+    def copy_in(self, dst: int, src: np.ndarray, stream: int, kind: str = "HtoD") -> None:
+        if src.nbytes:
+            _check(self._cu.cuMemcpyHtoDAsync(dst, src.ctypes.data, src.nbytes, stream), "cuMemcpyHtoDAsync")
+            _count(kind, src.nbytes)
+
+    def copy_out(self, dst: np.ndarray, src: int, stream: int) -> None:
+        if dst.nbytes:
+            _check(self._cu.cuMemcpyDtoHAsync(dst.ctypes.data, src, dst.nbytes, stream), "cuMemcpyDtoHAsync")
+            _count("DtoH", dst.nbytes)
+
+    def copy_device(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        if nbytes:
+            _check(self._cu.cuMemcpyDtoDAsync(dst, src, int(nbytes), stream), "cuMemcpyDtoDAsync")
+            _count("DtoD", nbytes)
+
+    def copy_rows(self, dst: int, src: int, row_bytes: int, rows: int, src_pitch: int, stream: int) -> None:
+        """``rows`` rows of ``row_bytes``, ``src_pitch`` bytes apart, packed densely at ``dst`` (one 2-D copy)."""
+        cu = self._cu
+        p = cu.CUDA_MEMCPY2D()
+        p.srcMemoryType = p.dstMemoryType = cu.CUmemorytype.CU_MEMORYTYPE_DEVICE
+        p.srcDevice, p.srcPitch, p.dstDevice, p.dstPitch = src, int(src_pitch), dst, int(row_bytes)
+        p.WidthInBytes, p.Height = int(row_bytes), int(rows)
+        _check(cu.cuMemcpy2DAsync(p, stream), "cuMemcpy2DAsync")
+        _count("DtoD", row_bytes * rows)
+
+    def synchronize(self, stream: int) -> None:
+        _check(self._cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
+
+    def wait(self, consumer: int, producer: int) -> None:
+        """Order ``consumer`` after the work queued so far on ``producer`` (an event, no host wait)."""
+        cu = self._cu
+        ev = _check(cu.cuEventCreate(int(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)), "cuEventCreate")   # a uint flag
+        try:
+            _check(cu.cuEventRecord(ev, producer), "cuEventRecord")
+            _check(cu.cuStreamWaitEvent(consumer, ev, 0), "cuStreamWaitEvent")
+        finally:
+            cu.cuEventDestroy(ev)
+
+    def pointer_device(self, ptr: int) -> int | None:
+        """The ordinal of the device whose memory ``ptr`` is; None where CUDA does not know the address."""
+        attr = self._cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+        result = self._cu.cuPointerGetAttribute(attr, ptr)
+        return int(result[1]) if int(result[0]) == 0 else None
+
+    def launch_on(self, fn: Any, kernel: str, grid, block, shared_bytes: int, params: KernelParams,
+                  stream: int) -> None:
+        _check(self._cu.cuLaunchKernel(fn, *grid, *block, int(shared_bytes), stream, params.address, 0),
+               f"cuLaunchKernel({kernel})")
+
+    # graph capture: the launches of one call recorded on a private stream (capturing runs nothing, and
+    # the legacy default stream cannot be captured), instantiated once, replayed on the caller's stream
+    def capture_stream(self) -> int:
+        if self._capture is None:
+            flag = int(self._cu.CUstream_flags.CU_STREAM_NON_BLOCKING)   # a uint flag; enum-typed arguments take the enum
+            self._capture = _check(self._cu.cuStreamCreate(flag), "cuStreamCreate")
+        return int(self._capture)
+
+    def begin_capture(self, stream: int) -> None:
+        mode = self._cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        _check(self._cu.cuStreamBeginCapture(stream, mode), "cuStreamBeginCapture")
+
+    def end_capture(self, stream: int) -> Any:
+        return _check(self._cu.cuStreamEndCapture(stream), "cuStreamEndCapture")
+
+    def instantiate(self, graph: Any) -> Any:
+        cu = self._cu
+        if hasattr(cu, "cuGraphInstantiateWithFlags"):
+            return _check(cu.cuGraphInstantiateWithFlags(graph, 0), "cuGraphInstantiate")
+        return _check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+
+    def update(self, graph_exec: Any, graph: Any) -> bool:
+        """Patch an instantiated graph with a newly captured one of the same shape (new pointers);
+        False where CUDA says the update is not possible (then instantiate afresh)."""
+        result = self._cu.cuGraphExecUpdate(graph_exec, graph)
+        err = result[0] if isinstance(result, tuple) else result
+        return int(err) == 0
+
+    def graph_launch(self, graph_exec: Any, stream: int) -> None:
+        _check(self._cu.cuGraphLaunch(graph_exec, stream), "cuGraphLaunch")
+
+    def destroy_graph(self, graph: Any) -> None:
+        self._cu.cuGraphDestroy(graph)
+
+    def destroy_exec(self, graph_exec: Any) -> None:
+        self._cu.cuGraphExecDestroy(graph_exec)
