@@ -230,7 +230,7 @@ class LowerTileToNvidia(TesseraPass):
                                 "tessera_nvidia.cp_async_commit", "tessera_nvidia.cp_async_wait",
                                 "tessera_nvidia.wgmma", "tessera_nvidia.shared_address", "tessera_nvidia.wgmma_fence",
                                 "tessera_nvidia.wgmma_commit", "tessera_nvidia.wgmma_wait",
-                                "tessera_nvidia.fence_proxy_async")
+                                "tessera_nvidia.wgmma_fence_operand", "tessera_nvidia.fence_proxy_async")
     arch: str = option(doc="NVIDIA arch (sm_75, sm_80, sm_86, sm_89, sm_90, sm_90a, sm_120); required")
 
     def apply(self, ctx: Context, module: ModuleOp) -> None:
