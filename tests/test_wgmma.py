@@ -163,19 +163,19 @@ def test_sm_90a_gemm_ptx_assembles_with_hgmma_and_no_spills(rng):
 @pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm not installed (./dev installs it)")
 @pytest.mark.parametrize("b_transposed", [False, True])
 def test_k_loop_copies_b_in_16_byte_vectors(b_transposed, rng):
-    """SASS of the k-loop at 4096^3 (sass_stats): a k-block with aligned operands issues 4 HGMMA
-    and 8 16-byte cp.async (LDGSTS: 4 of A, 4 of B, whether B is row-major, read MN-major, or
-    given transposed, read K-major) and no element loads; the row-major B used to be gathered
-    element by element (32 LDG.U16 + 4 STS per k-block)."""
+    """SASS of the k-loop at 4096^3 (sass_stats): an interior k-block with aligned operands
+    issues 4 HGMMA and 8 plain 16-byte cp.async (LDGSTS: 4 of A, 4 of B, whether B is row-major,
+    read MN-major, or given transposed, read K-major) and no element loads; the row-major B used
+    to be gathered element by element (32 LDG.U16 + 4 STS per k-block)."""
     from tessera.codegen.sass_stats import loop_counts
     a = np.zeros((4096, 4096), DTYPES["bf16"])
     fn = (lambda x, w: x @ w.T) if b_transposed else (lambda x, y: x @ y)
     art = _compile(fn, (a, a))
     c = loop_counts(ptx_tools.sass(art.binary(), "sm_90a"))["fast"]
     assert (c.get("HGMMA"), c.get("LDGSTS"), c.get("LDG", 0), c.get("STS", 0)) == (4, 8, 0, 0), c
-    assert c["total"] < 340, c
+    assert c["total"] < 200, c          # 366 with the gathers; interior blocks skip the extent arithmetic
     k = art.report().kernels[0]
-    assert k["spill_stores"] == 0 and k["registers"] <= 168
+    assert k["spill_stores"] == 0 and k["registers"] <= 232
 
 
 def test_ptxas_serialisation_advisories_fail_the_build():

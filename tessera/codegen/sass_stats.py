@@ -3,9 +3,9 @@ instruction (the k-loop around ``HGMMA``), grouped by class, with or without the
 its copies.  Counts, not timings: they do not depend on machine load.
 
 The loop is the innermost backward branch whose range holds the marker; every instruction
-between its target and the branch is counted once (``static``).  ``fast_path`` drops the basic
-blocks of element loads (``LDG``) that end by jumping over the matching ``cp.async`` arm: what
-a k-block executes when its operands are 16-byte aligned.
+between its target and the branch is counted once (``static``).  ``fast_path`` walks one
+iteration the way a k-block with aligned, interior operands goes (around the edge arms of its
+copies): what such a k-block executes.
 """
 from __future__ import annotations
 
@@ -66,18 +66,8 @@ def k_loop(sass: str, marker: str = "HGMMA") -> list[tuple[int, str, str]]:
     return best
 
 
-def fast_path(sass: str, body):
-    """``body`` less the edge arms of its copies (basic blocks of element loads, LDG, that end
-    by jumping over the cp.async arm: taken only for unaligned sources) — what a k-block with
-    aligned operands executes (element gathers not in such an arm, e.g. a strided B^T copy
-    that cannot use cp.async, are counted)."""
-    starts = set()
-    for line in sass.splitlines():
-        m = re.match(r"\s*(\.L_x_\d+):", line)
-        if m:
-            starts.add(m.group(1))
-    addr_label = {}
-    pending = []
+def _label_addrs(sass: str) -> dict[str, int]:
+    addr_of, pending = {}, []
     for line in sass.splitlines():
         m = re.match(r"\s*(\.L_x_\d+):", line)
         if m:
@@ -85,23 +75,35 @@ def fast_path(sass: str, body):
             continue
         im = _INSN.search(line)
         if im and pending:
-            addr_label[int(im.group(1), 16)] = pending
+            for p in pending:
+                addr_of[p] = int(im.group(1), 16)
             pending = []
-    blocks, cur = [], []
-    for x in body:
-        if x[0] in addr_label and cur:
-            blocks.append(cur)
-            cur = []
-        cur.append(x)
-        if x[1] in ("BRA", "EXIT", "RET"):
-            blocks.append(cur)
-            cur = []
-    if cur:
-        blocks.append(cur)
-    def edge_arm(blk) -> bool:     # an if-arm of element loads that jumps to the join (an else of cp.async)
-        last = blk[-1]
-        return any(i[1] == "LDG" for i in blk) and last[1] == "BRA" and not last[2].startswith("@")
-    return [x for blk in blocks if not edge_arm(blk) for x in blk]
+    return addr_of
+
+
+def fast_path(sass: str, body):
+    """The path through ``body`` (one iteration) a k-block with aligned, interior operands takes:
+    from the loop head, an unconditional forward branch is followed, a conditional one is taken
+    when the code it skips issues element loads (``LDG``) or zero-filling copies (``ZFILL``: the
+    edge and partial-block arms), else falls through; the walk ends at the loop's back branch."""
+    addr_of = _label_addrs(sass)
+    index = {x[0]: i for i, x in enumerate(body)}
+    out, i = [], 0
+    while i < len(body):
+        a, op, text = body[i]
+        out.append(body[i])
+        if i == len(body) - 1:
+            break
+        if op == "BRA":
+            m = re.search(r"(\.L_x_\d+)", text)
+            t = addr_of.get(m.group(1)) if m else None
+            if t is not None and t in index and index[t] > i:
+                skipped = body[i + 1:index[t]]
+                if not text.startswith("@") or any(x[1] == "LDG" or "ZFILL" in x[2] for x in skipped):
+                    i = index[t]
+                    continue
+        i += 1
+    return out
 
 
 def classify(body) -> dict[str, int]:

@@ -190,9 +190,10 @@ class WgmmaLowering:
 
     def copy_swizzled(self, b: Builder, src: View, dst: SSAValue, doff) -> None:
         """The block ``src`` (R x C, C a multiple of 64) into ``dst[doff...]`` as C/64 swizzled
-        panels of R x 64: each thread moves 16-byte chunks — ``cp.async`` (zero-filled past the
-        valid extent) when the source rows are contiguous and aligned, else eight masked element
-        loads and one 16-byte store — and commits them as one group.  ``tile.wait`` waits for
+        panels of R x 64: each thread moves 16-byte chunks — ``cp.async`` when the source rows
+        are contiguous and aligned (plain when the whole block lies inside the source, else
+        zero-filled past the valid extent), otherwise eight masked element loads and one 16-byte
+        store — and commits them as one group.  ``tile.wait`` waits for
         the group and fences the thread's writes for the async proxy (``fence.proxy.async``)
         before the barrier that precedes the wgmma."""
         R, C = src.shape
@@ -206,23 +207,44 @@ class WgmmaLowering:
         chunks = R * per_row
         fast_ok = b.op(arith.AndIOp(b.cmp("eq", src.cs, 1), b.op(arith.AndIOp(
             b.cmp("eq", b.rem(src.rs, 8), 0), b.cmp("eq", b.rem(src.off, 8), 0))).results[0])).results[0]
-        for q in range(-(-chunks // self.block)):
-            ch = b.add(self.tid, q * self.block)
+        # the whole block inside the source and aligned: plain 16-byte copies, no extent arithmetic
+        inside = b.op(arith.AndIOp(b.cmp("sge", src.rows, R), b.cmp("sge", src.cols, C))).results[0]
+        full_ok = b.op(arith.AndIOp(fast_ok, inside)).results[0]
 
-            def one(b2: Builder, ch=ch):
-                # contiguous rows: consecutive threads take consecutive 16-byte chunks of a row; strided
-                # (B read as B^T): consecutive threads take consecutive rows, so each of the eight element
-                # loads is coalesced across the warp.  fast_ok is uniform: one mapping per copy.
-                r = b2.select(fast_ok, b2.c(b2.div(ch, per_row)), b2.c(b2.rem(ch, R)))
-                cc = b2.select(fast_ok, b2.c(b2.rem(ch, per_row)), b2.c(b2.div(ch, R)))
-                c0 = b2.mul(cc, 8)
-                j = b2.rem(cc, 8) if per_row > 8 else cc
-                daddr = b2.add(doff, swizzled_index(r, j, b2))
-                if per_row > 8:
-                    daddr = b2.add(daddr, b2.mul(b2.div(cc, 8), R * row))
+        def place(b2: Builder, ch, contiguous: bool):
+            """(row, first column, shared element offset) of chunk ``ch``: for contiguous rows,
+            consecutive threads take consecutive 16-byte chunks of a row; strided (B read as
+            B^T): consecutive threads take consecutive rows, so each element load is coalesced."""
+            r = b2.div(ch, per_row) if contiguous else b2.rem(ch, R)
+            cc = b2.rem(ch, per_row) if contiguous else b2.div(ch, R)
+            j = b2.rem(cc, 8) if per_row > 8 else cc
+            daddr = b2.add(doff, swizzled_index(r, j, b2))
+            if per_row > 8:
+                daddr = b2.add(daddr, b2.mul(b2.div(cc, 8), R * row))
+            return r, b2.mul(cc, 8), daddr
 
+        def each_chunk(bb: Builder, one) -> None:
+            for q in range(-(-chunks // self.block)):
+                ch = bb.add(self.tid, q * self.block)
+                if (q + 1) * self.block <= chunks:
+                    one(bb, ch)
+                else:
+                    bb.if_(bb.cmp("slt", ch, chunks), lambda b3, ch=ch: one(b3, ch) or [])
+
+        def full(bb: Builder):
+            def one(b2: Builder, ch):
+                r, c0, daddr = place(b2, ch, True)
+                sidx = b2.add(src.off, b2.add(b2.mul(r, src.rs), c0))
+                b2.op(NV.CpAsyncOp.create(operands=[dst, b2.c(daddr), src.base, b2.c(sidx), b2.c(16)],
+                                          attributes={"bytes": i64_attr(16)}))
+            each_chunk(bb, one)
+            return []
+
+        def partial(bb: Builder):
+            def one(b2: Builder, ch):
                 def vector(bt: Builder):
                     # cp.async of 16 bytes, zero-filling what lies past the view's valid extent
+                    r, c0, daddr = place(bt, ch, True)
                     avail = bt.mul(bt.max(bt.min(bt.sub(src.cols, c0), 8), 0), 2)
                     nbytes = bt.select(bt.cmp("slt", r, src.rows), bt.c(avail), bt.c(0))
                     has = bt.cmp("sgt", nbytes, 0)
@@ -232,15 +254,14 @@ class WgmmaLowering:
                     return []
 
                 def edge(be: Builder):
+                    r, c0, daddr = place(be, ch, False)
                     vals = [self.masked_load(be, src, r, be.add(c0, i), src.elem, 0.0) for i in range(8)]
                     self.store(be, self.pack(be, vals), dst, daddr, 16)
                     return []
                 b2.if_(fast_ok, vector, edge)
-                return []
-            if (q + 1) * self.block <= chunks:
-                one(b)
-            else:
-                b.if_(b.cmp("slt", ch, chunks), one)
+            each_chunk(bb, one)
+            return []
+        b.if_(full_ok, full, partial)
         b.op(NV.CpAsyncCommitOp.create())     # one group per copy: tile.wait counts copies
         self.swizzled[dst] = R * row
 
