@@ -251,11 +251,14 @@ SAMPLES: dict[str, str] = {
   tessera_nvidia.fence_proxy_async
   tessera_nvidia.wgmma_fence
   %d:4 = tessera_nvidia.wgmma "m64n8k16" %sa, %db c(%c0, %c1, %c2, %c3 : f32, f32, f32, f32) {atype = "bf16"} : i64, i64 -> f32, f32, f32, f32
+  %e:4 = tessera_nvidia.wgmma "m64n8k16" %sa, %db c(%d#0, %d#1, %d#2, %d#3 : f32, f32, f32, f32) {atype = "bf16", trans_b} : i64, i64 -> f32, f32, f32, f32
   tessera_nvidia.wgmma_commit
   tessera_nvidia.wgmma_wait {pending = 0 : i64}
+  %f:4 = tessera_nvidia.wgmma_fence_operand(%e#0, %e#1, %e#2, %e#3 : f32, f32, f32, f32) -> f32, f32, f32, f32
   func.return"""),
     "tessera_nvidia.shared_address": None, "tessera_nvidia.fence_proxy_async": None,
     "tessera_nvidia.wgmma_fence": None, "tessera_nvidia.wgmma_commit": None, "tessera_nvidia.wgmma_wait": None,
+    "tessera_nvidia.wgmma_fence_operand": None,
     # ---- Target IR: the GPU SIMT dialect and NVIDIA copies / matrix loads
     "tessera_gpu.thread_id": _fn("%g : !tile.buffer<f16, global>, %i : index", """  %t = tessera_gpu.thread_id : index
   %bx = tessera_gpu.block_id {axis = 1 : i64} : index

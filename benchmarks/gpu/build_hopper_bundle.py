@@ -8,9 +8,14 @@ Cases (the same manifest format as ``build_nvidia_bundle.py``):
 - check: ``A @ B + C0`` (f32 out) on sm_90a for f16 and bf16 with edges in every dimension; the
   device's output is compared with float64 and with this machine's warp-emulator output;
 - bench: ``A @ B`` (f16/bf16 out) 4096^3, 8192^3 and a skinny 16384 x 1024 x 4096 on sm_90a
-  (wgmma), and 4096^3 on sm_90 (mma.sync, the previous kernel) beside it, each timed against
-  ``torch.matmul`` (cuBLAS) on the same random device inputs (CUDA events, median of repeats).
-The manifest records the commit the cubins were built from.
+  (wgmma: B row-major read MN-major through 16-byte copies, one wgmma group in flight, 4 stages),
+  4096^3 with 3 stages beside it (copies one k-block ahead instead of two), and 4096^3 on sm_90
+  (mma.sync, the previous kernel), each timed against ``torch.matmul`` (cuBLAS) on the same
+  random device inputs (CUDA events, median of repeats).
+Every sm_90a cubin is checked here before it is carried: its PTX reads B MN-major (imm-trans-b 1)
+and keeps a group in flight (wait_group 1 in the k-loop, 0 after it), its SASS has HGMMA .tnspB,
+no local memory and, per aligned k-block, no element loads (``tessera.codegen.sass_stats``); the
+manifest records those k-block counts, the registers and the commit the cubins were built from.
 """
 from __future__ import annotations
 
@@ -29,8 +34,27 @@ sys.path.insert(0, str(HERE))
 import tessera as ts  # noqa: E402
 from build_nvidia_bundle import DT, gemm, gemm_acc, launch_record  # noqa: E402
 
-CHECKS = ((128, 128, 128), (70, 72, 48), (33, 29, 37), (256, 136, 200))
+# edges in every dimension; n % 8 (B by element loads); several k-blocks (the pipeline turns over)
+CHECKS = ((128, 128, 128), (70, 72, 48), (33, 29, 37), (256, 136, 200), (128, 256, 512))
 BENCH = ((4096, 4096, 4096), (8192, 8192, 8192), (16384, 1024, 4096))
+STAGING_VARIANTS = (3,)       # 4096^3 also with these staging depths (the default is 4)
+
+
+def wgmma_kernel_facts(art) -> dict:
+    """What the sm_90a cubin must show before it is carried (SystemExit otherwise)."""
+    import re
+    from tessera.codegen import ptx_tools
+    from tessera.codegen.sass_stats import loop_counts
+    ptx = art.ptx()
+    trans = re.findall(r"wgmma\.mma_async[^;]*, 1, 1, 1, 0, (\d);", ptx)
+    waits = re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)
+    facts = {"b_major": "mn" if trans and set(trans) == {"1"} else "k", "wgmma_waits": [int(w) for w in waits]}
+    sass = ptx_tools.sass(art.binary(), "sm_90a")
+    if sass is not None:
+        if re.search(r"\b(LDL|STL)\b", sass) or "HGMMA" not in sass:
+            raise SystemExit("sm_90a cubin has local-memory traffic or no HGMMA")
+        facts["k_block"] = loop_counts(sass)["fast"]
+    return facts
 
 
 def build(out: Path, seed: int = 2026) -> dict:
@@ -56,15 +80,22 @@ def build(out: Path, seed: int = 2026) -> dict:
                 files.append({"file": f, "dtype": dtype if i < 2 else "f32"})
             cases.append({"name": name, "kind": "check", "cubin": f"{name}.cubin", "inputs": files, "mma": rec,
                           "emulated": f"{name}_emulated.npy", **launch_record(art, [a, b, c0])})
-        for arch, shapes in (("sm_90a", BENCH), ("sm_90", BENCH[:1])):
-            for m, n, k in shapes:
-                a, b = np.zeros((m, k), DT[dtype]), np.zeros((k, n), DT[dtype])
-                art = ts.compile(gemm, a, b, target="nvidia", arch=arch)
-                name = f"bench_{arch}_{dtype}_{m}x{n}x{k}"
-                (out / f"{name}.cubin").write_bytes(art.binary())
-                cases.append({"name": name, "kind": "bench", "cubin": f"{name}.cubin", "dtype": dtype, "m": m,
-                              "n": n, "k": k, "flops": 2 * m * n * k,
-                              "mma": art.report().kernels[0]["mma"]["record"], **launch_record(art, [a, b])})
+        variants = [("sm_90a", shape, None) for shape in BENCH] + \
+            [("sm_90a", BENCH[0], st) for st in STAGING_VARIANTS] + [("sm_90", BENCH[0], None)]
+        for arch, (m, n, k), staging in variants:
+            a, b = np.zeros((m, k), DT[dtype]), np.zeros((k, n), DT[dtype])   # compile only: timed on random data
+            art = ts.compile(gemm, a, b, target="nvidia", arch=arch,
+                             schedule={"staging": staging} if staging else None)
+            name = f"bench_{arch}_{dtype}_{m}x{n}x{k}" + (f"_s{staging}" if staging else "")
+            facts = {}
+            if arch == "sm_90a":
+                facts = wgmma_kernel_facts(art)
+                if facts["b_major"] != "mn" or facts["wgmma_waits"] != [1, 0]:
+                    raise SystemExit(f"{name}: expected B MN-major and wait_group 1 then 0, got {facts}")
+            (out / f"{name}.cubin").write_bytes(art.binary())
+            cases.append({"name": name, "kind": "bench", "cubin": f"{name}.cubin", "dtype": dtype, "m": m,
+                          "n": n, "k": k, "flops": 2 * m * n * k, "staging": staging or "default",
+                          "mma": art.report().kernels[0]["mma"]["record"], **facts, **launch_record(art, [a, b])})
     from tessera.tools.bench_doc import git_state
     commit, dirty = git_state(ROOT)
     manifest = {"arch": "sm_90a", "built_with": "tessera.compile(target='nvidia', arch='sm_90a' | 'sm_90')",
@@ -79,7 +110,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     man = build(Path(args.out))
     for c in man["cases"]:
-        print(f"{c['name']:40} {c['mma']:32} regs {c['registers']:>4} smem {c['shared']:>6} grid {c['grid']}")
+        kb = c.get("k_block")
+        kb = f" k-block: {kb.get('total')} instr, {kb.get('HGMMA')} HGMMA, {kb.get('LDGSTS')} LDGSTS" if kb else ""
+        print(f"{c['name']:40} {c['mma']:32} regs {c['registers']:>4} smem {c['shared']:>6} grid {c['grid']}{kb}")
     print(f"wrote {len(man['cases'])} cases to {args.out} (commit {man['commit'][:12]}{' dirty' if man['dirty'] else ''})")
     return 0
 

@@ -135,7 +135,8 @@ class NvptxFn(GpuFn):
         self.gen.used.add(rec.id)
         nd = n // 2
         regs = ", ".join(f"${i}" for i in range(nd))
-        asm = f"{rec.mnemonic} {{{regs}}}, ${nd}, ${nd + 1}, 1, 1, 1, 0, 0;"
+        tnsp_b = 1 if op.trans_b is not None else 0      # imm-trans-b: B MN-major (f16/bf16 only)
+        asm = f"{rec.mnemonic} {{{regs}}}, ${nd}, ${nd + 1}, 1, 1, 1, 0, {tnsp_b};"
         cons = ",".join(["=f"] * nd + ["l", "l"] + [str(i) for i in range(nd)] + ["~{memory}"])
         f32t = ir.FloatType()
         ret = ir.LiteralStructType([f32t] * nd)
@@ -153,6 +154,18 @@ class NvptxFn(GpuFn):
     def op_tessera_nvidia_wgmma_wait(self, op):
         self.b.call(self.gen.intrinsic("llvm.nvvm.wgmma.wait_group.sync.aligned", ir.VoidType(), [ir.IntType(64)]),
                     [ir.Constant(ir.IntType(64), ival(op.pending))])
+
+    def op_tessera_nvidia_wgmma_fence_operand(self, op: NV.WgmmaFenceOperandOp):
+        """An empty inline asm with the registers tied ("=f" / "0"..): reads of them cannot be
+        moved above the wgmma.wait_group before it."""
+        nd = len(op.c)
+        if not nd:
+            return
+        cons = ",".join(["=f"] * nd + [str(i) for i in range(nd)] + ["~{memory}"])
+        f32t = ir.FloatType()
+        fty = ir.FunctionType(ir.LiteralStructType([f32t] * nd), [f32t] * nd)
+        res = self.b.call(ir.InlineAsm(fty, "", cons, side_effect=True), [self.v(c) for c in op.c])
+        self.set(op, *[self.b.extract_value(res, i) for i in range(nd)])
 
     def op_tessera_nvidia_fence_proxy_async(self, op):
         self.b.call(self.gen.intrinsic("llvm.nvvm.fence.proxy.async.shared_cta", ir.VoidType(), []), [])

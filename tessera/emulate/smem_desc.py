@@ -13,7 +13,14 @@ Written from the PTX ISA ("Asynchronous Warpgroup Level Matrix Shared Memory Lay
   is not used;
 - the swizzle permutes the 16-byte units of each 128-byte row: unit u of the row that is
   row r (mod 8) of its 1024-byte-aligned atom is stored at unit u XOR r, i.e. on the full
-  shared address, bits 4-6 are XORed with bits 7-9.
+  shared address, bits 4-6 are XORed with bits 7-9;
+- an MN-major operand (``imm-trans-a``/``imm-trans-b`` = 1; for f16/bf16 only) with the 128-byte
+  swizzle has the canonical layout ``Swizzle<3,4,3> o ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO))``
+  (elements, T = 8 16-bit elements per 16 bytes): 64 consecutive M (or N) elements form one
+  128-byte row, the 8 rows of an atom are 8 consecutive k, the next 8 k are SBO bytes on, and
+  the next 64 of M/N are LBO bytes on ("Leading/Stride Dimension Byte Offset": for swizzled
+  MN-major layouts the leading offset is between (swizzle-bytes/16)-row groups of M/N, the
+  stride offset between 8-column groups of k).
 """
 from __future__ import annotations
 
@@ -60,10 +67,26 @@ def kmajor_addresses(desc: int, rows: int, k: int, esize: int = 2) -> np.ndarray
     return swizzle128(linear)
 
 
+def mnmajor_addresses(desc: int, mn: int, k: int, esize: int = 2) -> np.ndarray:
+    """Byte address [mn, k] of element (i, kk) of an MN-major operand named by ``desc``
+    (B with ``imm-trans-b`` = 1: element (n, kk) is B[kk, n], n contiguous in memory)."""
+    d = decode(desc)
+    if d.swizzle != "128B":
+        raise ValueError(f"descriptor swizzle {d.swizzle}: this model covers the 128-byte swizzle only")
+    if d.base_offset != 0:
+        raise ValueError(f"descriptor base offset {d.base_offset}: this model covers atoms at 1024-byte "
+                         "aligned addresses (base offset 0) only")
+    per_row = 128 // esize
+    i = np.arange(mn, dtype=np.int64)[:, None]
+    kk = np.arange(k, dtype=np.int64)[None, :]
+    linear = d.start + (i // per_row) * d.lbo + (i % per_row) * esize + (kk // 8) * d.sbo + (kk % 8) * 128
+    return swizzle128(linear)
+
+
 def store_address(tile_base: int, r: int, c: int, esize: int = 2, row_bytes: int = 128) -> int:
     """Where element (r, c) of a rows x (row_bytes/esize) K-major block at a 1024-byte-aligned
     ``tile_base`` lies under the 128-byte swizzle (the same rule, element-wise)."""
     return int(swizzle128(np.int64(tile_base + r * row_bytes + c * esize)))
 
 
-__all__ = ["Descriptor", "decode", "swizzle128", "kmajor_addresses", "store_address"]
+__all__ = ["Descriptor", "decode", "swizzle128", "kmajor_addresses", "mnmajor_addresses", "store_address"]

@@ -6,27 +6,46 @@ wait_group; fence.proxy.async; the async proxy):
 - every wgmma of a group follows a ``wgmma.fence`` of its warpgroup issued since the last
   ``commit_group`` (a missing fence: ``EMULATE_RACE``);
 - operands are read from shared memory through descriptors decoded by
-  :mod:`tessera.emulate.smem_desc` (its own descriptor and swizzle model); an element
-  written by a generic-proxy store not followed by the writer's ``fence.proxy.async``, or
-  written in the current barrier interval, is a race;
+  :mod:`tessera.emulate.smem_desc` (its own descriptor and swizzle model; K-major, or MN-major
+  B under ``trans_b``); at issue, an element written by a generic-proxy store not followed by
+  the writer's ``fence.proxy.async``, written in the current barrier interval, or still to be
+  written by a cp.async in flight, is a race;
+- the instruction is asynchronous: its operands are read and its product formed only when a
+  ``wait_group`` lands its group — the latest moment the hardware may read them — so shared
+  memory overwritten while the group is in flight (a stage reused too early) gives a wrong
+  answer; a cp.async issued meanwhile is taken to have landed already (it may land at any
+  time), so a stage refilled while the group still reads it is caught too;
 - the accumulator registers hold their result only once a ``wait_group`` lands the group:
-  until then they read as NaN (a missing wait poisons the output); within a group the next
-  wgmma on the same registers chains on the pending value, as the hardware does.
+  until then they read as NaN whose payload names the pending register (a missing wait
+  poisons the output; arithmetic on such a value stays NaN).  A later wgmma of the same shape
+  may chain on a pending accumulator (the hardware orders those), across groups too, which is
+  what ``wait_group 1`` pipelining relies on.
 """
 from __future__ import annotations
 
 import numpy as np
+from xdsl.dialects import scf
+from xdsl.ir import BlockArgument
 
 from tessera.emulate import layouts as L
 from tessera.emulate import smem_desc as SD
-from tessera.errors import EmulatorDivergenceError, EmulatorFaultError, EmulatorRaceError
+from tessera.errors import EmulatorDivergenceError, EmulatorError, EmulatorFaultError, EmulatorRaceError
 from tessera.ir.attrs import ival
+
+_QNAN = np.uint32(0x7FC00000)
+_PAYLOAD = np.uint32(0x003FFFFF)
+
+
+def _handles(a: np.ndarray) -> np.ndarray:
+    """Mask of the elements of a float32 array that are pending-register handles."""
+    bits = a.view(np.uint32)
+    return ((bits & np.uint32(0xFFC00000)) == _QNAN) & ((bits & _PAYLOAD) != 0)
 
 
 class WgmmaOps:
     def _wg_state(self, ctx):
         if not hasattr(ctx, "wg"):
-            ctx.wg = {"fenced": np.zeros(ctx.nthreads, bool), "pending": {}, "open": [], "groups": []}
+            ctx.wg = {"fenced": np.zeros(ctx.nthreads, bool), "open": [], "groups": [], "slots": {}, "next": 1}
         return ctx.wg
 
     def op_tessera_nvidia_shared_address(self, ctx, op, mask):
@@ -63,14 +82,75 @@ class WgmmaOps:
         keep = ival(op.pending)
         land = st["groups"][:max(0, len(st["groups"]) - keep)]
         st["groups"] = st["groups"][len(land):]
+        if not land:
+            return
         for group in land:
-            for r in group:
-                ctx.vals[r] = st["pending"].pop(r)
+            for rec in group:
+                self._complete(ctx, st, rec)
+        self._resolve_registers(ctx, st)
 
-    def _operand(self, ctx, op, desc: int, rows: int, k: int, g: int, what: str) -> np.ndarray:
-        """[rows, k] float64 of workgroup ``g``'s shared memory named by ``desc``."""
-        addr = SD.kmajor_addresses(desc, rows, k)
-        out = np.empty(addr.shape)
+    def op_tessera_nvidia_wgmma_fence_operand(self, ctx, op, mask):
+        """The registers as they are now: after the wait that lands them, their values; before
+        it (a fence placed too early), still NaN handles — but as computed values, which no
+        later wait resolves."""
+        for c, d in zip(op.c, op.d):
+            ctx.vals[d] = np.array(np.broadcast_to(np.asarray(self.v(ctx, c), dtype=np.float32), (ctx.nthreads,)))
+            h = _handles(ctx.vals[d])
+            ctx.vals[d][h] = np.nan
+
+    # ------------------------------------------------------------------ pending registers
+    def _resolve(self, ctx, st, arr, op) -> np.ndarray:
+        """``arr`` (per thread) with every pending-register handle replaced by its value."""
+        a = np.array(np.broadcast_to(np.asarray(arr, dtype=np.float32), (ctx.nthreads,)))
+        h = _handles(a)
+        if h.any():
+            slots = a.view(np.uint32)[h] & _PAYLOAD
+            th = np.flatnonzero(h)
+            for s in np.unique(slots):
+                vals = st["slots"].get(int(s))
+                if vals is None:
+                    raise self.fail(EmulatorError, ctx, op, f"wgmma reads pending accumulator slot {int(s)} that no "
+                                    "landed or in-flight wgmma produced")
+                sel = th[slots == s]
+                a[sel] = vals[sel]
+        return a
+
+    def _resolve_registers(self, ctx, st) -> None:
+        """After a wait: registers (wgmma results, block arguments and loop/if results: values
+        copied, not computed) holding handles of landed slots get their values; values computed
+        from a handle before the wait stay NaN.  Slots no in-flight wgmma needs are dropped."""
+        landed = {s for s, v in st["slots"].items() if v is not None}
+        for key, val in list(ctx.vals.items()):
+            if not isinstance(val, np.ndarray) or val.dtype != np.float32 or val.shape != (ctx.nthreads,):
+                continue
+            if not (isinstance(key, BlockArgument) or getattr(key.owner, "name", "") == "tessera_nvidia.wgmma"
+                    or isinstance(getattr(key, "owner", None), (scf.ForOp, scf.IfOp))):
+                continue
+            h = _handles(val)
+            if h.any():
+                slots = val.view(np.uint32)[h] & _PAYLOAD
+                if any(int(s) in landed for s in np.unique(slots)):
+                    out = val.copy()
+                    th = np.flatnonzero(h)
+                    for s in np.unique(slots):
+                        if int(s) in landed:
+                            sel = th[slots == s]
+                            out[sel] = st["slots"][int(s)][sel]
+                    ctx.vals[key] = out
+        needed = set()
+        for group in st["groups"] + [st["open"]]:
+            for rec in group:
+                c = rec["c"]
+                h = _handles(c)
+                needed.update(int(s) for s in np.unique(c.view(np.uint32)[h] & _PAYLOAD))
+        for s in landed - needed:
+            del st["slots"][s]
+
+    # ------------------------------------------------------------------ operands
+    def _locate(self, ctx, op, addr: np.ndarray, g: int, what: str) -> list:
+        """Where the bytes ``addr`` of workgroup ``g`` lie: [(buf, inside mask, elements)];
+        the visibility checks of an issue happen here."""
+        out = []
         for buf in ctx.shared.values():
             es = buf.data.dtype.itemsize
             lo, hi = buf.base_bytes, buf.base_bytes + buf.data.shape[1] * es
@@ -87,13 +167,28 @@ class WgmmaOps:
             if buf.pending is not None and buf.pending[g, e].any():
                 raise self.fail(EmulatorRaceError, ctx, op, f"wgmma reads {what} elements a cp.async in flight will "
                                 "write (missing wait)")
-            out[inside] = buf.data[g, e].astype(np.float64)
             buf.r_epoch[g, e] = ctx.epoch[g]     # read by the warpgroup: a write before the next barrier races
             buf.r_thread[g, e] = -2
+            out.append((buf, inside, e))
             addr = np.where(inside, -1, addr)
         if (addr >= 0).any():
             raise self.fail(EmulatorFaultError, ctx, op, f"wgmma {what} descriptor names shared bytes outside every "
                             f"buffer (first {int(addr[addr >= 0].min())})")
+        return out
+
+    def _read(self, ctx, loc: list, shape, g: int) -> np.ndarray:
+        """The operand's values now, with every cp.async still in flight taken as landed."""
+        out = np.empty(shape)
+        for buf, inside, e in loc:
+            data = buf.data[g]
+            if buf.pending is not None and buf.pending[g, e].any():
+                data = data.copy()
+                for grp in ctx.async_groups + [ctx.async_open]:
+                    for dst, gg, ee, dd, _act in grp:
+                        if dst is buf:
+                            sel = gg == g
+                            data[ee[sel]] = dd[sel].astype(data.dtype)
+            out[inside] = data[e].astype(np.float64)
         return out
 
     def op_tessera_nvidia_wgmma(self, ctx, op, mask):
@@ -103,13 +198,12 @@ class WgmmaOps:
         if not st["fenced"][mask].all():
             raise self.fail(EmulatorRaceError, ctx, op, "wgmma issued with no wgmma.fence since the last commit_group",
                             np.flatnonzero(mask & ~st["fenced"])[:1])
-        lay = L.instr_layout("wgmma", (m, n, k), arch=self.arch, lanes=128, dtype=op.atype.data).c
+        trans_b = op.trans_b is not None
         da = np.broadcast_to(np.asarray(self.v(ctx, op.desc_a), dtype=np.int64), (ctx.nthreads,))
         db = np.broadcast_to(np.asarray(self.v(ctx, op.desc_b), dtype=np.int64), (ctx.nthreads,))
-        cs = [np.broadcast_to(np.asarray(st["pending"].get(c, None) if c in st["pending"] else self.v(ctx, c),
-                                         dtype=np.float64), (ctx.nthreads,)) for c in op.c]
-        cregs = np.stack(cs, axis=1)                   # [T, n/2]
-        out = np.full((ctx.nthreads, n // 2), np.nan, np.float32)
+        c = np.stack([np.broadcast_to(np.asarray(self.v(ctx, x), dtype=np.float32), (ctx.nthreads,)) for x in op.c],
+                     axis=1)                                  # [T, n/2]: values or pending handles
+        reads = []
         for w0 in range(0, ctx.nthreads, 128):
             sl = slice(w0, w0 + 128)
             if not mask[sl].any():
@@ -119,14 +213,32 @@ class WgmmaOps:
                     raise self.fail(EmulatorDivergenceError, ctx, op, f"threads of one warpgroup pass different "
                                     f"{what} descriptors", [w0])
             g = int(ctx.gid[w0])
-            a = self._operand(ctx, op, int(da[w0]), 64, k, g, "A")          # [64, k]
-            bt = self._operand(ctx, op, int(db[w0]), n, k, g, "B")          # [n, k]: B^T
-            c = np.zeros((64, n))
-            r, cc = lay.index[..., 0], lay.index[..., 1]
-            c[r, cc] = cregs[sl]
-            dmat = a @ bt.T + c
-            out[sl] = dmat[r, cc].astype(np.float32)
+            addr_b = (SD.mnmajor_addresses if trans_b else SD.kmajor_addresses)(int(db[w0]), n, k)   # [n, k]
+            reads.append((sl, g, self._locate(ctx, op, SD.kmajor_addresses(int(da[w0]), 64, k), g, "A"),
+                          self._locate(ctx, op, addr_b, g, "B")))
+        s0 = st["next"]
+        st["next"] += n // 2
+        if st["next"] > int(_PAYLOAD):
+            raise self.fail(EmulatorError, ctx, op, "too many wgmma results pending in one launch batch")
         for i, res in enumerate(op.d):
-            st["pending"][res] = out[:, i]
-            ctx.vals[res] = np.full(ctx.nthreads, np.nan, np.float32)   # not readable before wait_group
-            st["open"].append(res)
+            st["slots"][s0 + i] = None
+            ctx.vals[res] = np.full(ctx.nthreads, _QNAN | np.uint32(s0 + i), np.uint32).view(np.float32)
+        rec = {"op": op, "m": m, "n": n, "k": k, "c": c.reshape(-1).copy().reshape(c.shape), "reads": reads,
+               "slot0": s0}
+        st["open"].append(rec)
+
+    def _complete(self, ctx, st, rec) -> None:
+        """The wgmma of ``rec`` completes: read its operands now, form D = A B + C."""
+        op, n, k = rec["op"], rec["n"], rec["k"]
+        lay = L.instr_layout("wgmma", (rec["m"], n, k), arch=self.arch, lanes=128, dtype=op.atype.data).c
+        cregs = np.stack([self._resolve(ctx, st, rec["c"][:, i], op) for i in range(n // 2)], axis=1)
+        out = np.full((ctx.nthreads, n // 2), np.nan, np.float32)
+        r, cc = lay.index[..., 0], lay.index[..., 1]
+        for sl, g, loc_a, loc_b in rec["reads"]:
+            a = self._read(ctx, loc_a, (64, k), g)
+            bt = self._read(ctx, loc_b, (n, k), g)                          # [n, k]: B^T
+            cm = np.zeros((64, n))
+            cm[r, cc] = cregs[sl]
+            out[sl] = (a @ bt.T + cm)[r, cc].astype(np.float32)
+        for i in range(n // 2):
+            st["slots"][rec["slot0"] + i] = out[:, i]

@@ -135,7 +135,9 @@ class AsyncCopyOp(IRDLOperation):
     AMX packs B in pairs but steps k by 32).  The packed data starts at element ``dest_offset`` of the
     destination.  ``swizzle128`` (NVIDIA sm_90a, for wgmma descriptors): rows of ``panel``
     elements = 128 bytes, in 1024-byte atoms of 8 rows, the 16-byte chunk j of row r stored
-    at chunk j XOR (r mod 8) (the PTX ISA's 128-byte swizzle).  Returns a token that
+    at chunk j XOR (r mod 8) (the PTX ISA's 128-byte swizzle); a view wider than ``panel`` is
+    stored as panels of R rows each (panel p at R*panel*p), and a view of such a block
+    reaching past ``panel`` columns continues in the next panel.  Returns a token that
     ``tile.wait`` consumes.
 
     On a GPU a copy into a workgroup-shared space (``lds``/``smem``) is collective: every

@@ -149,11 +149,13 @@ class WgmmaOp(IRDLOperation):
     multiplies A (64 x k) and B (k x n), both in shared memory named by 64-bit matrix
     descriptors (``desc_a``, ``desc_b``), into the f32 accumulator whose n/2 registers per
     thread are ``c`` (tied: ``d`` are the same registers after the instruction completes,
-    i.e. after a ``wgmma_wait``)."""
+    i.e. after a ``wgmma_wait``).  ``trans_b`` (``imm-trans-b`` = 1): B is MN-major (n
+    contiguous) rather than K-major."""
 
     name = "tessera_nvidia.wgmma"
     shape = attr_def(StringAttr)
     atype = attr_def(StringAttr)
+    trans_b = opt_attr_def(UnitAttr)
     desc_a = operand_def(IntegerType)
     desc_b = operand_def(IntegerType)
     c = var_operand_def()
@@ -204,6 +206,23 @@ class WgmmaWaitOp(IRDLOperation):
 
 
 @irdl_op_definition
+class WgmmaFenceOperandOp(IRDLOperation):
+    """The accumulator registers ``c`` as they are after a ``wgmma_wait`` (``d``: the same
+    registers).  No instruction: it ties the wait to the values, so no read of an accumulator
+    is scheduled above the wait that completes it (LLVM sees the asynchronous wgmma results as
+    ordinary values; an empty inline asm with the registers tied orders them)."""
+
+    name = "tessera_nvidia.wgmma_fence_operand"
+    c = var_operand_def()
+    d = var_result_def()
+    assembly_format = "`(` $c `:` type($c) `)` attr-dict `->` type($d)"
+
+    def verify_(self) -> None:
+        if [v.type for v in self.c] != [r.type for r in self.d]:
+            raise TargetVerifyError("wgmma_fence_operand results must match its operands", op=self)
+
+
+@irdl_op_definition
 class FenceProxyAsyncOp(IRDLOperation):
     """``fence.proxy.async.shared::cta``: this thread's generic-proxy writes to shared memory
     become visible to async-proxy reads (wgmma operands) issued after the next barrier."""
@@ -213,4 +232,5 @@ class FenceProxyAsyncOp(IRDLOperation):
 
 
 NVIDIA = Dialect("tessera_nvidia", [MmaSyncOp, CpAsyncOp, CpAsyncCommitOp, CpAsyncWaitOp, LdmatrixOp, SharedAddressOp,
-                                    WgmmaOp, WgmmaFenceOp, WgmmaCommitOp, WgmmaWaitOp, FenceProxyAsyncOp], [])
+                                    WgmmaOp, WgmmaFenceOp, WgmmaCommitOp, WgmmaWaitOp, WgmmaFenceOperandOp,
+                                    FenceProxyAsyncOp], [])

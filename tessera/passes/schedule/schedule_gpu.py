@@ -49,8 +49,9 @@ NVIDIA_SHARED = {"sm_75": 64 << 10, "sm_80": 163 << 10, "sm_86": 99 << 10, "sm_8
 def shared_limit(target: str, arch: str) -> int:
     return NVIDIA_SHARED.get(arch, SHARED_LIMIT["nvidia"]) if target == "nvidia" else SHARED_LIMIT[target]
 # sm_90a wgmma: 128x128 blocks, two warpgroups of 64x128 (one m64n128k16 each, 64 accumulator
-# registers per thread), k-blocks of 64 (one 128-byte swizzled row), three stages (96 KiB)
-WGMMA_TILE = {"bm": 128, "bn": 128, "bk": 64, "fm": 1, "fn": 1, "staging": 3}
+# registers per thread), k-blocks of 64 (one 128-byte swizzled row), four stages (128 KiB): one
+# wgmma group stays in flight, so the copies run S - 2 = 2 k-blocks ahead (kernels/gpu_gemm_wgmma.py)
+WGMMA_TILE = {"bm": 128, "bn": 128, "bk": 64, "fm": 1, "fn": 1, "staging": 4}
 # the register budget (32-bit registers per lane) the accumulators may take at most
 ACC_BUDGET = {"rocm": 128, "nvidia": 96}
 # wgmma reads A and B from shared memory: no operand registers, so a warpgroup may hold m64n256's 128

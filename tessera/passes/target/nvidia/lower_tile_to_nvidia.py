@@ -108,8 +108,10 @@ def lane_map_for(arch: str, ft: t.FragmentType) -> LaneMap:
 @dataclass
 class NvidiaLowerer(WgmmaLowering, SimtLowerer):
     arch: str = ""
-    swizzled: set = field(default_factory=set)
+    swizzled: dict = field(default_factory=dict)
+    mn_major: set = field(default_factory=set)
     wg_open: bool = False
+    wg_inflight: int = 0
 
     @property
     def cp_async(self) -> bool:
@@ -120,10 +122,15 @@ class NvidiaLowerer(WgmmaLowering, SimtLowerer):
 
     def lower_op(self, op, b: Builder) -> None:
         """A run of wgmma ``tile.mma`` (with the views and descriptors between them) is one
-        group: it is committed and waited for before any other op."""
-        if self.wg_open and op.name not in self.WG_INSIDE and op.dialect_name() != "arith":
-            self.close_group(b)
+        group: it is committed and waited for before any other op (at the end of a k-loop body,
+        ``wg_inflight`` groups may stay in flight until the loop ends: wgmma.py)."""
+        inflight = self.lower_wgmma_boundary(op, b)
         super().lower_op(op, b)
+        if inflight:
+            self.wg_drain = True
+        if op.name == "scf.for" and getattr(self, "wg_drain", False):
+            self.drain_after_loop(b, op)
+            self.wg_drain = False
 
     def op_tile_mma(self, op: t.MmaOp, b: Builder) -> None:
         if op.c.type.family.data == "wgmma" and not self.wg_open:
@@ -223,14 +230,16 @@ class LowerTileToNvidia(TesseraPass):
                                 "tessera_nvidia.cp_async_commit", "tessera_nvidia.cp_async_wait",
                                 "tessera_nvidia.wgmma", "tessera_nvidia.shared_address", "tessera_nvidia.wgmma_fence",
                                 "tessera_nvidia.wgmma_commit", "tessera_nvidia.wgmma_wait",
-                                "tessera_nvidia.fence_proxy_async")
+                                "tessera_nvidia.wgmma_fence_operand", "tessera_nvidia.fence_proxy_async")
     arch: str = option(doc="NVIDIA arch (sm_75, sm_80, sm_86, sm_89, sm_90, sm_90a, sm_120); required")
 
     def apply(self, ctx: Context, module: ModuleOp) -> None:
         def make_lowerer(fn):
             wave = ival(fn.attributes["vector"]) if "vector" in fn.attributes else 32
             if wave == 128 and self.arch == "sm_90a":     # warpgroup kernels (wgmma.py)
-                return NvidiaLowerer({}, 128, ival(fn.attributes["gpu.block"]), "smem", arch=self.arch)
+                inflight = ival(fn.attributes["wgmma.inflight"]) if "wgmma.inflight" in fn.attributes else 0
+                return NvidiaLowerer({}, 128, ival(fn.attributes["gpu.block"]), "smem", arch=self.arch,
+                                     wg_inflight=inflight)
             if wave != 32:
                 raise PassFailedError(f"{NAME}: kernel @{fn.sym_name.data} is laid out for {wave}-lane waves; "
                                       "NVIDIA warps have 32")

@@ -10,12 +10,22 @@ descriptors (PTX ISA, "Matrix Descriptor Format" of wgmma):
   bits 49-51  base offset (0: every swizzle atom is 1024-byte aligned)
   bits 62-63  swizzle mode (0 none, 1 = 128 B, 2 = 64 B, 3 = 32 B)
 
-Both operands are K-major: A as its 64 rows of k, B as its n columns of k (B^T's rows).  A
-staged block is ``rows x 64`` 16-bit elements, 128 bytes a row, copied by ``tile.async_copy
-{layout = "swizzle128"}`` so that 16-byte chunk j of row r lands at chunk j ^ (r % 8) (the
-128-byte swizzle the descriptor names).  The k16 slice kk of a block is the descriptor of
+A is K-major (its 64 rows of k).  B is K-major (its n columns of k, i.e. B^T's rows, when B is
+given transposed) or MN-major (``imm-trans-b`` = 1, f16/bf16 only; B's rows of n, when B is
+row-major [K, N]), so that both are copied from global memory in 16-byte vectors.  A staged
+block of R x C 16-bit elements (C a multiple of 64) is copied by ``tile.async_copy {layout =
+"swizzle128"}`` as C/64 panels of R rows x 128 bytes (panel p at element p*R*64), 16-byte chunk
+j of row r landing at chunk j ^ (r % 8) (the 128-byte swizzle the descriptor names).
+
+K-major (A, or B^T staged as n rows of k): the k16 slice kk of a block is the descriptor of
 the block's base + 2*kk bytes: the hardware adds the row offsets and applies the XOR to the
-full address, which is why the block base must be 1024-byte aligned.
+full address, which is why the block base must be 1024-byte aligned.  SBO = 1024 (8 rows of
+M/N to the next 8), LBO unused.
+
+MN-major (B staged as k rows of n, PTX ISA canonical layout ``Swizzle<3,4,3> o
+((8,8,m),(8,k)):((1,8,LBO),(64,SBO))``): 64 consecutive n are one 128-byte row, the k16 slice
+kk starts at row kk (base + 128*kk bytes, still 1024-aligned), SBO = 1024 (8 rows of k to the
+next 8) and LBO = the panel stride R*128 (64 columns of n to the next 64).
 
 Accumulator fragment (PTX ISA, "Register Fragments" of wgmma .m64nNk16, f32 D): thread t of
 the warpgroup, warp w = t / 32, g = (t % 32) / 4, q = t % 4; register i (0 <= i < n/2)
@@ -23,15 +33,19 @@ holds D[16w + g + 8*((i/2) % 2), 8*(i/4) + 2q + i % 2].
 
 Placement (the lowering's, not the kernel writer's): a run of ``tile.mma`` of this family is
 one group — ``wgmma.fence`` before its first instruction, ``commit_group`` and ``wait_group 0``
-before anything else touches the accumulators or shared memory; the staging copy is cp.async
+before anything else touches the accumulators or shared memory.  A kernel whose k-loop keeps
+``wgmma.inflight`` = 1 group in flight (its attribute: the generator staged its copies far
+enough behind, see ``kernels/gpu_gemm_wgmma.py``) gets ``wait_group 1`` where its loop body
+ends — the previous group, which read the stage the next copy overwrites, is complete — and
+``wait_group 0`` right after the loop, before the accumulators are read.  The staging copy is cp.async
 (one commit group per copy) and ``tile.wait`` becomes ``cp.async.wait_group n`` followed by
 ``fence.proxy.async.shared::cta``, so the landed (generic-proxy) writes are visible to the
 async-proxy reads of wgmma after the barrier.
 """
 from __future__ import annotations
 
-from xdsl.dialects import arith
-from xdsl.dialects.builtin import IntegerAttr, StringAttr, i64
+from xdsl.dialects import arith, scf
+from xdsl.dialects.builtin import IntegerAttr, StringAttr, UnitAttr, f32, i64
 from xdsl.ir import SSAValue
 
 from tessera.errors import CodegenError
@@ -39,7 +53,7 @@ from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr
 from tessera.ir.builder import Builder
 from tessera.ir.target import nvidia as NV
-from tessera.passes.target.gpu.simt_values import Item, LaneMap, OperandMap, View, const_int, elem_bytes
+from tessera.passes.target.gpu.simt_values import Dist, Item, LaneMap, OperandMap, View, const_int, elem_bytes
 
 ROW_BYTES = 128          # one swizzled row: 64 16-bit elements
 ATOM_BYTES = 1024        # 8 rows: the swizzle pattern's period; stride between 8-row groups
@@ -54,9 +68,10 @@ def descriptor(start: int, lbo: int = LBO_UNUSED, sbo: int = ATOM_BYTES, swizzle
             | ((base_offset & 7) << 49) | ((swizzle & 3) << 62))
 
 
-def descriptor_high() -> int:
-    """Every field but the start address (the lowering ORs the address in at run time)."""
-    return descriptor(0)
+def descriptor_high(panel_bytes: int = 0) -> int:
+    """Every field but the start address (the lowering ORs the address in at run time): K-major
+    (``panel_bytes`` 0), or MN-major with LBO = ``panel_bytes`` (64 columns to the next 64)."""
+    return descriptor(0) if not panel_bytes else descriptor(0, lbo=panel_bytes, sbo=ATOM_BYTES)
 
 
 def swizzled_index(r, j: int | SSAValue, b: Builder | None = None):
@@ -87,10 +102,12 @@ class WgmmaMap(LaneMap):
         self.a = OperandMap([], [])
         self.b = OperandMap([], [])
 
-    def emit_mma(self, b: Builder, ft: t.FragmentType, a, bb, c):
+    def emit_mma(self, b: Builder, ft: t.FragmentType, a, bb, c, trans_b: bool = False):
         m, n, k = ft.mnk
-        op = NV.WgmmaOp.create(operands=[a[0], bb[0], *c], result_types=[x.type for x in c],
-                               attributes={"shape": StringAttr(f"m{m}n{n}k{k}"), "atype": StringAttr(self.ptx_type)})
+        attrs = {"shape": StringAttr(f"m{m}n{n}k{k}"), "atype": StringAttr(self.ptx_type)}
+        if trans_b:
+            attrs["trans_b"] = UnitAttr()
+        op = NV.WgmmaOp.create(operands=[a[0], bb[0], *c], result_types=[x.type for x in c], attributes=attrs)
         b.op(op)
         return list(op.results)
 
@@ -99,65 +116,135 @@ class WgmmaLowering:
     """Mixin of the NVIDIA lowerer: descriptors, the swizzled copy, fence/commit/wait placement."""
 
     wg_open: bool = False
-    swizzled: set
+    wg_inflight: int = 0          # wgmma groups a k-loop body may leave in flight (kernel attribute)
+    swizzled: dict                # staged buffer -> its panel stride in elements (rows * 64)
+    mn_major: set                 # descriptors of MN-major B operands
 
     def wgmma_kernel(self) -> bool:
         return self.wave == 128
 
-    def close_group(self, b: Builder) -> None:
+    def close_group(self, b: Builder, pending: int = 0) -> None:
         if self.wg_open:
             b.op(NV.WgmmaCommitOp.create())
-            b.op(NV.WgmmaWaitOp.create(attributes={"pending": i64_attr(0)}))
+            b.op(NV.WgmmaWaitOp.create(attributes={"pending": i64_attr(pending)}))
             self.wg_open = False
 
+    def lower_wgmma_boundary(self, op, b: Builder) -> bool:
+        """Close an open group before ``op``; True when ``op`` ends a loop body that may leave
+        ``wg_inflight`` groups in flight (then the loop is followed by ``wait_group 0``)."""
+        if not self.wg_open or op.name in self.WG_INSIDE or op.dialect_name() == "arith":
+            return False
+        inflight = self.wg_inflight if op.name == "scf.yield" and isinstance(op.parent_op(), scf.ForOp) else 0
+        self.close_group(b, inflight)
+        return inflight > 0
+
+    def drain_after_loop(self, b: Builder, loop) -> None:
+        """``wait_group 0`` after a k-loop that left groups in flight, then the loop's
+        accumulator results through ``wgmma_fence_operand`` so nothing reads them earlier."""
+        b.op(NV.WgmmaWaitOp.create(attributes={"pending": i64_attr(0)}))
+        for r in loop.results:
+            d = self.vmap.get(r)
+            if isinstance(d, Dist) and d.parts and all(p.type == f32 for p in d.parts):
+                f = NV.WgmmaFenceOperandOp.create(operands=list(d.parts), result_types=[p.type for p in d.parts])
+                b.op(f)
+                self.vmap[r] = Dist(list(f.results), d.omap, d.shape)
+
+    def op_tile_mma(self, op: t.MmaOp, b: Builder) -> None:
+        if op.c.type.family.data != "wgmma":
+            return super().op_tile_mma(op, b)
+        fa, fb, fc = self.vmap[op.a], self.vmap[op.b], self.vmap[op.c]
+        lm = self.lmap(op.a.type)
+        parts = lm.emit_mma(b, op.c.type, fa.parts, fb.parts, fc.parts, trans_b=fb.parts[0] in self.mn_major)
+        self.vmap[op.result] = Dist(parts, fc.omap, fc.shape)
+
     def descriptor_of(self, b: Builder, vv: View, ft: t.FragmentType) -> SSAValue:
-        """The descriptor of a K-major operand view in a swizzled staged block."""
+        """The descriptor of an operand view in a swizzled staged block: K-major (A; B read as
+        B^T, ``rs`` 1 and ``cs`` 64) or MN-major (B, ``rs`` 64 and ``cs`` 1; columns past 64
+        continue in the next panel)."""
         role = ft.role.data
-        m, n, k = ft.mnk
         if vv.base.type.space.data != "smem" or elem_bytes(vv.elem) != 2:
             raise CodegenError(f"wgmma reads 16-bit {role.upper()} from shared memory; this view is in "
                                f"{vv.base.type.space.data}")
         if vv.base not in self.swizzled:
             raise CodegenError(f"wgmma {role.upper()} view is not in a buffer staged with the 128-byte swizzle "
                                "(tile.async_copy layout swizzle128)")
-        kstride, mnstride = (vv.cs, vv.rs) if role == "a" else (vv.rs, vv.cs)
-        if const_int(kstride) != 1 or const_int(mnstride) != ROW_BYTES // 2 or not vv.full:
-            raise CodegenError(f"wgmma {role.upper()} must be K-major with 64-element rows and whole "
-                               f"(k stride {const_int(kstride)}, row stride {const_int(mnstride)})")
+        row = ROW_BYTES // 2
+        rs, cs = const_int(vv.rs), const_int(vv.cs)
+        mn_major = role == "b" and (rs, cs) == (row, 1)
+        kstride, mnstride = (cs, rs) if role == "a" else (rs, cs)
+        if not vv.full or not (mn_major or (kstride, mnstride) == (1, row)):
+            raise CodegenError(f"wgmma {role.upper()} must be K-major with 64-element rows"
+                               f"{' or MN-major (B)' if role == 'b' else ''} and whole (row stride {rs}, "
+                               f"column stride {cs})")
         off = const_int(vv.off)
-        if off is not None and (off % (ROW_BYTES // 2)) % 8 != 0:
-            raise CodegenError(f"wgmma {role.upper()} view starts at element {off}: not a whole 16-byte chunk")
+        if off is not None and (off % row) % (row if mn_major else 8) != 0:
+            raise CodegenError(f"wgmma {role.upper()} view starts at element {off}: not a whole "
+                               f"{'row' if mn_major else '16-byte chunk'}")
         addr = b.op(NV.SharedAddressOp.create(operands=[vv.base, b.c(vv.off)], result_types=[i64])).results[0]
         field = b.op(arith.AndIOp(b.op(arith.ShRUIOp(addr, _i64(b, 4))).results[0], _i64(b, 0x3FFF))).results[0]
-        return b.op(arith.OrIOp(field, _i64(b, descriptor_high()))).results[0]
+        high = descriptor_high(2 * self.swizzled[vv.base] if mn_major else 0)
+        desc = b.op(arith.OrIOp(field, _i64(b, high))).results[0]
+        if mn_major:
+            self.mn_major.add(desc)
+        return desc
 
     def copy_swizzled(self, b: Builder, src: View, dst: SSAValue, doff) -> None:
-        """The block ``src`` (rows x 64) into ``dst[doff...]`` swizzled: each thread moves 16-byte
-        chunks — ``cp.async`` (zero-filled past the valid extent) when the source rows are
-        contiguous and aligned, else eight masked element loads and one 16-byte store — and commits
-        them as one group.  ``tile.wait`` waits for the group and fences the thread's writes for the
-        async proxy (``fence.proxy.async``) before the barrier that precedes the wgmma."""
+        """The block ``src`` (R x C, C a multiple of 64) into ``dst[doff...]`` as C/64 swizzled
+        panels of R x 64: each thread moves 16-byte chunks — ``cp.async`` when the source rows
+        are contiguous and aligned (plain when the whole block lies inside the source, else
+        zero-filled past the valid extent), otherwise eight masked element loads and one 16-byte
+        store — and commits them as one group.  ``tile.wait`` waits for
+        the group and fences the thread's writes for the async proxy (``fence.proxy.async``)
+        before the barrier that precedes the wgmma."""
         R, C = src.shape
-        if C * elem_bytes(src.elem) != ROW_BYTES:
-            raise CodegenError(f"a swizzle128 copy moves rows of 128 bytes; this block has {C} "
+        row = ROW_BYTES // 2
+        if (C * elem_bytes(src.elem)) % ROW_BYTES or elem_bytes(src.elem) != 2:
+            raise CodegenError(f"a swizzle128 copy moves rows of 128-byte panels; this block has {C} "
                                f"{elem_bytes(src.elem)}-byte columns")
-        chunks = R * 8
+        if self.swizzled.get(dst, R * row) != R * row:
+            raise CodegenError(f"swizzle128 copies of {R} and {self.swizzled[dst] // row} rows share one buffer")
+        per_row = C // 8                      # 16-byte chunks in a source row
+        chunks = R * per_row
         fast_ok = b.op(arith.AndIOp(b.cmp("eq", src.cs, 1), b.op(arith.AndIOp(
             b.cmp("eq", b.rem(src.rs, 8), 0), b.cmp("eq", b.rem(src.off, 8), 0))).results[0])).results[0]
-        for q in range(-(-chunks // self.block)):
-            ch = b.add(self.tid, q * self.block)
+        # the whole block inside the source and aligned: plain 16-byte copies, no extent arithmetic
+        inside = b.op(arith.AndIOp(b.cmp("sge", src.rows, R), b.cmp("sge", src.cols, C))).results[0]
+        full_ok = b.op(arith.AndIOp(fast_ok, inside)).results[0]
 
-            def one(b2: Builder, ch=ch):
-                # contiguous rows: consecutive threads take consecutive 16-byte chunks of a row; strided
-                # (B read as B^T): consecutive threads take consecutive rows, so each of the eight element
-                # loads is coalesced across the warp.  fast_ok is uniform: one mapping per copy.
-                r = b2.select(fast_ok, b2.c(b2.div(ch, 8)), b2.c(b2.rem(ch, R)))
-                j = b2.select(fast_ok, b2.c(b2.rem(ch, 8)), b2.c(b2.div(ch, R)))
-                c0 = b2.mul(j, 8)
-                daddr = b2.add(doff, swizzled_index(r, j, b2))
+        def place(b2: Builder, ch, contiguous: bool):
+            """(row, first column, shared element offset) of chunk ``ch``: for contiguous rows,
+            consecutive threads take consecutive 16-byte chunks of a row; strided (B read as
+            B^T): consecutive threads take consecutive rows, so each element load is coalesced."""
+            r = b2.div(ch, per_row) if contiguous else b2.rem(ch, R)
+            cc = b2.rem(ch, per_row) if contiguous else b2.div(ch, R)
+            j = b2.rem(cc, 8) if per_row > 8 else cc
+            daddr = b2.add(doff, swizzled_index(r, j, b2))
+            if per_row > 8:
+                daddr = b2.add(daddr, b2.mul(b2.div(cc, 8), R * row))
+            return r, b2.mul(cc, 8), daddr
 
+        def each_chunk(bb: Builder, one) -> None:
+            for q in range(-(-chunks // self.block)):
+                ch = bb.add(self.tid, q * self.block)
+                if (q + 1) * self.block <= chunks:
+                    one(bb, ch)
+                else:
+                    bb.if_(bb.cmp("slt", ch, chunks), lambda b3, ch=ch: one(b3, ch) or [])
+
+        def full(bb: Builder):
+            def one(b2: Builder, ch):
+                r, c0, daddr = place(b2, ch, True)
+                sidx = b2.add(src.off, b2.add(b2.mul(r, src.rs), c0))
+                b2.op(NV.CpAsyncOp.create(operands=[dst, b2.c(daddr), src.base, b2.c(sidx), b2.c(16)],
+                                          attributes={"bytes": i64_attr(16)}))
+            each_chunk(bb, one)
+            return []
+
+        def partial(bb: Builder):
+            def one(b2: Builder, ch):
                 def vector(bt: Builder):
                     # cp.async of 16 bytes, zero-filling what lies past the view's valid extent
+                    r, c0, daddr = place(bt, ch, True)
                     avail = bt.mul(bt.max(bt.min(bt.sub(src.cols, c0), 8), 0), 2)
                     nbytes = bt.select(bt.cmp("slt", r, src.rows), bt.c(avail), bt.c(0))
                     has = bt.cmp("sgt", nbytes, 0)
@@ -167,17 +254,16 @@ class WgmmaLowering:
                     return []
 
                 def edge(be: Builder):
+                    r, c0, daddr = place(be, ch, False)
                     vals = [self.masked_load(be, src, r, be.add(c0, i), src.elem, 0.0) for i in range(8)]
                     self.store(be, self.pack(be, vals), dst, daddr, 16)
                     return []
                 b2.if_(fast_ok, vector, edge)
-                return []
-            if (q + 1) * self.block <= chunks:
-                one(b)
-            else:
-                b.if_(b.cmp("slt", ch, chunks), one)
+            each_chunk(bb, one)
+            return []
+        b.if_(full_ok, full, partial)
         b.op(NV.CpAsyncCommitOp.create())     # one group per copy: tile.wait counts copies
-        self.swizzled.add(dst)
+        self.swizzled[dst] = R * row
 
 
 def _i64(b: Builder, v: int) -> SSAValue:

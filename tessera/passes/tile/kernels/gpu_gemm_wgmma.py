@@ -4,13 +4,20 @@ Written per warpgroup (the schedule's ``vector`` is the record's 128 lanes): ``t
 picks the BM x BN block of C, ``tile.wave_id`` the warpgroup's FM*64 x FN*n sub-tile.  Per
 k-block of BK = 64 (128-byte rows of 16-bit elements):
 
-  A's block (BM x 64, k contiguous) and B's block read as B^T (BN x 64: each column of B
-  becomes a row of k) are copied into shared memory with ``layout = "swizzle128"`` (the
-  lowering places the 128-byte swizzle and the async-proxy fence), into one of ``staging``
-  buffers, the next block's copy issued before this block is computed;
-  each warpgroup runs 4 k16 steps of FM x FN ``tile.mma`` on fragments packed from K-major
-  views of those blocks (A: rows of k; B: the k x n view whose columns are rows of k) —
-  the lowering turns each view into a matrix descriptor — threading its accumulators.
+  A's block (BM x 64, k contiguous) is copied into shared memory with ``layout =
+  "swizzle128"`` (the lowering places the 128-byte swizzle and the async-proxy fence), into one
+  of ``staging`` buffers.  B's block is copied as it lies: a row-major B ([K, N], n
+  contiguous) as BK rows of BN (BN/64 panels of 64 columns: 16-byte vector copies) and read
+  MN-major; a B given transposed (k contiguous) as BN rows of k, read K-major.  Each
+  warpgroup runs 4 k16 steps of FM x FN ``tile.mma`` on fragments packed from views of those
+  blocks (A: rows of k; B: the k x n view, MN-major or K-major) — the lowering turns each view
+  into a matrix descriptor — threading its accumulators.
+
+Pipeline: the copy of block kb + d is issued while block kb is computed.  With ``staging`` S >= 3
+the kernel keeps one wgmma group in flight across iterations (``wgmma.inflight`` = 1: the
+lowering ends the body with ``wait_group 1``), so the stage a copy overwrites must be the one
+the group *two* blocks back read, complete by that wait: d = S - 2.  With S = 2, d = 1 and the
+body ends with ``wait_group 0``.
 
 Then the accumulators are unpacked, the fused epilogue applied and stored (edges masked).
 """
@@ -29,6 +36,14 @@ from tessera.passes.tile.kernels.common import KernelSig, gpu_ids, illegal
 from tessera.passes.tile.kernels.gemm import GemmPlan, apply_epilogue, batch_offset_of, register_sizes, view
 
 BK_WGMMA = 64     # elements of k per staged row: 128 bytes, one swizzle row
+INFLIGHT = 1      # wgmma groups kept in flight across k-blocks when staging >= 3
+
+
+def prefetch_distance(stages: int, inflight: int) -> int:
+    """How many k-blocks ahead the copies may run: the copy issued in iteration kb refills the
+    stage of block kb - 1 - inflight, whose wgmma group the previous iteration's wait_group
+    (``inflight`` left pending) completed, and every warpgroup passed the barrier since."""
+    return stages - 1 - inflight
 
 
 def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
@@ -46,10 +61,14 @@ def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
         raise illegal(name, f"blocks {BM}x{BN} are not whole warpgroup tiles of {FM}x{FN} {rec.id}")
     if S < 2:
         raise illegal(name, "a wgmma gemm double-buffers its k-blocks (staging >= 2)")
+    inflight = INFLIGHT if S >= 3 else 0      # wgmma groups left in flight at the end of an iteration
+    dist = prefetch_distance(S, inflight)     # k-blocks the copies run ahead of the wgmma
     WM, WN = BM // (FM * im), BN // (FN * in_)
     if kop.threads.value.data != WM * WN * wave or kop.vector.value.data != wave:
         raise illegal(name, f"threads {kop.threads.value.data} != {WM}x{WN} warpgroups of {wave}")
     in_elem, out_elem = plan.in_elem, plan.out_elem
+    # B read MN-major (imm-trans-b) when its n is contiguous: staged with 16-byte copies as it lies
+    b_mn = D.canon(plan.b.strides[-1]) == 1 and in_ % 64 == 0
 
     sig = KernelSig(name, gpu=True)
     for v in kop.inputs:
@@ -100,9 +119,11 @@ def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
         k0 = bb.mul(kb, BK)
         av = view(bb, buf[plan.a.arg], in_elem, "global", (BM, BK), bb.add(off_a, bb.add(bb.mul(m0, sAm),
                   bb.mul(k0, sAk))), sAm, sAk, bb.sub(M, m0), bb.sub(K, k0))
-        # B^T: row n of the block is column n of B (its k elements)
-        bv = view(bb, buf[plan.b.arg], in_elem, "global", (BN, BK), bb.add(off_b, bb.add(bb.mul(n0, sBn),
-                  bb.mul(k0, sBk))), sBn, sBk, bb.sub(N, n0), bb.sub(K, k0))
+        boff = bb.add(off_b, bb.add(bb.mul(n0, sBn), bb.mul(k0, sBk)))
+        if b_mn:     # BK rows of BN, n contiguous: BN/64 swizzled panels
+            bv = view(bb, buf[plan.b.arg], in_elem, "global", (BK, BN), boff, sBk, sBn, bb.sub(K, k0), bb.sub(N, n0))
+        else:        # B^T: row n of the block is column n of B (its k elements)
+            bv = view(bb, buf[plan.b.arg], in_elem, "global", (BN, BK), boff, sBn, sBk, bb.sub(N, n0), bb.sub(K, k0))
         toks = []
         for src, dst, size in ((av, smem_a, BM * BK), (bv, smem_b, BN * BK)):
             o = t.AsyncCopyOp.create(operands=[src, dst, bb.c(bb.mul(stage, size))], attributes={
@@ -115,7 +136,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
     def compute(bb: Builder, stage, accs: list[SSAValue]) -> list[SSAValue]:
         accs = list(accs)
         abase = bb.add(bb.mul(stage, BM * BK), bb.mul(bb.mul(wm, FM * im), BK))
-        bbase = bb.add(bb.mul(stage, BN * BK), bb.mul(bb.mul(wn, FN * in_), BK))
+        bbase = bb.add(bb.mul(stage, BN * BK), bb.mul(bb.mul(wn, FN * in_), BK))   # panels of 64 x BK, too
         for kk in range(0, BK, ik):
             fa, fb = [], []
             for i in range(FM):
@@ -124,9 +145,13 @@ def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
                 o = t.FragmentPackOp.create(operands=[av], result_types=[frag_a])
                 bb.op(o)
                 fa.append(o.results[0])
-            for j in range(FN):   # k x n, column n at row n of the block: row stride 1, column stride BK
-                bv = view(bb, smem_b, in_elem, "smem", (ik, in_), bb.add(bbase, j * in_ * BK + kk), 1, BK, ik, in_,
-                          align=8)
+            for j in range(FN):
+                if b_mn:    # k x n from the panels: row kk of panel (n / 64), 64 n a row (n past 64: next panel)
+                    bv = view(bb, smem_b, in_elem, "smem", (ik, in_), bb.add(bbase, j * in_ * BK + kk * 64), 64, 1,
+                              ik, in_, align=8)
+                else:       # k x n, column n at row n of the block: row stride 1, column stride BK
+                    bv = view(bb, smem_b, in_elem, "smem", (ik, in_), bb.add(bbase, j * in_ * BK + kk), 1, BK, ik,
+                              in_, align=8)
                 o = t.FragmentPackOp.create(operands=[bv], result_types=[frag_b])
                 bb.op(o)
                 fb.append(o.results[0])
@@ -143,14 +168,14 @@ def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
 
     nk = b.ceil_div(K, BK)
     toks0: list[SSAValue] = []
-    for st in range(S - 1):
+    for st in range(dist):
         toks0 += copy(b, st, st)
     nacc = len(accs0)
 
     def body(bb: Builder, kb, carried):
         accs, toks = list(carried[:nacc]), list(carried[nacc:])
-        wait(bb, toks[:2], 2 * (S - 2))
-        nxt = bb.add(kb, S - 1)
+        wait(bb, toks[:2], 2 * (dist - 1))
+        nxt = bb.add(kb, dist)
         new = copy(bb, nxt, bb.rem(nxt, S))
         out = compute(bb, bb.rem(kb, S), accs)
         return out + toks[2:] + new
@@ -172,4 +197,5 @@ def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
                                            D.ceil_extent(batch, 1)])
     fn.attributes["gpu.block"] = i64_attr(WM * WN * wave)
     fn.attributes["gpu.waves"] = int_array([WM, WN])
+    fn.attributes["wgmma.inflight"] = i64_attr(inflight)
     return fn, sig.dims, 0, []
