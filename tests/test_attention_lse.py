@@ -41,6 +41,7 @@ def _with_lse(causal=False, masked=False):
     (2, 4, 2, 150, 64, True, None, np.float32),     # grouped heads, two query blocks
     (1, 2, 1, 70, 32, False, "bool", np.float64),   # a fully-masked row: +inf
     (1, 2, 2, 45, 24, True, "add", np.float32),
+    (1, 2, 2, 100, 128, True, None, np.float32),   # head dim 128
 ])
 def test_saved_lse_matches_float64(rng, b, h, hk, s, d, causal, mask, dtype):
     q, k, v, _ = _inputs(rng, b, h, hk, s, d, dtype)
@@ -110,6 +111,12 @@ def test_recompute_path_when_the_forward_is_elsewhere(rng, causal, dtype):
     graph = ts.compile(f, q, k, v, o, w).ir("graph")
     assert "attention_grad" in graph and " lse " not in graph
     _check(f(q, k, v, o, w), oracle(q, k, v, w, causal=causal), dtype)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_saved_path_gradient_at_head_dim_128(rng, causal):
+    q, k, v, w = _inputs(rng, 1, 4, 2, 140, 128, np.float32)
+    _check(_grad_fn(causal)(q, k, v, w), oracle(q, k, v, w, causal=causal), np.float32)
 
 
 def test_checkpointed_attention_saves_lse_of_the_recomputed_forward(rng):
