@@ -377,10 +377,13 @@ SAMPLES["tessera.scatter_add"] = _fn(
     f"  %r = tessera.scatter_add %i, %u into %z : {_ST} {{axis = 0 : i64}} : {_SI}, {_SU} -> {_ST}\n"
     f"  func.return %r : {_ST}", _ST)
 
-# attention_grad (tessera/ir/graph_attention_grad.py): dQ, dK, dV packed [B, HKV, G + 2, S, D]
+# attention_grad (tessera/ir/graph_attention_grad.py): dQ, dK, dV packed [B, HKV, G + 2, S, D], reading
+# the forward's saved log-sum-exp (the optional lse operand)
 _AQ, _AK, _AG = ("!tessera.tensor<[B, 4, S, D], f32>", "!tessera.tensor<[B, 2, S, D], f32>",
                  "!tessera.tensor<[B, 2, 4, S, D], f32>")
 SAMPLES["tessera.attention_grad"] = _fn(
-    f"%q : {_AQ}, %k : {_AK}, %v : {_AK}, %o : {_AQ}, %g : {_AQ}, %m : !tessera.tensor<[S, S], i1>",
-    f"  %r = tessera.attention_grad %q, %k, %v, %o, %g mask %m : !tessera.tensor<[S, S], i1> {{causal = true}} : "
+    f"%q : {_AQ}, %k : {_AK}, %v : {_AK}, %o : {_AQ}, %g : {_AQ}, %m : !tessera.tensor<[S, S], i1>, "
+    f"%l : !tessera.tensor<[B, 4, S], f32>",
+    f"  %r = tessera.attention_grad %q, %k, %v, %o, %g mask %m : !tessera.tensor<[S, S], i1> "
+    f"lse %l : !tessera.tensor<[B, 4, S], f32> {{causal = true}} : "
     f"{_AQ}, {_AK}, {_AK}, {_AQ}, {_AQ} -> {_AG}\n  func.return %r : {_AG}", _AG)

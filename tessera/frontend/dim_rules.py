@@ -143,6 +143,8 @@ def dims_of(uf: UF, n, ins: list) -> list[D.Dim]:
     """The symbolic dims of trace node ``n``'s result, from its inputs' dims ``ins``."""
     if n.op in RULES:
         return RULES[n.op](uf, n, ins)
+    if n.op == "attention_lse":   # one value per query row of the attention: [B, H, SQ]
+        return list(ins[0][:3])
     if n.op in opset.SECOND_RESULTS:   # a second result of its first input's op: that op's dims
         return list(ins[0])
     family = opset.OPS[n.op].family if n.op in opset.OPS else None
@@ -282,10 +284,13 @@ def _attention_grad(uf, n, ins):
     [B, HKV, G + 2, S, D] with seq_q == seq_k and head dim == value dim."""
     class _Fwd:   # the forward's node as attention's rule reads it
         shape = n.inputs[0].shape[:3] + n.inputs[2].shape[3:]
-        inputs = n.inputs[:3] + n.inputs[5:]
+        inputs = n.inputs[:3] + n.inputs[5:6 if n.attrs["mask"] else 5]
         attrs = {"mask": n.attrs["mask"]}
     q, k, v = ins[:3]
-    out = _attention(uf, _Fwd, ins[:3] + ins[5:])
+    out = _attention(uf, _Fwd, ins[:3] + ins[5:6 if n.attrs["mask"] else 5])
+    if n.attrs.get("lse"):   # the forward's log-sum-exp, one per query row
+        for a, c in zip(ins[-1], out[:3]):
+            unify(uf, a, c)
     for x in ins[3:5]:
         for a, c in zip(x, out):
             unify(uf, a, c)

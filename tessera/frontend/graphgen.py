@@ -29,7 +29,7 @@ from xdsl.dialects.builtin import (
     i1,
 )
 from xdsl.ir import Block, Region
-from xdsl.irdl import OptOperandDef
+from xdsl.irdl import OptOperandDef, OptResultDef
 
 from tessera import dtypes as dt
 from tessera.ir import dims as D
@@ -158,13 +158,16 @@ def _make_op(n: Node, operands, T, second):
     cls = OP_CLASS[n.op]
     d = cls.get_irdl_definition()
     attrs = {k: _attribute(k, a.constr, n.attrs[k]) for k, a in d.attributes.items() if n.attrs.get(k) is not None}
-    results = [T] if len(d.results) == 1 else [T, second or T]
+    optional = len(d.results) == 2 and isinstance(d.results[1][1], OptResultDef)   # attention's lse
+    results = [T] if len(d.results) == 1 or (optional and second is None) else [T, second or T]
     opt = [isinstance(od, OptOperandDef) for _, od in d.operands]
     if not any(opt):
         return cls.create(operands=operands, result_types=results, attributes=attrs)
     present = n.attrs.get("present", (len(operands) == len(opt),) if sum(opt) == 1 else None)
     flags, rest = iter(present), iter(operands)
     groups = [([next(rest)] if next(flags) else []) if o else [next(rest)] for o in opt]
+    if optional:   # the constructor takes an optional result as a group
+        results = [T, [second] if second is not None else []]
     return cls(operands=groups, result_types=results, attributes=attrs)
 
 

@@ -84,6 +84,29 @@ def attention_grad64(q, k, v, o, do, mask, scale, causal):
     return np.concatenate([dq.reshape(b, hk, g, s, d), dk[:, :, None], dv[:, :, None]], axis=2)
 
 
+def attention_lse64(q, k, v, mask, scale, causal):
+    """float64 log-sum-exp per query row of ``attention64``'s scaled, masked scores ([B, H, SQ]):
+    ``tessera.attention``'s second result; +inf for a row with every key masked."""
+    hq, hk = q.shape[1], k.shape[1]
+    if hq != hk:
+        k = np.repeat(k, hq // hk, axis=1)
+    s = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
+    allowed = np.ones(s.shape, bool)
+    if causal:
+        allowed &= np.tril(np.ones(s.shape[-2:], bool))
+    if mask is not None:
+        if mask.dtype == np.bool_:
+            allowed &= np.broadcast_to(mask, s.shape)
+        else:
+            s = s + mask
+    s = np.where(allowed, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mf = np.where(np.isfinite(m), m, 0)
+        lse = (mf + np.log(np.exp(s - mf).sum(-1, keepdims=True)))[..., 0]
+    return np.where(np.isneginf(lse), np.inf, lse)
+
+
 def bounded_indices(i, n: int) -> np.ndarray:
     """The gathers' index policy (ir/graph_index.py): numpy's meaning in [-n, n), clamped outside."""
     i = np.asarray(i).astype(np.int64)
@@ -197,6 +220,12 @@ def _attention_grad(n, x):
     return attention_grad64(*x[:5], x[5] if n.attrs["mask"] else None, sc, n.attrs["causal"])
 
 
+def _attention_lse(n, x):   # inputs: the attention node, then its own inputs
+    a = n.inputs[0]
+    sc = a.attrs["scale"] if a.attrs["scale"] is not None else 1 / math.sqrt(max(x[1].shape[-1], 1))
+    return attention_lse64(x[1], x[2], x[3], x[4] if a.attrs["mask"] else None, sc, a.attrs["causal"])
+
+
 def _cast(n, x):
     r = R.cast(x[0], n.dtype)
     return r if n.dtype.kind in "biu" else r.astype(np.float64)
@@ -224,7 +253,7 @@ REFERENCE = {
     "reshape": lambda n, x: np.reshape(x[0], n.shape),
     "concat": lambda n, x: np.concatenate(x, axis=n.attrs["axis"]),
     "pad": _pad, "conv_patches": _conv_patches, "slice": _slice, "attention": _attention, "cast": _cast,
-    "attention_grad": _attention_grad,
+    "attention_grad": _attention_grad, "attention_lse": _attention_lse,
     **{k: (lambda n, x: gather64(n.op, x, n.attrs, n.shape)) for k in ("take", "take_along_axis", "one_hot")},
     "scatter_add": lambda n, x: scatter_add64(x, n.attrs, n.shape),
     **{k: (lambda n, x: R.OPS[n.op](n, x)) for k in R.OPS},   # comparisons, where, logic, integer ops

@@ -9,6 +9,8 @@ value a backward node reads is looked at once, by one rule:
   forward);
 * **everything else is saved**: a GEMM / attention / conv output, a row op's (softmax, norms),
   a reduction's, a gather's -- their buffer is kept from the forward and read by the backward;
+* a second result the backward reads (attention's log-sum-exp, ``attention_lse``) is saved with
+  its op (and recomputed with it inside a checkpoint region);
 * constants and iota are computed where they are read (neither saved nor recomputed);
 * inside a ``tessera.checkpoint(f)`` region nothing is saved but the region's inputs (and its
   outputs, which the forward keeps anyway): the backward recomputes the region's ops from them,
@@ -126,13 +128,19 @@ def rematerialize(graph, forward: list[Node], start: int) -> None:
         clones.append(c)
         return c
 
+    extra: list[Node] = []
     for b in backward:
+        if b.op == "attention_lse":   # the forward attention's second result: saved with it (its other
+            b.inputs = [read(b.inputs[0])] + b.inputs[1:]   # inputs are the op's own, for the oracle)
+            if id(b.inputs[0]) in saved:
+                extra.append(b)
+            continue
         b.inputs = [read(i) for i in b.inputs]
     graph.nodes[start:start] = clones
     record = getattr(graph, "saved", None)
     if record is None:
         record = graph.saved = []
-    record += [(n, nbytes(n)) for n in saved.values()]
+    record += [(n, nbytes(n)) for n in list(saved.values()) + extra]
 
 
 def saved_lines(graph) -> list[str]:

@@ -11,7 +11,7 @@ import math
 
 from tessera import dtypes as dt
 from tessera.frontend import ops
-from tessera.frontend.attention_grad import fits
+from tessera.frontend.attention_grad import fits, saved_lse
 from tessera.frontend.vjp_rules import T, reshape, rule, unbroadcast
 
 
@@ -124,7 +124,8 @@ def vjp_cross_entropy(n, g, need):
 def vjp_attention(n, g, need):
     """The flash-attention backward kernel (``ops.attention_backward``: one
     ``tessera.attention_grad``, dQ, dK and dV recomputing the probabilities block by block from
-    q, k, v, the saved output and g; no S x S tensor) wherever it applies: seq_q == seq_k and
+    q, k, v, the saved output, the forward's saved log-sum-exp (its second result, ``saved_lse``)
+    and g; no S x S tensor) wherever it applies: seq_q == seq_k and
     head dim == value dim (its packed result), any mask but an additive float one whose own
     gradient is asked for.  Otherwise (cross-attention shapes, or d(mask) wanted, which is dS
     itself, an S x S tensor by definition) the composed form below: recompute
@@ -137,7 +138,8 @@ def vjp_attention(n, g, need):
     if fits(q._node.shape, k._node.shape, v._node.shape) and not mask_grad:
         gq = reshape(g, n.shape)
         grads = ops.attention_backward(q, k, v, T(n), gq if gq.dtype == q.dtype else ops.cast(gq, q.dtype),
-                                       causal=n.attrs["causal"], scale=n.attrs["scale"], mask=mask)
+                                       causal=n.attrs["causal"], scale=n.attrs["scale"], mask=mask,
+                                       lse=saved_lse(n))
         return [x if wanted else None for x, wanted in zip(grads, need[:3])] + ([None] if mask is not None else [])
     return _vjp_attention_composed(n, g, need, q, k, v, mask)
 

@@ -6,6 +6,8 @@ from xdsl.dialects.builtin import (
     FloatAttr,
     IntegerType,
     StringAttr,
+    f32,
+    f64,
 )
 from xdsl.irdl import (
     AttrSizedOperandSegments,
@@ -13,6 +15,7 @@ from xdsl.irdl import (
     irdl_op_definition,
     opt_attr_def,
     opt_operand_def,
+    opt_result_def,
     operand_def,
     result_def,
     traits_def,
@@ -23,6 +26,7 @@ from tessera.errors import (
     GraphAttributeError,
     GraphDtypeError,
     GraphRankError,
+    GraphResultTypeError,
     GraphShapeError,
 )
 from tessera.ir.graph import GraphOp
@@ -41,7 +45,13 @@ class AttentionOp(GraphOp):
     inputs' float type), broadcast to [batch, heads_q, seq_q, seq_k].  ``causal`` masks key j
     for query i when j > i (top-left alignment, as torch's scaled_dot_product_attention with
     is_causal=True).  A query row with every key masked gives 0 (``masked_rows = "zero"``)
-    or NaN (``"nan"``: what the composed softmax form gives, used when the op stands in for it)."""
+    or NaN (``"nan"``: what the composed softmax form gives, used when the op stands in for it).
+
+    An optional second result ``lse`` [batch, heads_q, seq_q] holds each query row's log-sum-exp of
+    its scaled, masked scores (natural log; +inf for a row with every key masked, so that
+    ``exp(s - lse)`` is 0 there), in f32 (f64 for float64 inputs).  It is present only in programs
+    whose gradient reads it (``attention``'s vjp rule asks for it): ``tessera.attention_grad``
+    then takes it instead of recomputing it."""
 
     name = "tessera.attention"
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
@@ -53,9 +63,10 @@ class AttentionOp(GraphOp):
     causal = attr_def(BoolAttr)
     masked_rows = attr_def(StringAttr)
     result = result_def(TensorType)
+    lse = opt_result_def(TensorType)
     traits = traits_def(Pure())
     assembly_format = ("$q `,` $k `,` $v (`mask` $mask^ `:` type($mask))? attr-dict `:` type($q) `,` type($k) `,` "
-                       "type($v) `->` type($result)")
+                       "type($v) `->` type($result) (`,` type($lse)^)?")
 
     def infer_result_type(self) -> TensorType:
         q, k, v = (_operand_tensor(self.name, x) for x in (self.q, self.k, self.v))
@@ -63,6 +74,19 @@ class AttentionOp(GraphOp):
         if self.masked_rows.data not in MASKED_ROWS:
             raise GraphAttributeError(f"tessera.attention masked_rows={self.masked_rows.data!r}; legal: zero, nan")
         return infer_attention(q, k, v, m)
+
+    def verify_(self) -> None:
+        super().verify_()
+        if self.lse is not None:
+            want = lse_type(self.result.type, self.q.type.element_type)
+            if self.lse.type != want:
+                raise GraphResultTypeError(f"{self.name}: lse type {self.lse.type}, expected {want}", op=self)
+
+
+def lse_type(out: TensorType, elem) -> TensorType:
+    """The log-sum-exp result of an attention whose output is ``out`` and inputs ``elem``: one value per
+    query row, f64 for float64 inputs, else f32."""
+    return TensorType.of(tuple(out.dims[:3]), f64 if elem == f64 else f32)
 
 
 def infer_attention(q: TensorType, k: TensorType, v: TensorType, mask: TensorType | None) -> TensorType:

@@ -7,7 +7,12 @@ do.  Its one result packs the three gradients per (batch, kv head), so one kerne
 group's query heads, slot G is dK, slot G+1 is dV (a reshape of slots 0..G-1 is dQ
 [B, H, S, D]).  So the packed form needs seq_q == seq_k and head dim == value dim (self-attention;
 ``ops.attention_backward`` says which other shapes take the composed backward instead).
-Computed in the inputs' float type (f32 or f64)."""
+Computed in the inputs' float type (f32 or f64).
+
+``lse`` (optional, ``[B, H, S]``) is the forward's saved log-sum-exp per query row (the second
+result of ``tessera.attention``, present when the forward is in the same program): the kernel
+reads it instead of recomputing it over the keys.  Absent (``ops.attention_backward`` called on
+its own), the kernel recomputes it."""
 from __future__ import annotations
 
 from xdsl.dialects.builtin import BoolAttr, FloatAttr
@@ -25,7 +30,7 @@ from xdsl.traits import Pure
 
 from tessera.errors import GraphDtypeError, GraphShapeError
 from tessera.ir.graph import GraphOp
-from tessera.ir.graph_attention import infer_attention
+from tessera.ir.graph_attention import infer_attention, lse_type
 from tessera.ir.graph_types import TensorType, _operand_tensor
 
 
@@ -41,17 +46,26 @@ class AttentionGradOp(GraphOp):
     o = operand_def(TensorType)
     do = operand_def(TensorType)
     mask = opt_operand_def(TensorType)
+    lse = opt_operand_def(TensorType)
     scale = opt_attr_def(FloatAttr)  # absent: 1/sqrt(head dim)
     causal = attr_def(BoolAttr)
     result = result_def(TensorType)
     traits = traits_def(Pure())
-    assembly_format = ("$q `,` $k `,` $v `,` $o `,` $do (`mask` $mask^ `:` type($mask))? attr-dict `:` type($q) `,` "
+    assembly_format = ("$q `,` $k `,` $v `,` $o `,` $do (`mask` $mask^ `:` type($mask))? (`lse` $lse^ `:` type($lse))? attr-dict `:` type($q) `,` "
                        "type($k) `,` type($v) `,` type($o) `,` type($do) `->` type($result)")
 
     def infer_result_type(self) -> TensorType:
         q, k, v, o, do = (_operand_tensor(self.name, x) for x in (self.q, self.k, self.v, self.o, self.do))
         m = _operand_tensor(self.name, self.mask) if self.mask is not None else None
         return infer_attention_grad(q, k, v, o, do, m)
+
+    def verify_(self) -> None:
+        super().verify_()
+        if self.lse is not None:
+            want = lse_type(self.o.type, self.q.type.element_type)
+            if self.lse.type != want:
+                raise GraphShapeError(f"{self.name}: lse is {self.lse.type}, expected {want} (one value per query "
+                                      f"row of the forward)", op=self)
 
 
 def attention_groups(hq, hk) -> int:

@@ -169,7 +169,7 @@ _op("fusion", "structure", "fib", "", NO, "a region of ops fused into one kernel
 _op("yield", "structure", "fib", "", NO, "a fusion region's results")
 
 # trace nodes that stand for a second result of their first input's op (not ops of their own)
-SECOND_RESULTS = {"top_k_indices": "top_k", "cross_entropy_valid": "cross_entropy"}
+SECOND_RESULTS = {"top_k_indices": "top_k", "cross_entropy_valid": "cross_entropy", "attention_lse": "attention"}
 
 # tessera.ops functions made of other ops (no Graph IR op of their own): what they record
 COMPOSITES = {

@@ -213,7 +213,7 @@ def rewrite_composed(block) -> bool:
             rt = g.infer_attention(q.type, k.type, v.type, mask.type if mask is not None else None)
         except Exception:  # noqa: BLE001 - shapes the op does not take: leave the composed form
             continue
-        att = g.AttentionOp(operands=[[q], [k], [v], [mask] if mask is not None else []], result_types=[rt],
+        att = g.AttentionOp(operands=[[q], [k], [v], [mask] if mask is not None else []], result_types=[rt, []],
                             attributes={"scale": FloatAttr(scale, f64), "causal": BoolAttr(causal, i1),
                                         "masked_rows": StringAttr("nan")})
         new_ops.append(att)

@@ -61,7 +61,8 @@ def _dtype(elem) -> str:
 def _decode_rows(fop: g.FusionOp) -> int | None:
     """Rows per work item when the fusion's attention runs as the split-K decode kernel, else None."""
     att = [o for o in fop.body.block.ops if isinstance(o, g.AttentionOp)]
-    return attention_decode.decode_rows(att[0]) if len(att) == 1 else None
+    # an attention that also writes its log-sum-exp (for its gradient) runs the flash kernel
+    return attention_decode.decode_rows(att[0]) if len(att) == 1 and att[0].lse is None else None
 
 
 def _round_down(v: int, m: int) -> int:

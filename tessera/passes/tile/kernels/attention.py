@@ -24,6 +24,8 @@ the A operand of O += P V.  Per item, in the thread's workspace (all O(block)):
   every query are not computed, the softmax strips stop at their last query's key, and each
   O tile's k loop at its own last query's key)
   out[r] = O[r] * (1 / l[r])  (0, or NaN when standing in for the composed form, if l = 0)
+  lse[r] = m[r] ln 2 + log l[r]  only when the op has its second result (a gradient in the same
+                           program reads it): one value per row, +inf where l = 0
 
 Everything accumulates in f32 (float64 tensors: f64, on the f64 FMA record); bf16 inputs are
 converted while packing.
@@ -49,6 +51,7 @@ from tessera.passes.tile.kernels.attention_tiles import Tiles
 
 MAX_HEAD_DIM = 256
 LOG2E = 1.4426950408889634   # scores are kept in log2 units: the softmax's exponentials are 2^x
+LN2 = 0.6931471805599453
 
 
 @dataclass
@@ -64,6 +67,7 @@ class AttentionPlan:
     zero_rows: bool                  # fully-masked rows give 0 (explicit op) rather than NaN (composed form)
     dims: tuple                      # (B, H, SQ, D), (_, HKV, SK, _), DV
     heads_inner: bool = False        # output written [B, SQ, H, DV] (a transpose(0, 2, 1, 3) of it, fused)
+    lse_index: int | None = None     # the log-sum-exp result's place among the kernel's outputs, if written
 
 
 def analyse(kop: s.KernelOp) -> AttentionPlan:
@@ -74,6 +78,10 @@ def analyse(kop: s.KernelOp) -> AttentionPlan:
         raise illegal(name, "an attention kernel holds one tessera.attention")
     op = att[0]
     out = list(block.last_op.operands)
+    # the log-sum-exp (a gradient reads it): its own result buffer, at its place among the yields
+    lse_index = out.index(op.lse) if op.lse is not None and op.lse in out else None
+    if lse_index is not None:
+        out.pop(lse_index)
     if len(out) == 1 and isinstance(out[0].owner, g.ReshapeOp):
         out = [out[0].owner.input]   # the result is written row-major: a reshape of it is the same bytes
     heads_inner = len(out) == 1 and isinstance(out[0].owner, g.TransposeOp) and out[0].owner.input == op.result \
@@ -95,7 +103,8 @@ def analyse(kop: s.KernelOp) -> AttentionPlan:
     return AttentionPlan(op, views, mask_view, op.mask is not None and isinstance(op.mask.type.element_type,
                                                                                    IntegerType),
                          op.scale.value.data if op.scale is not None else None, bool(op.causal.value.data),
-                         op.masked_rows.data == "zero", ((B, H, SQ, DH), (B, HKV, SK, DH), DV), heads_inner)
+                         op.masked_rows.data == "zero", ((B, H, SQ, DH), (B, HKV, SK, DH), DV), heads_inner,
+                         lse_index)
 
 
 def generate(kop: s.KernelOp):
@@ -145,7 +154,11 @@ def generate(kop: s.KernelOp):
     sig = KernelSig(name, reg=F)
     for v in kop.inputs:
         sig.buffer(v.type.element_type)
-    out_buf = sig.buffer(out_elem)
+    lse_elem = op.lse.type.element_type if plan.lse_index is not None else None
+    outs = [sig.buffer(out_elem), sig.buffer(lse_elem)] if plan.lse_index is not None else [sig.buffer(out_elem)]
+    if plan.lse_index == 0:
+        outs.reverse()
+    out_buf, lse_buf = outs[0], (outs[1] if plan.lse_index is not None else None)
     for d in (B, H, HKV, SQ, SK, DH, DV):
         sig.dim(d)
     for v in list(views.values()) + ([mask_view] if mask_view is not None else []):
@@ -358,6 +371,11 @@ def generate(kop: s.KernelOp):
             else:                  # [B, H, SQ, DV]
                 out_row = bf.mul(bf.add(bf.mul(bf.add(bf.mul(bidx, nH), h), nSQ), bf.add(q0, r)), nDV)
 
+            if lse_buf is not None:
+                mr = load(bf, view(bf, ws["m"], F, "l1", (1, 1), r, 0, 0, 1, 1), (1, 1))
+                store(bf, row_lse(bf, mr, lr, F), view(bf, buf[lse_buf], lse_elem, "global", (1, 1),
+                                    bf.add(bf.mul(bf.add(bf.mul(bidx, nH), h), nSQ), bf.add(q0, r)), 0, 0, 1, 1))
+
             def chunk(bc, c0, _c3):
                 left = bc.sub(nDV, c0)
                 orow = load(bc, view(bc, ws["o"], F, "l2", (1, OCH), bc.add(bc.mul(r, DVp), c0), 0, 1, 1, left),
@@ -374,6 +392,14 @@ def generate(kop: s.KernelOp):
     fn = kf.finish()
     fn.attributes["limits"] = str_array(limits)
     return fn, sig.dims, workspace, []
+
+
+def row_lse(b: Builder, m, l, F):
+    """A row's log-sum-exp from its running maximum m (log2 units) and sum l: m ln 2 + log l, as
+    m ln 2 - log(1 / l) so that a row with every key masked (l = 0, 1 / l taken as 0) gets +inf."""
+    inv = elementwise(b, "safe_div", [tile_const(b, 1.0, F), l])
+    return elementwise(b, "sub", [elementwise(b, "mul", [elementwise(b, "finite_or_zero", [m]), tile_const(b, LN2, F)]),
+                                  elementwise(b, "log", [inv])])
 
 
 def causal_keys(b: Builder, q0, j0, queries_end, nk):
@@ -411,5 +437,5 @@ def _const_row(b: Builder, n: int, value: float, elem=f32):
     return op.result
 
 
-__all__ = ["AttentionPlan", "analyse", "causal_keys", "generate", "rescale", "sees_block", "straddle", "whole_keys",
+__all__ = ["LN2", "AttentionPlan", "analyse", "causal_keys", "row_lse", "generate", "rescale", "sees_block", "straddle", "whole_keys",
            "D"]

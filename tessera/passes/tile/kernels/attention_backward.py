@@ -7,11 +7,13 @@ group and block of BQ queries, in the thread's workspace (all O(block), the forw
 scores kept transposed, one key per row, one query per column):
 
   Q^T, dO^T (D x BQ) and Q, dO (BQ x D) packed as B panels;  Delta = rowsum(dO * O) per query
-  pass 1, the log-sum-exp (recomputed: the forward does not save it), per key block:
+  the log-sum-exp: read from the op's ``lse`` operand when the forward saved it (its second
+  result, in the same program); else recomputed in pass 1, per key block:
       K panel, S^T = K Q^T * scale * log2 e, masked;  m' = max(m, max_j s_j),
       l = l * 2^(m - m') + sum_j 2^(s_j - m')
   pass 2, per key block (blocks above the causal diagonal are skipped in both passes):
-      S^T again; P^T = 2^(S^T - m) / l (0 where masked, and for a query with every key masked)
+      S^T again; P^T = 2^(S^T - lse) (saved; lse = +inf for a query with every key masked) or
+      2^(S^T - m) / l (0 where masked, and for a query with every key masked)
       dP^T = V dO^T;  dS^T = P^T * (dP^T - Delta) * scale          (BKV x BQ scratch)
       dV[keys] += P^T dO, dK[keys] += dS^T Q   (into the result: this item's rows only)
       dQ += dS K                                (BQ x D scratch, written after the last block)
@@ -25,6 +27,7 @@ from __future__ import annotations
 import math
 
 from xdsl.dialects.builtin import FloatAttr, IntegerType, StringAttr, f32, f64
+from xdsl.ir import BlockArgument
 
 from tessera.ir import graph as g
 from tessera.ir import schedule as s
@@ -56,6 +59,8 @@ def analyse(kop: s.KernelOp):
         if mv is None:
             raise illegal(name, "the mask must be a kernel input")
         mask_view = broadcast_to(mv, (B, H, SQ, SQ))
+    if op.lse is not None and not (isinstance(op.lse, BlockArgument) and op.lse.owner is block):
+        raise illegal(name, "the saved log-sum-exp must be a kernel input")
     return op, views, mask_view
 
 
@@ -103,7 +108,8 @@ def generate(kop: s.KernelOp):
     kf = sig.build()
     b = kf.b
     buf = kf.buffer_args
-    nB, nHKV, nS, nD = (kf.size(d) for d in (B, HKV, S, DH))
+    nB, nH, nHKV, nS, nD = (kf.size(d) for d in (B, H, HKV, S, DH))
+    saved = op.lse is not None   # the forward's log-sum-exp is an input: no statistics pass
 
     # ---- workspace (per thread, O(block): nothing grows with the sequence)
     sizes = {"qt": Dp * BQ, "dot": Dp * BQ, "qb": BQ * DPp, "dob": BQ * DPp, "ka": BKV * Dp, "va": BKV * Dp,
@@ -234,45 +240,57 @@ def generate(kop: s.KernelOp):
             def stat(bc, k, c0):
                 return view(bc, ws[k], F, "l1", (1, CW), c0, 0, 1, 1, CW)
 
-            # ---- pass 1: m (finite) and 1 / l per query
-            store(bq_, splat_row(bq_, BQ, float("-inf"), F), view(bq_, ws["m"], F, "l1", (1, BQ), 0, 0, 1, 1, BQ))
-            store(bq_, zeros(bq_, BQ), view(bq_, ws["l"], F, "l1", (1, BQ), 0, 0, 1, 1, BQ))
+            if saved:
+                # m = the forward's log-sum-exp in log2 units (+inf, so P = 0, for columns past bq)
+                lse_in = op.lse.index
 
-            def stats_block(bk: Builder, j0, _c):
-                nk = bk.min(BKV, bk.sub(kv_end, j0))
-                scores(bk, j0, nk)
-
-                def column_strip(bc: Builder, c0, _c3):
-                    kn = causal_keys(bc, q0, j0, bc.add(c0, CW), nk) if causal else nk
-                    m_old = load(bc, stat(bc, "m", c0), (1, CW))
-
-                    def max_row(bj, j, c):
-                        x = logits(bj, j0, j, c0)
-                        if masked:   # the sum pass reads the masked scores back
-                            store(bj, x, s_row(bj, "s", j, c0))
-                        return [elementwise(bj, "max", [c[0], x])]
-                    m_new = bc.for_(0, kn, 1, max_row, [m_old])[0]
-                    m_safe = elementwise(bc, "finite_or_zero", [m_new])
-
-                    def p_row(bj, j, c):
-                        d = elementwise(bj, "sub", [load(bj, s_row(bj, "s", j, c0), (1, CW)), m_safe])
-                        return [elementwise(bj, "add", [c[0], elementwise(bj, "exp2_bounded", [d])])]
-                    psum = bc.for_(0, kn, 1, p_row, [zeros(bc, CW)])[0]
-                    alpha = elementwise(bc, "exp2_bounded", [elementwise(bc, "sub", [m_old, m_safe])])
-                    store(bc, m_new, stat(bc, "m", c0))
-                    store(bc, elementwise(bc, "add", [elementwise(bc, "mul", [load(bc, stat(bc, "l", c0), (1, CW)),
-                                                                             alpha]), psum]), stat(bc, "l", c0))
+                def lse_strip(bc: Builder, c0, _c):
+                    x = load(bc, view(bc, buf[lse_in], op.lse.type.element_type, "global", (1, CW),
+                                      lse_at(bc, bidx, h, nH, nS, bc.add(q0, c0)), 0, 1, 1, bc.sub(bq, c0)),
+                             (1, CW), float("inf"))
+                    store(bc, elementwise(bc, "mul", [x, tile_const(bc, LOG2E, F)]), stat(bc, "m", c0))
                     return []
-                bk.for_(0, bqs, CW, column_strip)
-                return []
-            bq_.for_(0, kv_end, BKV, stats_block)
+                bq_.for_(0, bqs, CW, lse_strip)
+            else:
+                # ---- pass 1 (no saved log-sum-exp): m (finite) and 1 / l per query
+                store(bq_, splat_row(bq_, BQ, float("-inf"), F), view(bq_, ws["m"], F, "l1", (1, BQ), 0, 0, 1, 1, BQ))
+                store(bq_, zeros(bq_, BQ), view(bq_, ws["l"], F, "l1", (1, BQ), 0, 0, 1, 1, BQ))
 
-            def finalise(bc: Builder, c0, _c):
-                store(bc, elementwise(bc, "finite_or_zero", [load(bc, stat(bc, "m", c0), (1, CW))]), stat(bc, "m", c0))
-                store(bc, elementwise(bc, "safe_div", [splat_row(bc, CW, 1.0, F), load(bc, stat(bc, "l", c0), (1, CW))]),
-                      stat(bc, "l", c0))
-                return []
-            bq_.for_(0, bqs, CW, finalise)
+                def stats_block(bk: Builder, j0, _c):
+                    nk = bk.min(BKV, bk.sub(kv_end, j0))
+                    scores(bk, j0, nk)
+
+                    def column_strip(bc: Builder, c0, _c3):
+                        kn = causal_keys(bc, q0, j0, bc.add(c0, CW), nk) if causal else nk
+                        m_old = load(bc, stat(bc, "m", c0), (1, CW))
+
+                        def max_row(bj, j, c):
+                            x = logits(bj, j0, j, c0)
+                            if masked:   # the sum pass reads the masked scores back
+                                store(bj, x, s_row(bj, "s", j, c0))
+                            return [elementwise(bj, "max", [c[0], x])]
+                        m_new = bc.for_(0, kn, 1, max_row, [m_old])[0]
+                        m_safe = elementwise(bc, "finite_or_zero", [m_new])
+
+                        def p_row(bj, j, c):
+                            d = elementwise(bj, "sub", [load(bj, s_row(bj, "s", j, c0), (1, CW)), m_safe])
+                            return [elementwise(bj, "add", [c[0], elementwise(bj, "exp2_bounded", [d])])]
+                        psum = bc.for_(0, kn, 1, p_row, [zeros(bc, CW)])[0]
+                        alpha = elementwise(bc, "exp2_bounded", [elementwise(bc, "sub", [m_old, m_safe])])
+                        store(bc, m_new, stat(bc, "m", c0))
+                        store(bc, elementwise(bc, "add", [elementwise(bc, "mul", [load(bc, stat(bc, "l", c0), (1, CW)),
+                                                                                 alpha]), psum]), stat(bc, "l", c0))
+                        return []
+                    bk.for_(0, bqs, CW, column_strip)
+                    return []
+                bq_.for_(0, kv_end, BKV, stats_block)
+
+                def finalise(bc: Builder, c0, _c):
+                    store(bc, elementwise(bc, "finite_or_zero", [load(bc, stat(bc, "m", c0), (1, CW))]), stat(bc, "m", c0))
+                    store(bc, elementwise(bc, "safe_div", [splat_row(bc, CW, 1.0, F), load(bc, stat(bc, "l", c0), (1, CW))]),
+                          stat(bc, "l", c0))
+                    return []
+                bq_.for_(0, bqs, CW, finalise)
             zero_rows(bq_, ws["dq"], "l2", DPp, bqo, DPp)
 
             # ---- pass 2: P, dS and the three products per key block
@@ -286,12 +304,11 @@ def generate(kop: s.KernelOp):
 
                 def p_strip(bc: Builder, c0, _c3):
                     m = load(bc, stat(bc, "m", c0), (1, CW))
-                    il = load(bc, stat(bc, "l", c0), (1, CW))
+                    il = None if saved else load(bc, stat(bc, "l", c0), (1, CW))
 
-                    def p_row(bj, j, _c4):
-                        d = elementwise(bj, "sub", [logits(bj, j0, j, c0), m])
-                        store(bj, elementwise(bj, "mul", [elementwise(bj, "exp2_bounded", [d]), il]),
-                              s_row(bj, "s", j, c0))
+                    def p_row(bj, j, _c4):   # P = 2^(s - lse), or 2^(s - m) / l
+                        p = elementwise(bj, "exp2_bounded", [elementwise(bj, "sub", [logits(bj, j0, j, c0), m])])
+                        store(bj, p if saved else elementwise(bj, "mul", [p, il]), s_row(bj, "s", j, c0))
                         return []
                     if causal:   # keys past the strip's last query: P = 0 without the exponentials
                         kn = causal_keys(bc, q0, j0, bc.add(c0, CW), nk)
@@ -357,10 +374,15 @@ def dscores(b: Builder, p, dpt, delta, scale):
     return elementwise(b, "mul", [elementwise(b, "mul", [p, elementwise(b, "sub", [dpt, delta])]), scale])
 
 
+def lse_at(b: Builder, bidx, h, nh, ns, row):
+    """Where query ``row`` of head ``h`` of batch ``bidx`` has its log-sum-exp in the [B, H, S] input."""
+    return b.add(b.mul(b.add(b.mul(bidx, nh), h), ns), row)
+
+
 def keys_end(b: Builder, n, q0, bq, causal: bool):
     """The keys a block of bq queries from q0 sees: all n, or (causal) those up to its last query;
     the key blocks past it are skipped."""
     return b.min(n, b.add(q0, bq)) if causal else n
 
 
-__all__ = ["analyse", "dscores", "generate", "keys_end"]
+__all__ = ["analyse", "dscores", "generate", "keys_end", "lse_at"]

@@ -133,6 +133,8 @@ def generate(kop: s.KernelOp):
     name = kop.sym_name.data
     plan = analyse(kop)
     op = plan.op
+    if plan.lse_index is not None:
+        raise illegal(name, "the decode attention kernel does not write the log-sum-exp a gradient reads")
     if kop.loop_order != ["bh", "kv", "g", "v"]:
         raise illegal(name, f"decode attention runs loops in order [bh, kv, g, v], not {kop.loop_order}")
     if kop.parallel.data not in ("bh*kv", "none"):

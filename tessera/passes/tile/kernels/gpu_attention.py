@@ -53,6 +53,8 @@ def generate(kop: s.KernelOp, sel: MmaSelection):
     name = kop.sym_name.data
     plan = analyse(kop)
     op = plan.op
+    if plan.lse_index is not None:
+        raise illegal(kop.sym_name.data, "the GPU attention kernel does not write the log-sum-exp a gradient reads")
     rec = sel.record
     im, in_, ik = rec.shape
     wave = rec.lanes or 32
