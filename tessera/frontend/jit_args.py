@@ -105,6 +105,15 @@ def _static_positions(fn, nums: tuple, names: tuple) -> frozenset:
     return frozenset(out)
 
 
+def _donate_positions(nums) -> tuple[int, ...]:
+    """``donate_argnums`` checked: argument positions (integers >= 0)."""
+    out = _as_tuple(nums)
+    for n in out:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ArgumentError(f"donate_argnums: {n!r} is not an argument position (an integer >= 0)")
+    return tuple(sorted(set(out)))
+
+
 def _with_deterministic(schedule: dict | None, deterministic: bool) -> dict | None:
     """``deterministic=True`` is the schedule pin of that name (docs/numerics.md)."""
     return {**(schedule or {}), "deterministic": True} if deterministic else schedule
