@@ -30,8 +30,8 @@ from tessera.frontend import graphgen, interop, reference
 from tessera.frontend.artifact import Artifact
 from tessera.frontend.compile import Compiled, check_pins, compile_graph, resolve_arch
 from tessera.frontend.jit_args import (  # noqa: F401  (to_scalar and _scalar_key are imported from here)
-    _as_tuple, _call_params, _donate_positions, _dynamic_hint, _int_scalars, _is_number, _pattern, _scalar_key, _settings,
-    _static_positions, _with_deterministic, to_scalar,
+    _as_tuple, _call_params, _donate_positions, _donated_indices, _dynamic_hint, _int_scalars, _is_number, _pattern,
+    _scalar_key, _settings, _static_positions, _with_deterministic, to_scalar,
 )
 from tessera.frontend.report import LaneReport
 from tessera.frontend.trace import ARRAY, SCALAR, STATIC, Tensor, current_lane, scalar_dtype_for, trace
@@ -341,7 +341,7 @@ class JitFunction:
         self._count_compile(key, kinds, prepared, arrays)
         v.scalars = tuple(i for i, k in enumerate(kinds) if k == SCALAR)
         v.scalar_dtype = next((a.dtype for a, k in zip(prepared, kinds) if k == SCALAR), v.scalar_dtype)
-        v.donated_positions = self._donated(kinds)
+        v.donated_positions = _donated_indices(self.name, self.donate_argnums, kinds)
         v.donated = frozenset(v.donated_positions.values())
         with self._lock:
             self._variants.setdefault(key, []).append(v)
@@ -349,21 +349,6 @@ class JitFunction:
             self._nvariants += 1
             self._evict()
         return v, arrays, None
-
-    def _donated(self, kinds) -> dict[int, int]:
-        """Donated argument positions -> their index among the kernel's arrays (a Python number is a
-        fresh 0-d array: nothing of the caller's to reuse; a static argument is refused)."""
-        index = {i: n for n, i in enumerate(i for i, k in enumerate(kinds) if k != STATIC)}
-        out = {}
-        for p in self.donate_argnums:
-            if p >= len(kinds):
-                raise ArgumentError(f"{self.name}: donate_argnums names argument {p}; the call passes {len(kinds)}")
-            if kinds[p] == STATIC:
-                raise ArgumentError(f"{self.name}: argument {p} is donated but static (compiled in): only arrays "
-                                    "can be donated")
-            if kinds[p] == ARRAY:
-                out[p] = index[p]
-        return out
 
     def _learn(self, e: ScalarSpecialize, kinds) -> bool:
         """Whether tracing again can help: the arguments ``e`` names become static (or the numbers

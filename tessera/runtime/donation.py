@@ -69,8 +69,10 @@ def plan(program, donated) -> Donation:
                        "(a broadcast, transpose, GEMM, reduction or gather)")
             else:
                 fits = [j for j in sorted(common) if s.out_types[j] == spec and (k, j) not in taken]
-                # a returned result first: its buffer is what the caller keeps
-                fits.sort(key=lambda j: s.outs[j] not in program.results)
+                # returned results first, in the order they are returned (as jax.jit pairs donated
+                # buffers with outputs): p', m', v' of an optimizer land in p, m, v
+                order = {r: n for n, r in reversed(list(enumerate(program.results)))}
+                fits.sort(key=lambda j: order.get(s.outs[j], len(order)))
                 if not fits:
                     why = (f"kernel {s.kernel} writes no result of its shape and dtype "
                            f"({list(spec.dims)} {spec.dtype}) that another donation did not take")

@@ -72,7 +72,7 @@ class FuseMultiTensor(TesseraPass):
 
     name = "fuse-multi-tensor"
     kind = "graph-transform"
-    consumes = ()
+    consumes = ("tessera.fusion", "tessera.yield")   # several groups in, one out
     produces = ("tessera.fusion", "tessera.yield")
 
     def apply(self, ctx: Context, module: ModuleOp) -> None:

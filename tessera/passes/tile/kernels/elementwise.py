@@ -18,7 +18,7 @@ from tessera.ir import schedule as s
 from tessera.passes.tile.kernels import gather_leaf
 from tessera.passes.tile.kernels import rows as R
 from tessera.ir.attrs import str_array
-from tessera.passes.tile.kernels.common import KernelSig, StridedView, for_claimed
+from tessera.passes.tile.kernels.common import KernelSig, StridedView, for_claimed, row_major_strides
 from tessera.passes.tile.kernels.typed import emit_iotas, row_digit
 from tessera.passes.util import register_elem
 
@@ -135,7 +135,9 @@ class _Group:
     def reads(self) -> tuple[set[int], set[int]]:
         """(the kernel inputs this group reads, those it reads only at the element its outputs
         write: a contiguous leaf in the outputs' order, no broadcast, transpose, join or gather)."""
-        other = {lf.view.arg for lf in self.leaves.values() if lf.mode != "contig" or lf.col_stride != 1}
+        dense = row_major_strides(self.dims)
+        other = {lf.view.arg for lf in self.leaves.values()
+                 if lf.view.offset or lf.view.taps or list(lf.view.strides) != dense}
         other |= {lf.view.arg for lv in self.seg_leaves for lf in lv.values()}
         for lf, op, ib in self.takes.values():
             other |= {lf.view.arg, ib}
@@ -184,7 +186,8 @@ class _Group:
                     vals[cat.result] = sub[cat.inputs[i]]
                 if iotas:
                     emit_iotas(bc, compute, vals, kf.reg, len(dims), lambda ax: (
-                        (c, (1, chunk), 0, 1) if ax == len(dims) - 1 else (row_digit(bc, kf, r, dims, ax), (1, 1), 0, 0)))
+                        (c, (1, chunk), 0, 1) if ax == len(dims) - 1
+                        else (row_digit(bc, kf, r, dims, ax), (1, 1), 0, 0)))
                 R.emit_ops(bc, compute, vals, kf.reg)
                 for o, bi in zip(outs, out_bufs):
                     R.store_row(kf, bc, bi, o.type.element_type, vals[o], bc.add(out_off, c), left, chunk, stream)
