@@ -285,3 +285,17 @@ def test_multi_tensor_kernel_reading_one_input_in_two_groups_is_not_aliased(rng)
         np.testing.assert_array_equal(a, b)
     assert not any(np.shares_memory(a, donor) for a in got)
     np.testing.assert_allclose(got[0], x.astype(np.float64) * 2 + y, rtol=1e-6)
+
+
+def test_multi_tensor_kernel_with_an_empty_group_computes_the_others(rng):
+    """A merged kernel is skipped only when every group is empty (one empty parameter must not
+    leave the others' updates unwritten)."""
+    def f(x, y, e):
+        return x * 2.0 + 1.0, y - 3.0, e * 5.0
+    x, y, e = _f32(rng, 40, 9), _f32(rng, 17), np.zeros((0, 4), np.float32)
+    jf = ts.jit(f)
+    assert len(ts.explain(jf, x, y, e).kernels) == 1   # one launch for the three groups
+    a, b, c = jf(x, y, e)
+    np.testing.assert_allclose(a, x.astype(np.float64) * 2 + 1, rtol=1e-6)
+    np.testing.assert_allclose(b, y.astype(np.float64) - 3, rtol=1e-6)
+    assert c.shape == (0, 4)

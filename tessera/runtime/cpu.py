@@ -283,6 +283,14 @@ class CallPlan:
     donation: donation.Donation = donation.NONE   # which results go into donated arguments
 
 
+def _empty(step: Step, shapes: list[tuple]) -> bool:
+    """Nothing to compute: an empty result.  An elementwise kernel may hold several independent
+    groups (passes/graph/fuse_multi_tensor.py), each over its own shape: it is empty only when every
+    result is (a group with no rows hands out no work)."""
+    empty = [math.prod(sh) == 0 for sh in shapes]
+    return all(empty) if step.kernel.endswith("_elementwise") else any(empty)
+
+
 def drop_after(program: HostProgram) -> list[list[int]]:
     """Per step, the intermediates it is the last to touch: a call lets go of each right after that
     step, so its buffer serves a later kernel of the same call (the pool's, or malloc's for fresh
@@ -398,7 +406,7 @@ class CpuExecutable:
             words = np.array(lead + sizes + [nthreads, team] + wss[:nthreads], np.int64)
             steps.append(PlannedStep(
                 s, shapes, [t.np_dtype for t in s.out_types], need if need > CHECK_MEMORY_ABOVE else 0, nthreads,
-                any(math.prod(sh) == 0 for sh in shapes), words, words.ctypes.data, header,
+                _empty(s, shapes), words, words.ctypes.data, header,
                 len(lead) + len(sizes), nthreads > 1 and self.worth_waking(s, env, sizes)))
         return CallPlan(env, steps, self._gen, tver, self.donation_for(donated))
 
