@@ -376,6 +376,14 @@ class DeviceLayoutError(DeviceArrayError):
     code = "DEVICE_LAYOUT"
 
 
+class DonationError(ArgumentError):
+    """A donated argument (``tessera.jit(donate_argnums=...)``) cannot be written: it is read-only
+    (a read-only numpy array, one donated and consumed by an earlier call, a DLPack tensor whose
+    producer marks it read-only or does not say, a JAX array) or it shares memory with another
+    argument (writing it would change an argument that was not donated)."""
+    code = "BAD_DONATION"
+
+
 class TorchBackendMismatchError(FrontendError):
     """The ``torch.compile(backend="tessera")`` check found a Tessera subgraph whose result differs
     from ATen's (a wrong op mapping): raised, never a silent wrong result (the message names the

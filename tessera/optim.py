@@ -14,9 +14,13 @@ whole training step after ``value_and_grad``) it records the ops into that progr
 runs a jitted program kept per (structure, shapes, dtypes).  ``step``, ``lr``, ``b1``, ``b2``,
 ``eps`` and ``weight_decay`` are runtime scalars there: one compile serves every learning rate
 and every step (``b^t`` is computed as ``exp(t log b)``, so ``t`` is never read as a Python value).
-Each parameter's update is ONE elementwise kernel reading p, g, m, v and writing p', m', v' (the
-returned moments are second outputs of that kernel: ``passes/graph/returned_outputs.py``); the
-scalar coefficients are a few 0-d kernels shared by all parameters.
+Each parameter's update is one elementwise group reading p, g, m, v and writing p', m', v' (the
+returned moments are second outputs of that group: ``passes/graph/returned_outputs.py``), and on
+the CPU lane every parameter's group runs in ONE launch (``passes/graph/fuse_multi_tensor.py``: one
+kernel over the list of buffers); the scalar coefficients are one more 0-d launch shared by all
+parameters: two launches a step, whatever the number of parameters.  With ``donate=True`` each
+group reads p, m and v only at the element it writes, so p', m' and v' go into the donated
+buffers (``runtime/donation.py``): a step allocates nothing the size of the parameters.
 """
 from __future__ import annotations
 
@@ -88,10 +92,11 @@ def _traced(P, G, M, V, scalars):
 _JITTED: dict = {}
 
 
-def _jitted(n: int):
+def _jitted(n: int, donate: bool = False):
     """The jitted step over ``n`` parameters, its arguments flat: p..., g..., m..., v..., then the
-    six scalars (one compile per shapes and dtypes, whatever the scalars' values)."""
-    jf = _JITTED.get(n)
+    six scalars (one compile per shapes and dtypes, whatever the scalars' values); ``donate``: p, m
+    and v donated (their buffers take p', m', v')."""
+    jf = _JITTED.get((n, donate))
     if jf is None:
         from tessera.frontend.jit import JitFunction
 
@@ -100,14 +105,21 @@ def _jitted(n: int):
             p2, m2, v2 = _traced(P, G, M, V, flat[4 * n:])
             return tuple(p2 + m2 + v2)
         adamw_step.__name__ = f"adamw_{n}"
-        jf = _JITTED[n] = JitFunction(adamw_step)
+        donated = (*range(n), *range(2 * n, 4 * n)) if donate else ()
+        jf = _JITTED[(n, donate)] = JitFunction(adamw_step, donate_argnums=donated)
     return jf
 
 
-def adamw(params, grads, m, v, step, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-2):
+def adamw(params, grads, m, v, step, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-2, donate=False):
     """One AdamW step (torch.optim.AdamW's formula; ``step`` counts from 1): ``(params', m', v')``.
     ``params``, ``grads``, ``m`` and ``v`` are pytrees (lists, tuples, dicts) of one structure whose
-    leaves have matching shapes and float dtypes; ``m`` and ``v`` start as zeros."""
+    leaves have matching shapes and float dtypes; ``m`` and ``v`` start as zeros.
+
+    ``donate=True`` (on arrays): ``params``, ``m`` and ``v`` are donated (``tessera.jit``'s
+    ``donate_argnums``): ``params'``, ``m'`` and ``v'`` are written into their buffers, and the
+    arrays passed in are read-only afterwards (keep the results: ``p, m, v = adamw(p, g, m, v, t,
+    donate=True)``).  Without it, new arrays; no argument is changed.  Inside a traced function
+    the caller's own ``donate_argnums`` decides."""
     P, spec = _leaves(params, "params")
     trees = [_leaves(t, name) for t, name in ((grads, "grads"), (m, "m"), (v, "v"))]
     for (leaves, s), name in zip(trees, ("grads", "m", "v")):
@@ -125,7 +137,7 @@ def adamw(params, grads, m, v, step, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, weight
         p2, m2, v2 = _traced(P, G, M, V, scalars)
     else:
         n = len(P)
-        out = _jitted(n)(*P, *G, *M, *V, *(float(s) for s in scalars))
+        out = _jitted(n, bool(donate))(*P, *G, *M, *V, *(float(s) for s in scalars))
         out = out if isinstance(out, tuple) else (out,)
         p2, m2, v2 = list(out[:n]), list(out[n:2 * n]), list(out[2 * n:])
     return tuple(_unflatten(spec, iter(x)) for x in (p2, m2, v2))

@@ -140,6 +140,38 @@ def test_train_section_renders_figures_from_raw_timings(tmp_path):
     assert f"| {2.0 / med[bench_train.FRESH]:.0f} |" in line                          # GFLOP/s
     assert "gemm 12.0 (75%), row 4.0 (25%)" in line and "30 / 40 / 35 (0.75x torch)" in line
     assert "| 2.0e-05 |" in line
+    assert "| 19.0 | -- |" in line   # no donated timing in this log
+
+
+def test_donated_step_is_timed_checked_and_rendered(tmp_path):
+    run = _synthetic_run()
+    row = run["rows"][0]
+    row["libraries"][bench_train.DONATED] = {"times_s": [0.015, 0.016, 0.014]}
+    row["check"][bench_train.DONATED] = {"loss": 1e-7}
+    row["peak_bytes"][bench_train.DONATED] = 12 * 2 ** 20
+    bench_train.write_run(run, tmp_path)
+    line = next(ln for ln in "\n".join(bench_train.section(tmp_path)).splitlines() if ln.startswith("| gpt2 block"))
+    assert "| 19.0 | 15.0, 12 |" in line
+    del row["check"][bench_train.DONATED]   # a timing of an unchecked implementation is refused
+    with pytest.raises(BenchLogError, match="unchecked"):
+        bench_train.write_run(run, tmp_path / "other")
+
+
+def test_donated_workload_updates_its_own_copies_in_place(rng):
+    w = W.make_step(rng, batch=1, seq=8, dim=16, heads=2)
+    before = [a.copy() for a in (*w["params"], *w["m"], *w["v"])]
+    call, outputs = W.build(bench_train.DONATED, w)
+    plain, _ = W.build("tessera", w)
+    first = outputs(call())
+    want = outputs(plain())
+    for a, b in zip(first, want):
+        np.testing.assert_array_equal(a, b)
+    out = call()   # the second step reads the first's results and writes into their buffers
+    addr = [o.ctypes.data for o in out[1:]]
+    out = call()
+    assert [o.ctypes.data for o in out[1:]] == addr
+    for a, b in zip((*w["params"], *w["m"], *w["v"]), before):   # the workload's arrays are intact
+        np.testing.assert_array_equal(a, b)
 
 
 def test_train_logs_without_timings_or_check_are_refused(tmp_path):

@@ -94,7 +94,7 @@ def test_dump_ir_writes_one_numbered_file_per_pass(tmp_path, monkeypatch):
 def test_named_pipeline_expands_to_real_passes():
     names = [p.name for p in parse_pipeline("tessera-cpu{arch=znver4}")]
     assert names == ["canonicalize", "fuse-attention", "fuse-dual-gemm", "fuse-matmul-epilogue", "fuse-row-reductions", "fuse-rowwise", "fuse-elementwise", "outline-kernels",
-                     "schedule-cpu", "lower-schedule-to-tile", "lower-tile-to-x86"]
+                     "fuse-multi-tensor", "schedule-cpu", "lower-schedule-to-tile", "lower-tile-to-x86"]
 
 
 def test_string_options_that_are_not_bare_words_are_quoted_through_the_api(rng):

@@ -92,10 +92,22 @@ class Artifact:
                           m["passes"], m["kernels"], m["compile_ms"], c.cache_status, m["pipeline"], list(v.copies),
                           static, compiles=list(self.fn.compiles),
                           notes=_thread_notes(c, m["kernels"]), schedule=v.schedule_source,
-                          saved=remat.saved_lines(v.graph), saved_bytes=remat.saved_bytes(v.graph))
+                          saved=remat.saved_lines(v.graph), saved_bytes=remat.saved_bytes(v.graph),
+                          donated=_donation_lines(self.fn, v))
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)
+
+
+def _donation_lines(fn, v) -> list[str]:
+    """Per donated argument, whether a result is written into its buffer and why (runtime/donation.py)."""
+    if not fn.donate_argnums:
+        return []
+    exe = v.compiled.executable
+    if not hasattr(exe, "donation_for"):
+        return [f"argument {p}: refused: the {v.compiled.lane} lane allocates every result" for p in fn.donate_argnums]
+    from tessera.runtime.donation import report
+    return report(exe.donation_for(v.donated), {k: f"argument {p}" for p, k in v.donated_positions.items()})
 
 
 def _thread_notes(c: Compiled, kernels: list[dict]) -> list[str]:

@@ -19,7 +19,11 @@ Refused, with a coded error:
 - an array in device memory (``__dlpack_device__`` CUDA, ROCm, ..., or ``__cuda_array_interface__``)
   on the CPU lane (DEVICE_ARRAY), naming the device and the lane: the CPU lane reads host memory.
   On ``target="nvidia"`` such arrays are taken where they are, with no copy (``device_call.py``:
-  its rule for streams, devices, layouts and host/device mixes); the ROCm lane takes host arrays.
+  its rule for streams, devices, layouts and host/device mixes); the ROCm lane takes host arrays;
+- a donated argument (``tessera.jit(donate_argnums=...)``) that may not be written (BAD_DONATION):
+  a JAX array (immutable), a DLPack tensor whose producer marks it read-only, or one exported
+  through the legacy protocol or ``__array_interface__`` (which do not say).  A donated tensor
+  whose DLPack 1.0 export is writable is the one view Tessera may write (``donated_host``).
 
 Results come back in the caller's framework: all array arguments torch -> torch tensors, all
 JAX -> JAX arrays; numpy, or arrays of more than one framework, -> numpy arrays.  Python
@@ -31,7 +35,7 @@ import dataclasses
 
 import numpy as np
 
-from tessera.errors import ArgumentError, DeviceArrayError, RequiresGradError
+from tessera.errors import ArgumentError, DeviceArrayError, DonationError, RequiresGradError
 from tessera.frontend import device_call, dlpack, fastread
 from tessera.runtime.lanes import LOG
 
@@ -122,6 +126,35 @@ def as_host(a, i: int, fn, notes: list | None = None) -> np.ndarray:
     return imp.array
 
 
+def donated_host(a, i: int, fn) -> np.ndarray:
+    """Donated argument ``i`` (a foreign array) as a WRITABLE numpy view of its memory, where its
+    producer says through DLPack 1.0 that it may be written; else BAD_DONATION."""
+    where = f"argument {i} of {fn.name}"
+    if getattr(a, "requires_grad", False) is True:
+        as_host(a, i, fn)   # REQUIRES_GRAD, as for any argument
+    if framework(a) == "jax":
+        raise DonationError(f"{where} is donated but is a JAX array (immutable): Tessera cannot write it; "
+                            "donate numpy arrays or writable torch tensors")
+    if not hasattr(a, "__dlpack__"):
+        raise DonationError(f"{where} is donated but {_describe(a)} is read through __array_interface__, which does "
+                            "not say whether it may be written; pass a numpy array or a DLPack 1.0 tensor")
+    kind, _ = _device(a)
+    if kind not in dlpack.HOST_DEVICES:
+        as_host(a, i, fn)   # DEVICE_ARRAY, naming the device
+    imp = dlpack.from_capsule(_capsule(a, where))
+    if imp.version < (1, 0) or imp.read_only:
+        why = "marks it read-only" if imp.read_only else "exports it through the legacy DLPack protocol, which does " \
+            "not say whether it may be written"
+        raise DonationError(f"{where} is donated but its producer ({_describe(a)}) {why}: Tessera never writes "
+                            "such memory; do not donate it")
+    if not imp.contiguous:
+        raise DonationError(f"{where} is donated but not C-contiguous ({_describe(a)}): a result cannot take its "
+                            "buffer; pass a contiguous tensor")
+    arr = imp.array
+    arr.flags.writeable = True   # the producer said it may be written
+    return arr
+
+
 def has_foreign(fn, args) -> bool:
     """Whether a call has an array argument other than a numpy array (static arguments aside)."""
     skip = fn._static
@@ -140,6 +173,11 @@ def call(fn, args: tuple):
         if t in _PLAIN_TYPES or i in static or i in learned:
             if t is np.ndarray and i not in static and i not in learned:
                 kind = "numpy" if kind in (None, "numpy") else "mixed"
+            continue
+        if i in getattr(fn, "donate_argnums", ()):   # a buffer a result may take: it must be writable
+            conv[i] = donated_host(a, i, fn)
+            k = framework(a)
+            kind = k if kind in (None, k) else "mixed"
             continue
         read = fastread.reader(a)
         arr = read(a) if read is not None else None

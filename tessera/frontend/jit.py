@@ -30,8 +30,8 @@ from tessera.frontend import graphgen, interop, reference
 from tessera.frontend.artifact import Artifact
 from tessera.frontend.compile import Compiled, check_pins, compile_graph, resolve_arch
 from tessera.frontend.jit_args import (  # noqa: F401  (to_scalar and _scalar_key are imported from here)
-    _as_tuple, _call_params, _dynamic_hint, _int_scalars, _is_number, _pattern, _scalar_key, _settings,
-    _static_positions, _with_deterministic, to_scalar,
+    _as_tuple, _call_params, _donate_positions, _donated_indices, _dynamic_hint, _int_scalars, _is_number, _pattern,
+    _scalar_key, _settings, _static_positions, _with_deterministic, to_scalar,
 )
 from tessera.frontend.report import LaneReport
 from tessera.frontend.trace import ARRAY, SCALAR, STATIC, Tensor, current_lane, scalar_dtype_for, trace
@@ -62,6 +62,8 @@ class Variant:
     scalar_dtype: np.dtype = np.dtype(np.float32)   # ... as 0-d arrays of this dtype
     ints: frozenset | None = None            # which scalars were Python ints, where that changed the trace
     schedule_source: str = ""                # where the pins came from (frontend/tune.py)
+    donated: frozenset = frozenset()         # donated arrays, as indices into the kernel's arrays
+    donated_positions: dict = None           # donated argument position -> its index there
 
     def bind(self, args) -> list[np.ndarray]:
         """The kernel's arrays for a call whose signature matched: arrays and runtime scalars
@@ -86,8 +88,10 @@ class Variant:
 class JitFunction:
     def __init__(self, fn, *, target: str | None = None, arch: str | None = None, strict: bool = True,
                  schedule: dict | None = None, static_argnums=(), static_argnames=(), dynamic=None,
-                 tune: bool | None = None):
-        self.tune = tune   # tune on first compile (None: TESSERA_TUNE=1); frontend/tune.py
+                 tune: bool | None = None, donate_argnums=()):
+        self.tune = tune
+        # arguments whose buffers a result may take (runtime/donation.py; jax.jit's donate_argnums)
+        self.donate_argnums = _donate_positions(donate_argnums)   # tune on first compile (None: TESSERA_TUNE=1); frontend/tune.py
         # what the caller asked for (None: not given), which tessera.compile's own settings may not contradict
         self.requested = {"target": target, "arch": arch, "schedule": dict(schedule or {})}
         self.static_argnums, self.static_argnames = _as_tuple(static_argnums), _as_tuple(static_argnames)
@@ -171,7 +175,8 @@ class JitFunction:
         """The same function with schedule choices pinned (per-call overrides)."""
         return JitFunction(self.fn, target=self.requested["target"], arch=self.arch, strict=self.strict,
                            schedule={**self.schedule, **pins}, static_argnums=self.static_argnums,
-                           static_argnames=self.static_argnames, dynamic=self.dynamic, tune=self.tune)
+                           static_argnames=self.static_argnames, dynamic=self.dynamic, tune=self.tune,
+                           donate_argnums=self.donate_argnums)
 
     def retarget(self, target: str | None = None, arch: str | None = None, schedule: dict | None = None,
                  what: str = "tessera.compile") -> "JitFunction":
@@ -199,7 +204,7 @@ class JitFunction:
             return self
         return JitFunction(self.fn, target=new_target, arch=new_arch, strict=self.strict, schedule=pins,
                            static_argnums=self.static_argnums, static_argnames=self.static_argnames,
-                           dynamic=self.dynamic, tune=self.tune)
+                           dynamic=self.dynamic, tune=self.tune, donate_argnums=self.donate_argnums)
 
     # ------------------------------------------------------------------ called while tracing
     def _inline(self, args):
@@ -336,6 +341,8 @@ class JitFunction:
         self._count_compile(key, kinds, prepared, arrays)
         v.scalars = tuple(i for i, k in enumerate(kinds) if k == SCALAR)
         v.scalar_dtype = next((a.dtype for a, k in zip(prepared, kinds) if k == SCALAR), v.scalar_dtype)
+        v.donated_positions = _donated_indices(self.name, self.donate_argnums, kinds)
+        v.donated = frozenset(v.donated_positions.values())
         with self._lock:
             self._variants.setdefault(key, []).append(v)
             self._variants.move_to_end(key)
@@ -493,13 +500,15 @@ class JitFunction:
             if sig is not None and hasattr(exe, "run_plan"):   # the CPU lane: keep this call's plan
                 if env is None:
                     env = bind_symbols(exe.program.inputs, arrays)
-                plan = exe.plan(env)
+                plan = exe.plan(env, v.donated)
                 outs = exe.run_plan(plan, arrays)
                 if len(self._plans) >= MAX_PLANS:
                     self._plans.clear()
                 self._plans[sig] = (v, plan)
             else:
-                outs = exe.run(arrays, env)   # raises if the lane cannot run here
+                # raises if the lane cannot run here; only the CPU lane writes into donated buffers
+                outs = exe.run(arrays, env, v.donated) if v.donated and hasattr(exe, "donation_for") else \
+                    exe.run(arrays, env)
             if v.decision is None:
                 v.decision = LaneDecision(self.name, self.lane, "compiled" + getattr(exe, "copy_note", ""))
             LOG.record(v.decision)
@@ -521,7 +530,7 @@ class JitFunction:
 
 def jit(fn=None, *, target: str | None = None, arch: str | None = None, strict: bool = True,
         schedule: dict | None = None, deterministic: bool = False, static_argnums=(), static_argnames=(),
-        dynamic=None, tune: bool | None = None):
+        dynamic=None, tune: bool | None = None, donate_argnums=()):
     """Compile a Python function over arrays.  Usable as ``@jit`` or ``@jit(target=..., ...)``;
     ``target`` None is the CPU (``"cpu"``), ``arch`` None its host chip (GPU targets need one).
     ``deterministic=True``: results bit-identical whatever the calling thread's floating-point
@@ -547,13 +556,24 @@ def jit(fn=None, *, target: str | None = None, arch: str | None = None, strict: 
 
     ``tune=True`` (or ``TESSERA_TUNE=1``) measures schedule candidates on the first compile of a
     shape and keeps the best in the tuning database; without it an entry there is still used
-    (frontend/tune.py, docs/tuning.md)."""
+    (frontend/tune.py, docs/tuning.md).
+
+    ``donate_argnums`` (as in ``jax.jit``): arguments whose buffers a result may take, so that
+    ``params = step(params, grads)`` updates in place.  The host program writes a result into a
+    donated array only where the kernel computing it reads that array at no other element than it
+    writes, and no later kernel reads it (``tessera.explain`` lists each donation as honoured or
+    refused, and why); otherwise the result is allocated as usual.  After a call whose donation was
+    honoured, the donated numpy array's content is undefined (it holds the result's) and it is
+    marked read-only: a write through it raises, and donating it again is ``BAD_DONATION``; keep the
+    result.  A read-only array (a JAX array, a DLPack tensor whose producer marks it read-only or
+    does not say) or one sharing memory with another argument is refused with ``BAD_DONATION``.
+    A result never shares memory with an argument that was not donated."""
     schedule = _with_deterministic(schedule, deterministic)
 
     def wrap(f):
         return JitFunction(f, target=target, arch=arch, strict=strict, schedule=schedule,
                            static_argnums=static_argnums, static_argnames=static_argnames, dynamic=dynamic,
-                           tune=tune)
+                           tune=tune, donate_argnums=donate_argnums)
     return wrap(fn) if fn is not None else wrap
 
 

@@ -105,6 +105,32 @@ def _static_positions(fn, nums: tuple, names: tuple) -> frozenset:
     return frozenset(out)
 
 
+def _donate_positions(nums) -> tuple[int, ...]:
+    """``donate_argnums`` checked: argument positions (integers >= 0)."""
+    out = _as_tuple(nums)
+    for n in out:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ArgumentError(f"donate_argnums: {n!r} is not an argument position (an integer >= 0)")
+    return tuple(sorted(set(out)))
+
+
+def _donated_indices(name: str, donated: tuple, kinds) -> dict[int, int]:
+    """Donated argument positions -> their index among the kernel's arrays (a Python number is a
+    fresh 0-d array: nothing of the caller's to reuse; a static argument is refused)."""
+    from tessera.frontend.trace import ARRAY, STATIC
+    index = {i: n for n, i in enumerate(i for i, k in enumerate(kinds) if k != STATIC)}
+    out = {}
+    for p in donated:
+        if p >= len(kinds):
+            raise ArgumentError(f"{name}: donate_argnums names argument {p}; the call passes {len(kinds)}")
+        if kinds[p] == STATIC:
+            raise ArgumentError(f"{name}: argument {p} is donated but static (compiled in): only arrays can be "
+                                "donated")
+        if kinds[p] == ARRAY:
+            out[p] = index[p]
+    return out
+
+
 def _with_deterministic(schedule: dict | None, deterministic: bool) -> dict | None:
     """``deterministic=True`` is the schedule pin of that name (docs/numerics.md)."""
     return {**(schedule or {}), "deterministic": True} if deterministic else schedule

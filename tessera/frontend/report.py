@@ -27,6 +27,7 @@ class LaneReport:
     schedule: str = ""   # where the schedule's pins came from: tuning database, cost model, caller (frontend/tune.py)
     saved: list[str] = field(default_factory=list)   # a gradient's forward values kept for the backward (remat.py)
     saved_bytes: int = 0
+    donated: list[str] = field(default_factory=list)   # per donated argument: honoured or refused, and why
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -55,6 +56,8 @@ class LaneReport:
             lines.append(f"  note      {n}")
         for s in self.saved:
             lines.append(f"  saved     {s}")
+        for s in self.donated:
+            lines.append(f"  donated   {s}")
         if len(self.compiles) > 1:
             lines.append(f"  compiles  {len(self.compiles)} for this function; the last: {self.compiles[-1]}")
         if self.passes:

@@ -469,6 +469,9 @@ class LaunchOp(IRDLOperation):
     parallel = opt_attr_def(StringAttr)
     grid = opt_attr_def(ArrayAttr)     # GPU: workgroups along x, y, z (symbolic size expressions)
     block = opt_attr_def(IntegerAttr)  # GPU: threads per workgroup
+    # "i:j": the kernel reads argument i only at the element it writes result j (the host program
+    # may write j into i's buffer when the caller donated it: runtime/cpu.py)
+    inplace = opt_attr_def(ArrayAttr)
     assembly_format = "$callee `(` $args `)` attr-dict `:` functional-type($args, results)"
 
 

@@ -15,6 +15,7 @@ from tessera.passes.graph import (  # noqa: F401  (importing registers the passe
     fuse_dual_gemm,
     fuse_elementwise,
     fuse_matmul_epilogue,
+    fuse_multi_tensor,
     fuse_row_reductions,
     fuse_rowwise,
     outline_kernels,
@@ -55,6 +56,8 @@ GRAPH_PASSES = "canonicalize,fuse-attention,fuse-matmul-epilogue,fuse-rowwise,fu
 CPU_GRAPH_PASSES = GRAPH_PASSES.replace("fuse-matmul-epilogue", "fuse-dual-gemm,fuse-matmul-epilogue")
 # ... and a row-shaped result with the last-axis reductions of its own row (kernels/rowreduce.py)
 CPU_GRAPH_PASSES = CPU_GRAPH_PASSES.replace("fuse-rowwise", "fuse-row-reductions,fuse-rowwise")
+# ... and runs independent elementwise groups (an optimizer's per-parameter updates) as one launch
+CPU_GRAPH_PASSES += ",fuse-multi-tensor"
 SCHEDULE_PINS = ("threads", "tile-m", "tile-n", "tile-k", "register-tile", "mma-shape", "parallel", "unroll",
                  "chunk", "pin-kinds")
 

@@ -35,7 +35,7 @@ from xdsl.dialects.builtin import (
 )
 
 from tessera import forksafe, host
-from tessera.runtime import memory, threads, workers
+from tessera.runtime import donation, memory, threads, workers
 from tessera.errors import ArgumentError, LaneUnavailableError, OutOfMemoryError, ShapeMismatchError
 from tessera.ir import dims as D
 from tessera.ir import graph as g
@@ -93,6 +93,8 @@ class Step:
     grid: tuple = ()             # GPU: workgroups along x, y, z ("D/b" = ceil(D / b))
     block: int = 0               # GPU: threads per workgroup
     in_types: tuple = ()         # the arguments' specs (a step unpickled from an older cache has none)
+    # (i, j): the kernel reads argument i only at the element it writes result j (runtime/donation.py)
+    inplace: tuple = ()
 
 
 @dataclass
@@ -119,7 +121,9 @@ class HostProgram:
                                   [TensorSpec.of(r.type) for r in op.outs], strs(op.dims), ival(op.workspace),
                                   ival(op.team), ival(op.threads), op.parallel.data if op.parallel else "none",
                                   tuple(strs(op.limits)) if op.limits else (),
-                                  in_types=tuple(TensorSpec.of(v.type) for v in op.args)))
+                                  in_types=tuple(TensorSpec.of(v.type) for v in op.args),
+                                  inplace=tuple(tuple(int(n) for n in p.split(":")) for p in strs(op.inplace))
+                                  if op.inplace else ()))
             elif isinstance(op, G.LaunchOp):
                 for r in op.outs:
                     ids[r] = len(ids)
@@ -276,6 +280,15 @@ class CallPlan:
     steps: list[PlannedStep]
     gen: int
     threads_version: int = 0
+    donation: donation.Donation = donation.NONE   # which results go into donated arguments
+
+
+def _empty(step: Step, shapes: list[tuple]) -> bool:
+    """Nothing to compute: an empty result.  An elementwise kernel may hold several independent
+    groups (passes/graph/fuse_multi_tensor.py), each over its own shape: it is empty only when every
+    result is (a group with no rows hands out no work)."""
+    empty = [math.prod(sh) == 0 for sh in shapes]
+    return all(empty) if step.kernel.endswith("_elementwise") else any(empty)
 
 
 def drop_after(program: HostProgram) -> list[list[int]]:
@@ -317,6 +330,7 @@ class CpuExecutable:
         self._team: tuple[np.ndarray, int] = (np.zeros(0, np.uint8), 0)
         self._gen = 0      # bumped whenever a workspace or the team buffer moves (plans hold addresses)
         self._drop_after = drop_after(program)
+        self._donations: dict = {}   # donated argument positions -> donation.Donation
         forksafe.lock(self, "_run_lock")   # one call at a time uses the workspaces and the team buffer
 
     def _workspace(self, tid: int, size: int) -> int:
@@ -358,7 +372,15 @@ class CpuExecutable:
         if self.amx and (why := host.amx_refusal()):   # never reach a tile instruction without the state
             raise LaneUnavailableError(f"the compiled kernels use AMX and cannot run here: {why}")
 
-    def _plan(self, env: dict[str, int]) -> CallPlan:
+    def donation_for(self, donated=frozenset()) -> donation.Donation:
+        """Which results go into which donated argument positions (runtime/donation.py)."""
+        donated = frozenset(donated)
+        d = self._donations.get(donated)
+        if d is None:
+            d = self._donations[donated] = donation.plan(self.program, donated)
+        return d
+
+    def _plan(self, env: dict[str, int], donated=frozenset()) -> CallPlan:
         """The launches for sizes ``env`` (the caller holds the run lock)."""
         self._refuse_here()
         prog = self.program
@@ -384,26 +406,26 @@ class CpuExecutable:
             words = np.array(lead + sizes + [nthreads, team] + wss[:nthreads], np.int64)
             steps.append(PlannedStep(
                 s, shapes, [t.np_dtype for t in s.out_types], need if need > CHECK_MEMORY_ABOVE else 0, nthreads,
-                any(math.prod(sh) == 0 for sh in shapes), words, words.ctypes.data, header,
+                _empty(s, shapes), words, words.ctypes.data, header,
                 len(lead) + len(sizes), nthreads > 1 and self.worth_waking(s, env, sizes)))
-        return CallPlan(env, steps, self._gen, tver)
+        return CallPlan(env, steps, self._gen, tver, self.donation_for(donated))
 
-    def plan(self, env: dict[str, int]) -> CallPlan:
+    def plan(self, env: dict[str, int], donated=frozenset()) -> CallPlan:
         with self._run_lock:
-            return self._plan(env)
+            return self._plan(env, donated)
 
-    def run(self, arrays: list[np.ndarray], env: dict[str, int] | None = None) -> list[np.ndarray]:
+    def run(self, arrays: list[np.ndarray], env: dict[str, int] | None = None, donated=frozenset()) -> list[np.ndarray]:
         with self._run_lock:  # workspaces and the team buffer belong to one call at a time
             if env is None:
                 env = bind_symbols(self.program.inputs, arrays)
-            return self._execute(self._plan(env), arrays)
+            return self._execute(self._plan(env, donated), arrays)
 
     def run_plan(self, plan: CallPlan, arrays: list[np.ndarray]) -> list[np.ndarray]:
         """Run a plan made by ``plan`` for arrays of the sizes it was made for."""
         with self._run_lock:
             if plan.gen != self._gen or plan.threads_version != threads.version():
                 # a buffer moved, or the thread setting changed, since: rebuild the words in place
-                fresh = self._plan(plan.env)
+                fresh = self._plan(plan.env, plan.donation.donated)
                 plan.steps, plan.gen = fresh.steps, fresh.gen
             elif self.amx or self.missing_features:
                 self._refuse_here()
@@ -413,6 +435,9 @@ class CpuExecutable:
         prog = self.program
         vals: dict[int, np.ndarray] = dict(zip(prog.input_ids, arrays))
         results = set(prog.results)   # the others are intermediates (memory.scratch)
+        given = plan.donation
+        if given.honoured:
+            donation.check_call(arrays, given, data_address)
         for n_step, ps in enumerate(plan.steps):
             if n_step:   # intermediates the previous step read last go back (to the pool, or to malloc)
                 for v in self._drop_after[n_step - 1]:
@@ -423,7 +448,8 @@ class CpuExecutable:
                 raise OutOfMemoryError(f"kernel {s.kernel} needs {ps.need / 2**20:.1f} MiB for its results; "
                                        f"{host.memory_available() / 2**20:.1f} MiB available")
             outs = [(memory.empty if o in results else memory.scratch)(sh, dt)
-                    for o, sh, dt in zip(s.outs, ps.shapes, ps.dtypes)]
+                    for o, sh, dt in zip(s.outs, ps.shapes, ps.dtypes)] if not given.honoured else \
+                self._outputs(ps, given.per_step[n_step], arrays, results)
             for o, a in zip(s.outs, outs):
                 vals[o] = a
             call = self.fns.get(s.kernel)
@@ -455,7 +481,21 @@ class CpuExecutable:
                 pool.run(self.entries[s.kernel], ps.words_addr, n, call)
             if timed is not None:
                 timed.append((s.kernel, time.perf_counter() - t0))
-        return [self._fresh(vals[i]) if i < self._ninputs else vals[i] for i in prog.results]
+        out = [self._fresh(vals[i]) if i < self._ninputs else vals[i] for i in prog.results]
+        if given.honoured:   # results in donated buffers are views: the donated arrays become read-only
+            mine = {id(arrays[a]) for a in given.honoured}
+            out = [o.view() if id(o) in mine else o for o in out]
+            donation.consume(arrays, given)
+        return out
+
+    @staticmethod
+    def _outputs(ps: PlannedStep, aliases, arrays, results) -> list[np.ndarray]:
+        """A step's result buffers when arguments were donated: a donated argument's where the
+        donation plan put one (``aliases``: (result position, argument position)), else fresh."""
+        s = ps.step
+        into = dict(aliases)
+        return [arrays[into[j]] if j in into else (memory.empty if o in results else memory.scratch)(sh, dt)
+                for j, (o, sh, dt) in enumerate(zip(s.outs, ps.shapes, ps.dtypes))]
 
     @staticmethod
     def _fresh(a: np.ndarray) -> np.ndarray:

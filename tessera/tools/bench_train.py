@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LOG_DIR = ROOT / "benchmarks" / "results" / "train"
 SCHEMA = 1
 POOLED, FRESH = "tessera", "tessera (fresh outputs)"
+DONATED = "tessera (donated)"   # the step with parameters and moments donated (fresh outputs otherwise)
 PEERS = ("torch", "torch.compile", "jax.jit")
 MEMORY_IMPLS = ("tessera", "torch", "jax.jit")
 AIM = {"step": 1.0, "attn": 1.3}     # issue 28's aims: the ratio against the fastest peer
@@ -118,15 +119,18 @@ def measure_row(label: str, w: dict, sz: dict, gflop: float, peers, reps: int | 
     from tessera.tools import bench_cpu
     want = W.oracle(w)
     calls, first, errs = {}, {}, {}
-    for impl in ("tessera", *peers):
+    mine = ("tessera", DONATED) if w["kind"] == "step" else ("tessera",)
+    for impl in (*mine, *peers):
         t0 = time.perf_counter()
         call, outputs = W.build(impl, w)
-        got = outputs(bench_cpu.with_pool(call, False)() if impl == "tessera" else call())
+        got = outputs(bench_cpu.with_pool(call, False)() if impl in mine else call())
         first[impl] = time.perf_counter() - t0
         errs[impl] = check(impl, got, want, w)
         calls[impl] = call
     cands = {FRESH: (bench_cpu.with_pool(calls["tessera"], False), ()),
              POOLED: (bench_cpu.with_pool(calls["tessera"], True), ())}
+    if DONATED in calls:
+        cands[DONATED] = (bench_cpu.with_pool(calls[DONATED], False), ())
     cands.update({p: (calls[p], ()) for p in peers})
     libs, rounds = bench_cpu._interleaved(cands, reps)
     fn, args, kw = W.tessera_call(w)
@@ -195,7 +199,7 @@ def measure(quick: bool) -> dict:
     for label, w, sz, gflop in workloads(quick):
         print(f"  {label} ...", file=sys.stderr, flush=True)
         rows.append(measure_row(label, w, sz, gflop, peers, 3 if quick else None))
-    mem = peak_memory(quick, [i for i in MEMORY_IMPLS if i == "tessera" or i in peers])
+    mem = peak_memory(quick, [i for i in MEMORY_IMPLS if i == "tessera" or i in peers] + [DONATED])
     for r in rows:
         r["peak_bytes"] = mem.get(r["workload"], {})
     load["loadavg_after"] = list(os.getloadavg())
@@ -217,7 +221,7 @@ def check_log(run: dict, where: str) -> None:
         libs = r.get("libraries", {})
         if FRESH not in libs or POOLED not in libs or any(not v.get("times_s") for v in libs.values()):
             raise BenchLogError(f"{where}: row {r.get('workload')!r} lacks timings")
-        if set(libs) - {FRESH, POOLED} - set(r.get("check", {})):
+        if set(libs) - {FRESH, POOLED} - set(r.get("check", {})):   # (DONATED is checked under its name)
             raise BenchLogError(f"{where}: row {r.get('workload')!r} has timings of an unchecked implementation")
 
 
@@ -250,9 +254,10 @@ def render_run(run: dict) -> list[str]:
     note = bench_doc._load_note(run.get("load")).strip()
     if note:
         out += [note, ""]
-    out += ["| workload | rounds | tessera (fresh) ms | tessera (pool) ms | " + " | ".join(f"{p} ms" for p in PEERS)
+    out += ["| workload | rounds | tessera (fresh) ms | tessera (pool) ms | tessera (donated) ms, peak MiB | "
+            + " | ".join(f"{p} ms" for p in PEERS)
             + " | **ratio, matched** | aim | tessera GFLOP/s | tessera by family, ms | peak MiB: tessera / torch "
-            "/ jax | tessera error |", "|---|---:|---:|---:|" + "---:|" * len(PEERS) + "---:|---:|---:|---|---|---:|"]
+            "/ jax | tessera error |", "|---|---:|---:|---:|---:|" + "---:|" * len(PEERS) + "---:|---:|---:|---|---|---:|"]
     for r in run["rows"]:
         f = row_figures(r)
         cells = [f"{f['ms'][p]:.1f}" if p in f["ms"] else "--" for p in PEERS]
@@ -267,7 +272,9 @@ def render_run(run: dict) -> list[str]:
         if "tessera" in pk and pk.get("torch"):
             mem += f" ({pk['tessera'] / pk['torch']:.2f}x torch)"
         err = max(r["check"]["tessera"].values())
-        out.append(f"| {r['workload']} | {r['rounds']} | {f['ms'][FRESH]:.1f} | {f['ms'][POOLED]:.1f} | "
+        don = (f"{f['ms'][DONATED]:.1f}" + (f", {_mib(pk[DONATED])}" if DONATED in pk else "")) \
+            if DONATED in f["ms"] else "--"
+        out.append(f"| {r['workload']} | {r['rounds']} | {f['ms'][FRESH]:.1f} | {f['ms'][POOLED]:.1f} | {don} | "
                    + " | ".join(cells) + f" | {ratio} | {aim:.1f}x{met} | {f['gflops']:.0f} | {split} | {mem} | "
                    f"{err:.1e} |")
     return out
@@ -282,7 +289,10 @@ def section(log_dir: Path = LOG_DIR) -> list[str]:
            "`value_and_grad` and `tessera.optim.adamw` in one `tessera.jit`) and the gradient of attention alone "
            "(dq, dk, dv; the forward included), against torch eager, `torch.compile` and "
            "`jax.jit(jax.value_and_grad(...))` with AdamW written in jnp, every library on all threads and returning "
-           "fresh arrays (torch's AdamW written out of place for that).  Before anything is timed each "
+           "fresh arrays (torch's AdamW written out of place for that).  **Tessera (donated)**: the step as a user "
+           "trains with it, parameters and moments donated (`tessera.jit(donate_argnums=...)`), so p', m', v' are "
+           "written in place of the previous step's (the peers still return fresh arrays: not matched).  "
+           "Before anything is timed each "
            "implementation's result is compared with a float64 numpy oracle (loss, the gradient recovered from m', "
            "v', the parameters; attention: dq, dk, dv); one past the tolerance is refused (`BENCH_MISMATCH`).  "
            "**Ratio, matched**: the fastest peer's median over Tessera's with fresh outputs (above 1: Tessera is "

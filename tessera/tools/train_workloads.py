@@ -7,7 +7,9 @@ backward written by hand.
   attention, tanh-GELU MLP, residuals) under a mean-squared-error loss against a random target:
   forward, backward, then AdamW (torch.optim.AdamW's formula) over the block's twelve parameters.
   Every implementation returns ``(loss, params', m', v')`` as new arrays (the same allocation
-  policy everywhere; torch's AdamW is written out-of-place, as jax's is, for that reason).
+  policy everywhere; torch's AdamW is written out-of-place, as jax's is, for that reason); Tessera
+  is measured a second time as a user would train with it, ``donate_argnums`` on the parameters
+  and moments (``tessera (donated)``: p', m', v' written into the buffers of the previous step's).
 - ``attn``: the gradient of attention alone, ``(dq, dk, dv)`` of ``sum(attention(q, k, v) * do)``
   on ``[batch, heads, seq, dim]``, causal or not (every implementation runs its forward too).
 
@@ -193,9 +195,17 @@ def _ts_loss(x, y, *params, n_head):
 _TS_STEP: dict = {}
 
 
-def tessera_step(n_head: int):
+def tessera_step(n_head: int, donate: bool = False):
     """The jitted step: ``(x, y, *params, *m, *v, t, lr, b1, b2, eps, wd) -> (loss, *p', *m', *v')``
-    (one program: forward, backward, AdamW; the scalars are runtime values)."""
+    (one program: forward, backward, AdamW; the scalars are runtime values).  ``donate``: the
+    parameters and moments are donated (``donate_argnums``), so p', m', v' are written in place."""
+    if donate:
+        key = (n_head, "donated")
+        if key not in _TS_STEP:
+            import tessera as ts
+            n = len(NAMES)
+            _TS_STEP[key] = ts.jit(tessera_step(n_head).fn, donate_argnums=tuple(range(2, 2 + 3 * n)))
+        return _TS_STEP[key]
     if n_head not in _TS_STEP:
         import tessera as ts
         n = len(NAMES)
@@ -231,9 +241,22 @@ def tessera_call(w: dict):
     return tessera_step(w["heads"]), args, {}
 
 
-def build_tessera(w: dict):
+def build_tessera(w: dict, donate: bool = False):
+    """``donate`` (the step only): as a user of ``donate_argnums`` trains, ``p, m, v = step(x, y, p, m,
+    v, ...)``: each call consumes the state the previous one returned (copies of the workload's at
+    first, so its arrays stay intact), and writes p', m', v' into those buffers."""
     fn, args, kw = tessera_call(w)
-    return (lambda: fn(*args, **kw)), (lambda out: _f64(out))
+    if not donate or w["kind"] != "step":
+        return (lambda: fn(*args, **kw)), (lambda out: _f64(out))
+    n = len(NAMES)
+    step = tessera_step(w["heads"], donate=True)
+    state = [a.copy() for a in args[2:2 + 3 * n]]
+
+    def call():
+        out = step(*args[:2], *state, *args[2 + 3 * n:])
+        state[:] = out[1:]
+        return out
+    return call, (lambda out: _f64(out))
 
 
 # --------------------------------------------------------------------------- torch
@@ -372,6 +395,8 @@ def build(impl: str, w: dict):
     """``(call, outputs)`` of implementation ``impl`` on workload ``w``."""
     if impl == "tessera":
         return build_tessera(w)
+    if impl == "tessera (donated)":
+        return build_tessera(w, donate=True)
     if impl == "torch":
         return build_torch(w)
     if impl == "torch.compile":

@@ -469,6 +469,7 @@ class LaunchOp(IRDLOperation):
     threads = attr_def(IntegerAttr)
     limits = opt_attr_def(ArrayAttr)
     parallel = opt_attr_def(StringAttr)
+    inplace = opt_attr_def(ArrayAttr)   # "i:j" from tile.launch: argument i read only at result j's index
     assembly_format = "$callee `(` $args `)` attr-dict `:` functional-type($args, results)"
 
 

@@ -135,6 +135,7 @@ class LowerScheduleToTile(TesseraPass):
                 # the vector width the kernel's tiles are laid out for (the target lowering maps them)
                 kfn.attributes["vector"] = kop.vector
                 limits = kfn.attributes.pop("limits", None)
+                inplace = kfn.attributes.pop("inplace", None)   # "i:j": input i read only at output j's index
                 gpu = {k.split(".", 1)[1]: kfn.attributes[k] for k in ("gpu.grid", "gpu.block")
                        if k in kfn.attributes}
                 module.body.block.add_op(kfn)
@@ -143,5 +144,5 @@ class LowerScheduleToTile(TesseraPass):
                     attributes={"callee": FlatSymbolRefAttr(kop.sym_name.data), "dims": str_array(
                         [str(d) for d in dims]), "workspace": i64_attr(workspace),
                         "parallel": StringAttr(kop.parallel.data), **({"limits": limits} if limits else {}),
-                        **gpu})
+                        **({"inplace": inplace} if inplace else {}), **gpu})
                 swap_op(kop, launch)   # the launch's extra results (partial sums) have no users yet

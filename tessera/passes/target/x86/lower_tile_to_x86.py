@@ -558,5 +558,6 @@ def _lower_host(fn: func.FuncOp, threads: int, kernels: dict[str, func.FuncOp]) 
                 attributes={"callee": op.callee, "dims": op.dims, "workspace": k.attributes["workspace"],
                             "team": k.attributes["team"], "threads": i64_attr(threads),
                             **({"parallel": op.parallel} if op.parallel else {}),
-                            **({"limits": op.limits} if op.limits else {})})
+                            **({"limits": op.limits} if op.limits else {}),
+                            **({"inplace": op.inplace} if op.inplace else {})})
             swap_op(op, new)
