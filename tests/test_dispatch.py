@@ -42,7 +42,8 @@ def test_a_shape_sweep_alternating_between_plans_stays_exact(rng):
     for m, k, n in shapes:
         x, w, c = rnd(rng, m, k), rnd(rng, k, n), rnd(rng, n)
         y = f(x, w, c)
-        O.assert_close(y, O.softmax(O.f64(x) @ O.f64(w) + c), 1e-5)
+        # f32 logits of magnitude ~sqrt(k) carry rounding ~k eps: softmax turns it into relative error
+        O.assert_close(y, O.softmax(O.f64(x) @ O.f64(w) + c), 1e-5 * max(1.0, k / 64))
     assert len(f._plans) == 3
 
 

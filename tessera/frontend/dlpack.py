@@ -105,18 +105,21 @@ def _release(address: int, deleter) -> None:
     deleter(address)
 
 
-def from_capsule(capsule) -> Imported:
-    """The capsule's tensor as a numpy view of the producer's memory (consumes the capsule)."""
+def _open(capsule):
+    """(name, address, managed struct, (major, minor), flags) of an unconsumed capsule."""
     name = _api.PyCapsule_GetName(capsule)
     if name not in _USED:
         raise DtypeError(f"not an unconsumed DLPack capsule (its name is {name!r})")
     address = _api.PyCapsule_GetPointer(capsule, name)
     if name == b"dltensor_versioned":
         m = _ManagedVersioned.from_address(address)
-        version, flags = (m.version.major, m.version.minor), m.flags
-    else:
-        m = _Managed.from_address(address)
-        version, flags = (0, 0), 0
+        return name, address, m, (m.version.major, m.version.minor), m.flags
+    return name, address, _Managed.from_address(address), (0, 0), 0
+
+
+def from_capsule(capsule) -> Imported:
+    """The capsule's tensor as a numpy view of the producer's memory (consumes the capsule)."""
+    name, address, m, version, flags = _open(capsule)
     t = m.dl_tensor
     if t.device.device_type not in HOST_DEVICES:   # callers check __dlpack_device__ first; never read it
         raise DtypeError(f"DLPack tensor on device {DEVICE_NAMES.get(t.device.device_type, t.device.device_type)}")
@@ -165,16 +168,7 @@ class DeviceView:
 
 def device_view(capsule) -> DeviceView:
     """The capsule's tensor as an address and layout (consumes the capsule; ``release()`` gives it back)."""
-    name = _api.PyCapsule_GetName(capsule)
-    if name not in _USED:
-        raise DtypeError(f"not an unconsumed DLPack capsule (its name is {name!r})")
-    address = _api.PyCapsule_GetPointer(capsule, name)
-    if name == b"dltensor_versioned":
-        m = _ManagedVersioned.from_address(address)
-        version, flags = (m.version.major, m.version.minor), m.flags
-    else:
-        m = _Managed.from_address(address)
-        version, flags = (0, 0), 0
+    name, address, m, version, flags = _open(capsule)
     t = m.dl_tensor
     dtype = dtype_of(t.dtype.code, t.dtype.bits, t.dtype.lanes)
     _api.PyCapsule_SetName(capsule, ctypes.addressof(_USED[name]))

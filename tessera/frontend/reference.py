@@ -29,23 +29,30 @@ def sigmoid64(y: np.ndarray) -> np.ndarray:
     return np.where(y >= 0, 1 / (1 + e), e / (1 + e))
 
 
-def attention64(q, k, v, mask, scale, causal, masked_rows="zero"):
-    """float64 scaled dot-product attention with Tessera's semantics (the oracle the tests use)."""
+def _scores64(q, k, mask, scale, causal):
+    """The scaled scores q k^T with grouped-query heads expanded (query head h reads kv head
+    h // (hq / hk)), an additive mask added and masked keys (causal, a bool mask) at -inf."""
     hq, hk = q.shape[1], k.shape[1]
     if hq != hk:
         k = np.repeat(k, hq // hk, axis=1)
-        v = np.repeat(v, hq // hk, axis=1)
     s = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
-    sq, sk = s.shape[-2:]
     allowed = np.ones(s.shape, bool)
     if causal:
-        allowed &= np.tril(np.ones((sq, sk), bool))
+        allowed &= np.tril(np.ones(s.shape[-2:], bool))
     if mask is not None:
         if mask.dtype == np.bool_:
             allowed &= np.broadcast_to(mask, s.shape)
         else:
             s = s + mask
-    s = np.where(allowed, s, -np.inf)
+    return np.where(allowed, s, -np.inf)
+
+
+def attention64(q, k, v, mask, scale, causal, masked_rows="zero"):
+    """float64 scaled dot-product attention with Tessera's semantics (the oracle the tests use)."""
+    hq, hk = q.shape[1], k.shape[1]
+    if hq != hk:
+        v = np.repeat(v, hq // hk, axis=1)
+    s = _scores64(q, k, mask, scale, causal)
     m = s.max(-1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
         e = np.exp(s - np.where(np.isfinite(m), m, 0))
@@ -62,16 +69,7 @@ def attention_grad64(q, k, v, o, do, mask, scale, causal):
     hk = k.shape[1]
     g = hq // hk
     kr, vr = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
-    sc = np.matmul(q, np.swapaxes(kr, -1, -2)) * scale
-    allowed = np.ones(sc.shape, bool)
-    if causal:
-        allowed &= np.tril(np.ones(sc.shape[-2:], bool))
-    if mask is not None:
-        if mask.dtype == np.bool_:
-            allowed &= np.broadcast_to(mask, sc.shape)
-        else:
-            sc = sc + mask
-    sc = np.where(allowed, sc, -np.inf)
+    sc = _scores64(q, k, mask, scale, causal)
     m = sc.max(-1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
         e = np.exp(sc - np.where(np.isfinite(m), m, 0))
@@ -87,19 +85,7 @@ def attention_grad64(q, k, v, o, do, mask, scale, causal):
 def attention_lse64(q, k, v, mask, scale, causal):
     """float64 log-sum-exp per query row of ``attention64``'s scaled, masked scores ([B, H, SQ]):
     ``tessera.attention``'s second result; +inf for a row with every key masked."""
-    hq, hk = q.shape[1], k.shape[1]
-    if hq != hk:
-        k = np.repeat(k, hq // hk, axis=1)
-    s = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
-    allowed = np.ones(s.shape, bool)
-    if causal:
-        allowed &= np.tril(np.ones(s.shape[-2:], bool))
-    if mask is not None:
-        if mask.dtype == np.bool_:
-            allowed &= np.broadcast_to(mask, s.shape)
-        else:
-            s = s + mask
-    s = np.where(allowed, s, -np.inf)
+    s = _scores64(q, k, mask, scale, causal)
     m = s.max(-1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
         mf = np.where(np.isfinite(m), m, 0)
