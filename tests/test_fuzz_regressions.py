@@ -211,3 +211,17 @@ def test_use_before_definition_is_refused_by_the_verifier(tmp_path, capsys):
                    f"  func.return %p : {T}\n}}\n")
     rc, err = _opt(tmp_path, capsys, [str(src), "--pass-pipeline", "tessera-cpu{arch=znver4}"])
     assert rc == 1 and _code(err) == "IR_VERIFY" and f"{src}:2:3:" in err and "used before" in err, err
+
+
+def test_opt_function_of_two_blocks_is_a_verify_error(tmp_path, capsys):
+    """A mutant whose body gained a second block (a duplicated ``^bb0`` line) crashed
+    lower-schedule-to-tile (PASS_FAILED wrapping xDSL's ValueError); it is IR_VERIFY now."""
+    import sys
+    sys.path.insert(0, "tests")
+    from ir_samples import SAMPLES
+    text = SAMPLES["schedule.kernel"]
+    assert text.rstrip().endswith("}")
+    p = tmp_path / "two.mlir"
+    p.write_text(text.rstrip()[:-1] + "  ^bb1(%z : f32):\n}\n")
+    rc, err = _opt(tmp_path, capsys, [str(p), "--pass-pipeline", "tessera-nvidia{arch=sm_90 input=schedule}"])
+    assert rc == 1 and _code(err) == "IR_VERIFY" and "one (no control flow" in err, err

@@ -118,7 +118,12 @@ def _verify_ops(module: Operation) -> None:
 
 def _verify_structure(op: Operation) -> None:
     """What ``Operation.verify`` checks of nested regions besides the ops themselves (each op
-    was verified once, above; ``module.verify()`` would verify every op a second time)."""
+    was verified once, above; ``module.verify()`` would verify every op a second time), and
+    that a function has one block: Tessera's programs have no branches between blocks (a second
+    block reached lower-schedule-to-tile as a ValueError from xDSL)."""
+    if op.name == "func.func" and len(op.regions[0].blocks) > 1:
+        raise IRVerifyError(f"func.func: {len(op.regions[0].blocks)} blocks in the body; a Tessera function has "
+                            "one (no control flow between blocks)", op=op, location=location_of(op))
     for region in op.regions:
         for block in region.blocks:
             if block.parent is not region:
