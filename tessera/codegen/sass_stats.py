@@ -33,23 +33,7 @@ def instructions(sass: str) -> list[tuple[int, str, str]]:
 def k_loop(sass: str, marker: str = "HGMMA") -> list[tuple[int, str, str]]:
     """The instructions of the innermost loop that issues ``marker``."""
     ins = instructions(sass)
-    labels = {}
-    for line in sass.splitlines():
-        m = re.match(r"\s*(\.L_x_\d+):", line)
-        if m:
-            labels[m.group(1)] = None
-    # address of each label: the next instruction after it
-    addr_of, pending = {}, []
-    for line in sass.splitlines():
-        m = re.match(r"\s*(\.L_x_\d+):", line)
-        if m:
-            pending.append(m.group(1))
-            continue
-        im = _INSN.search(line)
-        if im and pending:
-            for p in pending:
-                addr_of[p] = int(im.group(1), 16)
-            pending = []
+    addr_of = _label_addrs(sass)
     best = None
     for a, op, text in ins:
         if op != "BRA":
@@ -67,6 +51,7 @@ def k_loop(sass: str, marker: str = "HGMMA") -> list[tuple[int, str, str]]:
 
 
 def _label_addrs(sass: str) -> dict[str, int]:
+    """The address of each ``.L_x_N`` label: that of the instruction after it."""
     addr_of, pending = {}, []
     for line in sass.splitlines():
         m = re.match(r"\s*(\.L_x_\d+):", line)

@@ -52,15 +52,22 @@ def swizzle128(addr: np.ndarray) -> np.ndarray:
     return addr ^ (((addr >> 7) & 7) << 4)
 
 
-def kmajor_addresses(desc: int, rows: int, k: int, esize: int = 2) -> np.ndarray:
-    """Byte address [rows, k] of element (row, kk) of a K-major operand named by ``desc``
-    (A: rows = 64 of M; B: rows = N, element (n, kk) is B[kk, n])."""
+def _decode_128b(desc: int):
+    """``decode(desc)``, refused unless it is what this model covers: the 128-byte swizzle with
+    atoms at 1024-byte aligned addresses."""
     d = decode(desc)
     if d.swizzle != "128B":
         raise ValueError(f"descriptor swizzle {d.swizzle}: this model covers the 128-byte swizzle only")
     if d.base_offset != 0:
         raise ValueError(f"descriptor base offset {d.base_offset}: this model covers atoms at 1024-byte "
                          "aligned addresses (base offset 0) only")
+    return d
+
+
+def kmajor_addresses(desc: int, rows: int, k: int, esize: int = 2) -> np.ndarray:
+    """Byte address [rows, k] of element (row, kk) of a K-major operand named by ``desc``
+    (A: rows = 64 of M; B: rows = N, element (n, kk) is B[kk, n])."""
+    d = _decode_128b(desc)
     r = np.arange(rows, dtype=np.int64)[:, None]
     c = np.arange(k, dtype=np.int64)[None, :]
     linear = d.start + (r // 8) * d.sbo + (r % 8) * 128 + c * esize
@@ -70,12 +77,7 @@ def kmajor_addresses(desc: int, rows: int, k: int, esize: int = 2) -> np.ndarray
 def mnmajor_addresses(desc: int, mn: int, k: int, esize: int = 2) -> np.ndarray:
     """Byte address [mn, k] of element (i, kk) of an MN-major operand named by ``desc``
     (B with ``imm-trans-b`` = 1: element (n, kk) is B[kk, n], n contiguous in memory)."""
-    d = decode(desc)
-    if d.swizzle != "128B":
-        raise ValueError(f"descriptor swizzle {d.swizzle}: this model covers the 128-byte swizzle only")
-    if d.base_offset != 0:
-        raise ValueError(f"descriptor base offset {d.base_offset}: this model covers atoms at 1024-byte "
-                         "aligned addresses (base offset 0) only")
+    d = _decode_128b(desc)
     per_row = 128 // esize
     i = np.arange(mn, dtype=np.int64)[:, None]
     kk = np.arange(k, dtype=np.int64)[None, :]
