@@ -109,3 +109,17 @@ def test_decode_attention_is_split_by_its_kv_cache():
     outs, ins = [(1, 32, 1, 128)], [(1, 32, 1, 128), (1, 8, 32768, 128), (1, 8, 32768, 128)]
     assert _split("k0_attention_decode", outs, ins)[:2] == (2, True)
     assert _split("k0_rowwise", outs, ins)[:2] == (1, False)   # a row kernel counts its output
+
+
+def test_flash_attention_is_split_by_its_multiply_adds():
+    """16 heads x 1024 queries x 1024 keys x 64: 2^20 elements in its largest tensor but 2^31
+    multiply-adds.  Counted as elements it never woke a sleeping worker, so bench cpu's
+    attention 16x1024x64 ran on one core (43.7 ms, 0.61x torch.compile; 21.7 ms on two)."""
+    qkv = [(1, 16, "s", 64)] * 3
+    assert _split("k0_attention", [(1, 16, "s", 64)], qkv, env={"s": 1024})[:2] == (2, True)
+    assert _split("k2_attention_bwd", [(1, 16, "s", 64)] * 3, qkv + [(1, 16, "s")], env={"s": 1024})[:2] == (2, True)
+    # a short one still stays on the threads already spinning, and a tiny one on the caller
+    assert _split("k0_attention", [(1, 4, 128, 64)], [(1, 4, 128, 64)] * 3)[:2] == (2, False)
+    assert _split("k0_attention", [(1, 1, 8, 16)], [(1, 1, 8, 16)] * 3)[:2] == (1, False)
+    # teeth: counting the largest tensor (the old rule) leaves 16 x 1024 x 64 asleep
+    assert _split("k0_scatter", [(1, 16, "s", 64)], qkv, env={"s": 1024})[1] is False

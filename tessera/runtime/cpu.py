@@ -245,6 +245,11 @@ def launch_work(step: Step, env: dict[str, int], sizes: list[int]) -> tuple[bool
             return True, max(1, math.isqrt(ops[0] * ops[1] * out))
     if kind == "gemm":
         return True, (out * max(1, sizes[-1]) if sizes else out)   # (a step from an older cache)
+    if kind in ("attention", "attention_bwd") and len(step.in_types) >= 2 and step.in_types[1].rank >= 2:
+        # flash attention (q, k, v, ...): multiply-adds |Q| SK for Q K^T and as many for P V (more
+        # in the backward); its largest tensor undercounts it by SK (16 x 1024 x 64 is 2^20
+        # elements but 2^31 multiply-adds: counted as elements it never woke the workers)
+        return True, 2 * n(step.in_types[0]) * _eval(step.in_types[1].dims[-2], env)
     if kind.startswith("attention") or kind == "scatter":   # a scatter's work: the updates it adds
         return False, max([out] + [n(t) for t in step.in_types])
     return False, out
