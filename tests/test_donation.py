@@ -123,6 +123,23 @@ def test_returned_argument_and_unread_argument_are_refused(rng):
     np.testing.assert_allclose(b, y.astype(np.float64) * 3, rtol=1e-6)
 
 
+def test_dynamic_sizes_refuse_donation_visibly(rng):
+    """dynamic= pads the arguments into bucket buffers: the donated array is never written, the
+    result is allocated, and explain says so (it used to list nothing: a silent no-op)."""
+    f = ts.jit(lambda p, g: p - 0.5 * g, donate_argnums=0, dynamic={"p": {0: "n"}, "g": {0: "n"}})
+    p, g = _f32(rng, 300, 17), _f32(rng, 300, 17)
+    keep = p.copy()
+    r = f(p, g)
+    np.testing.assert_allclose(r, keep.astype(np.float64) - 0.5 * g, rtol=1e-6, atol=1e-6)
+    assert not np.shares_memory(r, p) and p.flags.writeable
+    np.testing.assert_array_equal(p, keep)
+    lines = ts.explain(f, p, g).donated
+    assert len(lines) == 1 and lines[0].startswith("argument 0: refused: dynamic= pads"), lines
+    # teeth: the same function without dynamic= honours it (so the line above is not vacuous)
+    h = ts.jit(lambda p, g: p - 0.5 * g, donate_argnums=0)
+    assert ts.explain(h, p, g).donated[0].startswith("argument 0: honoured")
+
+
 def test_bad_donations_are_refused_with_a_code(rng):
     x, y = _f32(rng, 8, 8), _f32(rng, 8, 8)
     jf = ts.jit(axpy, donate_argnums=0)

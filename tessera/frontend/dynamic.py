@@ -522,6 +522,9 @@ class BucketArtifact(Artifact):
         now = _describe(self.owner.names, self.lengths, self.sizes, "this call at length")
         r.notes.append(f"dynamic ({dims}): {now} (each bucket one compile; padded and masked); "
                        f"{len(self.owner.inner.compiles)} bucket compile(s)")
+        # a bucket's kernels read and write padded copies, never the caller's buffers
+        r.donated = [f"argument {p}: refused: dynamic= pads the arguments into bucket-sized buffers, so every "
+                     "result is allocated" for p in self.owner.fn.donate_argnums]
         return r
 
     def emulate(self, *args, **kwargs):
