@@ -138,7 +138,8 @@ def test_library_needs_only_the_c_library(libs):
         assert set(link.needed(buf)) <= allowed and "libc.so.6" in link.needed(buf)
         for sym in link.undefined_symbols(buf):      # every one defined by libc / libm / libpthread
             assert any(hasattr(s, sym) for s in system), sym
-        api = {name, f"{name}_run", f"{name}_workspace_size", f"{name}_check_cpu", f"{name}_set_num_threads",
+        api = {name, f"{name}_run", f"{name}_strided", f"{name}_workspace_size", f"{name}_check_cpu",
+               f"{name}_set_num_threads",
                f"{name}_get_num_threads", f"{name}_strerror"}
         assert set(link.exported_symbols(buf)) == api    # kernels hidden: two libraries never clash
     if shutil.which("ldd"):

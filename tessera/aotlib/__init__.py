@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tessera.errors import ExportError, LaneUnavailableError
-from tessera.aotlib import cpufeat, driver, link
+from tessera.aotlib import cpufeat, driver, link, strided
 from tessera.aotlib.header import header
 from tessera.aotlib.plan import Plan, make_plan
 
@@ -91,6 +91,24 @@ class LoadedLibrary:
                 for t in plan.outputs]
         rc = self.entry(*[a.ctypes.data for a in ins + outs], *[got[nm] for nm, _ in plan.sizes])
         return rc, outs
+
+    def call_strided(self, *arrays, out: list[np.ndarray] | None = None) -> int:
+        """``name_strided`` on numpy arrays as they are (any strides, in place: inputs of the
+        library's dtypes, not converted) writing into ``out`` (arrays of the output shapes, any
+        strides); returns the return code.  Element strides are the byte strides / itemsize."""
+        plan = self.lib.plan
+        fn = getattr(self.dll, self.lib.name + "_strided")
+        fn.restype = ctypes.c_int
+        got: dict[str, int] = {}
+        for t, a in zip(plan.inputs, arrays):
+            for d, n in zip(t.dims, a.shape):
+                if isinstance(d, str):
+                    got.setdefault(d, n)
+        bufs = list(arrays) + list(out or [])
+        strides = [s // a.itemsize for a in bufs for s in a.strides]
+        arr = (ctypes.c_int64 * max(1, len(strides)))(*strides)
+        return fn(*[ctypes.c_void_p(a.ctypes.data) for a in bufs],
+                  *[ctypes.c_int64(got[nm]) for nm, _ in plan.sizes], arr)
 
     def __call__(self, *arrays) -> list[np.ndarray]:
         rc, outs = self.call_raw(*arrays)
@@ -227,6 +245,9 @@ def export_artifact(art, path: str = ".", name: str | None = None, threads: int 
                           "tessera.export(fn, *example_args) or from tessera.compile(fn, *example_args)")
     names = _input_names(fn, len(program.inputs))
     plan = make_plan(program, shapes, names, threads, _dynamic_axes(dynamic, names, shapes), max_sizes)
+    if strided.max_rank(plan) > strided.MAX_RANK:
+        raise ExportError(f"an array of rank {strided.max_rank(plan)}: exported libraries take ranks up to "
+                          f"{strided.MAX_RANK} (the strided entry point's index)")
     feats = cpufeat.required(c.cpu, c.features)
     ir = driver.library_ir(plan, name, cj.host_triple(), feats)
     cj.init()
@@ -235,7 +256,7 @@ def export_artifact(art, path: str = ".", name: str | None = None, threads: int 
     drv = cj.emit(ir, c.cpu, c.features, opt=2).obj
     os.makedirs(path, exist_ok=True)
     so_path = os.path.join(path, f"lib{name}.so")
-    api = [name, f"{name}_run", f"{name}_workspace_size", f"{name}_check_cpu", f"{name}_set_num_threads",
+    api = [name, f"{name}_run", f"{name}_strided", f"{name}_workspace_size", f"{name}_check_cpu", f"{name}_set_num_threads",
            f"{name}_get_num_threads", f"{name}_strerror"]
     link.link(_kernel_objects(art) + [drv], so_path, api, f"lib{name}.so")
     h_path = os.path.join(path, f"{name}.h")

@@ -8,6 +8,9 @@ For a library ``name`` (every symbol below is exported; nothing else is):
 * ``int name_run(<inputs>, <outputs>, <sizes>, void *workspace)``: the same in the caller's arena
   of at least ``name_workspace_size()`` bytes (any alignment: it is aligned here; laid out for
   the maximum sizes);
+* ``int name_strided(<inputs>, <outputs>, <sizes>, const int64_t *strides)``: the same for
+  buffers with strides in elements (``strided.py``: contiguous ones used in place, others copied
+  once);
 * ``size_t name_workspace_size(void)``, ``int name_check_cpu(void)``,
   ``int name_set_num_threads(int)`` / ``int name_get_num_threads(void)``,
   ``const char *name_strerror(int)``.
@@ -25,17 +28,19 @@ docs/numerics.md).  Nothing calls back into Python: the only external symbols ar
 """
 from __future__ import annotations
 
-from tessera.aotlib import cpufeat
+from tessera.aotlib import cpufeat, strided
 from tessera.aotlib.plan import Buffer, Plan
 
 # the C error codes (the header defines them as <NAME>_OK, <NAME>_ERR_...)
-OK, ERR_CPU, ERR_NOMEM, ERR_NULL, ERR_THREADS, ERR_SIZE = 0, 1, 2, 3, 4, 5
+OK, ERR_CPU, ERR_NOMEM, ERR_NULL, ERR_THREADS, ERR_SIZE, ERR_STRIDE = 0, 1, 2, 3, 4, 5, 6
 MESSAGES = {OK: "success",
             ERR_CPU: "this CPU lacks a feature the library was compiled for (see <NAME>_CPU_FEATURES)",
             ERR_NOMEM: "the workspace could not be allocated",
             ERR_NULL: "a buffer pointer is NULL",
             ERR_THREADS: "the thread count must be between 1 and <NAME>_MAX_THREADS",
-            ERR_SIZE: "a dynamic size is below 1 or above its maximum (<NAME>_MAX_<SIZE>)"}
+            ERR_SIZE: "a dynamic size is below 1 or above its maximum (<NAME>_MAX_<SIZE>)",
+            ERR_STRIDE: "an output's strides put two of its elements in one place (a zero stride on an axis longer "
+                        "than 1)"}
 ENTRY_SUFFIX = ".entry"
 
 
@@ -219,6 +224,8 @@ run:
   ret i32 %r
 }}
 """)
+    out += [strided.copy_helper(e) for e in strided.element_sizes(plan)]
+    out.append(strided.strided_fn(plan, name, ERR_STRIDE, ERR_NOMEM))
     return "\n".join(out) + "\n"
 
 

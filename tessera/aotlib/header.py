@@ -5,7 +5,8 @@ from tessera.aotlib import driver
 from tessera.aotlib.plan import C_TYPES, Plan, Tensor
 
 _CODES = {driver.OK: "OK", driver.ERR_CPU: "ERR_CPU", driver.ERR_NOMEM: "ERR_NOMEM",
-          driver.ERR_NULL: "ERR_NULL", driver.ERR_THREADS: "ERR_THREADS", driver.ERR_SIZE: "ERR_SIZE"}
+          driver.ERR_NULL: "ERR_NULL", driver.ERR_THREADS: "ERR_THREADS", driver.ERR_SIZE: "ERR_SIZE",
+          driver.ERR_STRIDE: "ERR_STRIDE"}
 
 
 def _tensor_lines(macro: str, t: Tensor, what: str, N: str) -> list[str]:
@@ -81,6 +82,14 @@ def header(plan: Plan, name: str, *, source: str, cpu: str, features: list[str],
         "",
         f"/* The same in a caller's workspace of at least {name}_workspace_size() bytes (any alignment). */",
         f"int {name}_run({sig}, void *workspace);",
+        "",
+        "/* The same for strided buffers: strides[] holds one stride per axis, in elements (not bytes),",
+        " * for every input then every output (scalars: none); NULL means contiguous row-major. A buffer",
+        " * whose strides are its contiguous ones (axes of size 1 ignored) is used in place; any other",
+        " * is copied once (inputs before the run into malloc'ed buffers, outputs after it). Negative",
+        " * strides are allowed, zero strides on inputs too (a broadcast); an output with a zero stride",
+        f" * on an axis longer than 1 is {N}_ERR_STRIDE. */",
+        f"int {name}_strided({sig}, const int64_t *strides);",
         f"size_t {name}_workspace_size(void);",
         "",
         f"/* {N}_OK when this CPU has every feature in {N}_CPU_FEATURES, else {N}_ERR_CPU. */",
