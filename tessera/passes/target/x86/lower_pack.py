@@ -122,6 +122,10 @@ class PackLowering:
 
         W = self.w
         unit_elems = 2 if _is_half(src.elem) else 1  # k elements per 32-bit unit
+        if (_const_int(src.rs) == 1 and _const_int(src.cs) != 1 and kp == 1 and _elem_bytes(src.elem) in (4, 8)
+                and getattr(self, "pack_elem", src.elem) == src.elem):
+            self._pack_a_columns(b, src, dst, doff, mr, npanel)
+            return
         if (_const_int(src.cs) == 1 and kp * _elem_bytes(src.elem) == 4 * W
                 and getattr(self, "pack_elem", src.elem) == src.elem):
             self._pack_a_rows(b, src, dst, doff, mr, kp, kcp, npanel)
@@ -163,6 +167,38 @@ class PackLowering:
                 return []
 
             bp.if_(full, fast, slow)
+            return []
+
+        b.for_(0, npanel, 1, panel)
+
+    def _pack_a_columns(self, b: Builder, src: ViewVal, dst, doff, mr: int, npanel) -> None:
+        """A transposed A (its rows adjacent in memory: x.T @ dy, a weight gradient): for each k
+        the panel's mr values are contiguous in the source, so each is one masked vector load and
+        one store of mr lanes (rows past the view's end load as zeros).  Element by element this
+        was half the time of x.T @ dy at 1024 x 1024 x 4096 (one core: 236 ms against 120 for
+        the same GEMM with A contiguous)."""
+        lanes = 4 * self.w // _elem_bytes(src.elem)
+        vt = self.vtype(src.elem, lanes)
+
+        def panel(bp: Builder, p, _c):
+            pbase = bp.add(doff, bp.mul(p, bp.mul(mr, src.cols)))
+            row0 = bp.mul(p, mr)
+            valid = bp.max(bp.min(bp.sub(src.rows, row0), mr), 0)
+
+            def kline(bk: Builder, kk, _c2):
+                for c0 in range(0, mr, lanes):
+                    n = min(lanes, mr - c0)
+                    cnt = bk.max(bk.min(bk.sub(valid, c0), n), 0)
+                    soff = bk.select(bk.cmp("sgt", cnt, 0),
+                                     bk.c(bk.add(src.off, bk.add(bk.add(row0, c0), bk.mul(kk, src.cs)))),
+                                     bk.c(src.off))
+                    ld = x.VLoadOp.create(operands=[src.base, bk.c(soff), bk.c(cnt)], result_types=[vt])
+                    bk.op(ld)
+                    bk.op(x.VStoreOp.create(operands=[ld.result, dst, bk.c(bk.add(pbase, bk.add(bk.mul(kk, mr), c0))),
+                                                      bk.c(n)]))
+                return []
+
+            bp.for_(0, src.cols, 1, kline)
             return []
 
         b.for_(0, npanel, 1, panel)
