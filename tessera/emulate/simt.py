@@ -481,6 +481,8 @@ class Emulator(WgmmaOps):
         flat = [np.concatenate([_per_thread(ctx, self.v(ctx, r)).reshape(ctx.nthreads, -1) for r in regs], axis=1)
                 for regs in (op.a, op.b, op.c)]
         lay = self._layout("mma_sync", (m, n, k), 32, op.atype.data)
+        if op.atype.data == "f32":     # the tf32 record: A and B rounded as cvt.rna.tf32.f32 does (codegen/nvptx.py)
+            flat = [L.tf32_rna(flat[0]), L.tf32_rna(flat[1]), flat[2]]
         d = self.matrix(ctx, op, lay, *flat, mask)
         for i, r in enumerate(op.d):
             ctx.vals[r] = d[:, i]
