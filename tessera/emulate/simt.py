@@ -613,7 +613,7 @@ MATH = {
     "select_max": lambda a, b: np.where(a > b, a, b),
     "floor": np.floor, "ceil": np.ceil, "round": np.rint, "square": np.square, "sign": np.sign,
     "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
-    "log": np.log,
+    "log": np.log, "sin": np.sin, "cos": np.cos,
 }
 
 
