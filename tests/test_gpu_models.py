@@ -123,3 +123,20 @@ def test_block_emulated_end_to_end_matches_float64(name, rng):
     want = m.reference(*args, xp_dtype=np.float64, **kw)
     err = np.abs(got - want).max() / np.abs(want).max()
     assert 0 < err < 2e-3, err
+
+
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+def test_models_bench_dry_run_checks_against_float64_without_host_copies(tmp_path, monkeypatch):
+    """benchmarks/gpu/models_bench.py --dry-run (the device suite's script): the fake driver and the
+    warp emulator stand in for the GPU; a run that disagrees with float64 would exit 1."""
+    import json
+    from tessera.runtime import cuda
+    monkeypatch.setattr(cuda, "_driver", cuda._driver)     # the script swaps in the fake driver: restored after
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"))
+    import models_bench
+    assert models_bench.main(["--dry-run", "--only", "decode_attention,sampler", "--out", str(tmp_path)]) == 0
+    rec = json.loads((tmp_path / "models.json").read_text())
+    runs = {r["model"]: r for r in rec["runs"]}
+    assert runs["decode_attention"]["rel_err"] < 5e-3 and runs["decode_attention"]["lane"] == "nvidia-sm_90"
+    assert not any(runs["decode_attention"]["runtime_host_copies"].values())
+    assert runs["sampler"]["refused"].startswith("SCHEDULE_ILLEGAL")
