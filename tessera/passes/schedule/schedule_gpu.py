@@ -82,7 +82,11 @@ def default_tiles(target: str, shape: tuple[int, int, int], arch: str = "", elem
         for bk, staging in ((64, 3), (64, 2), (32, 3), (32, 2), (16, 2)):
             if gemm_shared_bytes(128, 128, bk, staging, elem_size=elem_size) <= shared_limit(target, arch):
                 break
-        return {"bm": 128, "bn": 128, "bk": bk, "fm": 64 // m, "fn": 32 // n, "staging": staging}
+        # f32 (tf32) fragments are loaded from shared memory element by element (no ldmatrix for 4-byte
+        # elements): 4x4 instructions per warp took 255 registers (ptxas, 512^3 on sm_80/sm_90: one
+        # 8-warp block per SM); 2x4 take 128 with 16 warps per block (same SM share, twice the warps)
+        fm = 32 // m if elem_size == 4 else 64 // m
+        return {"bm": 128, "bn": 128, "bk": bk, "fm": fm, "fn": 32 // n, "staging": staging}
     # AMD: 64x64 blocks of four waves, each 32x32 (2x2 16x16 or 1x1 32x32 instructions)
     return {"bm": 64, "bn": 64, "bk": 32, "fm": 32 // m, "fn": 32 // n, "staging": 2}
 
