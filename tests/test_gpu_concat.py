@@ -74,3 +74,15 @@ def test_teeth_a_segment_read_without_its_shift_fails(rng, monkeypatch):
     q, c, s = _inputs(rng)
     got = ts.compile(rope, q, c, s, target="nvidia", arch="sm_80").emulate(q, c, s)
     assert np.abs(got - rope64(q, c, s)).max() > 0.1
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx1151"])
+def test_rotate_half_and_sin_on_rocm_match_float64(arch, rng):
+    from tessera.toolchain import find_llvm_tool
+    if find_llvm_tool("ld.lld") is None:
+        pytest.skip("ld.lld >= 19 not installed")
+    q, c, s = _inputs(rng)
+    art = ts.compile(lambda q, c, s: rope(q, ts.ops.cos(c), ts.ops.sin(s)), q, c, s, target="rocm", arch=arch)
+    assert art.report().lane == f"rocm-{arch}" and art.report().kernels[0]["vgprs"] > 0
+    want = rope64(q, np.cos(c.astype(np.float64)), np.sin(s.astype(np.float64)))
+    np.testing.assert_allclose(art.emulate(q, c, s), want, rtol=0, atol=1e-5)
