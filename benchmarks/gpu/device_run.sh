@@ -8,7 +8,11 @@
 # Prepare here first:  ./dev python benchmarks/gpu/build_nvidia_bundle.py --arch sm_90
 # Where the machine lacks xDSL / llvmlite 0.50, carry them in .whl/ as wheels, or as an xz-packed
 # site-packages tree (*.tar.xz; llvmlite's wheel alone nearly fills a 64 MiB transfer).
+# --suite whole-models: only the model examples on target="nvidia" (benchmarks/gpu/models_bench.py; dry-run
+# it here with --dry-run): checked against float64, timed against torch eager and torch.compile.
 set -uo pipefail
+SUITE=all
+if [ "${1:-}" = "--suite" ]; then SUITE=${2:-all}; fi
 OUT=${OUT:-/tmp/tessera-gpu-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PATH="/usr/local/cuda/bin:$PATH"
 py=${PYTHON:-python3}
@@ -40,6 +44,10 @@ if [ -d .whl ]; then
 fi
 $py -c "import tessera, llvmlite, xdsl, numpy; from tessera.toolchain import find_ptxas; \
 print('tessera imports; llvmlite', llvmlite.__version__, 'numpy', numpy.__version__, 'ptxas', find_ptxas())"
+if [ "$SUITE" = "whole-models" ]; then
+  timeout 290 $py benchmarks/gpu/models_bench.py --out "$OUT" 2>&1 | tee "$OUT/models.log"
+  exit "${PIPESTATUS[0]}"
+fi
 timeout 300 $py -m pytest -q -rs tests/test_nvidia_device.py tests/test_cuda_runtime.py 2>&1 | tee "$OUT/pytest.log"
 timeout 200 $py benchmarks/gpu/nvidia_check.py --bundle benchmarks/gpu/bundle 2>&1 | tee "$OUT/check.log"
 # device-resident calls (issue 30): torch CUDA tensors in and out of target="nvidia" (GEMM, graph replay, the

@@ -20,7 +20,9 @@ from tessera.ir.attrs import ival, strs
 from tessera.ir.target import gpu as G
 
 GPU_DIALECTS = ("tessera_gpu", "arith", "scf", "func", "builtin")
-_MATH_LIB = ("exp", "exp_bounded", "tanh", "erf", "silu", "gelu_tanh", "gelu_erf", "sigmoid", "log")
+# the CPU lane's vector math library, reused (plain LLVM IR, always inlined; log, sin and cos widen to f64
+# lanes and round once: slow on GPUs with few f64 units, exact to an ulp everywhere)
+_MATH_LIB = ("exp", "exp_bounded", "tanh", "erf", "silu", "gelu_tanh", "gelu_erf", "sigmoid", "log", "sin", "cos")
 
 
 class GpuFn(FnCodegen):

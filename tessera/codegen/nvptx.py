@@ -2,7 +2,7 @@
 
 Kernels use the ``ptx_kernel`` calling convention; ``tessera_nvidia.mma_sync`` becomes
 the ``llvm.nvvm.mma.*`` intrinsic of the selector's record (bf16 registers go as
-i32), ``ldmatrix`` / ``cp_async`` / ``cp_async_commit`` / ``cp_async_wait`` their NVVM
+i32; f32 registers of a tf32 record are rounded by ``cvt.rna.tf32.f32`` first), ``ldmatrix`` / ``cp_async`` / ``cp_async_commit`` / ``cp_async_wait`` their NVVM
 intrinsics; shared memory is the launch's dynamic shared memory.  Every ``mma_sync`` is
 checked against the selector's table for the arch before LLVM sees it (bf16 on sm_75 is a ``MmaSelectorError`` here).  The PTX version is
 the highest any used record needs on the arch (``+ptxNN``); PTX comes from LLVM's
@@ -35,8 +35,9 @@ TRIPLE = "nvptx64-nvidia-cuda"
 def record_for(op: NV.MmaSyncOp, arch: str) -> MmaRecord:
     isa = get_isa("nvidia", arch)
     shape = tuple(int(x) for x in op.shape.data[1:].replace("n", " ").replace("k", " ").split())
+    # f32 registers run the tf32 record (the only f32 mma.sync): the codegen rounds them to tf32 first
     cands = [r for r in isa.records if r.family == "mma_sync" and r.shape == shape and r.a_dtype == op.atype.data
-             and not r.math_mode]
+             and r.math_mode in (None, "tf32" if op.atype.data == "f32" else None)]
     if not cands:
         legal = sorted({f"m{r.m}n{r.n}k{r.k} {r.a_dtype}" for r in isa.records if r.family == "mma_sync"})
         raise MmaSelectorError(f"nvidia:{arch} has no mma.sync {op.shape.data} on {op.atype.data}; legal there: "
@@ -85,6 +86,10 @@ class NvptxFn(GpuFn):
         vals = [self.v(x) for x in (*op.a, *op.b, *op.c)]
         if len(vals) != len(types):
             raise CodegenError(f"{op.name} {op.shape.data}: {len(vals)} registers, the intrinsic takes {len(types)}")
+        if rec.math_mode == "tf32":   # A and B: f32 rounded to nearest tf32 (ties away), cvt.rna.tf32.f32
+            cvt = self.gen.intrinsic("llvm.nvvm.f2tf32.rna", I32, [ir.FloatType()])
+            na = len(op.a) + len(op.b)
+            vals = [self.b.call(cvt, [v]) if i < na else v for i, v in enumerate(vals)]
         args = [v if v.type == ty else self.b.bitcast(v, ty) for v, ty in zip(vals, types)]
         ret = ir.LiteralStructType([ir.FloatType()] * len(op.d))
         res = self.b.call(self.gen.intrinsic(rec.intrinsic, ret, types), args)

@@ -261,6 +261,44 @@ def _mma_sync(shape: tuple[int, int, int]) -> InstrLayout:
     return InstrLayout("mma_sync", shape, 32, a, b, c, src)
 
 
+@lru_cache(maxsize=None)
+def _mma_sync_tf32(shape: tuple[int, int, int]) -> InstrLayout:
+    # [PTX] "Matrix Fragments for mma.m16n8k8" and "mma.m16n8k4", .tf32 (one element per .b32
+    # register); groupID = %laneid >> 2, threadID_in_group = %laneid % 4.  C/D as for f16.
+    def g(l: int) -> int:
+        return l >> 2
+
+    def t(l: int) -> int:
+        return l % 4
+
+    c = _operand(16, 8, 32, 4, lambda l, i: (g(l) + 8 * (i // 2), 2 * t(l) + (i & 1)), replicated=False)
+    if shape == (16, 8, 8):
+        # A (.tf32): row = groupID for a0 and a2, groupID + 8 for a1 and a3;
+        # col = threadID_in_group for a0 and a1, threadID_in_group + 4 for a2 and a3.
+        a = _operand(16, 8, 32, 4, lambda l, i: (g(l) + (8 if i in (1, 3) else 0), t(l) + (4 if i >= 2 else 0)),
+                     replicated=False)
+        # B (.tf32): row = threadID_in_group for b0, threadID_in_group + 4 for b1; col = groupID.
+        b = _operand(8, 8, 32, 2, lambda l, i: (t(l) + (4 if i == 1 else 0), g(l)), replicated=False)
+        src = "NVIDIA PTX ISA 'Matrix Fragments for mma.m16n8k8' (.tf32 A and B)"
+    else:  # (16, 8, 4)
+        # A (.tf32): row = groupID for a0, groupID + 8 for a1; col = threadID_in_group.
+        a = _operand(16, 4, 32, 2, lambda l, i: (g(l) + (8 if i == 1 else 0), t(l)), replicated=False)
+        # B (.tf32): row = threadID_in_group; col = groupID.
+        b = _operand(4, 8, 32, 1, lambda l, i: (t(l), g(l)), replicated=False)
+        src = "NVIDIA PTX ISA 'Matrix Fragments for mma.m16n8k4' (.tf32 A and B)"
+    return InstrLayout("mma_sync", shape, 32, a, b, c, src)
+
+
+def tf32_rna(x: np.ndarray) -> np.ndarray:
+    """float32 -> the nearest tf32 (10-bit mantissa), ties away from zero, as ``cvt.rna.tf32.f32``
+    (the result is a float32 whose low 13 mantissa bits are zero; NaN and infinity kept)."""
+    x = np.asarray(x, np.float32)
+    bits = x.view(np.uint32)
+    finite = (bits & 0x7F800000) != 0x7F800000
+    rounded = ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).astype(np.uint32)
+    return np.where(finite, rounded, bits).astype(np.uint32).view(np.float32)
+
+
 def _wgmma(n: int) -> InstrLayout:
     # [PTX] 9.7.15.5.1 "Register Fragments and Shared Memory Matrix Layouts" of wgmma,
     # accumulator D for .m64nNk16 with .f32: the warpgroup's four warps each hold 16 rows
@@ -307,6 +345,8 @@ _TABLE: tuple[_Entry, ...] = (
     _Entry("mfma", (32, 32, 16), ("gfx950",), 64, _F16_BF16, lambda: _mfma((32, 32, 16))),
     _Entry("mma_sync", (16, 8, 16), _SM80, 32, _F16_BF16, lambda: _mma_sync((16, 8, 16))),
     _Entry("mma_sync", (16, 8, 8), _SM80, 32, _F16_BF16, lambda: _mma_sync((16, 8, 8))),
+    _Entry("mma_sync", (16, 8, 8), _SM80, 32, ("f32",), lambda: _mma_sync_tf32((16, 8, 8))),
+    _Entry("mma_sync", (16, 8, 4), _SM80, 32, ("f32",), lambda: _mma_sync_tf32((16, 8, 4))),
     # [PTX] mma Target ISA Notes: only .f16 with .m16n8k8 is available on sm_75
     # (.m16n8k16 .f16 and all .bf16 forms require sm_80).
     _Entry("mma_sync", (16, 8, 8), ("sm_75",), 32, ("f16",), lambda: _mma_sync((16, 8, 8))),

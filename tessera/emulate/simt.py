@@ -481,6 +481,8 @@ class Emulator(WgmmaOps):
         flat = [np.concatenate([_per_thread(ctx, self.v(ctx, r)).reshape(ctx.nthreads, -1) for r in regs], axis=1)
                 for regs in (op.a, op.b, op.c)]
         lay = self._layout("mma_sync", (m, n, k), 32, op.atype.data)
+        if op.atype.data == "f32":     # the tf32 record: A and B rounded as cvt.rna.tf32.f32 does (codegen/nvptx.py)
+            flat = [L.tf32_rna(flat[0]), L.tf32_rna(flat[1]), flat[2]]
         d = self.matrix(ctx, op, lay, *flat, mask)
         for i, r in enumerate(op.d):
             ctx.vals[r] = d[:, i]
@@ -611,7 +613,7 @@ MATH = {
     "select_max": lambda a, b: np.where(a > b, a, b),
     "floor": np.floor, "ceil": np.ceil, "round": np.rint, "square": np.square, "sign": np.sign,
     "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
-    "log": np.log,
+    "log": np.log, "sin": np.sin, "cos": np.cos,
 }
 
 

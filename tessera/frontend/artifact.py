@@ -69,12 +69,13 @@ class Artifact:
         """GPU: each kernel's launch contract (symbol, argument offsets, block, grid, shared memory)."""
         return [dict(a) for a in self.compiled.abis]
 
-    def emulate(self, *args):
-        """Run the GPU kernels in the wave/warp emulator (numpy); returns what the call would."""
+    def emulate(self, *args, **kwargs):
+        """Run the GPU kernels in the wave/warp emulator (numpy); returns what the call would.
+        Keywords are the function's (static settings such as ``n_head=``), as for a call."""
         c = self.compiled
         if c.target not in ("rocm", "nvidia"):
             raise ArgumentError("emulate() runs GPU artifacts; this one is for the CPU")
-        v, arrays, env = self.fn._variant(args)
+        v, arrays, env = self.fn._variant(self.fn._flat(args, kwargs) if kwargs else args)
         outs = c.executable.emulate(arrays, env)
         return results(v.graph, outs)
 

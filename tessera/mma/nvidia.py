@@ -19,7 +19,9 @@ SM90_UP = frozenset({"sm_90", "sm_90a", "sm_120"})
 REGISTER_BUDGET = 255  # 32-bit registers per thread
 LOWERING = "lower-tile-to-nvidia"
 WGMMA_LOWERED = ("f16", "bf16")   # m64nNk16 -> f32 (passes/target/nvidia/wgmma.py); fp8 not yet
-LOWERED = {((16, 8, 16), "f16"), ((16, 8, 8), "f16"), ((16, 8, 16), "bf16"), ((16, 8, 8), "bf16")}
+LOWERED = {((16, 8, 16), "f16"), ((16, 8, 8), "f16"), ((16, 8, 16), "bf16"), ((16, 8, 8), "bf16"),
+           # tf32: f32 inputs rounded to tf32 (cvt.rna.tf32.f32) in registers, f32 accumulation
+           ((16, 8, 8), "f32"), ((16, 8, 4), "f32")}
 
 PTX_TYPE = {"f16": "f16", "bf16": "bf16", "f32": "f32", "f64": "f64", "s8": "s8", "i32": "s32",
             "f8e4m3fn": "e4m3", "f8e5m2": "e5m2"}
@@ -40,7 +42,7 @@ def _mma(shape, a, acc, archs, intrinsic, args, ret, *, math_mode=None, min_ptx=
     return MmaRecord(rid, "nvidia", "mma_sync", shape, a, b, acc, mnemonic, intrinsic, archs=frozenset(archs),
                      math_mode=math_mode, lanes=32, min_ptx=min_ptx,
                      min_ptx_by_arch=(("sm_120", (8, 7)),), semantics=semantics,
-                     lowered_by=LOWERING if ((m, n, k), a) in LOWERED and not math_mode else None,
+                     lowered_by=LOWERING if ((m, n, k), a) in LOWERED else None,
                      a_layout="row_major", b_layout="col_major", llvm_ret=ret, llvm_args=args,
                      asm_regex=mnemonic.replace(".", r"\."))
 

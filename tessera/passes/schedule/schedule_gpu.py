@@ -58,23 +58,35 @@ ACC_BUDGET = {"rocm": 128, "nvidia": 96}
 WGMMA_ACC_BUDGET = 128
 
 
-def gemm_shared_bytes(bm: int, bn: int, bk: int, staging: int, family: str = "") -> int:
+def gemm_shared_bytes(bm: int, bn: int, bk: int, staging: int, family: str = "", elem_size: int = 2) -> int:
     if family == "wgmma":      # unpadded swizzled blocks, each 1024-byte aligned
-        return staging * (bm + bn) * bk * 2 + 1024
-    return staging * (bm * (bk + 8) + bk * (bn + 8)) * 2
+        return staging * (bm + bn) * bk * elem_size + 1024
+    return staging * (bm * (bk + 8) + bk * (bn + 8)) * elem_size
 
 
-def default_tiles(target: str, shape: tuple[int, int, int], arch: str = "") -> dict:
+# the math mode a pass selects for inputs of a dtype whose matrix instructions all need one: f32 GEMM
+# and attention on NVIDIA run on tf32 mma.sync (inputs rounded to a 10-bit mantissa, f32 accumulation),
+# as JAX's default precision and torch's allow_tf32 do; the record id in the lane report says so
+GPU_MATH_MODE = {("nvidia", "f32"): "tf32"}
+ELEM_BYTES = {"f16": 2, "bf16": 2, "f32": 4}
+
+
+def default_tiles(target: str, shape: tuple[int, int, int], arch: str = "", elem_size: int = 2) -> dict:
     """BM, BN, BK, register tile and staging for one instruction shape."""
     m, n, _k = shape
     if target == "nvidia":
         # 128x128 blocks, 8 warps of 64x32 (4x4 m16n8 instructions).  Measured on an H200
         # (docs/gpu.md, f16 4096^3): BK 32 x 2 stages 160 TFLOP/s, BK 64 x 2 220, BK 64 x 3 226.
-        # The deepest of those the arch's shared memory holds is the default.
-        for bk, staging in ((64, 3), (64, 2), (32, 2)):
-            if gemm_shared_bytes(128, 128, bk, staging) <= shared_limit(target, arch):
+        # The deepest of those the arch's shared memory holds is the default (f32 inputs: twice the
+        # bytes, so BK 32 x 3 on sm_80, BK 32 x 2 where 99 KB is the limit).
+        for bk, staging in ((64, 3), (64, 2), (32, 3), (32, 2), (16, 2)):
+            if gemm_shared_bytes(128, 128, bk, staging, elem_size=elem_size) <= shared_limit(target, arch):
                 break
-        return {"bm": 128, "bn": 128, "bk": bk, "fm": 64 // m, "fn": 32 // n, "staging": staging}
+        # f32 (tf32) fragments are loaded from shared memory element by element (no ldmatrix for 4-byte
+        # elements): 4x4 instructions per warp took 255 registers (ptxas, 512^3 on sm_80/sm_90: one
+        # 8-warp block per SM); 2x4 take 128 with 16 warps per block (same SM share, twice the warps)
+        fm = 32 // m if elem_size == 4 else 64 // m
+        return {"bm": 128, "bn": 128, "bk": bk, "fm": fm, "fn": 32 // n, "staging": staging}
     # AMD: 64x64 blocks of four waves, each 32x32 (2x2 16x16 or 1x1 32x32 instructions)
     return {"bm": 64, "bn": 64, "bk": 32, "fm": 32 // m, "fn": 32 // n, "staging": 2}
 
@@ -118,6 +130,7 @@ class ScheduleGpu(TesseraPass):
         lowering = f"lower-tile-to-{self.target}"
         try:
             sel = select_mma(isa, dtype, out_dtype="f32", family=self.mma_family or family,
+                             math_mode=GPU_MATH_MODE.get((self.target, dtype)),
                              prefer_shape=tuple(self.mma_shape) if self.mma_shape else shape, lowering=lowering)
             require_lowering(sel, lowering)
         except MmaSelectorError as e:
@@ -161,7 +174,7 @@ class ScheduleGpu(TesseraPass):
             raise ScheduleIllegalError(f"kernel {name}: key block tile-n={bkv} is not a multiple of "
                                        f"{max(in_, ik)} ({rec.id})")
         pad = lambda d, q: -(-d // q) * q   # noqa: E731
-        shared = shared_bytes(im, waves, bkv, pad(dmax, ik), pad(dmax, in_))
+        shared = shared_bytes(im, waves, bkv, pad(dmax, ik), pad(dmax, in_), ELEM_BYTES.get(dtype, 2))
         if shared > shared_limit(self.target, self.arch):
             raise ScheduleIllegalError(f"kernel {name}: key blocks of {bkv} with head dim {dmax} take {shared} bytes "
                                        f"of shared memory; {self.arch} allows {shared_limit(self.target, self.arch)} "
@@ -192,7 +205,8 @@ class ScheduleGpu(TesseraPass):
             sel = self._select(isa, name, mm.name, dtype, shape=(64, min(self.tile_n or WGMMA_TILE["bn"], 256), 16))
         rec = sel.record
         im, in_, ik = rec.shape
-        d = WGMMA_TILE if rec.family == "wgmma" else default_tiles(self.target, rec.shape, self.arch)
+        esize = ELEM_BYTES.get(dtype, 2)
+        d = WGMMA_TILE if rec.family == "wgmma" else default_tiles(self.target, rec.shape, self.arch, esize)
         fm, fn_ = (self.register_tile if self.register_tile else (d["fm"], d["fn"]))
         bm = self.tile_m or d["bm"]
         bn = self.tile_n or d["bn"]
@@ -220,7 +234,7 @@ class ScheduleGpu(TesseraPass):
         if acc_regs > budget:
             raise ScheduleIllegalError(f"kernel {name}: register tile {fm}x{fn_} of {rec.id} keeps {acc_regs:g} "
                                        f"accumulator registers per lane; at most {budget}")
-        shared = gemm_shared_bytes(bm, bn, bk, staging, rec.family)
+        shared = gemm_shared_bytes(bm, bn, bk, staging, rec.family, esize)
         if shared > shared_limit(self.target, self.arch):
             raise ScheduleIllegalError(f"kernel {name}: {staging} stages of {bm}x{bk} A and {bk}x{bn} B blocks take "
                                        f"{shared} bytes of shared memory; {self.arch} allows "

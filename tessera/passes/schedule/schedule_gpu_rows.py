@@ -24,7 +24,7 @@ from tessera.ir import graph as g
 from tessera.ir.graph_rows import LogSoftmaxOp
 from tessera.ir.attrs import i64_attr, int_array, ints, str_array
 
-ROW_KINDS = ("rowwise", "reduce", "elementwise", "transpose")
+ROW_KINDS = ("rowwise", "reduce", "elementwise", "transpose", "concat")
 MAX_THREADS = 256
 
 
@@ -86,6 +86,12 @@ def rows_schedule(fop: g.FusionOp, name: str, target: str, wave: int) -> dict:
             length = 1
             for x in span:
                 length = length * x if isinstance(x, int) and isinstance(length, int) else None
+    elif kind == "concat":
+        cat = next(o for o in fop.body.block.ops if isinstance(o, g.ConcatOp))
+        if cat.axis.value.data % cat.result.type.rank != cat.result.type.rank - 1:
+            raise _refuse(name, cat, target, f" along axis {cat.axis.value.data} (the GPU joins along the last "
+                                             "axis only)")
+        length = fop.outputs[0].type.dims[-1]
     elif kind == "transpose":
         length = fop.outputs[0].type.dims[-1] if fop.outputs[0].type.dims else 1
     threads = MAX_THREADS

@@ -42,9 +42,9 @@ from xdsl.ir import Attribute, Block, Region, SSAValue
 
 from tessera.errors import CodegenError, PassFailedError
 
-# tile.elementwise functions the GPU lanes refuse by name (tessera.ops's log1p, exp2, expm1, sin, cos; log
-# runs, as the CPU lane's f64-widened polynomial: log_softmax needs it)
-GPU_REFUSED_FNS = ("log1p", "exp2", "expm1", "sin", "cos")
+# tile.elementwise functions the GPU lanes refuse by name (tessera.ops's log1p, exp2, expm1; log, sin and
+# cos run as the CPU lane's f64-widened polynomials: log_softmax and rotary embeddings need them)
+GPU_REFUSED_FNS = ("log1p", "exp2", "expm1")
 # typed tile functions (comparisons, where, logic, integer ops, pow, casts to/from int and bool):
 # refused on the GPU lanes, naming the tessera.ops function they come from
 GPU_REFUSED_TYPED = {"cmp_eq": "equal (==)", "cmp_ne": "not_equal (!=)", "cmp_lt": "less (<)", "cmp_le": "less_equal (<=)",

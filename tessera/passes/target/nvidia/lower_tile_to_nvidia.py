@@ -9,6 +9,9 @@ fragment layouts ("Matrix Fragments for mma.m16n8k16 / m16n8k8"), with
             B b0..b3: k 2t + i%2 + 8*(i/2), col g                 (2 registers of 2)
             C c0..c3: row g + 8*(i/2), col 2t + i%2               (4 f32 registers)
   m16n8k8   A a0..a3: row g + 8*(i/2), col 2t + i%2;  B b0,b1: k 2t + i, col g;  C as above
+  tf32 (f32 inputs, one element per register, rounded to tf32 by the codegen's cvt.rna.tf32.f32):
+  m16n8k8   A a0..a3: row g + 8*(i%2), col t + 4*(i/2);  B b0,b1: k t + 4i, col g;  C as above
+  m16n8k4   A a0,a1:  row g + 8i, col t;                 B b0: k t, col g;         C as above
 
 From shared memory the A and B registers are loaded with ``ldmatrix`` (x4 / x2 for A,
 ``.trans`` x2 / x1 for a row-major B) when the view is 16-byte aligned row by row;
@@ -63,7 +66,11 @@ class MmaSyncMap(LaneMap):
     def build(self, b: Builder, lane: SSAValue) -> None:
         g, tig = b.div(lane, 4), b.rem(lane, 4)
         t2 = b.mul(tig, 2)
-        if self.k == 16:
+        if self.ptx_type == "f32":      # tf32: one element per 32-bit register
+            na, nb = self.k // 2, self.k // 4
+            self.a = OperandMap([Item(g, 8 * (i % 2), tig, 4 * (i // 2)) for i in range(na)], [1] * na)
+            self.b = OperandMap([Item(tig, 4 * i, g, 0) for i in range(nb)], [1] * nb)
+        elif self.k == 16:
             self.a = OperandMap([Item(g, 8 * ((i // 2) % 2), t2, i % 2 + 8 * (i // 4), 2) for i in range(8)],
                                 [2, 2, 2, 2])
             self.b = OperandMap([Item(t2, i % 2 + 8 * (i // 2), g, 0, 1, 2) for i in range(4)], [2, 2])

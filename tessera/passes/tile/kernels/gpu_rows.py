@@ -21,7 +21,11 @@ threads x V, V elements = 16 bytes of the narrowest tensor; ``passes/schedule/sc
   columns), each thread folding its columns down the reduced rows (no exchange);
 - ``elementwise`` (fused chains, as the CPU lane fuses them) and ``transpose`` (a copy through
   permuted strides): when every operand is contiguous or a single value, one workgroup per chunk
-  of the flat tensor; otherwise one workgroup per row of the output.
+  of the flat tensor; otherwise one workgroup per row of the output.  A join along the last axis
+  inside a chain (rotate-half ``concat([-x[..., h:], x[..., :h]])``), and a ``concat`` kernel of its
+  own along the last axis, split each output row into the operands' column segments, as the CPU
+  lane does (``kernels/elementwise.py``): segment i evaluates the ops feeding operand i with its
+  leaves read at the column less the segment's start, then the rest of the chain.
 
 The target lowering (``passes/target/gpu/simt_rows.py``) distributes each ``[1, chunk]`` tile over
 the workgroup's threads (V consecutive columns each: 16-byte accesses, coalesced) and turns
@@ -50,7 +54,7 @@ from tessera.passes.tile.kernels.common import (
     trace_view,
 )
 
-KINDS = ("rowwise", "reduce", "elementwise", "transpose")
+KINDS = ("rowwise", "reduce", "elementwise", "transpose", "concat")
 GPU_ROW_OPS = (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, LogSoftmaxOp)
 F32_MAX = 3.4028234663852886e38
 HELD = 2          # chunks of a row kept in registers (4096 f16 / 2048 f32 columns with 256 threads)
@@ -61,6 +65,12 @@ NEG_INF = float("-inf")
 def shift(b, x, mx):
     """x - max: softmax's exponent never exceeds 0 (the planted-bug test drops it)."""
     return elementwise(b, "sub", [x, mx])
+
+
+def segment_col(b, c, start):
+    """Output column c of a join's segment starting at ``start`` is its operand's column c - start
+    (the planted-bug test drops the shift)."""
+    return b.sub(c, start)
 
 
 def _program_id(b, axis: int = 0):
@@ -306,12 +316,21 @@ def _elementwise(kop: s.KernelOp):
     compute = [o for o in block.ops if o is not yield_op and not isinstance(o, (g.ReshapeOp, g.TransposeOp,
                                                                                 g.SliceOp))]
     for o in compute:
-        if isinstance(o, (g.ConcatOp, g.TakeOp, g.IotaOp)):
+        if isinstance(o, (g.TakeOp, g.IotaOp)):
             raise ScheduleIllegalError(f"kernel {name}: {o.name} has no GPU lowering inside an elementwise kernel; it "
                                        "runs on the CPU lane (cpu-x86)")
+    from tessera.passes.tile.kernels.elementwise import _segments
+    segments = _segments(kop, compute)     # a join along the last axis: its operands' column segments
+    seg_leaves = []
+    if segments:
+        cat, subs = segments
+        inner = {o for sub in subs for o in sub}
+        compute = [o for o in compute if o not in inner and o is not cat]
+        seg_leaves = [R.find_leaves(block, tuple(v.type.dims), sub, extra=(v,)) for v, sub in zip(cat.inputs, subs)]
     dims = tuple(out_dims) if out_dims else (1,)
     leaves = R.find_leaves(block, dims, compute + [yield_op])
-    flat = all(lf.mode == "contig" or (lf.mode == "bcast" and lf.col_stride == 0) for lf in leaves.values())
+    flat = not segments and all(lf.mode == "contig" or (lf.mode == "bcast" and lf.col_stride == 0)
+                                for lf in leaves.values())
     sig = KernelSig(name, gpu=True)
     for v in kop.inputs:
         sig.buffer(v.type.element_type)
@@ -321,12 +340,20 @@ def _elementwise(kop: s.KernelOp):
         sig.dim(total)
     else:
         R.register_dims(sig, dims, leaves)
+        for v, lv in zip(segments[0].inputs, seg_leaves) if segments else ():
+            R.register_dims(sig, tuple(v.type.dims), lv)
     kf = sig.build()
     b = kf.b
 
-    def chunk_at(bc, c, row_len, offsets, out_off):
+    def chunk_at(bc, c, row_len, offsets, out_off, seg=None):
         left = bc.sub(row_len, c)
         vals = {v: R.load_leaf(kf, bc, lf, offsets[v], c, left, chunk) for v, lf in leaves.items()}
+        if seg is not None:    # this segment's operand of the join, from its own leaves at column c - start
+            i, start, sub_offsets = seg
+            cs = segment_col(bc, c, start)
+            sub = {v: R.load_leaf(kf, bc, lf, sub_offsets[v], cs, left, chunk) for v, lf in seg_leaves[i].items()}
+            R.emit_ops(bc, subs[i], sub, f32)
+            vals[cat.result] = sub[cat.inputs[i]]
         R.emit_ops(bc, compute, vals, f32)
         for o, bi in zip(outs, out_bufs):
             R.store_row(kf, bc, bi, o.type.element_type, vals[o], bc.add(out_off, c), left, chunk)
@@ -337,12 +364,21 @@ def _elementwise(kop: s.KernelOp):
         c = b.mul(_program_id(b), chunk)
         chunk_at(b, c, N, {v: 0 for v in leaves}, 0)
         grid = [D.ceil_extent(total, chunk)]
-    else:      # one workgroup per row of the output, the row in chunks
+    else:      # one workgroup per row of the output, the row in chunks (per segment of a join)
         C = kf.size(dims[-1])
         r = _program_id(b)
         offsets = R.RowCtx(kf, b, r, dims, leaves).offsets
         out_off = b.mul(r, C)
-        b.for_(0, C, chunk, lambda bc, c, _c: chunk_at(bc, c, C, offsets, out_off))
+        if not segments:
+            b.for_(0, C, chunk, lambda bc, c, _c: chunk_at(bc, c, C, offsets, out_off))
+        else:
+            start = 0
+            for i, v in enumerate(cat.inputs):
+                end = start + v.type.dims[-1]
+                so = R.RowCtx(kf, b, r, tuple(v.type.dims), seg_leaves[i]).offsets
+                b.for_(start, end, chunk, lambda bc, c, _c, i=i, start=start, end=end, so=so:
+                       chunk_at(bc, c, end, offsets, out_off, (i, start, so)))
+                start = end
         grid = [D.ceil_extent(D.product(dims[:-1]), 1)]
     return _finish(kf, kf.finish(), grid, T, wave), sig.dims, 0, []
 
