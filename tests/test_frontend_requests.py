@@ -276,10 +276,13 @@ def test_math_mode_suggestion_works_when_followed_and_is_not_given_by_the_fronte
         select_mma(isa, "f32")
     mode = re.search(r"math_mode \((\w+)", ei.value.message).group(1)
     assert select_mma(isa, "f32", math_mode=mode).record.math_mode == mode   # followed: it works
-    # through the frontend there is no math_mode to pass: the message must not ask for one
+    # through the frontend the math mode is a schedule pin, asked for, never defaulted: the message
+    # names the pin, and following it works
     a = rng.standard_normal((32, 32)).astype(np.float32)
-    # the NVIDIA lane selects tf32 for f32 itself (schedule_gpu.GPU_MATH_MODE); ROCm has no such mode
-    art = ts.compile(_gemm, a, a, target="nvidia", arch="sm_90")
+    with pytest.raises(MmaSelectorError, match=r"schedule=\{'math_mode': 'tf32'\}") as ei:
+        ts.compile(_gemm, a, a, target="nvidia", arch="sm_90")
+    assert "pass math_mode" not in str(ei.value)
+    art = ts.compile(_gemm, a, a, target="nvidia", arch="sm_90", schedule={"math_mode": "tf32"})
     assert art.report().kernels[0]["mma"]["record"] == "nvidia.mma_sync.m16n8k8.tf32"
     with pytest.raises(MmaSelectorError) as ei:
         ts.compile(_gemm, a, a, target="rocm", arch="gfx942")

@@ -40,7 +40,7 @@ def _inputs(rng, m, n, k):
 
 
 def _compile(fn, args, arch="sm_80", **schedule):
-    return ts.compile(fn, *args, target="nvidia", arch=arch, schedule=schedule or None)
+    return ts.compile(fn, *args, target="nvidia", arch=arch, schedule={"math_mode": "tf32", **schedule})
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -105,7 +105,8 @@ def test_emulated_tf32_attention_matches_float64(rng):
     carries a relative error of a few u on top of the scores' (|s| <~ 6 here: exp amplifies by |ds|)."""
     from test_gpu_attention import oracle
     q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((1, 4, 37, 32), (1, 2, 53, 32), (1, 2, 53, 32)))
-    art = ts.compile(lambda q, k, v: ts.ops.attention(q, k, v, causal=True), q, k, v, target="nvidia", arch="sm_80")
+    art = ts.compile(lambda q, k, v: ts.ops.attention(q, k, v, causal=True), q, k, v, target="nvidia", arch="sm_80",
+                     schedule={"math_mode": "tf32"})
     assert art.report().kernels[0]["mma"]["record"] == "nvidia.mma_sync.m16n8k8.tf32"
     got = art.emulate(q, k, v).astype(np.float64)
     want = oracle(q, k, v, causal=True)

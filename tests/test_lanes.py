@@ -24,9 +24,10 @@ def runs():
 
 
 # what each lane may refuse (with a coded error) — and nothing else
-GPU_REFUSED = {"attention.mlir", "mlp.mlir"}   # f32 GEMM / attention (ROCm: needs a math mode)
-# NVIDIA runs f32 GEMM / attention on tf32 mma.sync (tests/test_gpu_tf32.py)
-REFUSED = {"tessera-cpu": set(), "tessera-rocm": GPU_REFUSED, "tessera-nvidia": set()}
+# f32 GEMM / attention: both need a reduced-precision math mode asked for (nvidia: tf32 with
+# schedule={"math_mode": "tf32"}, tests/test_gpu_tf32.py; rocm: xf32, not lowered)
+GPU_REFUSED = {"attention.mlir", "mlp.mlir"}
+REFUSED = {"tessera-cpu": set(), "tessera-rocm": GPU_REFUSED, "tessera-nvidia": GPU_REFUSED}
 
 
 def test_every_production_pipeline_traverses_all_four_layers_on_every_program(runs):

@@ -46,7 +46,8 @@ def main(argv: list[str]) -> int:
             args = [a.astype(dt) if isinstance(a, np.ndarray) and a.dtype.kind == "f" else a for a in args]
             t = time.perf_counter()
             try:
-                rep = ts.explain(m.forward, *args, target=target, arch=arch, **kw)
+                pins = {"math_mode": "tf32"} if (target, dtype) == ("nvidia", "f32") else None
+                rep = ts.explain(m.forward, *args, target=target, arch=arch, schedule=pins, **kw)
             except TesseraError as e:
                 print(f"{name:17s} {dtype:4s} refused {str(e).splitlines()[0][:160]}")
                 continue

@@ -72,7 +72,8 @@ def run_model(be, name: str, dtype: str, sizes: dict, arch: str, timed: bool) ->
     args, kw = m.make(rng, **sizes)
     args = _cast(args, dtype)
     res = {"model": name, "dtype": dtype, "sizes": sizes}
-    f = m.forward.retarget("nvidia", arch, None, "models_bench")
+    # f32 runs on tf32 (asked for: the same trade as torch's allow_tf32, which the peers get too)
+    f = m.forward.retarget("nvidia", arch, {"math_mode": "tf32"} if dtype == "f32" else None, "models_bench")
     try:
         art = f.compile(*args, **kw)
     except TesseraError as e:      # refused by name: recorded, never run elsewhere
@@ -96,6 +97,9 @@ def run_model(be, name: str, dtype: str, sizes: dict, arch: str, timed: bool) ->
     res["ok"] = res["rel_err"] < TOL[dtype] and not any(res["runtime_host_copies"].values())
     if timed:
         torch = be.torch
+        # the same math for the peers: f32 matmuls on tf32 (Tessera's f32 kernels run on it, asked for)
+        torch.backends.cuda.matmul.allow_tf32 = dtype == "f32"
+        torch.backends.cudnn.allow_tf32 = dtype == "f32"
         res["ms"] = {"tessera": _events_ms(torch, lambda: f(*dev, **kw))}
         if hasattr(m, "torch_forward"):
             with torch.no_grad():

@@ -44,7 +44,7 @@ from tessera.runtime.cpu import CpuExecutable, HostProgram
 PIN_KEYS = {"tile_m": int, "tile_n": int, "tile_k": int, "register_tile": tuple, "mma_shape": tuple,
             "parallel": str, "threads": int, "unroll": int, "chunk": int, "deterministic": bool, "pin_kinds": str}
 GPU_PIN_KEYS = {"tile_m": int, "tile_n": int, "tile_k": int, "register_tile": tuple, "mma_shape": tuple,
-                "staging": int, "mma_family": str}
+                "staging": int, "mma_family": str, "math_mode": str}
 TARGETS = ("cpu", "rocm", "nvidia")
 KNOWN_TARGETS = ("cpu", "rocm", "nvidia", "apple")
 GPU_TARGETS = ("rocm", "nvidia")
@@ -74,6 +74,9 @@ def check_pins(pins: dict | None, target: str = "cpu") -> dict:
             if not (isinstance(v, str) and v and all(x in PARALLEL_LEGAL for x in v.split("+"))):
                 raise ScheduleIllegalError(f"schedule pin_kinds={v!r}: '+'-joined kernel kinds of "
                                            f"{', '.join(PARALLEL_LEGAL)}")
+        elif k == "math_mode":
+            if v not in ("tf32", "xf32"):
+                raise ScheduleIllegalError(f"schedule math_mode={v!r}; legal: 'tf32' (nvidia), 'xf32' (rocm gfx942)")
         elif k == "mma_family":
             if v not in ("wmma", "mfma", "mma_sync", "wgmma"):
                 raise ScheduleIllegalError(f"schedule mma_family={v!r}; GPU families: wmma, mfma, mma_sync, wgmma")

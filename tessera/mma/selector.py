@@ -187,8 +187,9 @@ def select_mma(isa: MmaIsa, dtype: str, *, out_dtype: str | None = None, math_mo
         if not plain and lowering is not None:   # a pass asks: its users have no math_mode to pass
             ok = sorted({r.a_dtype for r in isa.records if r.math_mode is None and r.lowered_by == lowering})
             raise MmaSelectorError(f"{isa.target}:{isa.arch}: {dtype} matrix instructions there need math_mode "
-                                   f"{' or '.join(modes)} (reduced precision), which {lowering} does not select; "
-                                   f"input dtypes it lowers here: {', '.join(ok) or 'none'}")
+                                   f"{' or '.join(modes)} (reduced precision), used only when asked for: "
+                                   f"schedule={{'math_mode': '{modes[0]}'}}; input dtypes {lowering} lowers "
+                                   f"here without one: {', '.join(ok) or 'none'}")
         if not plain:
             raise MmaSelectorError(f"{isa.target}:{isa.arch}: {dtype} matrix instructions need an explicit "
                                    f"math_mode ({' or '.join(modes)}); pass math_mode=...")

@@ -108,7 +108,7 @@ _named(NamedPipeline(
     translation=("tessera_x86", "arith", "scf", "func", "builtin")))
 
 
-GPU_PINS = ("tile-m", "tile-n", "tile-k", "register-tile", "staging", "mma-shape", "mma-family")
+GPU_PINS = ("tile-m", "tile-n", "tile-k", "register-tile", "staging", "mma-shape", "mma-family", "math-mode")
 
 
 def _gpu(target: str):
@@ -127,6 +127,8 @@ def _gpu_options(target: str, example: str) -> list[OptionInfo]:
             _opt("staging", int, False, 0, "k-blocks in flight in shared memory"),
             _opt("mma-shape", tuple[int, ...], False, (), "instruction shape M,N,K to prefer"),
             _opt("mma-family", str, False, "", "instruction family to require"),
+            _opt("math-mode", str, False, "", "tf32 (nvidia): let f32 inputs run on tf32 instructions (inputs "
+                 "rounded to a 10-bit mantissa); without it f32 GEMMs and attention are refused"),
             _opt("input", str, False, "graph", "the layer the input is at: graph, schedule, tile or target")]
 
 

@@ -64,10 +64,10 @@ def gemm_shared_bytes(bm: int, bn: int, bk: int, staging: int, family: str = "",
     return staging * (bm * (bk + 8) + bk * (bn + 8)) * elem_size
 
 
-# the math mode a pass selects for inputs of a dtype whose matrix instructions all need one: f32 GEMM
-# and attention on NVIDIA run on tf32 mma.sync (inputs rounded to a 10-bit mantissa, f32 accumulation),
-# as JAX's default precision and torch's allow_tf32 do; the record id in the lane report says so
-GPU_MATH_MODE = {("nvidia", "f32"): "tf32"}
+# f32 GEMM and attention on NVIDIA run on tf32 mma.sync (inputs rounded to a 10-bit mantissa, f32
+# accumulation) only when asked: schedule={"math_mode": "tf32"} (JAX's default precision and torch's
+# allow_tf32 make the same trade; torch's default does not, and a result 1000x less accurate than its
+# dtype is not a default here).  Without it the selector refuses f32 with MMA_SELECTOR.
 ELEM_BYTES = {"f16": 2, "bf16": 2, "f32": 4}
 
 
@@ -109,6 +109,7 @@ class ScheduleGpu(TesseraPass):
     staging: int = option(0, doc="k-blocks in flight in shared memory (0: the default)")
     mma_shape: tuple[int, ...] = option((), doc="instruction shape M,N,K to prefer (selector-checked)")
     mma_family: str = option("", doc="instruction family to require (wmma, mfma, mma_sync; selector-checked)")
+    math_mode: str = option("", doc="tf32: f32 inputs may run on tf32 instructions (asked for, never defaulted)")
 
     def __post_init__(self) -> None:
         """Options out of their legal range are refused when the pipeline is parsed (bounds.py)."""
@@ -130,7 +131,7 @@ class ScheduleGpu(TesseraPass):
         lowering = f"lower-tile-to-{self.target}"
         try:
             sel = select_mma(isa, dtype, out_dtype="f32", family=self.mma_family or family,
-                             math_mode=GPU_MATH_MODE.get((self.target, dtype)),
+                             math_mode=(self.math_mode or None) if dtype == "f32" else None,
                              prefer_shape=tuple(self.mma_shape) if self.mma_shape else shape, lowering=lowering)
             require_lowering(sel, lowering)
         except MmaSelectorError as e:
