@@ -1,4 +1,4 @@
-"""ONNX Pad, ConvTranspose and Resize (mode ``nearest``) replayed through ``tessera.ops``.
+"""ONNX Pad and ConvTranspose replayed through ``tessera.ops`` (Resize: ``ops_resize.py``).
 
 - ``Pad`` (versions 13/18/19/21): ``constant``, ``reflect`` and ``edge`` of a float tensor are
   ``tessera.ops.pad``; ``wrap``, and integer tensors, are slices (flipped for ``reflect``) and
@@ -6,14 +6,8 @@
 - ``ConvTranspose`` (2-D): the input with ``stride - 1`` zeros put between its elements, padded by
   ``dilation * (k - 1) - pad`` on each side, convolved with the kernel flipped and its channel
   axes swapped (per group) — the transposed convolution written as a forward one.
-- ``Resize`` with ``mode='nearest'``: each resized axis' source indices computed with numpy as
-  ONNX defines them (coordinate transform, then ``nearest_mode``); an axis whose indices repeat
-  each source index ``k`` times is a broadcast and a reshape, ``k`` apart a strided slice, else a
-  gather (``take``) of at most ``BUILD_LIMIT`` indices.  ``linear`` and ``cubic`` are refused.
 """
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
@@ -21,7 +15,7 @@ from tessera import dtypes as dt
 from tessera.frontend import ops
 from tessera.frontend.trace import constant
 from tessera.frontend.vjp_rules import broadcast_to, flip
-from tessera.onnx.convert import BUILD_LIMIT, ints, norm_axis, op
+from tessera.onnx.convert import ints, norm_axis, op
 
 
 # ---------------------------------------------------------------------------- Pad
@@ -169,106 +163,3 @@ def _conv_transpose(ctx, ins):
     if any(c != (0, 0) for c in crop):
         y = y[:, :, crop[0][0]: y.shape[2] - crop[0][1], crop[1][0]: y.shape[3] - crop[1][1]]
     return [y]
-
-
-# ---------------------------------------------------------------------------- Resize (nearest)
-COORD = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
-         "tf_crop_and_resize")
-NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
-
-
-def _resize_check(attrs, opset):
-    if attrs.get("mode", "nearest") != "nearest":
-        return f"mode={attrs['mode']!r} (only 'nearest' is mapped)"
-    ct = attrs.get("coordinate_transformation_mode", "half_pixel")
-    if ct not in COORD or ct == "tf_crop_and_resize":
-        return f"coordinate_transformation_mode={ct!r}"
-    if attrs.get("nearest_mode", "round_prefer_floor") not in NEAREST:
-        return f"nearest_mode={attrs['nearest_mode']!r}"
-    if attrs.get("antialias", 0):
-        return "antialias=1 (nearest resizing has no antialiasing to do only when it is 0)"
-    return None
-
-
-def _source(ct, nearest, n, out, scale):
-    """ONNX's source index of each output index along one axis (float64, as its reference)."""
-    i = np.arange(out, dtype=np.float64)
-    if ct == "half_pixel":
-        xo = (i + 0.5) / scale - 0.5
-    elif ct == "half_pixel_symmetric":
-        adj = out / (scale * n)
-        xo = n / 2 * (1 - adj) + (i + 0.5) / scale - 0.5
-    elif ct == "pytorch_half_pixel":
-        xo = (i + 0.5) / scale - 0.5 if out > 1 else np.zeros_like(i)
-    elif ct == "align_corners":
-        xo = i * (n - 1) / (out - 1) if out > 1 else np.zeros_like(i)
-    else:
-        xo = i / scale
-    if nearest == "round_prefer_floor":
-        r = np.where(xo == np.floor(xo) + 0.5, np.floor(xo), np.round(xo))
-    elif nearest == "round_prefer_ceil":
-        r = np.where(xo == np.floor(xo) + 0.5, np.ceil(xo), np.round(xo))
-    elif nearest == "floor":
-        r = np.floor(xo)
-    else:
-        r = np.ceil(xo)
-    return np.clip(r, 0, n - 1).astype(np.int64)
-
-
-def _gather_axis(ctx, x, ax, idx):
-    n = x.shape[ax]
-    if np.array_equal(idx, np.arange(n)):
-        return x
-    for k in range(2, len(idx) + 1):            # each source index k times: broadcast + reshape
-        if len(idx) == n * k and np.array_equal(idx, np.repeat(np.arange(n), k)):
-            shp = x.shape[: ax + 1] + (1,) + x.shape[ax + 1:]
-            y = broadcast_to(ops.reshape(x, shp), x.shape[: ax + 1] + (k,) + x.shape[ax + 1:])
-            return ops.reshape(y, x.shape[:ax] + (n * k,) + x.shape[ax + 1:])
-    step = int(idx[1] - idx[0]) if len(idx) > 1 else 1
-    if step > 0 and np.array_equal(idx, idx[0] + step * np.arange(len(idx))):   # k apart: a strided slice
-        item = [slice(None)] * x.ndim
-        item[ax] = slice(int(idx[0]), int(idx[-1]) + 1, step)
-        return x[tuple(item)]
-    if len(idx) > BUILD_LIMIT:
-        raise ctx.refuse(f"axis {ax}: {len(idx)} source indices in no regular pattern (at most {BUILD_LIMIT})")
-    return ops.take(x, ctx.t(idx.astype(np.int32)), axis=ax)
-
-
-@op("Resize", inputs=(1, 4), attrs=("antialias", "axes", "coordinate_transformation_mode", "cubic_coeff_a",
-                                    "exclude_outside", "extrapolation_value", "keep_aspect_ratio_policy", "mode",
-                                    "nearest_mode"), static=(1, 2, 3), check=_resize_check)
-def _resize(ctx, ins):
-    x = ctx.t(ins[0])
-    rank = x.ndim
-    axes = [norm_axis(ctx, int(a), rank, "axes") for a in ctx.a("axes", range(rank))]
-    scales = (np.asarray(ctx.const(ins[2], "scales"), np.float64).reshape(-1)
-              if len(ins) > 2 and ins[2] is not None and np.asarray(ins[2]).size else None)
-    sizes = (ints(ctx.const(ins[3], "sizes")) if len(ins) > 3 and ins[3] is not None and np.asarray(ins[3]).size
-             else None)
-    if (scales is None) == (sizes is None):
-        raise ctx.refuse("exactly one of scales and sizes must be given")
-    if len(scales if sizes is None else sizes) != len(axes):
-        raise ctx.refuse(f"{len(scales if sizes is None else sizes)} scales/sizes for {len(axes)} axes")
-    n = [x.shape[a] for a in axes]
-    if sizes is not None:
-        policy = ctx.a("keep_aspect_ratio_policy", "stretch")
-        if policy != "stretch":
-            sc = [o / m for o, m in zip(sizes, n)]
-            f = min(sc) if policy == "not_larger" else max(sc) if policy == "not_smaller" else None
-            if f is None:
-                raise ctx.refuse(f"keep_aspect_ratio_policy={policy!r}")
-            sizes = [int(math.floor(f * m + 0.5)) for m in n]
-            scales = np.full(len(axes), f)
-        else:
-            scales = np.asarray([o / m for o, m in zip(sizes, n)], np.float64)
-        out = list(sizes)
-    else:
-        if (scales <= 0).any():
-            raise ctx.refuse(f"scales {list(scales)} must be positive")
-        out = [int(math.floor(m * s)) for m, s in zip(n, scales)]
-    if min(out) < 1:
-        raise ctx.refuse(f"an output size of 0 ({out})")
-    ct, nearest = ctx.a("coordinate_transformation_mode", "half_pixel"), ctx.a("nearest_mode", "round_prefer_floor")
-    for ax, m, o, s in zip(axes, n, out, scales):
-        x = _gather_axis(ctx, x, ax, _source(ct, nearest, m, o, float(s)))
-    return [x]
