@@ -1,4 +1,5 @@
-"""Models exported from torch 2.13 with ``torch.onnx.export`` (``tests/data/onnx``, made by
+"""Models exported from torch 2.13 with ``torch.onnx.export`` (``tests/data/onnx``: an MLP, a conv net,
+a transformer block, an upsampling decoder; made by
 ``tools/export_onnx_fixtures.py``; no torch needed here) through ``tessera.onnx.load``.
 
 Each model runs on fresh random inputs at two batch sizes (the batch dim is dynamic in every file)
@@ -7,7 +8,8 @@ the ``*_legacy.onnx`` file by name (exported without constant folding: the param
 under their torch names; the other exports of the same model hold the same values, checked below,
 some folded or transposed by the exporter's optimiser).  onnxruntime, where installed, is a second
 opinion held to the same oracle.  Teeth: every bound weight, perturbed alone, fails the comparison;
-a planted wrong mapping (GELU's tanh form for ``Gelu``, BatchNormalization without its mean) fails.
+a planted wrong mapping (GELU's tanh form for ``Gelu``, BatchNormalization without its mean, zeros
+for reflect/edge ``Pad``, nearest for linear ``Resize``) fails.
 """
 from __future__ import annotations
 
@@ -23,18 +25,23 @@ from onnx import numpy_helper  # noqa: E402
 
 import tessera as ts  # noqa: E402
 from oracle import gelu_erf, layer_norm, rel_err, softmax  # noqa: E402
-from tessera.onnx import convert  # noqa: E402
+from tessera.onnx import convert, model as _registry  # noqa: E402,F401 - importing it registers the ops
 
 DATA = Path(__file__).parent / "data" / "onnx"
 FIXTURES = {"mlp.onnx": "mlp", "mlp_legacy.onnx": "mlp", "convnet.onnx": "convnet",
             "convnet_unopt.onnx": "convnet", "convnet_legacy.onnx": "convnet", "block.onnx": "block",
-            "block_legacy.onnx": "block"}
-FEATURES = {"mlp": (16,), "convnet": (3, 8, 8), "block": (8, 32)}   # the input's shape after the batch dim
+            "block_legacy.onnx": "block", "decoder.onnx": "decoder", "decoder_unopt.onnx": "decoder",
+            "decoder_legacy.onnx": "decoder"}
+FEATURES = {"mlp": (16,), "convnet": (3, 8, 8), "block": (8, 32), "decoder": (3, 6, 6)}   # after the batch dim
+# GroupNorm exports as a Reshape merging the batch into the groups: those graphs cannot be bucketed along
+# the dynamic batch and are specialised per shape (fn.dynamic_fallback says why)
+SPECIALISED = {"decoder"}
 TORCH_PARAMS = {
     "mlp": {"fc1.weight", "fc1.bias", "norm.weight", "norm.bias", "fc2.weight", "fc2.bias"},
     "convnet": {"conv1.weight", "conv1.bias", "conv2.weight", "fc.weight", "fc.bias"} |
                {f"bn{i}.{k}" for i in (1, 2) for k in ("weight", "bias", "running_mean", "running_var")},
     "block": {f"{m}.{k}" for m in ("ln1", "qkv", "proj", "ln2", "fc1", "fc2") for k in ("weight", "bias")},
+    "decoder": {f"{m}.{k}" for m in ("conv_in", "norm", "up", "conv_out") for k in ("weight", "bias")},
 }
 TOL = 2e-6        # relative (Frobenius) error against the float64 oracle; float32 models measure ~1e-7
 EPS = 1e-5        # torch's LayerNorm and BatchNorm2d default
@@ -55,9 +62,10 @@ def _linear(p, name, x):
     return x @ p[f"{name}.weight"].T + p[f"{name}.bias"]
 
 
-def _conv3x3(x, w, b=None):
-    """Conv2d, kernel 3, stride 1, padding 1, NCHW: the 3x3 windows of the padded input contracted."""
-    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+def _conv3x3(x, w, b=None, pad="constant"):
+    """Conv2d, kernel 3, stride 1, NCHW: the 3x3 windows of the input padded by one (``pad``: numpy's
+    mode; None: no padding) contracted."""
+    xp = x if pad is None else np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)), mode=pad)
     win = np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(2, 3))    # N C H W 3 3
     y = np.einsum("nchwij,ocij->nohw", win, w)
     return y if b is None else y + b[None, :, None, None]
@@ -95,7 +103,32 @@ def oracle_block(p, x, heads=4):
     return x + _linear(p, "fc2", h)
 
 
-ORACLES = {"mlp": oracle_mlp, "convnet": oracle_convnet, "block": oracle_block}
+def _bilinear2x(x, axis):
+    """torch's bilinear upsampling by 2 along ``axis`` (align_corners=False): source (i + 0.5) / 2 - 0.5
+    clamped at 0, blended between floor and the next index (clamped at the end)."""
+    n = x.shape[axis]
+    src = np.maximum((np.arange(2 * n) + 0.5) / 2 - 0.5, 0)
+    i0 = np.floor(src).astype(int)
+    lam = (src - i0).reshape((-1,) + (1,) * (x.ndim - axis - 1))
+    a, b = np.take(x, i0, axis=axis), np.take(x, np.minimum(i0 + 1, n - 1), axis=axis)
+    return a * (1 - lam) + b * lam
+
+
+def oracle_decoder(p, x, groups=2):
+    h = _conv3x3(x, p["conv_in.weight"], p["conv_in.bias"], pad="reflect")
+    n, c = h.shape[:2]
+    g = h.reshape(n, groups, -1)
+    g = (g - g.mean(-1, keepdims=True)) / np.sqrt(g.var(-1, keepdims=True) + EPS)
+    h = g.reshape(h.shape) * p["norm.weight"][None, :, None, None] + p["norm.bias"][None, :, None, None]
+    h = h / (1 + np.exp(-h))                                                       # SiLU
+    up = np.einsum("ncij,coab->noiajb", h, p["up.weight"]).reshape(n, -1, 2 * h.shape[2], 2 * h.shape[3])
+    up = up + p["up.bias"][None, :, None, None]
+    bil = _bilinear2x(_bilinear2x(h[:, : c // 2], 2), 3)
+    y = _conv3x3(np.concatenate([up, bil], axis=1), p["conv_out.weight"], p["conv_out.bias"], pad="edge")
+    return y + x[:, : y.shape[1]].repeat(2, axis=2).repeat(2, axis=3)
+
+
+ORACLES = {"mlp": oracle_mlp, "convnet": oracle_convnet, "block": oracle_block, "decoder": oracle_decoder}
 
 
 def inputs(rng, model, batch):
@@ -130,10 +163,12 @@ def test_fixture_files_are_small_exports_with_a_dynamic_batch():
         (x,) = m.graph.input
         assert x.type.tensor_type.shape.dim[0].dim_param, f"{fname}: the batch dim is not symbolic"
         kinds = {n.op_type for n in m.graph.node}
-        if model != "convnet":   # the default exporter keeps GELU and LayerNorm whole at opset 20
+        if model in ("mlp", "block"):   # the default exporter keeps GELU and LayerNorm whole at opset 20
             assert {"LayerNormalization", "Gelu" if opset == 20 else "Erf"} <= kinds, (fname, kinds)
         if fname in ("convnet_unopt.onnx", "convnet_legacy.onnx"):
             assert "BatchNormalization" in kinds, kinds
+        if model == "decoder":
+            assert {"Pad", "ConvTranspose", "Resize", "InstanceNormalization"} <= kinds, kinds
     assert "BatchNormalization" not in {n.op_type for n in onnx.load(str(DATA / "convnet.onnx")).graph.node}
 
 
@@ -161,13 +196,16 @@ def test_every_export_holds_the_same_parameters():
 def test_exported_model_matches_float64_oracle(fname, loaded, rng):
     model = FIXTURES[fname]
     fn = loaded(fname)
-    assert fn.dynamic and fn.dynamic_fallback is None
     for batch in (int(rng.integers(1, 4)), int(rng.integers(5, 9))):
         x = inputs(rng, model, batch)
         got, want = fn(x), ORACLES[model](params(model), x.astype(np.float64))
         assert got.shape == want.shape and got.dtype == np.float32
         e = errors(got, want)
         assert e["rel"] < TOL, (fname, batch, e)
+    if model in SPECIALISED:
+        assert not fn.dynamic and "reshape" in fn.dynamic_fallback
+    else:
+        assert fn.dynamic == {0: {0: "batch"}} and fn.dynamic_fallback is None
 
 
 @pytest.mark.parametrize("fname", FIXTURES)
@@ -205,16 +243,19 @@ def test_every_bound_weight_is_read(fname, loaded, rng):
 
 def _planted(kind):
     real = convert.OPS[kind]
-    if kind == "Gelu":        # the tanh approximation where the model asks for erf
+    if kind in ("Gelu", "Pad", "Resize"):   # erf GELU as tanh; reflect/edge pads as zeros; bilinear as nearest
+        attr = {"Gelu": ("approximate", "tanh"), "Pad": ("mode", "constant"), "Resize": ("mode", "nearest")}[kind]
+
         def fn(ctx, ins):
-            return real.fn(convert.Ctx(ctx.node, {**ctx.attrs, "approximate": "tanh"}, ctx.opset, ctx.n_outputs), ins)
+            return real.fn(convert.Ctx(ctx.node, {**ctx.attrs, attr[0]: attr[1]}, ctx.opset, ctx.n_outputs), ins)
     else:                     # BatchNormalization with its running mean taken as zero
         def fn(ctx, ins):
             return real.fn(ctx, ins[:3] + [np.zeros(ins[3].shape, np.float32)] + ins[4:])
     return convert.Spec(fn, real.inputs, real.attrs, real.static, real.fold, real.check, real.outputs)
 
 
-@pytest.mark.parametrize("kind, fname", [("Gelu", "mlp.onnx"), ("BatchNormalization", "convnet_legacy.onnx")])
+@pytest.mark.parametrize("kind, fname", [("Gelu", "mlp.onnx"), ("BatchNormalization", "convnet_legacy.onnx"),
+                                         ("Pad", "decoder.onnx"), ("Resize", "decoder_legacy.onnx")])
 def test_planted_wrong_mapping_fails(kind, fname, monkeypatch, rng):
     monkeypatch.setitem(convert.OPS, kind, _planted(kind))
     model = FIXTURES[fname]

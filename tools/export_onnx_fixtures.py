@@ -3,9 +3,9 @@
 The .onnx files are committed: the tests read them with ``onnx`` and need no torch.  Rerun this
 script (torch 2.13 CPU and onnxscript on the path) to rebuild them:
 
-    PYTHONPATH=/tmp/torch213:/tmp/onnxscript .venv/bin/python tools/export_onnx_fixtures.py
+    PYTHONPATH=/tmp/torch213:/tmp/onnxscript .venv/bin/python tools/export_onnx_fixtures.py [model ...]
 
-Three models with fixed seeds, each exported with torch's default (dynamo, onnxscript) exporter
+Four models with fixed seeds (an MLP, a conv net, a transformer block, an upsampling decoder), each exported with torch's default (dynamo, onnxscript) exporter
 at opset 20, where GELU and LayerNorm come out as ``Gelu`` and ``LayerNormalization``, and each also
 through the legacy TorchScript exporter (``dynamo=False``, opset 17: GELU written out with ``Erf``);
 the conv net also unoptimised (see ``VARIANTS``).  The batch dim is dynamic in each.  Parameters are drawn away from their defaults (BatchNorm's running
@@ -76,11 +76,32 @@ class Block(nn.Module):
         return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln2(x))))
 
 
+class Decoder(nn.Module):
+    """An upsampling decoder: reflect-padded conv, GroupNorm + SiLU, then a ConvTranspose branch and
+    a bilinear-upsampling branch concatenated, a replicate-padded conv, plus the input upsampled
+    nearest (exports Pad reflect/edge, InstanceNormalization, ConvTranspose, Resize linear/nearest)."""
+
+    def __init__(self, c_in=3, c=8, c_out=2):
+        super().__init__()
+        self.conv_in = nn.Conv2d(c_in, c, 3, padding=1, padding_mode="reflect")
+        self.norm = nn.GroupNorm(2, c)
+        self.up = nn.ConvTranspose2d(c, c // 2, 2, stride=2)
+        self.bilinear = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False)
+        self.nearest = nn.Upsample(scale_factor=2, mode="nearest")
+        self.conv_out = nn.Conv2d(c, c_out, 3)
+
+    def forward(self, x):
+        h = nn.functional.silu(self.norm(self.conv_in(x)))
+        y = torch.cat([self.up(h), self.bilinear(h[:, : h.shape[1] // 2])], dim=1)
+        y = self.conv_out(nn.functional.pad(y, (1, 1, 1, 1), mode="replicate"))
+        return y + self.nearest(x[:, : y.shape[1]])
+
+
 def _perturb(model: nn.Module) -> nn.Module:
     """Move the norms' parameters and buffers off their defaults (1, 0) and set eval mode."""
     with torch.no_grad():
         for m in model.modules():
-            if isinstance(m, (nn.LayerNorm, nn.BatchNorm2d)):
+            if isinstance(m, (nn.LayerNorm, nn.BatchNorm2d, nn.GroupNorm)):
                 m.weight.copy_(1 + 0.3 * torch.randn_like(m.weight))
                 m.bias.copy_(0.2 * torch.randn_like(m.bias))
             if isinstance(m, nn.BatchNorm2d):
@@ -93,11 +114,13 @@ MODELS = {   # name: (constructor, example input shape, dynamic batch)
     "mlp": (MLP, (4, 16), True),
     "convnet": (ConvNet, (2, 3, 8, 8), True),
     "block": (Block, (2, 8, 32), True),
+    "decoder": (Decoder, (2, 3, 6, 6), True),
 }
 # the exports of each model: "" the default exporter (its optimiser folds BatchNorm into the Conv
 # weights), "_unopt" the default exporter with optimize=False (BatchNormalization kept, the batch
 # dim read with Shape/Expand/CastLike), "_legacy" the TorchScript exporter without constant folding
-VARIANTS = {"mlp": ("", "_legacy"), "convnet": ("", "_unopt", "_legacy"), "block": ("", "_legacy")}
+VARIANTS = {"mlp": ("", "_legacy"), "convnet": ("", "_unopt", "_legacy"), "block": ("", "_legacy"),
+            "decoder": ("", "_unopt", "_legacy")}
 
 
 def build(name: str) -> tuple[nn.Module, torch.Tensor]:
@@ -123,10 +146,11 @@ def export(name: str, variant: str = "") -> str:
     return path
 
 
-def main() -> int:
+def main(names: list[str]) -> int:
+    """Export the models named (all when none are)."""
     os.makedirs(OUT, exist_ok=True)
     import onnx
-    for name in MODELS:
+    for name in names or MODELS:
         for variant in VARIANTS[name]:
             path = export(name, variant)
             m = onnx.load(path)
@@ -137,4 +161,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
