@@ -1,7 +1,7 @@
-"""ONNX Resize, modes nearest and linear (tessera/onnx/ops_resize.py), on fresh random inputs against
-onnx's ReferenceEvaluator (float64 inside; nearest copies values, so exactly), through each way an
-axis is built: periodic slices (integer up/down-sampling, also past the 64-index gather limit), a
-broadcast, a gather; planted bugs fail; the refusals are coded."""
+"""ONNX Resize, modes nearest, linear and cubic (tessera/onnx/ops_resize.py), on fresh random inputs
+against onnx's ReferenceEvaluator (float64 inside; nearest copies values, so exactly), through each
+way an axis is built: periodic slices (integer up/down-sampling, also past the 64-index gather
+limit), a broadcast, a gather; planted bugs fail; the refusals are coded."""
 from __future__ import annotations
 
 import numpy as np
@@ -72,6 +72,33 @@ def test_linear(case, rng):
     assert got.shape == want.shape and rel_err(got, want.astype(np.float64)) < 1e-6
 
 
+CUBIC = [  # (x shape, scales, sizes, coordinate_transformation_mode, cubic_coeff_a, exclude_outside)
+    ((1, 2, 5, 4), [1, 1, 2, 2], None, "half_pixel", -0.75, 0),
+    ((1, 1, 36, 34), [1, 1, 2, 2], None, "pytorch_half_pixel", -0.75, 0),   # 72, 68 outputs: periodic
+    ((2, 1, 8, 6), [1, 1, 0.5, 0.5], None, "asymmetric", -0.5, 0),          # integer sources: one tap
+    ((1, 2, 4, 5), None, [1, 2, 7, 9], "align_corners", -0.75, 0),         # gathered, four taps
+    ((1, 1, 6, 5), [1, 1, 1.5, 2], None, "half_pixel", -0.5, 1),            # edge taps zeroed, renormalised
+]
+
+
+@pytest.mark.parametrize("case", range(len(CUBIC)))
+def test_cubic(case, rng):
+    xs, scales, sizes, ct, a, excl = CUBIC[case]
+    m = resize_model(xs, scales, sizes, mode="cubic", coordinate_transformation_mode=ct, cubic_coeff_a=a,
+                     exclude_outside=excl)
+    got, want = _run(m, rng.standard_normal(xs).astype(F))
+    assert got.shape == want.shape and rel_err(got, want.astype(np.float64)) < 1e-6
+
+
+def test_planted_cubic_coefficient_fails(monkeypatch, rng):
+    real = ops_resize.cubic_taps
+    monkeypatch.setattr(ops_resize, "cubic_taps", lambda xo, a, n, excl: real(xo, -0.5, n, excl))  # a ignored
+    xs, scales, sizes, ct, a, excl = CUBIC[0]
+    got, want = _run(resize_model(xs, scales, sizes, mode="cubic", coordinate_transformation_mode=ct,
+                                  cubic_coeff_a=a), rng.standard_normal(xs).astype(F))
+    assert rel_err(got, want.astype(np.float64)) > 1e-3
+
+
 def test_planted_coordinate_transform_fails(monkeypatch, rng):
     real = ops_resize.source_coords
     monkeypatch.setattr(ops_resize, "source_coords", lambda ct, *a: real("asymmetric", *a))
@@ -91,7 +118,7 @@ def test_planted_nearest_mode_fails(monkeypatch, rng):
 
 
 def test_refusals():
-    for attrs, why in (({"mode": "cubic"}, "mode='cubic'"), ({"mode": "linear", "antialias": 1}, "antialias=1"),
+    for attrs, why in (({"mode": "cubic", "antialias": 1}, "antialias=1"), ({"mode": "linear", "antialias": 1}, "antialias=1"),
                        ({"mode": "linear", "coordinate_transformation_mode": "tf_crop_and_resize"}, "tf_crop")):
         with pytest.raises(OnnxUnsupportedError, match=why):
             ts.onnx.load(resize_model((1, 1, 4, 4), [1, 1, 2, 2], **attrs))
@@ -104,6 +131,7 @@ def test_refusals():
 
 def test_node_cases():
     names = {"test_resize_upsample_scales_linear", "test_resize_downsample_sizes_linear_pytorch_half_pixel",
+             "test_resize_upsample_scales_cubic_A_n0p5_exclude_outside",
              "test_resize_upsample_sizes_nearest_floor_align_corners", "test_resize_downsample_scales_nearest"}
     res = [oc.run_case(c) for c in oc.collect({"Resize"}) if c.name in names]
     assert len(res) == len(names) and all(r.status == "passed" for r in res), res

@@ -1,18 +1,21 @@
-"""ONNX Resize (versions 13, 18, 19), modes ``nearest`` and ``linear``, replayed through ``tessera.ops``.
+"""ONNX Resize (versions 13, 18, 19), modes ``nearest``, ``linear``, ``cubic``, replayed through ``tessera.ops``.
 
 Resizing is separable: each resized axis is done alone.  Its source coordinates are computed with
 numpy in float64 as ONNX's reference computes them (the coordinate transform with the float output
 width ``scale * n``), so the trace holds only static index patterns and weights:
 
 - ``nearest``: one source index per output index (``nearest_mode``, clamped into the axis);
-- ``linear``: ``(1 - r) * x[i] + r * x[i + 1]`` with ``i = floor(x_ori)``, ``r = x_ori - i``, the
-  input edge-padded so that the indices need no clamp.
+- ``linear``: ``(1 - r) * x[i] + r * x[i + 1]`` with ``i = floor(x_ori)``, ``r = x_ori - i``;
+- ``cubic``: four taps around ``x_ori`` weighted by Keys' kernel (``cubic_coeff_a``;
+  ``exclude_outside`` zeroes and renormalises the taps outside the axis);
+
+the input edge-padded so that the indices need no clamp (ONNX's reference clamps them).
 
 An axis whose pattern is periodic — output index ``q + P j`` reads source ``u_q + S j`` with one
 weight per phase ``q``: integer up- and down-sampling in every transform — is ``P`` strided slices
 (an identity, a broadcast for nearest repeats) interleaved by a stack and a reshape, for ``P`` up
 to ``MAX_PHASES``; otherwise a ``take`` of at most ``BUILD_LIMIT`` indices (and weights).
-``cubic``, ``tf_crop_and_resize``, ``antialias`` and linear ``exclude_outside`` are refused.
+``tf_crop_and_resize``, ``antialias`` and linear ``exclude_outside`` are refused.
 """
 from __future__ import annotations
 
@@ -32,8 +35,8 @@ MAX_PHASES = 16
 
 def _check(attrs, opset):
     mode = attrs.get("mode", "nearest")
-    if mode not in ("nearest", "linear"):
-        return f"mode={mode!r} (nearest and linear are mapped)"
+    if mode not in ("nearest", "linear", "cubic"):
+        return f"mode={mode!r}"
     ct = attrs.get("coordinate_transformation_mode", "half_pixel")
     if ct not in COORD:
         return f"coordinate_transformation_mode={ct!r}"
@@ -70,6 +73,27 @@ def nearest_index(x: np.ndarray, mode: str, n: int) -> np.ndarray:
     else:
         r = np.floor(x) if mode == "floor" else np.ceil(x)
     return np.clip(r, 0, n - 1).astype(np.int64)
+
+
+def cubic_taps(xo: np.ndarray, a: float, n: int, exclude_outside: bool):
+    """The four source indices (unclamped) and weights of each output of cubic resizing, as ONNX's
+    reference picks them: the two on each side of x_ori, or at an integer x_ori (ratio 1) the
+    two below, the point and one above; weights from Keys' kernel with parameter ``a``."""
+    xi = np.floor(xo)
+    whole = xo == xi
+    t = np.where(whole, 1.0, xo - xi)
+    start = (xi - np.where(whole, 2, 1)).astype(np.int64)
+    u = t + 1
+    w = [((a * u - 5 * a) * u + 8 * a) * u - 4 * a, ((a + 2) * t - (a + 3)) * t * t + 1,
+         ((a + 2) * (1 - t) - (a + 3)) * (1 - t) * (1 - t) + 1]
+    v = 2 - t
+    w.append(((a * v - 5 * a) * v + 8 * a) * v - 4 * a)
+    taps = [start + k for k in range(4)]
+    if exclude_outside:
+        w = [np.where((tp < 0) | (tp >= n), 0.0, wk) for tp, wk in zip(taps, w)]
+        total = sum(w)
+        w = [wk / np.where(total == 0, 1.0, total) for wk in w]
+    return taps, w
 
 
 def _phases(taps, weights, out):
@@ -181,8 +205,8 @@ def _resize(ctx, ins):
     if min(out) < 1:
         raise ctx.refuse(f"an output size of 0 ({out})")
     mode, ct = ctx.a("mode", "nearest"), ctx.a("coordinate_transformation_mode", "half_pixel")
-    if mode == "linear" and dt.kind(x.dtype) != "f":
-        raise ctx.refuse(f"linear resizing takes a float tensor, got {dt.name(x.dtype)}")
+    if mode != "nearest" and dt.kind(x.dtype) != "f":
+        raise ctx.refuse(f"{mode} resizing takes a float tensor, got {dt.name(x.dtype)}")
     for ax, m, o, s in zip(axes, n, out, scales):
         if math.isclose(float(s), 1.0) and o == m:
             continue                                       # ONNX's reference skips an identity axis
@@ -190,12 +214,15 @@ def _resize(ctx, ins):
         if mode == "nearest":
             x = _axis(ctx, x, ax, [nearest_index(xo, ctx.a("nearest_mode", "round_prefer_floor"), m)], None)
             continue
-        i0 = np.floor(xo).astype(np.int64)
-        r = xo - i0
-        lo, hi = max(0, -int(i0.min())), max(0, int(i0.max()) + 2 - m)
-        if lo or hi:                                       # edge-pad so that i0 and i0 + 1 are in range
+        if mode == "linear":
+            i0 = np.floor(xo).astype(np.int64)
+            taps, weights = [i0, i0 + 1], [1.0 - (xo - i0), xo - i0]
+        else:
+            taps, weights = cubic_taps(xo, float(ctx.a("cubic_coeff_a", -0.75)), m, bool(ctx.a("exclude_outside", 0)))
+        lo, hi = max(0, -int(taps[0].min())), max(0, int(taps[-1].max()) + 1 - m)
+        if lo or hi:                                       # edge-pad so that every tap is in range
             widths = [(0, 0)] * rank
             widths[ax] = (lo, hi)
             x = ops.pad(x, tuple(widths), mode="edge")
-        x = _axis(ctx, x, ax, [i0 + lo, i0 + lo + 1], [1.0 - r, r])
+        x = _axis(ctx, x, ax, [t + lo for t in taps], weights)
     return [x]
