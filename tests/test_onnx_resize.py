@@ -1,4 +1,4 @@
-"""ONNX Resize, modes nearest, linear and cubic (tessera/onnx/ops_resize.py), on fresh random inputs
+"""ONNX Resize, modes nearest, linear and cubic, antialiased too (tessera/onnx/ops_resize.py), on fresh random inputs
 against onnx's ReferenceEvaluator (float64 inside; nearest copies values, so exactly), through each
 way an axis is built: periodic slices (integer up/down-sampling, also past the 64-index gather
 limit), a broadcast, a gather; planted bugs fail; the refusals are coded."""
@@ -90,6 +90,34 @@ def test_cubic(case, rng):
     assert got.shape == want.shape and rel_err(got, want.astype(np.float64)) < 1e-6
 
 
+ANTIALIAS = [  # (x shape, scales, sizes, mode, coordinate_transformation_mode, exclude_outside)
+    ((1, 2, 8, 6), [1, 1, 0.5, 0.5], None, "linear", "half_pixel", 0),
+    ((1, 1, 160, 4), [1, 1, 0.5, 1], None, "linear", "half_pixel", 0),      # 80 outputs of 4 taps: periodic
+    ((1, 2, 9, 10), None, [1, 2, 4, 6], "cubic", "half_pixel", 0),           # gathered, wide footprint
+    ((2, 1, 12, 8), [1, 1, 0.6, 0.75], None, "cubic", "align_corners", 1),
+    ((1, 1, 6, 4), [1, 1, 2, 0.5], None, "linear", "asymmetric", 0),         # up: the plain kernel
+]
+
+
+@pytest.mark.parametrize("case", range(len(ANTIALIAS)))
+def test_antialias(case, rng):
+    xs, scales, sizes, mode, ct, excl = ANTIALIAS[case]
+    m = resize_model(xs, scales, sizes, mode=mode, coordinate_transformation_mode=ct, antialias=1,
+                     exclude_outside=excl)
+    got, want = _run(m, rng.standard_normal(xs).astype(F))
+    # up to ~16 taps of a float32 sum (cubic with negative lobes) against a float64 sum rounded to float32
+    assert got.shape == want.shape and rel_err(got, want.astype(np.float64)) < 4e-6
+
+
+def test_planted_antialias_ignored_fails(monkeypatch, rng):
+    monkeypatch.setattr(ops_resize, "antialias_taps", lambda xo, mode, scale, a, n, excl:
+                        ops_resize.cubic_taps(xo, a, n, excl))
+    xs, scales, sizes, mode, ct, excl = ANTIALIAS[2]
+    got, want = _run(resize_model(xs, scales, sizes, mode=mode, coordinate_transformation_mode=ct, antialias=1),
+                     rng.standard_normal(xs).astype(F))
+    assert rel_err(got, want.astype(np.float64)) > 1e-3
+
+
 def test_planted_cubic_coefficient_fails(monkeypatch, rng):
     real = ops_resize.cubic_taps
     monkeypatch.setattr(ops_resize, "cubic_taps", lambda xo, a, n, excl: real(xo, -0.5, n, excl))  # a ignored
@@ -118,7 +146,8 @@ def test_planted_nearest_mode_fails(monkeypatch, rng):
 
 
 def test_refusals():
-    for attrs, why in (({"mode": "cubic", "antialias": 1}, "antialias=1"), ({"mode": "linear", "antialias": 1}, "antialias=1"),
+    for attrs, why in (({"mode": "nearest", "antialias": 1}, "antialias=1"),
+                       ({"mode": "linear", "exclude_outside": 1}, "exclude_outside=1"),
                        ({"mode": "linear", "coordinate_transformation_mode": "tf_crop_and_resize"}, "tf_crop")):
         with pytest.raises(OnnxUnsupportedError, match=why):
             ts.onnx.load(resize_model((1, 1, 4, 4), [1, 1, 2, 2], **attrs))
