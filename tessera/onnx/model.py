@@ -18,14 +18,15 @@ import numpy as np
 from tessera import dtypes as dt
 from tessera.errors import ArgumentError, DtypeError, DynamicShapeError, OnnxImportError, OnnxUnsupportedError, \
     ScalarSpecialize, ShapeMismatchError, TesseraError
-from tessera.onnx import ops_attention, ops_extra, ops_math, ops_nn, ops_shape, versions  # noqa: F401 - they register their ops
+from tessera.onnx import ops_attention, ops_einsum, ops_extra, ops_math, ops_nn, ops_norm, ops_resize, ops_rotary, \
+    ops_scatter, ops_shape, ops_spatial, versions  # noqa: F401 - they register their ops
 from tessera.onnx.convert import ONNX_DTYPES, ONNX_TYPE_NAMES, OPS, Ctx, describe, materialise
 
 OPSETS = versions.MAPPED       # the default-domain opsets whose semantics are mapped (others: per node)
 # ops folded with numpy at load time when every input is a constant (shape arithmetic)
 FOLDABLE = {"Shape", "Constant", "ConstantOfShape", "Gather", "Concat", "Unsqueeze", "Squeeze", "Slice", "Reshape",
             "Flatten", "Cast", "Add", "Sub", "Mul", "Div", "Equal", "Less", "Greater", "Where", "Not", "And", "Or",
-            "Neg", "Abs", "Sqrt", "Identity", "Expand", "Transpose", "Split"}
+            "Neg", "Abs", "Sqrt", "Identity", "Expand", "Transpose", "Split", "Range"}
 FOLD_ANY_SIZE = {"Constant", "ConstantOfShape", "Shape", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity",
                  "Cast", "Slice", "Split"}
 
@@ -176,8 +177,8 @@ class OnnxFunction:
             return False
         ins = [consts[nm] if nm else None for nm in node.input]
         try:
-            outs = [np.asarray(v) if isinstance(v, np.generic) else v
-                    for v in spec.fn(Ctx(node, attrs, self.opset, len(node.output)), ins)]
+            outs = [np.asarray(v) if isinstance(v, np.generic) else v      # a numpy fold where the op has one
+                    for v in (spec.fold or spec.fn)(Ctx(node, attrs, self.opset, len(node.output)), ins)]
         except (ValueError, IndexError, TypeError) as e:
             raise OnnxImportError(f"tessera.onnx.load: {describe(node)}: malformed ({e})") from None
         if not all(isinstance(v, np.ndarray) for v in outs):

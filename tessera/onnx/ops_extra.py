@@ -261,12 +261,23 @@ def _trilu(ctx, ins):
     return [(ops.triu if ctx.a("upper", 1) else ops.tril)(x, k)]
 
 
-@op("Range", inputs=(3, 3), static=(0, 1, 2))
-def _range(ctx, ins):
+def _range_args(ctx, ins):
     start, limit, delta = (np.asarray(ctx.const(v, n)).reshape(()) for v, n in zip(ins, ("start", "limit", "delta")))
     n = max(int(math.ceil((limit.item() - start.item()) / delta.item())), 0)
     if n == 0:
         raise ctx.refuse("an empty Range (no elements)")
+    return start, delta, n
+
+
+def _range_fold(ctx, ins):
+    """At load, over constants: numpy's (an exported graph's Range of constant bounds feeds axes)."""
+    start, delta, n = _range_args(ctx, ins)
+    return [(start + delta * np.arange(n)).astype(start.dtype)]
+
+
+@op("Range", inputs=(3, 3), static=(0, 1, 2), fold=_range_fold)
+def _range(ctx, ins):
+    start, delta, n = _range_args(ctx, ins)
     d = start.dtype
     idx = ops.iota((n,), 0, dt.int64 if d.kind in "iu" else dt.as_dtype(d))
     return [cast(idx * delta.item() + start.item() if (delta.item() != 1 or start.item() != 0) else idx, d)]

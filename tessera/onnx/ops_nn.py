@@ -1,12 +1,13 @@
 """ONNX Conv, MaxPool and AveragePool (2-D, NCHW) replayed through ``tessera.ops.conv2d`` and
-``max_pool2d`` / ``avg_pool2d``; ``auto_pad`` and asymmetric ``pads`` become explicit pads."""
+``max_pool2d`` / ``avg_pool2d``; ``auto_pad`` and asymmetric ``pads`` become explicit pads.
+BatchNormalization (inference) as a per-channel multiply-add."""
 from __future__ import annotations
 
 import numpy as np
 
 from tessera import dtypes as dt
 from tessera.frontend import ops
-from tessera.onnx.convert import op
+from tessera.onnx.convert import cast, op
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
@@ -113,3 +114,30 @@ def _avg_pool(ctx, ins):
     ones = ops.cast(ops.greater_equal(ops.iota((1, 1, h, w), 2, dt.int32), 0), xp.dtype)
     frac = ops.avg_pool2d(ops.pad(ones, ((0, 0), (0, 0)) + pads), k, s)
     return [y / frac]
+
+
+def _bn_check(attrs, opset):
+    if attrs.get("training_mode", 0):
+        return "training_mode=1 (inference only: the running statistics are used)"
+    return None
+
+
+@op("BatchNormalization", inputs=(5, 5), attrs=("epsilon", "momentum", "training_mode"), check=_bn_check)
+def _batch_norm(ctx, ins):
+    """Inference: (x - mean) / sqrt(var + eps) * scale + B over channel dim 1, as one multiply-add
+    per element (the per-channel factor and offset are computed on the C-vectors first);
+    ``momentum`` only moves the running statistics in training and is read only to be accepted."""
+    x = ctx.t(ins[0])
+    if dt.kind(x.dtype) != "f":
+        raise ctx.refuse(f"a float input is needed, got {dt.name(x.dtype)}")
+    if x.ndim < 2:
+        raise ctx.refuse(f"the input needs a channel dim (rank >= 2), got shape {x.shape}")
+    c = x.shape[1]
+    scale, bias, mean, var = (cast(ctx.t(v), x.dtype) for v in ins[1:])
+    for nm, v in zip(("scale", "B", "input_mean", "input_var"), (scale, bias, mean, var)):
+        if tuple(v.shape) != (c,):
+            raise ctx.refuse(f"{nm} has shape {tuple(v.shape)}, expected ({c},) (the channels of X {x.shape})")
+    factor = scale * ops.rsqrt(var + float(ctx.a("epsilon", 1e-5)))
+    offset = bias - mean * factor
+    per_c = (1, c) + (1,) * (x.ndim - 2)
+    return [x * ops.reshape(factor, per_c) + ops.reshape(offset, per_c)]

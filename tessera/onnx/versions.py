@@ -19,7 +19,8 @@ from __future__ import annotations
 
 MAPPED = range(13, 22)
 # ops added after opset 21 whose handlers follow the version named here
-INTRODUCED_LATER = {"RMSNormalization": {23}, "Swish": {24}, "CumProd": {26}, "Attention": {23, 24, 25}}
+INTRODUCED_LATER = {"RMSNormalization": {23}, "Swish": {24}, "CumProd": {26}, "Attention": {23, 24, 25},
+                    "RotaryEmbedding": {23}}
 
 
 def effective(opset: int) -> int:
