@@ -18,12 +18,13 @@ from tessera.passes.tile.kernels.common import KernelSig, StridedView, splat_row
 from tessera.passes.util import register_elem
 
 
-def _map(b, mode: str, j, n: int):
-    """The input index of (output index - lo) ``j`` on an axis of ``n`` (edge / reflect)."""
+def _map(b, mode: str, j, n):
+    """The input index of (output index - lo) ``j`` on an axis of ``n`` (edge / reflect); ``n`` an
+    int or a run-time size."""
     if mode == "edge":
-        return b.min(b.max(j, 0), n - 1)
+        return b.min(b.max(j, 0), b.sub(n, 1))
     j = b.select(b.cmp("slt", b.c(j), b.c(0)), b.c(b.sub(0, j)), b.c(j))    # reflect: -j below 0
-    return b.select(b.cmp("sge", j, b.c(n)), b.c(b.sub(2 * n - 2, j)), j)   # 2n - 2 - j past the end
+    return b.select(b.cmp("sge", j, b.c(n)), b.c(b.sub(b.sub(b.add(n, n), 2), j)), j)   # 2n - 2 - j past the end
 
 
 def generate(kop: s.KernelOp):
@@ -98,8 +99,8 @@ def generate(kop: s.KernelOp):
             if lhi:
                 fill(bb, bb.add(dst, bb.add(llo, C)), lhi)
             return
-        n = in_dims[-1]
-        for start, count in ((0, llo), (llo + n, lhi)):
+        n = C   # the input's last axis: a symbolic size at run time (not its name)
+        for start, count in ((0, llo), (bb.add(llo, n), lhi)):
             if not count:
                 continue
 
@@ -120,11 +121,12 @@ def generate(kop: s.KernelOp):
             if lo or hi:
                 j = br.sub(o, lo)
                 if mode == "constant":
-                    ok = br.op(arith.AndIOp(br.cmp("sge", j, 0), br.cmp("slt", j, in_dims[i]))).results[0]
+                    ni = kf.size(in_dims[i])
+                    ok = br.op(arith.AndIOp(br.cmp("sge", j, 0), br.cmp("slt", j, ni))).results[0]
                     inside = ok if inside is None else br.op(arith.AndIOp(inside, ok)).results[0]
-                    j = br.min(br.max(j, 0), in_dims[i] - 1)   # keep the address in range either way
+                    j = br.min(br.max(j, 0), br.sub(ni, 1))   # keep the address in range either way
                 else:
-                    j = _map(br, mode, j, in_dims[i])
+                    j = _map(br, mode, j, kf.size(in_dims[i]))
             if view.strides[i] != 0:
                 src = br.add(src, br.mul(j, kf.size(view.strides[i])))
         if inside is None:
