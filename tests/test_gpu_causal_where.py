@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import tessera as ts
-from tessera.toolchain import find_ptxas
+from tessera.toolchain import find_llvm_tool, find_ptxas
 
 pytestmark = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
 
@@ -38,17 +38,17 @@ def _oracle(q, k, scale, pad):
     return np.where(np.tril(np.ones((S, S), bool)), s, pad)
 
 
-def _check(fn, scale, pad, rng, arch="sm_80", shape=(2, 80, 32)):
+def _check(fn, scale, pad, rng, arch="sm_80", shape=(2, 80, 32), target="nvidia"):
     q, k = (rng.standard_normal(shape).astype(ml_dtypes.bfloat16) for _ in range(2))
-    art = ts.compile(fn, q, k, target="nvidia", arch=arch)
+    art = ts.compile(fn, q, k, target=target, arch=arch)
     rep = art.report()
-    assert rep.lane == f"nvidia-{arch}" and len(rep.kernels) == 1, rep.kernels     # one GEMM, mask fused
+    assert rep.lane == f"{target}-{arch}" and len(rep.kernels) == 1, rep.kernels     # one GEMM, mask fused
     got = np.asarray(art.emulate(q, k), np.float64)
     want = _oracle(q, k, scale, pad)
-    same_mask = np.array_equal(got == pad, want == pad)
+    same_mask = np.array_equal(got == float(ml_dtypes.bfloat16(pad)), want == pad)   # the output is bf16
     keep = want != pad
     err = np.abs(got[keep] - want[keep]).max() / np.abs(want[keep]).max()
-    return same_mask, err, rep.kernels[0]["registers"]
+    return same_mask, err, rep.kernels[0]["registers" if target == "nvidia" else "vgprs"]
 
 
 @pytest.fixture
@@ -66,6 +66,12 @@ def test_causal_where_in_a_bf16_gemm_epilogue_matches_float64(fresh, rng):
 def test_causal_where_spelled_le_on_sm_90(fresh, rng):
     same, err, _ = _check(masked_scores_le, 1.0, -1e4, rng, arch="sm_90", shape=(1, 72, 16))
     assert same and 0 < err < 1e-2, (same, err)
+
+
+@pytest.mark.skipif(find_llvm_tool("ld.lld") is None, reason="ld.lld >= 19 not installed")
+def test_causal_where_on_rocm(fresh, rng):
+    same, err, vgprs = _check(masked_scores, 1.0 / math.sqrt(32), -np.inf, rng, arch="gfx942", target="rocm")
+    assert same and 0 < err < 1e-2 and vgprs > 0, (same, err, vgprs)
 
 
 def test_teeth_an_off_by_one_diagonal_fails(fresh, rng):
