@@ -79,3 +79,16 @@ def test_teeth_an_off_by_one_diagonal_fails(fresh, rng):
     fresh.setattr(gemm_dag, "causal_diag", lambda b, row, col: b.sub(b.add(row, 1), col))
     same, _, _ = _check(masked_scores, 1.0 / math.sqrt(32), -np.inf, rng)
     assert not same
+
+
+def test_another_mask_in_a_gpu_epilogue_is_refused_naming_the_op(rng):
+    """``row > col`` is not the diagonal mask: the int iota stays refused by the GPU lowering, coded."""
+    from tessera.errors import TesseraError
+
+    def strict(q, k):
+        pos = ts.ops.arange(q.shape[-2])
+        return ts.ops.where(pos[:, None] > pos[None, :], q @ k.swapaxes(-1, -2), -np.inf)
+    q, k = (rng.standard_normal((2, 32, 16)).astype(ml_dtypes.bfloat16) for _ in range(2))
+    with pytest.raises(TesseraError) as ei:
+        ts.compile(strict, q, k, target="nvidia", arch="sm_80")
+    assert ei.value.code == "PASS_FAILED" and "iota / arange" in str(ei.value), str(ei.value)

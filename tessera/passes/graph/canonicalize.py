@@ -211,7 +211,7 @@ class Canonicalize(TesseraPass):
     produces = ("tessera.transpose", "tessera.softmax", "tessera.reshape", "tessera.reduce_sum", "tessera.reduce_max",
                 "tessera.reduce_mean",
                 "tessera.reduce_prod",
-                "tessera.reduce_any", "tessera.reduce_all")
+                "tessera.reduce_any", "tessera.reduce_all", "tessera.iota")
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for block in function_blocks(op):
