@@ -12,6 +12,9 @@
   (``reuse_padded.py``)
 - ``where(c, t, t)`` (a broadcast) as an operand of a binary elementwise op whose other
   operand has the result's shape -> ``t``
+- ``reshape(iota)`` of a 1-D iota that only adds unit dims (``pos[:, None]``) -> an iota of the
+  reshaped shape along the kept axis: a generator again, so an epilogue computes it in registers
+  (a causal mask ``pos[:, None] >= pos[None, :]`` is never stored; ``epilogue_dag.py``)
 - unused pure Graph IR ops are removed
 - a reshape, or a transpose or slice that keeps the last axis contiguous, with several uses is
   cloned per use: a view is free, so each consumer can read it through its own strides
@@ -48,6 +51,8 @@ def _simplify_once(op) -> bool:
         src = op.input
         if src.type == op.result.type:
             replace_op(op, [src])
+            return True
+        if _reshaped_iota(op):
             return True
         if isinstance(src.owner, g.ReshapeOp):
             new = g.ReshapeOp.create(operands=[src.owner.input], result_types=[op.result.type])
@@ -155,6 +160,25 @@ def _split_shared_views(block) -> None:
             user.operands = ops
 
 
+def _reshaped_iota(op: g.ReshapeOp) -> bool:
+    """``reshape(iota(n))`` to a shape of n and unit dims -> ``iota`` of that shape along n's axis."""
+    it = op.input.owner
+    dims = list(op.result.type.dims)
+    if not isinstance(it, g.IotaOp) or it.result.type.rank != 1 or op.result.type.element_type != \
+            it.result.type.element_type:
+        return False
+    n = it.result.type.dims[0]
+    big = [i for i, d in enumerate(dims) if d != 1]
+    if not isinstance(n, int) or any(not isinstance(d, int) for d in dims) or len(big) > 1 or (
+            big and dims[big[0]] != n):
+        return False
+    new = g.IotaOp.create(attributes={"axis": i64_attr(big[0] if big else 0)}, result_types=[op.result.type])
+    new.location = op.location
+    insert_before(op, new)
+    replace_op(op, [new.result])
+    return True
+
+
 def _drop_broadcast_where(op) -> bool:
     """``where(c, t, t)`` is ``t`` broadcast to c's shape (the backward rules' broadcast, as the op set
     has no broadcast op): as an operand of a binary elementwise op whose other operand already has
@@ -187,7 +211,7 @@ class Canonicalize(TesseraPass):
     produces = ("tessera.transpose", "tessera.softmax", "tessera.reshape", "tessera.reduce_sum", "tessera.reduce_max",
                 "tessera.reduce_mean",
                 "tessera.reduce_prod",
-                "tessera.reduce_any", "tessera.reduce_all")
+                "tessera.reduce_any", "tessera.reduce_all", "tessera.iota")
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for block in function_blocks(op):

@@ -5,11 +5,13 @@ the plan, evaluated on each register tile by ``rows.emit_ops`` (the row kernels'
 with each kernel input it reads loaded as a broadcast tile of the output's shape."""
 from __future__ import annotations
 
+from xdsl.dialects.builtin import FloatAttr, f32
 from xdsl.ir import BlockArgument
 
 from tessera.ir import graph as g
 from tessera.ir import tile as t
-from tessera.passes.tile.kernels.common import illegal, reg_elem, trace_view
+from tessera.ir.attrs import ival
+from tessera.passes.tile.kernels.common import illegal, reg_elem, scalar_constant, trace_view
 from tessera.passes.tile.kernels.typed import emit_iotas, typed_fn
 
 
@@ -70,9 +72,55 @@ def apply(bf, kf, kop, st, val, shape, row, col, vr, vc, epi_offs, mm_result, lo
         if axis == rank - 2:
             return row, (R, 1), 1, 0
         raise illegal(kop.sym_name.data, "an iota along a batch axis in a gemm epilogue")
-    emit_iotas(bf, ops, vals, kf.reg, rank, coord)
-    emit_ops(bf, ops, vals, kf.reg)
+    rest = list(ops)
+    for where, x, pad, drop in (_causal_wheres(ops, rank) if kf.sig.gpu else []):
+        # the GPU lanes have no int / bool registers: the causal where is the tile's diagonal mask,
+        # the row / column indices compared in registers (simt ``tile.mask``), never an int tile
+        i = rest.index(where)
+        head, rest = [o for o in rest[:i] if o not in drop], rest[i + 1:]
+        emit_iotas(bf, head, vals, kf.reg, rank, coord)
+        emit_ops(bf, head, vals, kf.reg)
+        vals[where.result] = bf.op(t.MaskOp.create(
+            operands=[vals[x], bf.c(C), bf.c(causal_diag(bf, row, col))],
+            attributes={"pad": FloatAttr(pad, f32)}, result_types=[vals[x].type])).results[0]
+        rest = [o for o in rest if o not in drop]
+    emit_iotas(bf, rest, vals, kf.reg, rank, coord)
+    emit_ops(bf, rest, vals, kf.reg)
     return vals[out]
+
+
+def causal_diag(b, row, col):
+    """Element (r, c) of the tile at (row, col) is kept when c <= r + diag, i.e. its output row
+    row + r >= its column col + c: diag = row - col (the planted-bug test shifts it by one)."""
+    return b.sub(row, col)
+
+
+def _causal_wheres(ops, rank: int) -> list:
+    """The ``where(row >= col, x, k)`` among ``ops`` (k a scalar constant; row / col iotas along the
+    output's last two axes, compared with ``>=`` or ``<=`` swapped) as (where, x, k, ops it alone
+    reads: the comparison and its iotas)."""
+    from tessera.ir.graph_typed import GreaterEqualOp as ge, LessEqualOp as le
+    inside = set(ops)
+
+    def along(v, axis) -> bool:
+        it = v.owner
+        return (isinstance(it, g.IotaOp) and it in inside and it.result.type.dims[ival(it.axis)] != 1
+                and ival(it.axis) + rank - it.result.type.rank == axis and len(list(v.uses)) == 1)
+    out = []
+    for w in ops:
+        if not isinstance(w, g.WhereOp) or w.cond.owner not in inside or len(list(w.cond.uses)) != 1:
+            continue
+        cmp = w.cond.owner
+        pair = (cmp.lhs, cmp.rhs) if isinstance(cmp, ge) else (cmp.rhs, cmp.lhs) if isinstance(cmp, le) else None
+        k = w.on_false.owner
+        pad = scalar_constant(k) if isinstance(k, g.ConstantOp) else None
+        if pair is None or pad is None or w.on_true.type.dims != w.result.type.dims or not (along(pair[0], rank - 2) and along(pair[1], rank - 1)):
+            continue
+        drop = {cmp, pair[0].owner, pair[1].owner}
+        if k in inside and len(list(w.on_false.uses)) == 1:
+            drop.add(k)
+        out.append((w, w.on_true, float(pad), drop))
+    return out
 
 
 def describe(st) -> str:
