@@ -27,8 +27,8 @@ def cache(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _key(dtype="f32", shape=(64, 48, 40), family="gemm"):
-    return tunedb.Key(family, space.version(family), "cpu", "znver4", "avx2,fma", dtype, shape)
+def _key(dtype="f32", shape=(64, 48, 40), family="gemm", threads=1):
+    return tunedb.Key(family, space.version(family), "cpu", "znver4", "avx2,fma", dtype, shape, threads)
 
 
 # --------------------------------------------------------------------------- space
@@ -63,8 +63,8 @@ def _isolates_keys(db: tunedb.TuningDB) -> bool:
     """An f32 entry must never answer an f64, another family's or another arch's lookup."""
     db.store(tunedb.Entry(_key("f32"), {"register_tile": (6, 2)}, 1.0))
     others = [_key("f64"), _key(family="row"),
-              tunedb.Key("gemm", 1, "cpu", "skylake-avx512", "avx2,fma,avx512f", "f32", (64, 48, 40)),
-              tunedb.Key("gemm", 2, "cpu", "znver4", "avx2,fma", "f32", (64, 48, 40))]
+              tunedb.Key("gemm", 1, "cpu", "skylake-avx512", "avx2,fma,avx512f", "f32", (64, 48, 40), 1),
+              tunedb.Key("gemm", 2, "cpu", "znver4", "avx2,fma", "f32", (64, 48, 40), 1)]
     return all(db.lookup(k) is None for k in others)
 
 
@@ -82,6 +82,54 @@ def test_db_round_trip_nearest_and_isolation(cache):
         assert db2.lookup(_key()).pins == {"register_tile": (6, 2)}
 
 
+def test_db_thread_count_is_part_of_the_key(cache):
+    """A 1-thread entry never answers a 2-thread lookup while a 2-thread entry (exact or nearest
+    shape) exists; with none of that count, the closest count's entry answers as nearest."""
+    with tunedb.TuningDB() as db:
+        db.store(tunedb.Entry(_key(threads=1), {"register_tile": (6, 2)}, 1.0))
+        alone = db.lookup(_key(threads=2))
+        assert alone.match == "nearest" and alone.key.threads == 1   # no 2-thread entry: the rule's fallback
+        db.store(tunedb.Entry(_key(shape=(60, 50, 33), threads=2), {"register_tile": (4, 3)}, 2.0))
+        db.store(tunedb.Entry(_key(threads=8), {"register_tile": (2, 4)}, 3.0))
+        e2 = db.lookup(_key(threads=2))
+        assert e2.key.threads == 2 and e2.match == "nearest" and e2.pins == {"register_tile": (4, 3)}
+        e1 = db.lookup(_key(threads=1))
+        assert e1.match == "exact" and e1.pins == {"register_tile": (6, 2)}
+        assert db.lookup(_key(threads=4)).key.threads in (2, 8)   # log2 distance 1 both ways
+        assert len(db.entries()) == 3
+
+
+def test_key_for_follows_set_num_threads(monkeypatch):
+    from tessera import host
+    monkeypatch.setattr(host, "usable_cpus", lambda: 4)
+    f = tessera.jit(_mm)
+    try:
+        tessera.set_num_threads(1)
+        k1 = tune.key_for(f, "gemm", "f32", (64, 64, 64))
+        tessera.set_num_threads(2)
+        k2 = tune.key_for(f, "gemm", "f32", (64, 64, 64))
+        tessera.set_num_threads(16)
+        k16 = tune.key_for(f, "gemm", "f32", (64, 64, 64))
+    finally:
+        tessera.set_num_threads(None)
+    assert (k1.threads, k2.threads, k16.threads) == (1, 2, 4) and k1 != k2
+    assert tune.key_for(tessera.jit(_mm, schedule={"threads": 3}), "gemm", "f32", (64, 64, 64)).threads <= 3
+
+
+def test_db_old_schema_without_threads_is_set_aside(cache):
+    """A schema-1 file (no thread count in its key) is ignored with a warning and rebuilt."""
+    import sqlite3
+    tunedb.path().parent.mkdir()
+    con = sqlite3.connect(str(tunedb.path()))
+    con.executescript("CREATE TABLE meta (k TEXT PRIMARY KEY, v TEXT NOT NULL); INSERT INTO meta VALUES ('schema', '1');")
+    con.commit()
+    con.close()
+    with pytest.warns(TuningDatabaseWarning, match="schema 1, this Tessera reads 2"):
+        db = tunedb.TuningDB()
+    assert db.entries() == []
+    db.close()
+
+
 def test_db_planted_key_without_dtype_is_caught(cache, monkeypatch):
     monkeypatch.setattr(tunedb, "KEY_FIELDS", ("family", "version", "target", "arch", "features"))
     with tunedb.TuningDB() as db:
@@ -92,7 +140,7 @@ def test_db_two_processes_write_at_once(cache):
     code = ("import sys; from tessera.runtime import tunedb as t\n"
             "for i in range(40):\n"
             "    with t.TuningDB() as db:\n"
-            "        db.store(t.Entry(t.Key('gemm', 1, 'cpu', 'a', 'f', sys.argv[1], (i + 1, 8, 8)), {}, float(i)))\n")
+            "        db.store(t.Entry(t.Key('gemm', 1, 'cpu', 'a', 'f', sys.argv[1], (i + 1, 8, 8), 1), {}, float(i)))\n")
     procs = [subprocess.Popen([sys.executable, "-c", code, d], cwd=str(tessera.__path__[0] + "/.."))
              for d in ("f32", "f64")]
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
@@ -115,7 +163,7 @@ def test_db_foreign_schema_is_set_aside(cache):
     with tunedb.TuningDB() as db:
         db.store(tunedb.Entry(_key(), {}, 2.0))
         db.conn.execute("UPDATE meta SET v='99' WHERE k='schema'")
-    with pytest.warns(TuningDatabaseWarning, match="schema 99, this Tessera reads 1"):
+    with pytest.warns(TuningDatabaseWarning, match="schema 99, this Tessera reads 2"):
         db = tunedb.TuningDB()
     assert db.entries() == [] and list(tunedb.path().parent.glob("tuning.sqlite.bad-*"))
     db.close()

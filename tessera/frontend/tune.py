@@ -83,13 +83,25 @@ def describe(graph) -> tuple[str, str, tuple[int, ...]] | None:
     return best
 
 
+def run_threads(schedule: dict | None = None) -> int:
+    """The threads a CPU kernel will run with: the usable CPUs, capped by a pinned ``threads`` and
+    by ``TESSERA_NUM_THREADS`` / ``set_num_threads`` (as ``CpuExecutable.threads_for`` caps them)."""
+    from tessera import host
+    from tessera.runtime import threads
+    n = host.usable_cpus()
+    for cap in ((schedule or {}).get("threads"), threads.get_num_threads()):
+        if cap:
+            n = min(n, int(cap))
+    return max(1, n)
+
+
 def key_for(jf, family: str, dtype: str, shape) -> tunedb.Key:
     from tessera.frontend.compile import feature_list, resolve_arch
     from tessera.mma.x86 import host_cpu
     isa = resolve_arch(jf.target, jf.arch)
     arch = host_cpu()[0] if jf.arch in (None, "host") else isa.arch
     return tunedb.Key(family, space.version(family), jf.target, arch, ",".join(feature_list(isa)), dtype,
-                      tuple(int(d) for d in shape))
+                      tuple(int(d) for d in shape), run_threads(jf.schedule))
 
 
 def label(pins: dict) -> str:
