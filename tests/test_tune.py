@@ -303,9 +303,77 @@ def test_tuner_records_a_failing_candidate(cache, rng, monkeypatch):
     assert entry.times[tune.label(bad)] is None and entry.pins == {} and entry.times["model"] > 0
     assert set(entry.times) == {"model", tune.label(bad)}
     assert entry.failed[tune.label(bad)].startswith("SCHEDULE_ILLEGAL")
-    monkeypatch.setattr(space, "candidates", lambda *a, **k: [bad])
+    monkeypatch.setattr(tune, "_compile", lambda *a, **k: (_ for _ in ()).throw(ScheduleIllegalError("planted")))
     with pytest.raises(TuneError, match="no candidate"):
         tune.tune_graph(f, graph, [a, b], _key(shape=(16, 16, 16)), quiet=True)
+
+
+class _FakeClock:
+    """Time that moves only when a fake runner runs: each call costs ``base`` times a lognormal
+    factor of spread ``sigma`` (seeded), so the race sees injected timings, never the host's."""
+
+    def __init__(self, seed=0):
+        self.t = 0.0
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self):
+        return self.t
+
+    def runner(self, pins, base, sigma):
+        def run():
+            self.t += base * float(self.rng.lognormal(0.0, sigma))
+        return [pins, run, 1, []]
+
+
+def _race(speedup, sigma, margin=tune.MARGIN, seed=0, others=()):
+    clock = _FakeClock(seed)
+    runners = [clock.runner({}, 1.0, sigma), clock.runner({"tile_k": 256}, 1.0 - speedup, sigma)]
+    runners += [clock.runner(p, 1.0 - s, sigma) for p, s in others]
+    best, rounds = tune.race(runners, np.random.default_rng(seed), min_rounds=5, max_rounds=60, budget_s=1e9,
+                             margin=margin, clock=clock)
+    return best[0], rounds
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_race_a_candidate_wins_only_by_more_than_the_noise(seed):
+    """1 % faster within noise (and even 1 % with a tight spread, under the 2 % margin) keeps the
+    model's schedule; 10 % faster with a tight spread replaces it, and the race stops early."""
+    assert _race(0.01, 0.05, seed=seed)[0] == {}
+    assert _race(0.01, 0.002, seed=seed)[0] == {}
+    assert _race(-0.10, 0.002, seed=seed)[0] == {}          # slower: never
+    pins, rounds = _race(0.10, 0.01, seed=seed)
+    assert pins == {"tile_k": 256} and rounds < 60
+    # among two that beat the model, the faster one; a third within noise of the model drops out
+    assert _race(0.10, 0.01, seed=seed, others=[({"tile_k": 512}, 0.20), ({"tile_m": 64}, 0.005)])[0] == \
+        {"tile_k": 512}
+
+
+def test_race_planted_zero_margin_lets_noise_win():
+    """Teeth: without the margin, a 1 % faster candidate with a tight spread replaces the model,
+    and a plain lowest-median pick takes a 1 % candidate inside the noise about half the time."""
+    assert _race(0.01, 0.002, margin=0.0)[0] == {"tile_k": 256}
+    picks = []
+    for seed in range(8):
+        clock = _FakeClock(seed)
+        rs = [clock.runner({}, 1.0, 0.05), clock.runner({"tile_k": 256}, 0.99, 0.05)]
+        tune.race(rs, np.random.default_rng(seed), min_rounds=5, max_rounds=20, budget_s=1e9, clock=clock)
+        picks.append(min(rs, key=lambda r: np.median(r[3]))[0])   # the old rule
+    assert {"tile_k": 256} in picks
+
+
+def test_tuner_keeps_the_model_as_a_candidate(cache, rng, monkeypatch):
+    """Candidates without the model's ``{}`` still race against it."""
+    a = rng.standard_normal((16, 16)).astype(np.float32)
+    b = rng.standard_normal((16, 16)).astype(np.float32)
+    f = tessera.jit(_mm)
+    graph = f._trace([a, b], [ARRAY, ARRAY], frozenset())
+    seen = []
+    real = tune.race
+    monkeypatch.setattr(space, "candidates", lambda *a, **k: [{"tile_k": 16}])
+    monkeypatch.setattr(tune, "race", lambda runners, *a, **k: seen.append([r[0] for r in runners]) or
+                        real(runners, *a, **k))
+    tune.tune_graph(f, graph, [a, b], _key(shape=(16, 16, 16)), min_rounds=3, max_rounds=4, budget_s=1)
+    assert seen and seen[0][0] == {}
 
 
 def _fake_compile(pins):
