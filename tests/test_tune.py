@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -384,7 +386,7 @@ def _fake_compile(pins):
     if what == "crash":
         os.kill(os.getpid(), signal.SIGKILL)
     if what == "hang":
-        time.sleep(60)
+        time.sleep(600)
     if what == "illegal":
         raise ScheduleIllegalError("no such tile")
     return f"compiled {what}"
@@ -394,11 +396,65 @@ def test_workers_isolate_crashes_and_timeouts():
     """A candidate that kills or hangs its worker is recorded as failed; the others compile."""
     from tessera.frontend import tune_workers
     cands = [{"what": "model"}, {"what": "crash"}, {"what": "ok"}, {"what": "hang"}, {"what": "illegal"}]
-    got = tune_workers.compile_all(_fake_compile, cands, njobs=2, timeout_s=2)
+    worker = tune_workers.Worker(__name__, "_fake_compile")
+    got = tune_workers.compile_all(_fake_compile, cands, worker=worker, njobs=2, timeout_s=15)
     assert [p for p, _, _ in got] == cands
     assert [c for _, c, _ in got] == ["compiled model", None, "compiled ok", None, None]
     why = [w for _, _, w in got]
     assert "SIGKILL" in why[1] and "timed out" in why[3] and why[4] == "SCHEDULE_ILLEGAL: no such tile"
+
+
+_HELD = threading.Lock()   # held by a parent thread in the test below; a forked child would inherit it held
+
+
+def _compile_taking_the_lock(pins):
+    if not _HELD.acquire(timeout=30):   # a fork()ed worker waits here forever (30 s: the test's timeout says so)
+        raise RuntimeError("the lock a parent thread held came along into the worker")
+    _HELD.release()
+    return "compiled"
+
+
+def test_workers_are_fresh_processes_not_forks_of_a_threaded_parent():
+    """Tuning after a background thread took a lock (as JAX / torch threads do) finishes: the
+    workers are fresh interpreters, not forks that inherit the held lock."""
+    from tessera.frontend import tune_workers
+    go, stop = threading.Event(), threading.Event()
+
+    def hold():
+        with _HELD:
+            go.set()
+            stop.wait(120)
+    t = threading.Thread(target=hold, daemon=True)
+    t.start()
+    go.wait(10)
+    try:
+        worker = tune_workers.Worker(__name__, "_compile_taking_the_lock")
+        got = tune_workers.compile_all(lambda p: "here", [{}, {"a": 1}, {"b": (2, 3)}], worker=worker, njobs=2,
+                                       timeout_s=25)
+        assert [w for _, _, w in got] == ["", "", ""] and [c for _, c, _ in got] == ["here"] * 3
+        # teeth: a forked child of this process finds the lock held (what the old fork workers did)
+        if hasattr(os, "fork"):
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0 if _HELD.acquire(timeout=1) else 3)
+            assert os.waitpid(pid, 0)[1] >> 8 == 3
+    finally:
+        stop.set()
+        t.join(10)
+
+
+def test_worker_compiles_a_candidate_from_the_module_text(cache, rng):
+    """The worker's entry point compiles the graph text to the same schedule as the in-process path."""
+    a = rng.standard_normal((16, 16)).astype(np.float32)
+    b = rng.standard_normal((16, 16)).astype(np.float32)
+    f = tessera.jit(_mm)
+    graph = f._trace([a, b], [ARRAY, ARRAY], frozenset())
+    w = tune._worker(f, graph, "gemm")
+    pins = {"tile_k": 16}
+    c = tune.compile_text(*json.loads(json.dumps(w.args)), pins)
+    assert tune._schedule_of(c) == tune._schedule_of(tune._compile(f, graph, {**pins, "pin_kinds": "gemm"}))
+    out = tune._runner(c, [a, b])()
+    np.testing.assert_allclose(out[0], a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
 
 
 def test_tuner_refuses_noise_and_wrong_results(cache, rng, monkeypatch):

@@ -13,7 +13,8 @@ A tuning run (``tune_graph``):
 1. the family's candidates from the schedule space (``passes/schedule/space.py``: the model's
    choice first, then pins pruned by register count and cache footprints);
 2. every candidate compiled first (a compile never runs while another candidate is being timed),
-   each in a forked worker process (``tune_workers.py``): one that fails to compile, crashes its
+   each in a worker process (``tune_workers.py``: a fresh interpreter, never a fork of this
+   process, whose JAX / torch / pool threads may hold locks): one that fails to compile, crashes its
    worker or times out is recorded as failed (``Entry.failed`` says why);
 3. each candidate run once on fresh random data (never zeros) and checked against the float64
    reference (``reference.evaluate``): a wrong result is recorded as failed;
@@ -29,6 +30,7 @@ A tuning run (``tune_graph``):
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -191,6 +193,28 @@ def _compile(jf, graph, pins):
     return compile_graph(gir.module, name=jf.name, target=jf.target, arch=jf.arch, pins={**jf.schedule, **pins})
 
 
+def compile_text(text: str, name: str, target: str, arch, schedule: dict, scope: str, pins: dict):
+    """Compile a candidate from the graph module's text (a tuning worker's entry point,
+    ``tune_workers.Worker``: it crosses the process boundary as text and JSON)."""
+    from tessera.frontend.compile import compile_graph
+    from tessera.ir.text import parse_module
+    schedule = {k: tuple(v) if isinstance(v, list) else v for k, v in schedule.items()}
+    pins = {**pins, "pin_kinds": scope} if pins else pins
+    return compile_graph(parse_module(text), name=name, target=target, arch=arch, pins={**schedule, **pins})
+
+
+def _worker(jf, graph, scope: str):
+    """The worker for ``graph``'s candidates, or None (compile here) when its schedule is not JSON."""
+    from tessera.frontend import graphgen
+    schedule = {k: list(v) if isinstance(v, tuple) else v for k, v in jf.schedule.items()}
+    try:
+        json.dumps(schedule)
+    except (TypeError, ValueError):
+        return None
+    text = str(graphgen.build(graph, frozenset()).module)
+    return tune_workers.Worker(__name__, "compile_text", (text, jf.name, jf.target, jf.arch, schedule, scope))
+
+
 def _schedule_of(c) -> str:
     """What the schedule decided for every kernel: two candidates alike here are one candidate."""
     return repr([(k["kind"], k["tiles"], k.get("register_tile"), k["unroll"], k["parallel"], k["threads"],
@@ -330,8 +354,9 @@ def tune_graph(jf, graph, arrays, key: tunedb.Key, *, limit: int = 6, min_rounds
     compiled, schedules, failed = [], set(), {}
     # 1. compile every candidate before any timing, each in a worker process (tune_workers.py)
     scope = space.FAMILIES[key.family].pin_kinds   # a candidate's pins touch only the tuned family's kernels
+    worker = _worker(jf, graph, scope) if tune_workers.jobs() > 1 and len(cands) > 1 else None
     for pins, c, why in tune_workers.compile_all(lambda p: _compile(jf, graph, {**p, "pin_kinds": scope} if p else p),
-                                                 cands):
+                                                 cands, worker=worker):
         if c is None:
             times[label(pins)] = None
             failed[label(pins)] = why
