@@ -50,6 +50,51 @@ def test_space_rejects_illegal_register_tile():
     assert space.fits(512, 64, 512, 16, 4, caches) and not space.fits(4096, 64, 512, 16, 4, caches)
 
 
+@pytest.mark.parametrize("arch", [AVX2, "x86-64-v4"])
+def test_attention_space_is_the_verifiers(arch):
+    """Every attention candidate passes the space check and schedule-cpu's block rule; a query
+    block off lcm(MR, NR*W) or a key block off MR is refused (the verifier's own rule)."""
+    cands = space.candidates("attention", (4, 512, 512, 64), arch=arch)
+    assert cands[0] == {} and len(cands) >= 3
+    for p in cands[1:]:
+        space.check("attention", p, arch=arch)
+        assert set(p) == {"register_tile", "tile_m", "tile_n"}
+    mr, nr = cands[1]["register_tile"]
+    with pytest.raises(ScheduleIllegalError, match="key block"):
+        space.check("attention", {"register_tile": (mr, nr), "tile_n": mr * 16 + 1}, arch=arch)
+    with pytest.raises(ScheduleIllegalError, match="query block"):
+        space.check("attention", {"register_tile": (mr, nr), "tile_m": cands[1]["tile_m"] + 1}, arch=arch)
+    short = space.candidates("attention", (4, 64, 40, 64), arch=arch)
+    assert all(p["tile_n"] <= 40 + mr and p["tile_m"] <= 64 + 64 for p in short[1:])
+
+
+def _attn(q, k, v):
+    return tessera.ops.attention(q, k, v)
+
+
+def test_tune_attention_blocks(cache, rng):
+    """tessera.tune on flash attention measures block / register-tile candidates, records the
+    winner per the margin rule, and a function compiled from the entry matches float64."""
+    from tessera.frontend import reference
+    q, k, v = (rng.standard_normal((1, 2, 128, 32)).astype(np.float32) for _ in range(3))
+    entry = tessera.tune(_attn, q, k, v, min_rounds=3, max_rounds=4, budget_s=2, quiet=True)
+    assert entry.key.family == "attention" and entry.key.shape == (2, 128, 128, 32)
+    assert len(entry.times) >= 2 and entry.times["model"] > 0
+    f = tessera.jit(_attn)
+    out = f(q, k, v)
+    assert "tuning database" in f.explain(q, k, v).schedule
+    ref = reference.attention64(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), None,
+                                 1 / np.sqrt(32), False)
+    np.testing.assert_allclose(out, ref, rtol=2e-4, atol=2e-4)
+    # a candidate's blocks reach the attention kernel (pins scoped to it)
+    graph = f._trace([q, k, v], [ARRAY] * 3, frozenset())
+    p = space.candidates("attention", (2, 128, 128, 32))[-1]
+    kern = next(kk for kk in tune._compile(f, graph, {**p, "pin_kinds": "attention"}).meta["kernels"]
+                if kk["kind"] == "attention")
+    assert (kern["tiles"]["q"], kern["tiles"]["kv"], tuple(kern["register_tile"])) == \
+        (p["tile_m"], p["tile_n"], p["register_tile"])
+
+
 def test_space_candidates_follow_the_shape():
     small = space.candidates("gemm", (20, 24, 12), arch=AVX2)
     for pins in small[1:]:   # KC collapses to K rounded to the k unit; MC, NC: whole register tiles

@@ -67,10 +67,18 @@ ROW_OPS = ("softmax", "log_softmax", "layer_norm", "rms_norm")
 
 
 def describe(graph) -> tuple[str, str, tuple[int, ...]] | None:
-    """(family, dtype, shape) of the graph's dominant tunable kernel: its largest matmul as
-    (M, N, K), or (B, M, N, K) when batched; else its largest row op (softmax, layer_norm...) as
+    """(family, dtype, shape) of the graph's dominant tunable kernel: its largest flash attention
+    (64 query rows or more) as (B*H, Sq, Skv, D) or matmul as (M, N, K), or (B, M, N, K) when
+    batched, whichever has more multiply-adds; else its largest row op (softmax, layer_norm...) as
     (rows, columns); else None."""
     best, work = None, 0
+    for n in graph.nodes:   # flash attention: 2 x (B*H x Sq x Skv x D) multiply-adds
+        if n.op == "attention" and len(n.shape) == 4 and n.shape[2] >= 64:   # not the decode kernel
+            b, h, sq, dv = n.shape
+            skv = n.inputs[1].shape[-2]
+            if 2 * b * h * sq * skv * dv > work:
+                work = 2 * b * h * sq * skv * dv
+                best = ("attention", _dtype(n.inputs[0].dtype), (b * h, sq, skv, dv))
     for n in graph.nodes:
         if n.op != "matmul" or len(n.shape) < 2:
             continue
