@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -27,8 +29,8 @@ def cache(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _key(dtype="f32", shape=(64, 48, 40), family="gemm"):
-    return tunedb.Key(family, space.version(family), "cpu", "znver4", "avx2,fma", dtype, shape)
+def _key(dtype="f32", shape=(64, 48, 40), family="gemm", threads=1):
+    return tunedb.Key(family, space.version(family), "cpu", "znver4", "avx2,fma", dtype, shape, threads)
 
 
 # --------------------------------------------------------------------------- space
@@ -48,6 +50,51 @@ def test_space_rejects_illegal_register_tile():
     assert space.fits(512, 64, 512, 16, 4, caches) and not space.fits(4096, 64, 512, 16, 4, caches)
 
 
+@pytest.mark.parametrize("arch", [AVX2, "x86-64-v4"])
+def test_attention_space_is_the_verifiers(arch):
+    """Every attention candidate passes the space check and schedule-cpu's block rule; a query
+    block off lcm(MR, NR*W) or a key block off MR is refused (the verifier's own rule)."""
+    cands = space.candidates("attention", (4, 512, 512, 64), arch=arch)
+    assert cands[0] == {} and len(cands) >= 3
+    for p in cands[1:]:
+        space.check("attention", p, arch=arch)
+        assert set(p) == {"register_tile", "tile_m", "tile_n"}
+    mr, nr = cands[1]["register_tile"]
+    with pytest.raises(ScheduleIllegalError, match="key block"):
+        space.check("attention", {"register_tile": (mr, nr), "tile_n": mr * 16 + 1}, arch=arch)
+    with pytest.raises(ScheduleIllegalError, match="query block"):
+        space.check("attention", {"register_tile": (mr, nr), "tile_m": cands[1]["tile_m"] + 1}, arch=arch)
+    short = space.candidates("attention", (4, 64, 40, 64), arch=arch)
+    assert all(p["tile_n"] <= 40 + mr and p["tile_m"] <= 64 + 64 for p in short[1:])
+
+
+def _attn(q, k, v):
+    return tessera.ops.attention(q, k, v)
+
+
+def test_tune_attention_blocks(cache, rng):
+    """tessera.tune on flash attention measures block / register-tile candidates, records the
+    winner per the margin rule, and a function compiled from the entry matches float64."""
+    from tessera.frontend import reference
+    q, k, v = (rng.standard_normal((1, 2, 128, 32)).astype(np.float32) for _ in range(3))
+    entry = tessera.tune(_attn, q, k, v, min_rounds=3, max_rounds=4, budget_s=2, quiet=True)
+    assert entry.key.family == "attention" and entry.key.shape == (2, 128, 128, 32)
+    assert len(entry.times) >= 2 and entry.times["model"] > 0
+    f = tessera.jit(_attn)
+    out = f(q, k, v)
+    assert "tuning database" in f.explain(q, k, v).schedule
+    ref = reference.attention64(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), None,
+                                 1 / np.sqrt(32), False)
+    np.testing.assert_allclose(out, ref, rtol=2e-4, atol=2e-4)
+    # a candidate's blocks reach the attention kernel (pins scoped to it)
+    graph = f._trace([q, k, v], [ARRAY] * 3, frozenset())
+    p = space.candidates("attention", (2, 128, 128, 32))[-1]
+    kern = next(kk for kk in tune._compile(f, graph, {**p, "pin_kinds": "attention"}).meta["kernels"]
+                if kk["kind"] == "attention")
+    assert (kern["tiles"]["q"], kern["tiles"]["kv"], tuple(kern["register_tile"])) == \
+        (p["tile_m"], p["tile_n"], p["register_tile"])
+
+
 def test_space_candidates_follow_the_shape():
     small = space.candidates("gemm", (20, 24, 12), arch=AVX2)
     for pins in small[1:]:   # KC collapses to K rounded to the k unit; MC, NC: whole register tiles
@@ -63,8 +110,8 @@ def _isolates_keys(db: tunedb.TuningDB) -> bool:
     """An f32 entry must never answer an f64, another family's or another arch's lookup."""
     db.store(tunedb.Entry(_key("f32"), {"register_tile": (6, 2)}, 1.0))
     others = [_key("f64"), _key(family="row"),
-              tunedb.Key("gemm", 1, "cpu", "skylake-avx512", "avx2,fma,avx512f", "f32", (64, 48, 40)),
-              tunedb.Key("gemm", 2, "cpu", "znver4", "avx2,fma", "f32", (64, 48, 40))]
+              tunedb.Key("gemm", 1, "cpu", "skylake-avx512", "avx2,fma,avx512f", "f32", (64, 48, 40), 1),
+              tunedb.Key("gemm", 2, "cpu", "znver4", "avx2,fma", "f32", (64, 48, 40), 1)]
     return all(db.lookup(k) is None for k in others)
 
 
@@ -82,6 +129,54 @@ def test_db_round_trip_nearest_and_isolation(cache):
         assert db2.lookup(_key()).pins == {"register_tile": (6, 2)}
 
 
+def test_db_thread_count_is_part_of_the_key(cache):
+    """A 1-thread entry never answers a 2-thread lookup while a 2-thread entry (exact or nearest
+    shape) exists; with none of that count, the closest count's entry answers as nearest."""
+    with tunedb.TuningDB() as db:
+        db.store(tunedb.Entry(_key(threads=1), {"register_tile": (6, 2)}, 1.0))
+        alone = db.lookup(_key(threads=2))
+        assert alone.match == "nearest" and alone.key.threads == 1   # no 2-thread entry: the rule's fallback
+        db.store(tunedb.Entry(_key(shape=(60, 50, 33), threads=2), {"register_tile": (4, 3)}, 2.0))
+        db.store(tunedb.Entry(_key(threads=8), {"register_tile": (2, 4)}, 3.0))
+        e2 = db.lookup(_key(threads=2))
+        assert e2.key.threads == 2 and e2.match == "nearest" and e2.pins == {"register_tile": (4, 3)}
+        e1 = db.lookup(_key(threads=1))
+        assert e1.match == "exact" and e1.pins == {"register_tile": (6, 2)}
+        assert db.lookup(_key(threads=4)).key.threads in (2, 8)   # log2 distance 1 both ways
+        assert len(db.entries()) == 3
+
+
+def test_key_for_follows_set_num_threads(monkeypatch):
+    from tessera import host
+    monkeypatch.setattr(host, "usable_cpus", lambda: 4)
+    f = tessera.jit(_mm)
+    try:
+        tessera.set_num_threads(1)
+        k1 = tune.key_for(f, "gemm", "f32", (64, 64, 64))
+        tessera.set_num_threads(2)
+        k2 = tune.key_for(f, "gemm", "f32", (64, 64, 64))
+        tessera.set_num_threads(16)
+        k16 = tune.key_for(f, "gemm", "f32", (64, 64, 64))
+    finally:
+        tessera.set_num_threads(None)
+    assert (k1.threads, k2.threads, k16.threads) == (1, 2, 4) and k1 != k2
+    assert tune.key_for(tessera.jit(_mm, schedule={"threads": 3}), "gemm", "f32", (64, 64, 64)).threads <= 3
+
+
+def test_db_old_schema_without_threads_is_set_aside(cache):
+    """A schema-1 file (no thread count in its key) is ignored with a warning and rebuilt."""
+    import sqlite3
+    tunedb.path().parent.mkdir()
+    con = sqlite3.connect(str(tunedb.path()))
+    con.executescript("CREATE TABLE meta (k TEXT PRIMARY KEY, v TEXT NOT NULL); INSERT INTO meta VALUES ('schema', '1');")
+    con.commit()
+    con.close()
+    with pytest.warns(TuningDatabaseWarning, match="schema 1, this Tessera reads 2"):
+        db = tunedb.TuningDB()
+    assert db.entries() == []
+    db.close()
+
+
 def test_db_planted_key_without_dtype_is_caught(cache, monkeypatch):
     monkeypatch.setattr(tunedb, "KEY_FIELDS", ("family", "version", "target", "arch", "features"))
     with tunedb.TuningDB() as db:
@@ -92,7 +187,7 @@ def test_db_two_processes_write_at_once(cache):
     code = ("import sys; from tessera.runtime import tunedb as t\n"
             "for i in range(40):\n"
             "    with t.TuningDB() as db:\n"
-            "        db.store(t.Entry(t.Key('gemm', 1, 'cpu', 'a', 'f', sys.argv[1], (i + 1, 8, 8)), {}, float(i)))\n")
+            "        db.store(t.Entry(t.Key('gemm', 1, 'cpu', 'a', 'f', sys.argv[1], (i + 1, 8, 8), 1), {}, float(i)))\n")
     procs = [subprocess.Popen([sys.executable, "-c", code, d], cwd=str(tessera.__path__[0] + "/.."))
              for d in ("f32", "f64")]
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
@@ -115,7 +210,7 @@ def test_db_foreign_schema_is_set_aside(cache):
     with tunedb.TuningDB() as db:
         db.store(tunedb.Entry(_key(), {}, 2.0))
         db.conn.execute("UPDATE meta SET v='99' WHERE k='schema'")
-    with pytest.warns(TuningDatabaseWarning, match="schema 99, this Tessera reads 1"):
+    with pytest.warns(TuningDatabaseWarning, match="schema 99, this Tessera reads 2"):
         db = tunedb.TuningDB()
     assert db.entries() == [] and list(tunedb.path().parent.glob("tuning.sqlite.bad-*"))
     db.close()
@@ -255,9 +350,77 @@ def test_tuner_records_a_failing_candidate(cache, rng, monkeypatch):
     assert entry.times[tune.label(bad)] is None and entry.pins == {} and entry.times["model"] > 0
     assert set(entry.times) == {"model", tune.label(bad)}
     assert entry.failed[tune.label(bad)].startswith("SCHEDULE_ILLEGAL")
-    monkeypatch.setattr(space, "candidates", lambda *a, **k: [bad])
+    monkeypatch.setattr(tune, "_compile", lambda *a, **k: (_ for _ in ()).throw(ScheduleIllegalError("planted")))
     with pytest.raises(TuneError, match="no candidate"):
         tune.tune_graph(f, graph, [a, b], _key(shape=(16, 16, 16)), quiet=True)
+
+
+class _FakeClock:
+    """Time that moves only when a fake runner runs: each call costs ``base`` times a lognormal
+    factor of spread ``sigma`` (seeded), so the race sees injected timings, never the host's."""
+
+    def __init__(self, seed=0):
+        self.t = 0.0
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self):
+        return self.t
+
+    def runner(self, pins, base, sigma):
+        def run():
+            self.t += base * float(self.rng.lognormal(0.0, sigma))
+        return [pins, run, 1, []]
+
+
+def _race(speedup, sigma, margin=tune.MARGIN, seed=0, others=()):
+    clock = _FakeClock(seed)
+    runners = [clock.runner({}, 1.0, sigma), clock.runner({"tile_k": 256}, 1.0 - speedup, sigma)]
+    runners += [clock.runner(p, 1.0 - s, sigma) for p, s in others]
+    best, rounds = tune.race(runners, np.random.default_rng(seed), min_rounds=5, max_rounds=60, budget_s=1e9,
+                             margin=margin, clock=clock)
+    return best[0], rounds
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_race_a_candidate_wins_only_by_more_than_the_noise(seed):
+    """1 % faster within noise (and even 1 % with a tight spread, under the 2 % margin) keeps the
+    model's schedule; 10 % faster with a tight spread replaces it, and the race stops early."""
+    assert _race(0.01, 0.05, seed=seed)[0] == {}
+    assert _race(0.01, 0.002, seed=seed)[0] == {}
+    assert _race(-0.10, 0.002, seed=seed)[0] == {}          # slower: never
+    pins, rounds = _race(0.10, 0.01, seed=seed)
+    assert pins == {"tile_k": 256} and rounds < 60
+    # among two that beat the model, the faster one; a third within noise of the model drops out
+    assert _race(0.10, 0.01, seed=seed, others=[({"tile_k": 512}, 0.20), ({"tile_m": 64}, 0.005)])[0] == \
+        {"tile_k": 512}
+
+
+def test_race_planted_zero_margin_lets_noise_win():
+    """Teeth: without the margin, a 1 % faster candidate with a tight spread replaces the model,
+    and a plain lowest-median pick takes a 1 % candidate inside the noise about half the time."""
+    assert _race(0.01, 0.002, margin=0.0)[0] == {"tile_k": 256}
+    picks = []
+    for seed in range(8):
+        clock = _FakeClock(seed)
+        rs = [clock.runner({}, 1.0, 0.05), clock.runner({"tile_k": 256}, 0.99, 0.05)]
+        tune.race(rs, np.random.default_rng(seed), min_rounds=5, max_rounds=20, budget_s=1e9, clock=clock)
+        picks.append(min(rs, key=lambda r: np.median(r[3]))[0])   # the old rule
+    assert {"tile_k": 256} in picks
+
+
+def test_tuner_keeps_the_model_as_a_candidate(cache, rng, monkeypatch):
+    """Candidates without the model's ``{}`` still race against it."""
+    a = rng.standard_normal((16, 16)).astype(np.float32)
+    b = rng.standard_normal((16, 16)).astype(np.float32)
+    f = tessera.jit(_mm)
+    graph = f._trace([a, b], [ARRAY, ARRAY], frozenset())
+    seen = []
+    real = tune.race
+    monkeypatch.setattr(space, "candidates", lambda *a, **k: [{"tile_k": 16}])
+    monkeypatch.setattr(tune, "race", lambda runners, *a, **k: seen.append([r[0] for r in runners]) or
+                        real(runners, *a, **k))
+    tune.tune_graph(f, graph, [a, b], _key(shape=(16, 16, 16)), min_rounds=3, max_rounds=4, budget_s=1)
+    assert seen and seen[0][0] == {}
 
 
 def _fake_compile(pins):
@@ -268,7 +431,7 @@ def _fake_compile(pins):
     if what == "crash":
         os.kill(os.getpid(), signal.SIGKILL)
     if what == "hang":
-        time.sleep(60)
+        time.sleep(600)
     if what == "illegal":
         raise ScheduleIllegalError("no such tile")
     return f"compiled {what}"
@@ -278,11 +441,65 @@ def test_workers_isolate_crashes_and_timeouts():
     """A candidate that kills or hangs its worker is recorded as failed; the others compile."""
     from tessera.frontend import tune_workers
     cands = [{"what": "model"}, {"what": "crash"}, {"what": "ok"}, {"what": "hang"}, {"what": "illegal"}]
-    got = tune_workers.compile_all(_fake_compile, cands, njobs=2, timeout_s=2)
+    worker = tune_workers.Worker(__name__, "_fake_compile")
+    got = tune_workers.compile_all(_fake_compile, cands, worker=worker, njobs=2, timeout_s=15)
     assert [p for p, _, _ in got] == cands
     assert [c for _, c, _ in got] == ["compiled model", None, "compiled ok", None, None]
     why = [w for _, _, w in got]
     assert "SIGKILL" in why[1] and "timed out" in why[3] and why[4] == "SCHEDULE_ILLEGAL: no such tile"
+
+
+_HELD = threading.Lock()   # held by a parent thread in the test below; a forked child would inherit it held
+
+
+def _compile_taking_the_lock(pins):
+    if not _HELD.acquire(timeout=30):   # a fork()ed worker waits here forever (30 s: the test's timeout says so)
+        raise RuntimeError("the lock a parent thread held came along into the worker")
+    _HELD.release()
+    return "compiled"
+
+
+def test_workers_are_fresh_processes_not_forks_of_a_threaded_parent():
+    """Tuning after a background thread took a lock (as JAX / torch threads do) finishes: the
+    workers are fresh interpreters, not forks that inherit the held lock."""
+    from tessera.frontend import tune_workers
+    go, stop = threading.Event(), threading.Event()
+
+    def hold():
+        with _HELD:
+            go.set()
+            stop.wait(120)
+    t = threading.Thread(target=hold, daemon=True)
+    t.start()
+    go.wait(10)
+    try:
+        worker = tune_workers.Worker(__name__, "_compile_taking_the_lock")
+        got = tune_workers.compile_all(lambda p: "here", [{}, {"a": 1}, {"b": (2, 3)}], worker=worker, njobs=2,
+                                       timeout_s=25)
+        assert [w for _, _, w in got] == ["", "", ""] and [c for _, c, _ in got] == ["here"] * 3
+        # teeth: a forked child of this process finds the lock held (what the old fork workers did)
+        if hasattr(os, "fork"):
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0 if _HELD.acquire(timeout=1) else 3)
+            assert os.waitpid(pid, 0)[1] >> 8 == 3
+    finally:
+        stop.set()
+        t.join(10)
+
+
+def test_worker_compiles_a_candidate_from_the_module_text(cache, rng):
+    """The worker's entry point compiles the graph text to the same schedule as the in-process path."""
+    a = rng.standard_normal((16, 16)).astype(np.float32)
+    b = rng.standard_normal((16, 16)).astype(np.float32)
+    f = tessera.jit(_mm)
+    graph = f._trace([a, b], [ARRAY, ARRAY], frozenset())
+    w = tune._worker(f, graph, "gemm")
+    pins = {"tile_k": 16}
+    c = tune.compile_text(*json.loads(json.dumps(w.args)), pins)
+    assert tune._schedule_of(c) == tune._schedule_of(tune._compile(f, graph, {**pins, "pin_kinds": "gemm"}))
+    out = tune._runner(c, [a, b])()
+    np.testing.assert_allclose(out[0], a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
 
 
 def test_tuner_refuses_noise_and_wrong_results(cache, rng, monkeypatch):

@@ -13,19 +13,24 @@ A tuning run (``tune_graph``):
 1. the family's candidates from the schedule space (``passes/schedule/space.py``: the model's
    choice first, then pins pruned by register count and cache footprints);
 2. every candidate compiled first (a compile never runs while another candidate is being timed),
-   each in a forked worker process (``tune_workers.py``): one that fails to compile, crashes its
+   each in a worker process (``tune_workers.py``: a fresh interpreter, never a fork of this
+   process, whose JAX / torch / pool threads may hold locks): one that fails to compile, crashes its
    worker or times out is recorded as failed (``Entry.failed`` says why);
 3. each candidate run once on fresh random data (never zeros) and checked against the float64
    reference (``reference.evaluate``): a wrong result is recorded as failed;
 4. interleaved rounds (a fresh random order each round), each sample repeated to at least
-   ``SAMPLE_S``; after ``MIN_ROUNDS``, a candidate whose median's confidence interval lies above the
-   best one's is dropped, and the run stops when one is left, at ``max_rounds``, or at the time
-   budget;
+   ``SAMPLE_S`` (``race``); the cost model's own schedule is always a candidate and is never
+   dropped; after ``MIN_ROUNDS``, a candidate whose median's confidence interval lies above the
+   best one's is dropped, and so is one that cannot beat the model by ``MARGIN``; a candidate
+   replaces the model only when the confidence interval of its paired per-round ratio to the
+   model lies wholly below ``1 - MARGIN`` (it wins by more than the noise), else the model's
+   schedule is recorded; the run stops when that is settled, at ``max_rounds``, or at the budget;
 5. the best candidate's spread (interquartile range over median) above ``noise_max`` refuses the
    result (``TuneError``) rather than recording noise.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -43,6 +48,7 @@ MIN_ROUNDS = 5
 MAX_ROUNDS = 60
 BUDGET_S = 20.0
 SAMPLE_S = 1e-3          # one timing sample repeats the call to at least this long
+MARGIN = 0.02           # a candidate replaces the model's schedule only when faster by more than this
 NOISE_MAX = 1.0          # the best candidate's IQR / median above this: too noisy to rank
 TOLERANCE = {"f64": 1e-9, "f32": 2e-4, "bf16": 3e-2, "f16": 3e-3}
 _DTYPES = {"float64": "f64", "float32": "f32", "bfloat16": "bf16", "float16": "f16"}
@@ -61,10 +67,18 @@ ROW_OPS = ("softmax", "log_softmax", "layer_norm", "rms_norm")
 
 
 def describe(graph) -> tuple[str, str, tuple[int, ...]] | None:
-    """(family, dtype, shape) of the graph's dominant tunable kernel: its largest matmul as
-    (M, N, K), or (B, M, N, K) when batched; else its largest row op (softmax, layer_norm...) as
+    """(family, dtype, shape) of the graph's dominant tunable kernel: its largest flash attention
+    (64 query rows or more) as (B*H, Sq, Skv, D) or matmul as (M, N, K), or (B, M, N, K) when
+    batched, whichever has more multiply-adds; else its largest row op (softmax, layer_norm...) as
     (rows, columns); else None."""
     best, work = None, 0
+    for n in graph.nodes:   # flash attention: 2 x (B*H x Sq x Skv x D) multiply-adds
+        if n.op == "attention" and len(n.shape) == 4 and n.shape[2] >= 64:   # not the decode kernel
+            b, h, sq, dv = n.shape
+            skv = n.inputs[1].shape[-2]
+            if 2 * b * h * sq * skv * dv > work:
+                work = 2 * b * h * sq * skv * dv
+                best = ("attention", _dtype(n.inputs[0].dtype), (b * h, sq, skv, dv))
     for n in graph.nodes:
         if n.op != "matmul" or len(n.shape) < 2:
             continue
@@ -83,13 +97,25 @@ def describe(graph) -> tuple[str, str, tuple[int, ...]] | None:
     return best
 
 
+def run_threads(schedule: dict | None = None) -> int:
+    """The threads a CPU kernel will run with: the usable CPUs, capped by a pinned ``threads`` and
+    by ``TESSERA_NUM_THREADS`` / ``set_num_threads`` (as ``CpuExecutable.threads_for`` caps them)."""
+    from tessera import host
+    from tessera.runtime import threads
+    n = host.usable_cpus()
+    for cap in ((schedule or {}).get("threads"), threads.get_num_threads()):
+        if cap:
+            n = min(n, int(cap))
+    return max(1, n)
+
+
 def key_for(jf, family: str, dtype: str, shape) -> tunedb.Key:
     from tessera.frontend.compile import feature_list, resolve_arch
     from tessera.mma.x86 import host_cpu
     isa = resolve_arch(jf.target, jf.arch)
     arch = host_cpu()[0] if jf.arch in (None, "host") else isa.arch
     return tunedb.Key(family, space.version(family), jf.target, arch, ",".join(feature_list(isa)), dtype,
-                      tuple(int(d) for d in shape))
+                      tuple(int(d) for d in shape), run_threads(jf.schedule))
 
 
 def label(pins: dict) -> str:
@@ -175,6 +201,28 @@ def _compile(jf, graph, pins):
     return compile_graph(gir.module, name=jf.name, target=jf.target, arch=jf.arch, pins={**jf.schedule, **pins})
 
 
+def compile_text(text: str, name: str, target: str, arch, schedule: dict, scope: str, pins: dict):
+    """Compile a candidate from the graph module's text (a tuning worker's entry point,
+    ``tune_workers.Worker``: it crosses the process boundary as text and JSON)."""
+    from tessera.frontend.compile import compile_graph
+    from tessera.ir.text import parse_module
+    schedule = {k: tuple(v) if isinstance(v, list) else v for k, v in schedule.items()}
+    pins = {**pins, "pin_kinds": scope} if pins else pins
+    return compile_graph(parse_module(text), name=name, target=target, arch=arch, pins={**schedule, **pins})
+
+
+def _worker(jf, graph, scope: str):
+    """The worker for ``graph``'s candidates, or None (compile here) when its schedule is not JSON."""
+    from tessera.frontend import graphgen
+    schedule = {k: list(v) if isinstance(v, tuple) else v for k, v in jf.schedule.items()}
+    try:
+        json.dumps(schedule)
+    except (TypeError, ValueError):
+        return None
+    text = str(graphgen.build(graph, frozenset()).module)
+    return tune_workers.Worker(__name__, "compile_text", (text, jf.name, jf.target, jf.arch, schedule, scope))
+
+
 def _schedule_of(c) -> str:
     """What the schedule decided for every kernel: two candidates alike here are one candidate."""
     return repr([(k["kind"], k["tiles"], k.get("register_tile"), k["unroll"], k["parallel"], k["threads"],
@@ -237,22 +285,86 @@ class Progress:
               f"{spent:.1f}s, eta {max(eta, 0):.0f}s", file=sys.stderr, flush=True)
 
 
+def ratio_ci(xs: list[float], base: list[float]) -> tuple[float, float, float]:
+    """The median of the paired ratios ``xs[i] / base[i]`` (round ``i`` of each; interleaved, so a
+    round's load touches both) and its ~95 % confidence interval: (median, low, high)."""
+    n = min(len(xs), len(base))
+    return median_ci([x / max(b, 1e-12) for x, b in zip(xs[:n], base[:n])])
+
+
+def race(runners: list, rng, *, min_rounds: int = MIN_ROUNDS, max_rounds: int = MAX_ROUNDS,
+         budget_s: float = BUDGET_S, margin: float = MARGIN, prog: Progress | None = None,
+         clock=time.perf_counter) -> tuple[list, int]:
+    """Interleaved rounds over ``runners`` ([pins, run, reps, samples]; the cost model's own
+    schedule, pins ``{}``, first when it ran) and the winner: (runner, rounds run).
+
+    Each round times every live runner once (``reps`` calls per sample, the largest any runner
+    asked for), in a fresh random order.  From ``min_rounds`` on, a candidate whose median's
+    confidence interval lies above the best one's is dropped, and so is one whose paired ratio to
+    the model (``ratio_ci``) cannot fall below ``1 - margin``; the model is never dropped.  The run
+    stops when no candidate but the model is live, when one is left whose ratio's interval lies
+    wholly below ``1 - margin``, at ``max_rounds`` or at ``budget_s``.  A candidate replaces the
+    model only when its ratio's interval lies below ``1 - margin`` (it wins by more than the
+    noise); otherwise the model wins.  Without a model runner (it failed), the lowest median wins.
+    ``clock`` is injectable (tests time fake runners)."""
+    model = runners[0] if not runners[0][0] else None
+    reps = max(r[2] for r in runners)
+    live = list(runners)
+    t0 = clock()
+    rnd = 0
+
+    def wins(r) -> bool:
+        return r is not model and (model is None or ratio_ci(r[3], model[3])[2] < 1.0 - margin)
+
+    while rnd < max_rounds:
+        rnd += 1
+        live = [live[i] for i in rng.permutation(len(live))]
+        for r in live:
+            t = clock()
+            for _ in range(reps):
+                r[1]()
+            r[3].append((clock() - t) / reps)
+        if prog is not None:
+            prog.show(rnd, max_rounds, len(live))
+        if rnd < min_rounds:
+            continue
+        cis = {id(r): median_ci(r[3]) for r in live}
+        best = min(live, key=lambda r: cis[id(r)][0])
+        live = [r for r in live if r is best or r is model or cis[id(r)][1] <= cis[id(best)][2]]
+        if model is not None:
+            live = [r for r in live if r is model or ratio_ci(r[3], model[3])[1] < 1.0 - margin]
+        others = [r for r in live if r is not model]
+        if not others or (len(others) == 1 and wins(others[0])) or (model is None and len(live) == 1):
+            break
+        if clock() - t0 > budget_s:
+            break
+    if prog is not None:
+        prog.show(rnd, max_rounds, len(live), force=True)
+    if model is None:
+        return min(live, key=lambda r: np.median(r[3])), rnd
+    better = [r for r in live if wins(r)]
+    return (min(better, key=lambda r: ratio_ci(r[3], model[3])[0]) if better else model), rnd
+
+
 def tune_graph(jf, graph, arrays, key: tunedb.Key, *, limit: int = 6, min_rounds: int = MIN_ROUNDS,
                max_rounds: int = MAX_ROUNDS, budget_s: float | None = None, noise_max: float | None = None,
-               seed: int | None = None, quiet: bool | None = None) -> tunedb.Entry:
+               seed: int | None = None, quiet: bool | None = None, margin: float | None = None) -> tunedb.Entry:
     """Measure the family's candidates for ``graph`` on fresh random data; the best as an Entry."""
     from tessera.frontend import reference
     budget_s = float(os.environ.get("TESSERA_TUNE_BUDGET", BUDGET_S)) if budget_s is None else budget_s
     noise_max = float(os.environ.get("TESSERA_TUNE_NOISE_MAX", NOISE_MAX)) if noise_max is None else noise_max
     quiet = os.environ.get("TESSERA_TUNE_QUIET", "") == "1" if quiet is None else quiet
+    margin = float(os.environ.get("TESSERA_TUNE_MARGIN", MARGIN)) if margin is None else margin
     rng = np.random.default_rng(seed)
     cands = space.candidates(key.family, key.shape, arch=jf.arch, dtype=key.dtype, limit=limit)
+    cands = [{}] + [p for p in cands if p]   # the cost model's own schedule is always a candidate, first
     times: dict[str, float | None] = {}
     compiled, schedules, failed = [], set(), {}
     # 1. compile every candidate before any timing, each in a worker process (tune_workers.py)
     scope = space.FAMILIES[key.family].pin_kinds   # a candidate's pins touch only the tuned family's kernels
+    worker = _worker(jf, graph, scope) if tune_workers.jobs() > 1 and len(cands) > 1 else None
     for pins, c, why in tune_workers.compile_all(lambda p: _compile(jf, graph, {**p, "pin_kinds": scope} if p else p),
-                                                 cands):
+                                                 cands, worker=worker):
         if c is None:
             times[label(pins)] = None
             failed[label(pins)] = why
@@ -288,31 +400,12 @@ def tune_graph(jf, graph, arrays, key: tunedb.Key, *, limit: int = 6, min_rounds
     if not runners:
         raise TuneError(f"tuning {jf.name}: no candidate of {key.family} {'x'.join(map(str, key.shape))} compiled "
                         f"and ran correctly ({'; '.join(f'{k}: {v}' for k, v in failed.items())})")
-    reps = max(r[2] for r in runners)
     shape = "x".join(map(str, key.shape))
     prog = Progress(f"{jf.name} {key.family} {key.dtype} {shape}", budget_s, quiet)
-    t0 = time.perf_counter()
-    live = list(runners)
-    rnd = 0
-    while rnd < max_rounds:                  # 3. interleaved rounds in a fresh order each
-        rnd += 1
-        live = [live[i] for i in rng.permutation(len(live))]
-        for r in live:
-            t = time.perf_counter()
-            for _ in range(reps):
-                r[1]()
-            r[3].append((time.perf_counter() - t) / reps)
-        prog.show(rnd, max_rounds, len(live))
-        if rnd >= min_rounds:
-            cis = {id(r): median_ci(r[3]) for r in live}
-            best = min(live, key=lambda r: cis[id(r)][0])
-            live = [r for r in live if r is best or cis[id(r)][1] <= cis[id(best)][2]]
-            if len(live) == 1 or time.perf_counter() - t0 > budget_s:
-                break
-    prog.show(rnd, max_rounds, len(live), force=True)
+    best, rnd = race(runners, rng, min_rounds=min_rounds, max_rounds=max_rounds, budget_s=budget_s, margin=margin,
+                     prog=prog)
     for r in runners:
         times[label(r[0])] = round(float(np.median(r[3])) * 1e3, 6)
-    best = min(live, key=lambda r: np.median(r[3]))
     spread = _spread(best[3])
     if spread > noise_max:
         raise TuneError(f"tuning {jf.name} ({key.family} {shape}): the machine is too noisy to rank candidates "

@@ -5,14 +5,22 @@ A small SQLite file, ``tuning/tuning.sqlite`` under the cache directory (``cache
 with a busy timeout, so tuners in several processes may write at once (each write is one
 transaction).  A row is keyed by:
 
-    (family, its schedule-space version, target, arch, CPU feature string, dtype, exact shape)
+    (family, its schedule-space version, target, arch, CPU feature string, dtype, exact shape,
+     threads)
+
+where ``threads`` is the number of threads the kernel runs with (``TESSERA_NUM_THREADS`` /
+``set_num_threads`` capped at the usable CPUs): a 1-thread best register tile, blocking and
+thread split are not the 8-thread ones.
 
 and also records the shape's bucket (each dimension rounded up to a power of two), the best pins
 (JSON), the best median time and every candidate's times.  ``lookup`` returns the exact entry,
 else the nearest one of the same key but shape (same bucket first, then the smallest
-log2 distance within ``NEAREST_MAX`` per dimension).
+log2 distance within ``NEAREST_MAX`` per dimension).  A lookup never crosses thread counts while
+an entry of its own count answers it (exact or nearest shape); only when none does, it takes the
+entry of the closest thread count (smallest log2 distance, then nearest shape), marked
+``nearest`` so that a tuning run replaces it.
 
-A file that is not a database, or one of another schema, is set aside with a
+A file that is not a database, or one of another schema (schema 1 had no thread count), is set aside with a
 ``TuningDatabaseWarning`` and rebuilt empty.  ``export`` / ``import_file`` move entries through a
 JSON file (a site-wide database for a cluster of one chip).
 """
@@ -30,7 +38,7 @@ from pathlib import Path
 from tessera.errors import TuningDatabaseWarning
 from tessera.runtime.cache import cache_dir
 
-SCHEMA = 1
+SCHEMA = 2             # 2: the thread count joined the key
 FILE = "tuning.sqlite"
 TUNING_DIR = "tuning"    # the folder cache_admin.clear keeps unless asked (tessera cache clear --tuning)
 BUSY_MS = 30_000
@@ -42,10 +50,11 @@ CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS entries (
     family TEXT NOT NULL, version INTEGER NOT NULL, target TEXT NOT NULL, arch TEXT NOT NULL,
     features TEXT NOT NULL, dtype TEXT NOT NULL, shape TEXT NOT NULL, bucket TEXT NOT NULL,
+    threads INTEGER NOT NULL,
     pins TEXT NOT NULL, best_ms REAL NOT NULL, times TEXT NOT NULL, created REAL NOT NULL,
-    PRIMARY KEY (family, version, target, arch, features, dtype, shape));
+    PRIMARY KEY (family, version, target, arch, features, dtype, shape, threads));
 """
-KEY_FIELDS = ("family", "version", "target", "arch", "features", "dtype")
+KEY_FIELDS = ("family", "version", "target", "arch", "features", "dtype")   # and shape, threads
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,7 @@ class Key:
     features: str
     dtype: str
     shape: tuple[int, ...]
+    threads: int            # the threads the kernel runs with (tune.run_threads)
 
     @property
     def bucket(self) -> tuple[int, ...]:
@@ -76,8 +86,8 @@ class Entry:
     def describe(self) -> str:
         k = self.key
         shape = "x".join(map(str, k.shape))
-        return (f"{k.family} v{k.version} {k.dtype} {shape} on {k.arch}"
-                + ("" if self.match == "exact" else " (nearest shape)"))
+        return (f"{k.family} v{k.version} {k.dtype} {shape} on {k.arch}, {k.threads} thread"
+                + ("s" if k.threads != 1 else "") + ("" if self.match == "exact" else " (nearest)"))
 
 
 def bucket(shape) -> tuple[int, ...]:
@@ -166,9 +176,9 @@ class TuningDB:
         k = entry.key
         with self.conn:   # one transaction (BEGIN ... COMMIT)
             self.conn.execute("BEGIN IMMEDIATE")
-            self.conn.execute("INSERT OR REPLACE INTO entries VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            self.conn.execute("INSERT OR REPLACE INTO entries VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                               (k.family, k.version, k.target, k.arch, k.features, k.dtype, _shape_text(k.shape),
-                               _shape_text(k.bucket), _pins_json(entry.pins), float(entry.best_ms),
+                               _shape_text(k.bucket), int(k.threads), _pins_json(entry.pins), float(entry.best_ms),
                                json.dumps(entry.times), entry.created or time.time()))
 
     def clear(self) -> int:
@@ -182,8 +192,8 @@ class TuningDB:
             return []
         out = []
         for r in self.conn.execute("SELECT family, version, target, arch, features, dtype, shape, pins, best_ms, "
-                                   f"times, created FROM entries {where} ORDER BY family, dtype, shape", args):
-            key = Key(r[0], int(r[1]), r[2], r[3], r[4], r[5], _shape_parse(r[6]))
+                                   f"times, created, threads FROM entries {where} ORDER BY family, dtype, shape", args):
+            key = Key(r[0], int(r[1]), r[2], r[3], r[4], r[5], _shape_parse(r[6]), int(r[11]))
             out.append(Entry(key, _pins_load(r[7]), r[8], json.loads(r[9]), r[10]))
         return out
 
@@ -191,10 +201,12 @@ class TuningDB:
         return self._rows()
 
     def lookup(self, key: Key) -> Entry | None:
-        """The exact entry for ``key``, else the nearest shape of the same key (same bucket first)."""
+        """The exact entry for ``key``, else the nearest shape of the same key and thread count
+        (same bucket first); only when no entry of that thread count answers, the closest thread
+        count's exact or nearest shape."""
         where = "WHERE " + " AND ".join(f"{f}=?" for f in KEY_FIELDS)
         args = tuple(getattr(key, f) for f in KEY_FIELDS)
-        rows = self._rows(where + " AND shape=?", args + (_shape_text(key.shape),))
+        rows = self._rows(where + " AND shape=? AND threads=?", args + (_shape_text(key.shape), int(key.threads)))
         if rows:
             return rows[0]
         best, best_d = None, None
@@ -204,7 +216,7 @@ class TuningDB:
             dists = [abs(math.log2(max(a, 1) / max(b, 1))) for a, b in zip(e.key.shape, key.shape)]
             if max(dists) > NEAREST_MAX:
                 continue
-            d = (e.key.bucket != key.bucket, sum(dists))
+            d = (abs(math.log2(max(e.key.threads, 1) / max(key.threads, 1))), e.key.bucket != key.bucket, sum(dists))
             if best_d is None or d < best_d:
                 best, best_d = e, d
         if best is not None:
@@ -216,6 +228,7 @@ class TuningDB:
         rows = self.entries()
         doc = {"format": EXPORT_FORMAT, "schema": SCHEMA,
                "entries": [{**{f: getattr(e.key, f) for f in KEY_FIELDS}, "shape": list(e.key.shape),
+                            "threads": e.key.threads,
                             "pins": json.loads(_pins_json(e.pins)), "best_ms": e.best_ms, "times": e.times,
                             "created": e.created} for e in rows]}
         Path(dest).write_text(json.dumps(doc, indent=1))
@@ -231,7 +244,8 @@ class TuningDB:
         for i, d in enumerate(doc.get("entries", [])):
             try:
                 key = Key(str(d["family"]), int(d["version"]), str(d["target"]), str(d["arch"]),
-                          str(d["features"]), str(d["dtype"]), tuple(int(x) for x in d["shape"]))
+                          str(d["features"]), str(d["dtype"]), tuple(int(x) for x in d["shape"]),
+                          int(d["threads"]))
                 pins = {k: tuple(v) if isinstance(v, list) else v for k, v in dict(d["pins"]).items()}
                 entries.append(Entry(key, pins, float(d["best_ms"]), dict(d.get("times", {})),
                                      float(d.get("created", 0.0))))

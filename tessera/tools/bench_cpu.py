@@ -283,8 +283,8 @@ def _tuned_fn(kind: str, threads: int | None, tf, inputs) -> tuple[object | None
     import tessera as ts
     from tessera.errors import TesseraError
     from tessera.frontend.tune import label
-    # a database of its own: the tuning key has no thread count, so the one-thread row's entry
-    # would otherwise be the all-thread row's "untuned" schedule
+    # a database of its own, so the untuned column stays the cost model's even where the user's
+    # database has entries (the key's thread count keeps the 1-thread and all-thread rows apart)
     os.environ["TESSERA_TUNING_DB"] = os.path.join(tempfile.mkdtemp(prefix="tessera-bench-tune-"), "tuning.sqlite")
     tf(*inputs)
     t0 = time.perf_counter()

@@ -16,12 +16,12 @@ from tessera.runtime import tunedb
 
 def table(entries: list[tunedb.Entry]) -> str:
     from tessera.frontend.tune import label
-    head = ("family", "v", "dtype", "shape", "arch", "features", "pins", "best ms", "ok/tried")
+    head = ("family", "v", "dtype", "shape", "threads", "arch", "features", "pins", "best ms", "ok/tried")
     rows = [head]
     for e in entries:
         k = e.key
         ok = sum(t is not None for t in e.times.values())
-        rows.append((k.family, str(k.version), k.dtype, "x".join(map(str, k.shape)), k.arch, k.features,
+        rows.append((k.family, str(k.version), k.dtype, "x".join(map(str, k.shape)), str(k.threads), k.arch, k.features,
                      label(e.pins), f"{e.best_ms:.4g}", f"{ok}/{len(e.times)}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)

@@ -11,6 +11,9 @@ ignored.
   pass derives them (an A block of half of L2, a B panel of an eighth of L3);
   a candidate whose B micro-panel (KC x NR*W) exceeds a quarter of L2, whose A block (MC x KC)
   exceeds L2 or whose B panel (KC x NC) exceeds half of L3 is pruned before any compile.
+- ``attention`` (version 1): ``register_tile`` (schedule-cpu's measured ``ATTENTION_TILES`` that
+  fit the register file), ``tile_m`` (query block: a multiple of lcm(MR, NR*W)), ``tile_n`` (key
+  block: a multiple of MR), blocks of about 64, 128 and 256 (``_attention``'s rule).
 - ``row`` (version 1): ``chunk``, columns per step of rowwise / elementwise kernels: W, 2W, 4W
   and 8W within the register file (``bounds.check_chunk``).
 
@@ -43,10 +46,14 @@ class Family:
 FAMILIES = {
     "gemm": Family("gemm", 1, ("register_tile", "tile_k", "tile_m", "tile_n"),
                    "register tile within the vector registers; KC/MC/NC within L2/L3", ("gemm",)),
+    "attention": Family("attention", 1, ("register_tile", "tile_m", "tile_n"),
+                        "register tile (the measured defaults per register file); query block a multiple "
+                        "of lcm(MR, NR*W), key block a multiple of MR, 64-256", ("attention",)),
     "row": Family("row", 1, ("chunk",), "columns per step: 1, 2, 4 or 8 vector registers",
                   ("rowwise", "rowreduce", "elementwise")),
 }
 KC_CHOICES = (128, 256, 512, 1024)
+ATTENTION_BLOCK_CHOICES = (64, 128, 256)   # query / key blocks (ATTENTION_BLOCKS 128 x 128 is the model's)
 
 
 def version(family: str) -> int:
@@ -88,6 +95,8 @@ def check(family: str, pins: dict, *, arch: str | None = None, dtype: str = "f32
                 register_tile(isa, sel, prefer_tile=tuple(pins["register_tile"]))
             except MmaSelectorError as e:
                 raise ScheduleIllegalError(f"tuning space gemm: {e.message}") from None
+    elif family == "attention":
+        _attention_check(pins, arch, dtype)
     elif pins.get("chunk"):
         isa = get_isa("x86", arch)
         bounds.check_chunk(pins["chunk"], _width(isa, dtype), isa.register_budget, "row")
@@ -129,6 +138,66 @@ def gemm_candidates(shape: tuple[int, int, int], *, arch: str | None = None, dty
     return out[:limit]
 
 
+def _attention_tiles(arch: str | None, dtype: str):
+    """(isa, selection, the register tiles to try): schedule-cpu's measured defaults
+    (``ATTENTION_TILES``) that fit this register file, as the selector legalises them."""
+    from tessera.passes.schedule.schedule_cpu import ScheduleCpu
+    acc = "f64" if dtype == "f64" else "f32"
+    isa = get_isa("x86", arch)
+    sel = select_mma(isa, acc, out_dtype=acc)
+    tiles = []
+    for budget, t in sorted(ScheduleCpu.ATTENTION_TILES.items(), reverse=True):
+        if budget <= isa.register_budget:
+            try:
+                rt = register_tile(isa, sel, prefer_tile=t)
+            except MmaSelectorError:
+                continue
+            if (rt.mr, rt.nr) not in tiles:
+                tiles.append((rt.mr, rt.nr))
+    return isa, sel, tiles
+
+
+def _attention_check(pins: dict, arch: str | None, dtype: str) -> None:
+    """schedule-cpu's ``_attention`` rule: query block a multiple of lcm(MR, NR*W), key block of MR."""
+    import math
+    isa, sel, tiles = _attention_tiles(arch, dtype)
+    t = tuple(pins.get("register_tile") or (tiles[0] if tiles else (1, 1)))
+    try:
+        rt = register_tile(isa, sel, prefer_tile=t)
+    except MmaSelectorError as e:
+        raise ScheduleIllegalError(f"tuning space attention: {e.message}") from None
+    w = sel.record.vector_width or _width(isa, dtype)
+    qunit = math.lcm(rt.mr, rt.nr * w)
+    bq, bkv = pins.get("tile_m"), pins.get("tile_n")
+    if bq is not None and bq % qunit or bkv is not None and bkv % rt.mr:
+        raise ScheduleIllegalError(f"tuning space attention: query block {bq} must be a multiple of lcm(MR, NR*W) = "
+                                   f"{qunit} and key block {bkv} of MR={rt.mr}")
+
+
+def attention_candidates(shape: tuple[int, ...], *, arch: str | None = None, dtype: str = "f32",
+                         limit: int = 6) -> list[dict]:
+    """Pins for flash attention of ``shape`` = (B*H, Sq, Skv, D): the model's choice (``{}``)
+    first, then each legal register tile with query / key blocks of about 64, 128 and 256 rounded
+    to the verifier's units (blocks beyond the sequence collapse into one), at most ``limit``."""
+    import math
+    isa, sel, tiles = _attention_tiles(arch, dtype)
+    w = sel.record.vector_width or _width(isa, dtype)
+    sq, skv = (shape[1], shape[2]) if len(shape) >= 3 else (None, None)
+    out: list[dict] = [{}]
+    for mr, nr in tiles:
+        qunit = math.lcm(mr, nr * w)
+        for blk in ATTENTION_BLOCK_CHOICES:
+            bq = qunit * max(1, round(blk / qunit))
+            bkv = mr * -(-blk // mr)
+            if sq is not None:
+                bq = min(bq, _round_up(sq, qunit))
+                bkv = min(bkv, _round_up(skv, mr))
+            pins = {"register_tile": (mr, nr), "tile_m": bq, "tile_n": bkv}
+            if pins not in out:
+                out.append(pins)
+    return out[:limit]
+
+
 def fits(kc: int, mc: int, nc: int, nrw: int, esize: int, caches: dict) -> bool:
     """The cost model's cache footprints: B micro-panel within L2/4, A block within L2, B panel
     within L3/2."""
@@ -155,6 +224,8 @@ def candidates(family: str, shape: tuple[int, ...], *, arch: str | None = None, 
                limit: int = 6) -> list[dict]:
     if family == "gemm":
         return gemm_candidates(tuple(shape[-3:]), arch=arch, dtype=dtype, limit=limit)
+    if family == "attention":
+        return attention_candidates(tuple(shape), arch=arch, dtype=dtype, limit=limit)
     if family == "row":
         return row_candidates(arch=arch, dtype=dtype, cols=shape[-1] if shape else None, limit=limit)
     raise ScheduleIllegalError(f"no tuning space for kernel family {family!r}; families: {', '.join(FAMILIES)}")
