@@ -437,6 +437,7 @@ def _fake_compile(pins):
     return f"compiled {what}"
 
 
+@pytest.mark.slow   # a fresh interpreter per worker and a 15 s timeout: ~19 s
 def test_workers_isolate_crashes_and_timeouts():
     """A candidate that kills or hangs its worker is recorded as failed; the others compile."""
     from tessera.frontend import tune_workers

@@ -110,7 +110,6 @@ def gemm_candidates(shape: tuple[int, int, int], *, arch: str | None = None, dty
     k = shape[-1]
     isa, sel = _gemm_selection(arch, dtype)
     rec = sel.record
-    w = rec.vector_width or _width(isa, dtype)
     esize = rec.packed_bytes
     caches = host.cache_sizes()
     out: list[dict] = [{}]
