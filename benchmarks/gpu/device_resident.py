@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -35,8 +34,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import tessera as ts  # noqa: E402
+from cuda_events import median_ms  # noqa: E402
 from tessera.runtime import cuda  # noqa: E402
 from tessera.runtime.cuda import CudaModule  # noqa: E402
 from tessera.tools.demo import make_block, make_inputs  # noqa: E402
@@ -209,18 +210,7 @@ def time_block(be, f, args, dev, heads) -> dict:
     block_t = torch_block(torch, seq, dim, heads)
 
     def timed(call, reps=20):
-        for _ in range(3):
-            call()
-        torch.cuda.synchronize()
-        ts_ = []
-        for _ in range(reps):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            call()
-            e.record()
-            e.synchronize()
-            ts_.append(s.elapsed_time(e))
-        return round(statistics.median(ts_), 4)
+        return round(median_ms(call, reps), 4)
     out = {"device_resident": timed(lambda: f(*dev))}
     with ts.device_options(capture=True):
         out["device_resident_graph"] = timed(lambda: f(*dev))

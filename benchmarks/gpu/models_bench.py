@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ HERE = Path(__file__).resolve().parent
 for p in (ROOT, ROOT / "tests", ROOT / "examples", HERE):
     sys.path.insert(0, str(p))
 
+from cuda_events import median_ms  # noqa: E402
 from device_resident import FakeBackend, TorchBackend, commit, rel  # noqa: E402
 from tessera.errors import TesseraError  # noqa: E402
 from tessera.runtime import cuda  # noqa: E402
@@ -52,18 +52,7 @@ def _cast(args, dtype):
 
 
 def _events_ms(torch, call, reps: int = 20) -> float:
-    for _ in range(3):
-        call()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        call()
-        e.record()
-        e.synchronize()
-        out.append(s.elapsed_time(e))
-    return round(statistics.median(out), 4)
+    return round(median_ms(call, reps), 4)
 
 
 def run_model(be, name: str, dtype: str, sizes: dict, arch: str, timed: bool) -> dict:

@@ -26,6 +26,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from cuda_events import median_ms  # noqa: E402
 from nvidia_check import _bf16_to_f32, _load_launcher  # noqa: E402
 
 BYTES = {"f16": 2, "bf16": 2}
@@ -81,19 +82,7 @@ def check(bundle: Path, case: dict, cuda, dry: bool) -> dict:
 
 
 def _events_ms(fn, repeats: int) -> float:
-    import torch
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(repeats):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e))
-    return statistics.median(ts)
+    return median_ms(fn, repeats, warmup=5)
 
 
 def bench(bundle: Path, case: dict, cuda, repeats: int) -> dict:
