@@ -102,7 +102,7 @@ done:
 """
 
 
-def _dim(d, k: int) -> str:
+def _dim(d) -> str:
     return f"%sz_{d}" if isinstance(d, str) else str(d)
 
 
@@ -128,7 +128,7 @@ def strided_fn(plan: Plan, name: str, err_stride: int, err_nomem: int) -> str:
         esize = C_TYPES[t.dtype][1]
         b.append(f"  %dims{n} = alloca [{max(r, 1)} x i64], align 8")
         for k, d in enumerate(dims):
-            b += [f"  %dp{n}_{k} = getelementptr i64, ptr %dims{n}, i64 {k}", f"  store i64 {_dim(d, k)}, ptr %dp{n}_{k}"]
+            b += [f"  %dp{n}_{k} = getelementptr i64, ptr %dims{n}, i64 {k}", f"  store i64 {_dim(d)}, ptr %dp{n}_{k}"]
         b.append(f"  %sp{n} = getelementptr i64, ptr %strides, i64 {at}")
         # contiguous: each axis longer than 1 has the stride of the axes after it
         flag, want = "false", "1"
