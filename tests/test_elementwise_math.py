@@ -235,11 +235,14 @@ def test_elementwise_chain_fuses_into_one_kernel(rng, dtype):
 
 
 @pytest.mark.slow   # GPU code generation and the emulator: ~10-45 s (CI runs -m slow)
-def test_gpu_lane_refuses_f64_lane_math_by_name(rng):
+def test_gpu_lane_refuses_cpu_only_math_by_name(rng):
     x = rng.standard_normal((64, 64)).astype(np.float16)
-    with pytest.raises(PassFailedError, match=r"tile.elementwise sin has no GPU lowering"):
-        ts.compile(lambda a, b: ts.ops.sin(a @ b), x, x, target="nvidia", arch="sm_90")
+    for fn in ("log1p", "exp2", "expm1"):     # the GPU lanes' refused set (simt.GPU_REFUSED_FNS)
+        with pytest.raises(PassFailedError, match=rf"tile.elementwise {fn} has no GPU lowering"):
+            ts.compile(lambda a, b: getattr(ts.ops, fn)(a @ b), x, x, target="nvidia", arch="sm_90")
+    # sin and cos (rotary embeddings) and floor/sigmoid compile on the GPU lanes
     ts.compile(lambda a, b: ts.ops.floor(ts.ops.sigmoid(a @ b)), x, x, target="nvidia", arch="sm_90")
+    ts.compile(lambda a, b: ts.ops.sin(a @ b) + ts.ops.cos(a @ b), x, x, target="nvidia", arch="sm_90")
 
 
 # ----------------------------------------------------------------------------- planted bugs
