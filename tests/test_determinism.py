@@ -201,8 +201,11 @@ def test_planted_worker_that_keeps_its_own_mode_is_caught(rng, monkeypatch):
     for jf in jfs:
         jf(x, y)
     with caller_ftz_daz():   # the planted pool was made above, in the default mode
-        outs = [jfs[0](x, y)] + [jfs[1](x, y) for _ in range(5)]
-    assert not _same_bits(outs)
+        first = jfs[0](x, y)
+        # the worker must take rows for its mode to show; under a loaded machine thread 0 may take them
+        # all in one call, so call until it does (bounded): a correct pool never differs
+        caught = any(not _same_bits([first, jfs[1](x, y)]) for _ in range(200))
+    assert caught
 
 
 def test_planted_entry_that_ignores_deterministic_is_caught(rng, monkeypatch):
