@@ -193,6 +193,34 @@ def test_same_bits_for_any_thread_count(rng, three_threads):
     assert len({b for _, b in seen.values()}) == 1
 
 
+@pytest.mark.parametrize("hk", [2, 1], ids=["mha", "gqa"])
+def test_gradients_are_written_to_their_own_buffers(rng, monkeypatch, hk):
+    """dQ, dK and dV come out of the backward kernel as three buffers (its group holds the
+    slices of the packed result): no copy kernel runs after it.  Teeth: without the grouping
+    (the packed tensor, sliced by copies) the kernel list shows the copies."""
+    from tessera.passes.graph import outline_kernels as OK
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    q, k, v, w = _inputs(rng, 2, 4, hk, 40, 16, np.float32)
+    f = _grad_fn(True)
+    kernels = _kernels(f, [q, k, v, w])
+    assert kernels[-1].endswith("attention_bwd") and not any("transpose" in n for n in kernels), kernels
+    _check(f(q, k, v, w), oracle(q, k, v, w, causal=True), np.float32)
+    monkeypatch.setattr(OK, "slot_slices", lambda op, block: None)
+    planted = _kernels(_grad_fn(True), [q, k, v, w])
+    assert sum("transpose" in n for n in planted) == 3, planted
+
+
+def test_one_gradient_keeps_the_packed_result(rng):
+    """Only dQ asked for: the dK and dV slots still need memory (the kernel sums them in place),
+    so the packed result stays and dQ is copied out of it, with the right values."""
+    q, k, v, w = _inputs(rng, 1, 4, 2, 33, 16, np.float64)
+    f = ts.jit(ts.grad(lambda q, k, v, w: O.reduce_sum(O.attention(q, k, v, causal=True) * w), argnums=0))
+    assert sum("transpose" in n for n in _kernels(f, [q, k, v, w])) == 1
+    got = f(q, k, v, w)
+    want = oracle(q, k, v, w, causal=True)[0]
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-10
+
+
 def test_lane_report_names_the_kernel(rng):
     q, k, v, w = _inputs(rng, 1, 2, 2, 64, 32, np.float32)
     text = str(ts.explain(_grad_fn(True), q, k, v, w))

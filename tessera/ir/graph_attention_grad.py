@@ -5,7 +5,8 @@
 do.  Its one result packs the three gradients per (batch, kv head), so one kernel writes them all:
 ``[B, HKV, G + 2, S, D]`` (G = H / HKV query heads per kv head): slots 0..G-1 are dQ of the
 group's query heads, slot G is dK, slot G+1 is dV (a reshape of slots 0..G-1 is dQ
-[B, H, S, D]).  So the packed form needs seq_q == seq_k and head dim == value dim (self-attention;
+[B, H, S, D]); the CPU kernel writes the three as separate buffers when the program only slices
+them out (``outline-kernels``).  So the packed form needs seq_q == seq_k and head dim == value dim (self-attention;
 ``ops.attention_backward`` says which other shapes take the composed backward instead).
 Computed in the inputs' float type (f32 or f64).
 

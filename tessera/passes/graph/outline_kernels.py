@@ -1,6 +1,7 @@
 """``outline-kernels``: every Graph IR op not yet in a group becomes a group of its
 own (reduce, transpose, a slice or a lone reshape as a copy; a transpose or slice with the
-reshape of its result as one copy); constants, already copied into
+reshape of its result as one copy; an attention backward with the whole-slot slices of its
+packed result, which it then writes as separate buffers); constants, already copied into
 the groups that use them, are dropped, so the function body holds only groups."""
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from tessera.ir import graph as g
 from tessera.passes.base import TesseraPass, register
 from tessera.ir.strided import StridedView
 from tessera.passes.graph.outline import outline, single_use
+from tessera.ir.attrs import ints
 from tessera.passes.util import function_blocks, view_through_all
 
 KIND_OF = {g.TransposeOp: "transpose", g.SliceOp: "transpose", g.ConcatOp: "concat", g.ReshapeOp: "elementwise", g.ConstantOp: "elementwise",
@@ -62,6 +64,26 @@ def _with_input_views(op) -> list:
     return [*reversed(chain), op]
 
 
+def slot_slices(op: g.AttentionGradOp, block) -> list | None:
+    """The slices of an attention backward's packed ``[B, HKV, G + 2, S, D]`` result (with the
+    single-use reshape of each) when they are its only users, each a run of whole slots (dQ's
+    ``[:, :, :G]``, dK's ``[:, :, G]``, dV's ``[:, :, G + 1]``) and together covering every slot:
+    they join the kernel's group, which then writes each gradient to its own buffer instead of a
+    packed one copied out three times.  None where another use needs the packed tensor."""
+    uses = [u.operation for u in op.result.uses]
+    if not uses or any(not isinstance(u, g.SliceOp) or u.parent is not block for u in uses):
+        return None
+    dims, covered, ops = op.result.type.dims, [], []
+    for sl in uses:
+        starts, steps, out = ints(sl.starts), ints(sl.steps), sl.result.type.dims
+        if any(ax != 2 and (starts[ax], steps[ax], out[ax]) != (0, 1, dims[ax]) for ax in range(5)) or steps[2] != 1:
+            return None
+        covered += range(starts[2], starts[2] + out[2])
+        nxt = [u.operation for u in sl.result.uses]
+        ops += [sl] + (nxt if len(nxt) == 1 and isinstance(nxt[0], g.ReshapeOp) and nxt[0].parent is block else [])
+    return ops if sorted(covered) == list(range(dims[2])) else None
+
+
 @register
 @dataclass(frozen=True)
 class OutlineKernels(TesseraPass):
@@ -74,6 +96,9 @@ class OutlineKernels(TesseraPass):
 
     def apply(self, ctx: Context, module: ModuleOp) -> None:
         for block in function_blocks(module):
+            for op in list(block.ops):   # an attention backward writes its sliced gradients itself
+                if isinstance(op, g.AttentionGradOp) and (ops := slot_slices(op, block)) is not None:
+                    outline([op] + ops, "attention_bwd")
             for op in reversed(list(block.ops)):  # consumers first: they copy constants in
                 if op.parent is not block:   # already moved into a group (a gather's operand reshape, a
                     # pad's input views, a transpose copied with the reshape of its result)

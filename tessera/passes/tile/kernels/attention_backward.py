@@ -18,7 +18,9 @@ scores kept transposed, one key per row, one query per column):
       dV[keys] += P^T dO, dK[keys] += dS^T Q   (into the result: this item's rows only)
       dQ += dS K                                (BQ x D scratch, written after the last block)
 
-The result packs [B, HKV, G + 2, S, D] (``ir/graph_attention_grad.py``).  f32 registers and
+The result packs [B, HKV, G + 2, S, D] (``ir/graph_attention_grad.py``); where dQ, dK and dV are
+taken by whole-slot slices only, ``outline-kernels`` puts the slices in this kernel's group and
+each is written to a buffer of its own (``result_parts``: no copies out of a packed tensor).  f32 registers and
 results (f64 for float64 tensors).  Register tiles, panels and the micro-GEMM are the forward's
 (``attention_tiles.Tiles``); ``attention.causal_keys`` bounds the keys a strip of queries sees.
 """
@@ -32,7 +34,7 @@ from xdsl.ir import BlockArgument
 from tessera.ir import graph as g
 from tessera.ir import schedule as s
 from tessera.ir import tile as t
-from tessera.ir.attrs import i64_attr, str_array
+from tessera.ir.attrs import i64_attr, ints, str_array
 from tessera.ir.builder import Builder
 from tessera.mma.selector import record_by_id
 from tessera.passes.tile.kernels.attention import LOG2E, MAX_HEAD_DIM, causal_keys
@@ -46,9 +48,10 @@ def analyse(kop: s.KernelOp):
     name = kop.sym_name.data
     block = kop.body.block
     ops = [o for o in block.ops if isinstance(o, g.AttentionGradOp)]
-    if len(ops) != 1 or list(block.last_op.operands) != [ops[0].result]:
-        raise illegal(name, "an attention backward kernel holds one tessera.attention_grad and yields it")
+    if len(ops) != 1:
+        raise illegal(name, "an attention backward kernel holds one tessera.attention_grad")
     op = ops[0]
+    parts = result_parts(name, op, list(block.last_op.operands))
     views = {n: trace_view(getattr(op, n), block) for n in ("q", "k", "v", "o", "do")}
     if any(v is None for v in views.values()):
         raise illegal(name, "q, k, v, o and do must be kernel inputs seen through reshape/transpose")
@@ -61,12 +64,34 @@ def analyse(kop: s.KernelOp):
         mask_view = broadcast_to(mv, (B, H, SQ, SQ))
     if op.lse is not None and not (isinstance(op.lse, BlockArgument) and op.lse.owner is block):
         raise illegal(name, "the saved log-sum-exp must be a kernel input")
-    return op, views, mask_view
+    return op, views, mask_view, parts
+
+
+def result_parts(name: str, op: g.AttentionGradOp, out: list) -> list[tuple[int, int]]:
+    """The slot range [lo, hi) of the packed result each yielded value holds: the packed result
+    itself (0, G + 2), or its whole-slot slices, reshaped or not (``outline-kernels`` groups them
+    in): each is a buffer of its own, [B, HKV, hi - lo, S, D] in row-major order."""
+    G = op.result.type.dims[2] - 2
+    parts = []
+    for v in out:
+        sl = v.owner.input.owner if isinstance(v.owner, g.ReshapeOp) else v.owner
+        if v == op.result:
+            parts.append((0, G + 2))
+        elif isinstance(sl, g.SliceOp) and sl.input == op.result:
+            lo = ints(sl.starts)[2]
+            parts.append((lo, lo + sl.result.type.dims[2]))
+        else:
+            raise illegal(name, "an attention backward kernel yields its tessera.attention_grad or whole-slot "
+                                "slices of it")
+    for lo, hi in ((0, G), (G, G + 1), (G + 1, G + 2)):
+        if not any(a <= lo and hi <= b for a, b in parts):
+            raise illegal(name, f"slots {lo}..{hi - 1} of the attention gradient are not in one yielded value")
+    return parts
 
 
 def generate(kop: s.KernelOp):
     name = kop.sym_name.data
-    op, views, mask_view = analyse(kop)
+    op, views, mask_view, parts = analyse(kop)
     if kop.parallel.data not in ("bh", "none"):
         raise illegal(name, f"attention backward splits (batch x kv heads) across threads: parallel 'bh' or 'none', "
                             f"not {kop.parallel.data!r}")
@@ -99,7 +124,7 @@ def generate(kop: s.KernelOp):
     sig = KernelSig(name, reg=F)
     for v in kop.inputs:
         sig.buffer(v.type.element_type)
-    out_buf = sig.buffer(out_elem)
+    out_bufs = [sig.buffer(out_elem) for _ in parts]
     for d in (B, H, HKV, S, DH):
         sig.dim(d)
     for v in list(views.values()) + ([mask_view] if mask_view is not None else []):
@@ -136,8 +161,14 @@ def generate(kop: s.KernelOp):
                           bb.mul(row, kf.size(v.strides[2])))
             return bb.add(base, kf.view_offset(bb, v))
 
-        def out_row(bb, slot, row):   # element (bidx, kvh, slot, row, 0) of the packed result
-            return bb.mul(bb.add(bb.mul(bb.add(bb.mul(bb.add(bb.mul(bidx, nHKV), kvh), G + 2), slot), nS), row), nD)
+        def out_at(bb, slot, row, lo):
+            """(buffer, offset) of element (bidx, kvh, slot, row, 0) of the packed result, in the
+            yielded part holding slots lo.. (slot: an int, or a value in that part's range)."""
+            i = next(i for i, (a, z) in enumerate(parts) if a <= lo < z)
+            a, z = parts[i]
+            rel = bb.sub(slot, a) if a else slot
+            return buf[out_bufs[i]], bb.mul(bb.add(bb.mul(bb.add(bb.mul(bb.add(bb.mul(bidx, nHKV), kvh), z - a), rel),
+                                                          nS), row), nD)
 
         def zero_rows(bb, dst, space, pitch, rows, cols):
             strip(bb, pitch, rows, OCH, lambda bc, r, c0: store(
@@ -147,9 +178,12 @@ def generate(kop: s.KernelOp):
         # dK and dV of this (batch, kv head) start at zero and are summed in place
         for slot in (G, G + 1):
             def zero_out(bz: Builder, r, _c, slot=slot):
-                bz.for_(0, nD, OCH, lambda bc, c0, _c2: store(bc, zeros(bc, OCH), view(
-                    bc, buf[out_buf], out_elem, "global", (1, OCH), bc.add(out_row(bc, slot, r), c0), 0, 1, 1,
-                    bc.sub(nD, c0))) or [])
+                def chunk(bc, c0, _c2):
+                    ob, o = out_at(bc, slot, r, slot)
+                    store(bc, zeros(bc, OCH), view(bc, ob, out_elem, "global", (1, OCH), bc.add(o, c0), 0, 1, 1,
+                                                   bc.sub(nD, c0)))
+                    return []
+                bz.for_(0, nD, OCH, chunk)
                 return []
             bi.for_(0, nS, 1, zero_out)
 
@@ -331,8 +365,9 @@ def generate(kop: s.KernelOp):
 
                 def accumulate(slot):
                     def fin(bo, ir, jr, val):
-                        o_v = view(bo, buf[out_buf], out_elem, "global", (MR, NRW),
-                                   bo.add(out_row(bo, slot, bo.add(j0, ir)), jr), nD, 1, bo.sub(nk, ir), bo.sub(nD, jr))
+                        ob, o = out_at(bo, slot, bo.add(j0, ir), slot)
+                        o_v = view(bo, ob, out_elem, "global", (MR, NRW), bo.add(o, jr), nD, 1, bo.sub(nk, ir),
+                                   bo.sub(nD, jr))
                         store(bo, elementwise(bo, "add", [load(bo, o_v, (MR, NRW)), val]), o_v)
                     return fin
                 # dV += P^T dO and dK += dS^T Q over this block's queries (k extent bq: no padding read)
@@ -354,8 +389,9 @@ def generate(kop: s.KernelOp):
                 def chunk(bc, c0, _c2):
                     row = load(bc, view(bc, ws["dq"], F, "l2", (1, OCH), bc.add(bc.mul(r, DPp), c0), 0, 1, 1,
                                         bc.sub(nD, c0)), (1, OCH))
-                    store(bc, row, view(bc, buf[out_buf], out_elem, "global", (1, OCH),
-                                        bc.add(out_row(bc, hg, bc.add(q0, r)), c0), 0, 1, 1, bc.sub(nD, c0)))
+                    ob, o = out_at(bc, hg, bc.add(q0, r), 0)   # dQ's slots 0..G-1 lie in one part
+                    store(bc, row, view(bc, ob, out_elem, "global", (1, OCH), bc.add(o, c0), 0, 1, 1,
+                                        bc.sub(nD, c0)))
                     return []
                 bw.for_(0, nD, OCH, chunk)
                 return []
