@@ -251,6 +251,18 @@ def commit() -> dict:
     return {"commit": json.loads(m.read_text()).get("commit", "unknown") if m.exists() else "unknown", "dirty": None}
 
 
+def open_device(record: dict):
+    """The CUDA device's backend and arch, named in ``record``; None (and a line saying to use
+    --dry-run) where there is no device."""
+    ok, name = cuda.device_available()
+    if not ok:
+        print(f"no CUDA device: {name} (use --dry-run)")
+        return None
+    arch = cuda.device_arch()
+    record["gpu"], record["arch"] = name, arch
+    return TorchBackend(), arch
+
+
 def main(argv=None) -> int:
     global ARCH
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -268,12 +280,10 @@ def main(argv=None) -> int:
         check_block(be, rng, 24, 64, 4, record,
                     pins={"tile_m": 32, "tile_n": 32, "tile_k": 32, "register_tile": (1, 2), "staging": 1})
     else:
-        ok, name = cuda.device_available()
-        if not ok:
-            print(f"no CUDA device: {name} (use --dry-run)")
+        opened = open_device(record)
+        if opened is None:
             return 2
-        be, ARCH = TorchBackend(), cuda.device_arch()
-        record["gpu"], record["arch"] = name, ARCH
+        be, ARCH = opened
         check_gemm(be, rng, 1024, 1024, 1024, record)
         check_gemm(be, rng, 520, 384, 272, record.setdefault("edges", {}))
         check_block(be, rng, 256, 512, 8, record, timed=True)

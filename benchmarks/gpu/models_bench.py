@@ -31,7 +31,7 @@ for p in (ROOT, ROOT / "tests", ROOT / "examples", HERE):
     sys.path.insert(0, str(p))
 
 from cuda_events import median_ms  # noqa: E402
-from device_resident import FakeBackend, TorchBackend, commit, rel  # noqa: E402
+from device_resident import FakeBackend, commit, open_device, rel  # noqa: E402
 from tessera.errors import TesseraError  # noqa: E402
 from tessera.runtime import cuda  # noqa: E402
 
@@ -120,12 +120,10 @@ def main(argv=None) -> int:
             if not only or name in only:
                 record["runs"].append(run_model(be, name, dtype, sizes, arch, timed=False))
     else:
-        ok, gpu = cuda.device_available()
-        if not ok:
-            print(f"no CUDA device: {gpu} (use --dry-run)")
+        opened = open_device(record)
+        if opened is None:
             return 2
-        be, arch = TorchBackend(), cuda.device_arch()
-        record["gpu"], record["arch"] = gpu, arch
+        be, arch = opened
         for name in MODELS:
             if only and name not in only:
                 continue
