@@ -53,6 +53,27 @@ FAMILIES = {
                   ("rowwise", "rowreduce", "elementwise")),
 }
 KC_CHOICES = (128, 256, 512, 1024)
+
+# Accuracy budgets, the one place they are declared: the largest error a candidate may show against
+# the float64 reference on the tuning data (max |got - ref| over every output, relative to the
+# reference's largest finite magnitude, at least 1) to be eligible, per kernel family and dtype.  A
+# candidate over it is recorded as rejected with its measured error and never wins, however fast.
+# The attributes that change numerics (``Family.numeric``) are what the budget is for: a different
+# key block re-scales flash attention's online softmax at other points, the decode kernel's key
+# chunks merge partial softmaxes in another order, a row kernel's chunk sums its partials in
+# another order; KC, MC, NC, register tiles and the thread split keep every element's k-order.
+ERROR_BUDGET: dict[str, dict[str, float]] = {
+    "gemm": {"f64": 1e-9, "f32": 2e-4, "bf16": 3e-2, "f16": 3e-3},
+    "attention": {"f64": 1e-9, "f32": 2e-4, "bf16": 3e-2, "f16": 3e-3},
+    "decode": {"f64": 1e-9, "f32": 2e-4, "bf16": 3e-2, "f16": 3e-3},
+    "row": {"f64": 1e-9, "f32": 2e-4, "bf16": 3e-2, "f16": 3e-3},
+}
+ERROR_BUDGET_OTHER = 1e-3   # a dtype a family's row does not name
+
+
+def error_budget(family: str, dtype: str) -> float:
+    """The family's accuracy budget for ``dtype`` (``ERROR_BUDGET``)."""
+    return ERROR_BUDGET.get(family, {}).get(dtype, ERROR_BUDGET_OTHER)
 ATTENTION_BLOCK_CHOICES = (64, 128, 256)   # query / key blocks (ATTENTION_BLOCKS 128 x 128 is the model's)
 
 
