@@ -25,6 +25,7 @@ PLANTED = {"register_tile": (2, 1), "tile_k": KC, "tile_m": 16, "tile_n": 16}   
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TESSERA_TUNING_DB", raising=False)   # the database under the cache dir
     monkeypatch.setenv("TESSERA_TUNE_QUIET", "1")
     monkeypatch.setenv("TESSERA_TUNE_JOBS", "1")
     return tmp_path

@@ -65,10 +65,18 @@ class Variant:
     schedule_source: str = ""                # where the pins came from (frontend/tune.py)
     donated: frozenset = frozenset()         # donated arrays, as indices into the kernel's arrays
     donated_positions: dict = None           # donated argument position -> its index there
-    # the thread count its schedule was chosen for (a tuning-database entry is per count), or None
-    # where the schedule does not depend on it; serves calls at that count only (frontend/tune.py)
-    threads: int | None = None
+    # the thread counts whose tuning-database lookup gave its schedule (an entry is per count), or
+    # None where the schedule does not depend on the count; serves calls at those counts only
+    threads: frozenset | None = None
     threads_version: int = -1                # runtime/threads.version() when that was last checked
+
+    def serve_threads(self, n: int) -> None:
+        """Serve calls at ``n`` threads too; the lane report's schedule line names the counts."""
+        self.threads = (self.threads or frozenset()) | {n}
+        base = self.schedule_source.split(" for ")[0]
+        counts = sorted(self.threads)
+        self.schedule_source = (f"{base} for {', '.join(map(str, counts))} thread"
+                                f"{'s' if counts != [1] else ''}")
 
     def bind(self, args) -> list[np.ndarray]:
         """The kernel's arrays for a call whose signature matched: arrays and runtime scalars
@@ -327,7 +335,7 @@ class JitFunction:
                     if v.threads is not None:   # its schedule was chosen for a thread count: that count only
                         if nthreads is None:
                             nthreads = self._run_threads()
-                        if v.threads != nthreads:
+                        if nthreads not in v.threads:
                             continue
                         v.threads_version = _threads.version()
                     env = v.matches(arrays)
@@ -347,10 +355,22 @@ class JitFunction:
                 continue
             if v is None:   # the numbers are better passed in another dtype (learned): again
                 continue
+            if v.threads is not None:   # another count's specialisation with the same schedule serves this one too
+                with self._lock:
+                    same = next((w for w in self._variants.get(key, ()) if w.threads is not None and w.compiled
+                                 is not None and v.compiled is not None and w.compiled.key == v.compiled.key
+                                 and w.static == v.static and w.ints == v.ints), None)
+                    if same is not None:
+                        for n in v.threads:
+                            same.serve_threads(n)
+                        same.threads_version = _threads.version()
+                        if copies:
+                            same.copies = tuple(copies)
+                        return same, arrays, None
             break
         v.copies = tuple(copies)
         v.key = key
-        self._count_compile(key, kinds, prepared, arrays, v.threads)
+        self._count_compile(key, kinds, prepared, arrays, next(iter(v.threads)) if v.threads else None)
         v.scalars = tuple(i for i, k in enumerate(kinds) if k == SCALAR)
         v.scalar_dtype = next((a.dtype for a, k in zip(prepared, kinds) if k == SCALAR), v.scalar_dtype)
         v.donated_positions = _donated_indices(self.name, self.donate_argnums, kinds)
@@ -384,7 +404,7 @@ class JitFunction:
             if not self.compiles:
                 cause = "first call"
             elif key in self._keys_seen and nthreads is not None and any(
-                    v.threads not in (None, nthreads) for v in self._variants.get(key, ())):
+                    v.threads is not None and nthreads not in v.threads for v in self._variants.get(key, ())):
                 cause = (f"thread count {nthreads} (the schedule comes from a tuning-database entry per thread "
                          "count; tessera.set_num_threads / TESSERA_NUM_THREADS changed)")
             elif key in self._keys_seen:
@@ -457,8 +477,11 @@ class JitFunction:
                     fixed = frozenset(more)
             static = {(pos.index(a), axis): arrays[pos.index(a)].shape[axis] for a, axis in gir.static}
             c.static = frozenset(static)
-            return Variant(static, c, graph, ints=ints if graph.int_sensitive else None, schedule_source=source,
-                           threads=nthreads, threads_version=_threads.version())
+            v = Variant(static, c, graph, ints=ints if graph.int_sensitive else None, schedule_source=source,
+                        threads_version=_threads.version())
+            if nthreads is not None:
+                v.serve_threads(nthreads)
+            return v
         except FrontendError:
             raise
         except TesseraError as e:

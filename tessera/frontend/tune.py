@@ -67,17 +67,22 @@ ROW_OPS = ("softmax", "log_softmax", "layer_norm", "rms_norm")
 
 def describe(graph) -> tuple[str, str, tuple[int, ...]] | None:
     """(family, dtype, shape) of the graph's dominant tunable kernel: its largest flash attention
-    (64 query rows or more) as (B*H, Sq, Skv, D) or matmul as (M, N, K), or (B, M, N, K) when
+    (64 query rows or more) or decode attention (``decode``: at most 8 queries and 32 rows per kv
+    head) as (B*H, Sq, Skv, D) or matmul as (M, N, K), or (B, M, N, K) when
     batched, whichever has more multiply-adds; else its largest row op (softmax, layer_norm...) as
     (rows, columns); else None."""
+    from tessera.passes.tile.kernels.attention_decode import MAX_ROWS, MAX_SQ
     best, work = None, 0
-    for n in graph.nodes:   # flash attention: 2 x (B*H x Sq x Skv x D) multiply-adds
-        if n.op == "attention" and len(n.shape) == 4 and n.shape[2] >= 64:   # not the decode kernel
-            b, h, sq, dv = n.shape
-            skv = n.inputs[1].shape[-2]
-            if 2 * b * h * sq * skv * dv > work:
-                work = 2 * b * h * sq * skv * dv
-                best = ("attention", _dtype(n.inputs[0].dtype), (b * h, sq, skv, dv))
+    for n in graph.nodes:   # attention: 2 x (B*H x Sq x Skv x D) multiply-adds
+        if n.op != "attention" or len(n.shape) != 4:
+            continue
+        b, h, sq, dv = n.shape
+        skv, hkv = n.inputs[1].shape[-2], n.inputs[1].shape[1]
+        # the split-K decode kernel (attention_decode.decode_rows): a few query rows per kv head
+        decode = sq <= MAX_SQ and hkv and h % hkv == 0 and h // hkv * sq <= MAX_ROWS
+        if (sq >= 64 or decode) and 2 * b * h * sq * skv * dv > work:
+            work = 2 * b * h * sq * skv * dv
+            best = ("decode" if decode else "attention", _dtype(n.inputs[0].dtype), (b * h, sq, skv, dv))
     for n in graph.nodes:
         if n.op != "matmul" or len(n.shape) < 2:
             continue
@@ -120,7 +125,8 @@ def key_for(jf, family: str, dtype: str, shape) -> tunedb.Key:
 def label(pins: dict) -> str:
     if not pins:
         return "model"
-    short = {"register_tile": "rt", "tile_k": "kc", "tile_m": "mc", "tile_n": "nc", "chunk": "chunk"}
+    short = {"register_tile": "rt", "tile_k": "kc", "tile_m": "mc", "tile_n": "nc", "chunk": "chunk",
+             "parallel": "par", "split": "split"}
     return " ".join(f"{short.get(k, k)}{'x'.join(map(str, v)) if isinstance(v, tuple) else v}"
                     for k, v in sorted(pins.items()))
 
@@ -132,9 +138,9 @@ def schedule_for(jf, graph, arrays) -> tuple[dict, str, int | None]:
 
     The third element is None where the schedule does not depend on the thread count (the cost
     model's and the caller's choices are the same whatever ``set_num_threads`` says); where a
-    database entry (or a tuning run) chose it, it is the count the entry was looked up for, and the
-    pins carry it (``threads``), so the pipeline spec (the compile cache's key) and the kernels'
-    ``threads`` say it: ``tessera.jit`` keeps such a specialisation for that count only."""
+    database entry (or a tuning run) chose it, it is the count the entry was looked up for:
+    ``tessera.jit`` keeps such a specialisation for the counts whose lookup gives the same pins
+    (the compile cache's key holds the pins, so equal pins share the compiled code)."""
     if jf.target != "cpu" and getattr(jf, "tune", None):
         raise TuneError(f"tessera.jit(tune=True) on {jf.name}: tuning {jf.target} schedules is not built yet "
                         "(the tuner drives CPU schedules only); drop tune=True for this target")
@@ -165,9 +171,7 @@ def schedule_for(jf, graph, arrays) -> tuple[dict, str, int | None]:
         return jf.schedule, (f"schedule from the cost model (no tuning-database entry for {family} {dtype} "
                              f"{'x'.join(map(str, shape))})"), None
     scoped = {**entry.pins, "pin_kinds": space.FAMILIES[family].pin_kinds} if entry.pins else {}
-    n = key.threads
-    return ({**scoped, **jf.schedule, "threads": n},
-            f"schedule from the tuning database (entry {entry.describe()}) for {n} thread{'s' if n != 1 else ''}", n)
+    return {**scoped, **jf.schedule}, f"schedule from the tuning database (entry {entry.describe()})", key.threads
 
 
 def tune(fn, *args, **opts) -> tunedb.Entry:
@@ -220,12 +224,10 @@ def compile_text(text: str, name: str, target: str, arch, schedule: dict, scope:
     return compile_graph(parse_module(text), name=name, target=target, arch=arch, pins={**schedule, **pins})
 
 
-def _worker(jf, graph, scope: str, threads: int | None = None):
-    """The worker for ``graph``'s candidates, or None (compile here) when its schedule is not JSON;
-    ``threads``: the thread count every candidate is scheduled for (the tuning key's)."""
+def _worker(jf, graph, scope: str):
+    """The worker for ``graph``'s candidates, or None (compile here) when its schedule is not JSON."""
     from tessera.frontend import graphgen
-    base = {**jf.schedule, "threads": threads} if threads else jf.schedule
-    schedule = {k: list(v) if isinstance(v, tuple) else v for k, v in base.items()}
+    schedule = {k: list(v) if isinstance(v, tuple) else v for k, v in jf.schedule.items()}
     try:
         json.dumps(schedule)
     except (TypeError, ValueError):
@@ -237,7 +239,7 @@ def _worker(jf, graph, scope: str, threads: int | None = None):
 def _schedule_of(c) -> str:
     """What the schedule decided for every kernel: two candidates alike here are one candidate."""
     return repr([(k["kind"], k["tiles"], k.get("register_tile"), k["unroll"], k["parallel"], k["threads"],
-                  k["vector"]) for k in c.meta["kernels"]])
+                  k["vector"], k.get("split")) for k in c.meta["kernels"]])
 
 
 def _runner(c, arrays):
@@ -381,19 +383,15 @@ def tune_graph(jf, graph, arrays, key: tunedb.Key, *, limit: int = 6, min_rounds
     quiet = os.environ.get("TESSERA_TUNE_QUIET", "") == "1" if quiet is None else quiet
     margin = float(os.environ.get("TESSERA_TUNE_MARGIN", MARGIN)) if margin is None else margin
     rng = np.random.default_rng(seed)
-    cands = space.candidates(key.family, key.shape, arch=jf.arch, dtype=key.dtype, limit=limit)
+    cands = space.candidates(key.family, key.shape, arch=jf.arch, dtype=key.dtype, limit=limit, threads=key.threads)
     cands = [{}] + [p for p in cands if p]   # the cost model's own schedule is always a candidate, first
     times: dict[str, float | None] = {}
     compiled, schedules, failed = [], set(), {}
     # 1. compile every candidate before any timing, each in a worker process (tune_workers.py)
     scope = space.FAMILIES[key.family].pin_kinds   # a candidate's pins touch only the tuned family's kernels
-    # every candidate is scheduled for the key's thread count, as the winner will be compiled
-    # (schedule_for pins it): the winner's compile is then a cache hit
-    nthreads = {"threads": key.threads}
-    worker = _worker(jf, graph, scope, key.threads) if tune_workers.jobs() > 1 and len(cands) > 1 else None
-    for pins, c, why in tune_workers.compile_all(
-            lambda p: _compile(jf, graph, {**p, "pin_kinds": scope, **nthreads} if p else nthreads), cands,
-            worker=worker):
+    worker = _worker(jf, graph, scope) if tune_workers.jobs() > 1 and len(cands) > 1 else None
+    for pins, c, why in tune_workers.compile_all(lambda p: _compile(jf, graph, {**p, "pin_kinds": scope} if p else p),
+                                                 cands, worker=worker):
         if c is None:
             times[label(pins)] = None
             failed[label(pins)] = why
