@@ -131,3 +131,29 @@ def test_old_gemm_space_version_is_set_aside(cache, rng):
     with tunedb.TuningDB() as db:   # teeth: the same entry at the current version is used
         db.store(tunedb.Entry(key, {"register_tile": (2, 1)}, 1.0))
     assert tessera.jit(_mm).explain(a, b).schedule.startswith("schedule from the tuning database")
+
+
+@pytest.mark.parametrize("pins", [{"split": 1}, {"split": 3, "tile_n": 16}, {"split": 256, "tile_n": 64}])
+def test_decode_split_matches_float64_with_groups_and_mask(rng, pins):
+    """Every key-chunk split and key block gives the float64 result (grouped heads, a bool mask)."""
+    from tessera.frontend import reference
+    q = rng.standard_normal((1, 8, 1, 32)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 2, 777, 32)).astype(np.float32) for _ in range(2))
+    m = rng.random((1, 1, 1, 777)) > 0.3
+    f = tessera.jit(lambda q, k, v, m: tessera.ops.attention(q, k, v, mask=m), schedule=pins)
+    out = f(q, k, v, m)
+    (kern,) = [kk for kk in f.explain(q, k, v, m).kernels if kk["kind"] == "attention"]
+    assert kern["kernel"].endswith("_decode") and kern["split"] == pins["split"]
+    ref = reference.attention64(*(x.astype(np.float64) for x in (q, k, v)), m, 1 / np.sqrt(32), False)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_decode_split_planted_lost_chunk_fails(rng, monkeypatch):
+    """Teeth: a combine that drops the last key chunk is caught by the same float64 check."""
+    from tessera.passes.tile.kernels import attention_decode
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    monkeypatch.setattr(attention_decode, "combined_chunks", lambda b, nchunk: b.sub(nchunk, 1))
+    q = rng.standard_normal((1, 2, 1, 32)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 2, 600, 32)).astype(np.float32) for _ in range(2))
+    out = tessera.jit(_decode, schedule={"split": 3, "tile_n": 64})(q, k, v)
+    assert np.abs(out - _decode64(q, k, v)).max() > 1e-3

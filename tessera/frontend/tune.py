@@ -67,19 +67,20 @@ ROW_OPS = ("softmax", "log_softmax", "layer_norm", "rms_norm")
 
 def describe(graph) -> tuple[str, str, tuple[int, ...]] | None:
     """(family, dtype, shape) of the graph's dominant tunable kernel: its largest flash attention
-    (64 query rows or more) or decode attention (``decode``: at most 8 queries and 32 rows per kv
+    (64 query rows or more) or decode attention (``decode``: one query, at most 32 query heads per kv
     head) as (B*H, Sq, Skv, D) or matmul as (M, N, K), or (B, M, N, K) when
     batched, whichever has more multiply-adds; else its largest row op (softmax, layer_norm...) as
     (rows, columns); else None."""
-    from tessera.passes.tile.kernels.attention_decode import MAX_ROWS, MAX_SQ
+    from tessera.passes.tile.kernels.attention_decode import MAX_ROWS
     best, work = None, 0
     for n in graph.nodes:   # attention: 2 x (B*H x Sq x Skv x D) multiply-adds
         if n.op != "attention" or len(n.shape) != 4:
             continue
         b, h, sq, dv = n.shape
         skv, hkv = n.inputs[1].shape[-2], n.inputs[1].shape[1]
-        # the split-K decode kernel (attention_decode.decode_rows): a few query rows per kv head
-        decode = sq <= MAX_SQ and hkv and h % hkv == 0 and h // hkv * sq <= MAX_ROWS
+        # the split-K decode kernel (attention_decode.decode_rows): a static query length (jit
+        # specialises a size-1 axis only: longer queries are symbolic and run the flash kernel)
+        decode = sq == 1 and hkv and h % hkv == 0 and h // hkv * sq <= MAX_ROWS
         if (sq >= 64 or decode) and 2 * b * h * sq * skv * dv > work:
             work = 2 * b * h * sq * skv * dv
             best = ("decode" if decode else "attention", _dtype(n.inputs[0].dtype), (b * h, sq, skv, dv))
