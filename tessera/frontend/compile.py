@@ -42,7 +42,8 @@ from tessera.runtime import cache
 from tessera.runtime.cpu import CpuExecutable, HostProgram
 
 PIN_KEYS = {"tile_m": int, "tile_n": int, "tile_k": int, "register_tile": tuple, "mma_shape": tuple,
-            "parallel": str, "threads": int, "unroll": int, "chunk": int, "deterministic": bool, "pin_kinds": str}
+            "parallel": str, "threads": int, "unroll": int, "chunk": int, "deterministic": bool, "pin_kinds": str,
+            "split": int}
 GPU_PIN_KEYS = {"tile_m": int, "tile_n": int, "tile_k": int, "register_tile": tuple, "mma_shape": tuple,
                 "staging": int, "mma_family": str, "math_mode": str}
 TARGETS = ("cpu", "rocm", "nvidia")
@@ -132,6 +133,8 @@ def kernel_info(module: ModuleOp) -> list[dict]:
                     "parallel": op.parallel.data, "threads": op.threads.value.data,
                     "vector": op.vector.value.data, "unroll": op.unroll.value.data,
                     "ops": [o.name for o in op.body.block.ops if o.name != "tessera.yield"]}
+            if op.split is not None:   # the thread / key-chunk split (ir/schedule.py)
+                info["split"] = op.split.value.data
             if op.mma.data:
                 rec = record_by_id(op.mma.data)
                 info["mma"] = {"record": rec.id, "mnemonic": rec.mnemonic, "shape": list(rec.shape),

@@ -385,8 +385,8 @@ class BucketedJit(JitFunction):
         self.out_axes[_pattern_key(prepared, kinds, dims)] = mask_graph(g1, g2s, sizes)
         return g1
 
-    def _count_compile(self, key, kinds, prepared, arrays) -> None:
-        super()._count_compile(key, kinds, prepared, arrays)
+    def _count_compile(self, key, kinds, prepared, arrays, nthreads=None) -> None:
+        super()._count_compile(key, kinds, prepared, arrays, nthreads)
         k = len(self.owner.names)
         sizes = self.owner.sizes(prepared[:-k], self.owner.dims(prepared[:-k]))
         ns = [int(n) for n in prepared[-k:]]

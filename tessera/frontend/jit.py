@@ -37,6 +37,7 @@ from tessera.frontend.report import LaneReport
 from tessera.frontend.trace import ARRAY, SCALAR, STATIC, Tensor, current_lane, scalar_dtype_for, trace
 from tessera.frontend.trace import results  # nested tuples of outputs (value_and_grad's)
 from tessera.runtime.cpu import CHECK_MEMORY_ABOVE, bind_symbols
+from tessera.runtime import threads as _threads
 from tessera.runtime.lanes import LOG, LaneDecision
 
 _ACCEPTED: set = set()   # argument dtypes already checked by dtypes.as_dtype
@@ -64,6 +65,18 @@ class Variant:
     schedule_source: str = ""                # where the pins came from (frontend/tune.py)
     donated: frozenset = frozenset()         # donated arrays, as indices into the kernel's arrays
     donated_positions: dict = None           # donated argument position -> its index there
+    # the thread counts whose tuning-database lookup gave its schedule (an entry is per count), or
+    # None where the schedule does not depend on the count; serves calls at those counts only
+    threads: frozenset | None = None
+    threads_version: int = -1                # runtime/threads.version() when that was last checked
+
+    def serve_threads(self, n: int) -> None:
+        """Serve calls at ``n`` threads too; the lane report's schedule line names the counts."""
+        self.threads = (self.threads or frozenset()) | {n}
+        base = self.schedule_source.split(" for ")[0]
+        counts = sorted(self.threads)
+        self.schedule_source = (f"{base} for {', '.join(map(str, counts))} thread"
+                                f"{'s' if counts != [1] else ''}")
 
     def bind(self, args) -> list[np.ndarray]:
         """The kernel's arrays for a call whose signature matched: arrays and runtime scalars
@@ -313,11 +326,18 @@ class JitFunction:
             prepared, kinds, arrays, copies = self._split_args(args)
             ints = _int_scalars(args, kinds)
             key = self._key(prepared, kinds)
+            nthreads = None   # the thread count calls run with now (asked for when a specialisation depends on it)
             with self._lock:
                 vs = self._variants.get(key)
                 for v in vs or ():
                     if v.ints is not None and v.ints != ints:   # a Python int traced unlike a float here
                         continue
+                    if v.threads is not None:   # its schedule was chosen for a thread count: that count only
+                        if nthreads is None:
+                            nthreads = self._run_threads()
+                        if nthreads not in v.threads:
+                            continue
+                        v.threads_version = _threads.version()
                     env = v.matches(arrays)
                     if env is not None:
                         if copies:
@@ -335,10 +355,22 @@ class JitFunction:
                 continue
             if v is None:   # the numbers are better passed in another dtype (learned): again
                 continue
+            if v.threads is not None:   # another count's specialisation with the same schedule serves this one too
+                with self._lock:
+                    same = next((w for w in self._variants.get(key, ()) if w.threads is not None and w.compiled
+                                 is not None and v.compiled is not None and w.compiled.key == v.compiled.key
+                                 and w.static == v.static and w.ints == v.ints), None)
+                    if same is not None:
+                        for n in v.threads:
+                            same.serve_threads(n)
+                        same.threads_version = _threads.version()
+                        if copies:
+                            same.copies = tuple(copies)
+                        return same, arrays, None
             break
         v.copies = tuple(copies)
         v.key = key
-        self._count_compile(key, kinds, prepared, arrays)
+        self._count_compile(key, kinds, prepared, arrays, next(iter(v.threads)) if v.threads else None)
         v.scalars = tuple(i for i, k in enumerate(kinds) if k == SCALAR)
         v.scalar_dtype = next((a.dtype for a, k in zip(prepared, kinds) if k == SCALAR), v.scalar_dtype)
         v.donated_positions = _donated_indices(self.name, self.donate_argnums, kinds)
@@ -359,7 +391,11 @@ class JitFunction:
             self._learned.update({i: f"{e.message.split(' of a Python-number')[0]}{where}" for i in new})
             return bool(new)
 
-    def _count_compile(self, key, kinds, prepared, arrays) -> None:
+    def _run_threads(self) -> int:
+        from tessera.frontend.tune import run_threads
+        return run_threads(self.schedule)
+
+    def _count_compile(self, key, kinds, prepared, arrays, nthreads: int | None = None) -> None:
         """Record why this specialisation was compiled; past RECOMPILE_WARNING_AFTER, warn once."""
         import warnings
 
@@ -367,6 +403,10 @@ class JitFunction:
         with self._lock:
             if not self.compiles:
                 cause = "first call"
+            elif key in self._keys_seen and nthreads is not None and any(
+                    v.threads is not None and nthreads not in v.threads for v in self._variants.get(key, ())):
+                cause = (f"thread count {nthreads} (the schedule comes from a tuning-database entry per thread "
+                         "count; tessera.set_num_threads / TESSERA_NUM_THREADS changed)")
             elif key in self._keys_seen:
                 cause = (f"sizes {[a.shape for a in arrays]} (a size is compiled in)" if key in self._variants
                          else "compiled again after eviction (MAX_VARIANTS specialisations are kept)")
@@ -419,7 +459,8 @@ class JitFunction:
         # arrays index -> position among traced args
         pos = [i for i, k in enumerate(kinds) if k != STATIC]
         from tessera.frontend import tune as tuning
-        pins, source = tuning.schedule_for(self, graph, arrays)   # the tuning database's pins, or the caller's
+        # the tuning database's pins, or the caller's; nthreads: the thread count they were chosen for
+        pins, source, nthreads = tuning.schedule_for(self, graph, arrays)
         try:
             fixed: frozenset = frozenset()
             while True:
@@ -436,7 +477,11 @@ class JitFunction:
                     fixed = frozenset(more)
             static = {(pos.index(a), axis): arrays[pos.index(a)].shape[axis] for a, axis in gir.static}
             c.static = frozenset(static)
-            return Variant(static, c, graph, ints=ints if graph.int_sensitive else None, schedule_source=source)
+            v = Variant(static, c, graph, ints=ints if graph.int_sensitive else None, schedule_source=source,
+                        threads_version=_threads.version())
+            if nthreads is not None:
+                v.serve_threads(nthreads)
+            return v
         except FrontendError:
             raise
         except TesseraError as e:
@@ -476,6 +521,8 @@ class JitFunction:
             return self._dyn.call(args)   # padded to its bucket, masked, sliced back (frontend/dynamic.py)
         sig = self._signature(args)
         hit = self._plans.get(sig) if sig is not None else None
+        if hit is not None and hit[0].threads is not None and hit[0].threads_version != _threads.version():
+            hit = None   # the thread setting moved since: its schedule may be another count's (checked below)
         if hit is not None:
             v, plan = hit
             try:

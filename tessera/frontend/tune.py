@@ -50,7 +50,6 @@ BUDGET_S = 20.0
 SAMPLE_S = 1e-3          # one timing sample repeats the call to at least this long
 MARGIN = 0.02           # a candidate replaces the model's schedule only when faster by more than this
 NOISE_MAX = 1.0          # the best candidate's IQR / median above this: too noisy to rank
-TOLERANCE = {"f64": 1e-9, "f32": 2e-4, "bf16": 3e-2, "f16": 3e-3}
 _DTYPES = {"float64": "f64", "float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
 
@@ -68,17 +67,23 @@ ROW_OPS = ("softmax", "log_softmax", "layer_norm", "rms_norm")
 
 def describe(graph) -> tuple[str, str, tuple[int, ...]] | None:
     """(family, dtype, shape) of the graph's dominant tunable kernel: its largest flash attention
-    (64 query rows or more) as (B*H, Sq, Skv, D) or matmul as (M, N, K), or (B, M, N, K) when
+    (64 query rows or more) or decode attention (``decode``: one query, at most 32 query heads per kv
+    head) as (B*H, Sq, Skv, D) or matmul as (M, N, K), or (B, M, N, K) when
     batched, whichever has more multiply-adds; else its largest row op (softmax, layer_norm...) as
     (rows, columns); else None."""
+    from tessera.passes.tile.kernels.attention_decode import MAX_ROWS
     best, work = None, 0
-    for n in graph.nodes:   # flash attention: 2 x (B*H x Sq x Skv x D) multiply-adds
-        if n.op == "attention" and len(n.shape) == 4 and n.shape[2] >= 64:   # not the decode kernel
-            b, h, sq, dv = n.shape
-            skv = n.inputs[1].shape[-2]
-            if 2 * b * h * sq * skv * dv > work:
-                work = 2 * b * h * sq * skv * dv
-                best = ("attention", _dtype(n.inputs[0].dtype), (b * h, sq, skv, dv))
+    for n in graph.nodes:   # attention: 2 x (B*H x Sq x Skv x D) multiply-adds
+        if n.op != "attention" or len(n.shape) != 4:
+            continue
+        b, h, sq, dv = n.shape
+        skv, hkv = n.inputs[1].shape[-2], n.inputs[1].shape[1]
+        # the split-K decode kernel (attention_decode.decode_rows): a static query length (jit
+        # specialises a size-1 axis only: longer queries are symbolic and run the flash kernel)
+        decode = sq == 1 and hkv and h % hkv == 0 and h // hkv * sq <= MAX_ROWS
+        if (sq >= 64 or decode) and 2 * b * h * sq * skv * dv > work:
+            work = 2 * b * h * sq * skv * dv
+            best = ("decode" if decode else "attention", _dtype(n.inputs[0].dtype), (b * h, sq, skv, dv))
     for n in graph.nodes:
         if n.op != "matmul" or len(n.shape) < 2:
             continue
@@ -121,26 +126,33 @@ def key_for(jf, family: str, dtype: str, shape) -> tunedb.Key:
 def label(pins: dict) -> str:
     if not pins:
         return "model"
-    short = {"register_tile": "rt", "tile_k": "kc", "tile_m": "mc", "tile_n": "nc", "chunk": "chunk"}
+    short = {"register_tile": "rt", "tile_k": "kc", "tile_m": "mc", "tile_n": "nc", "chunk": "chunk",
+             "parallel": "par", "split": "split"}
     return " ".join(f"{short.get(k, k)}{'x'.join(map(str, v)) if isinstance(v, tuple) else v}"
                     for k, v in sorted(pins.items()))
 
 
-def schedule_for(jf, graph, arrays) -> tuple[dict, str]:
-    """The pins to compile ``graph`` with and where they came from (a lane-report note): the
-    caller's pins where they touch the family's attributes; else the tuning database (tuning first
-    when enabled and no exact entry exists); else the cost model."""
+def schedule_for(jf, graph, arrays) -> tuple[dict, str, int | None]:
+    """The pins to compile ``graph`` with, where they came from (a lane-report note) and the thread
+    count they were chosen for: the caller's pins where they touch the family's attributes; else
+    the tuning database (tuning first when enabled and no exact entry exists); else the cost model.
+
+    The third element is None where the schedule does not depend on the thread count (the cost
+    model's and the caller's choices are the same whatever ``set_num_threads`` says); where a
+    database entry (or a tuning run) chose it, it is the count the entry was looked up for:
+    ``tessera.jit`` keeps such a specialisation for the counts whose lookup gives the same pins
+    (the compile cache's key holds the pins, so equal pins share the compiled code)."""
     if jf.target != "cpu" and getattr(jf, "tune", None):
         raise TuneError(f"tessera.jit(tune=True) on {jf.name}: tuning {jf.target} schedules is not built yet "
                         "(the tuner drives CPU schedules only); drop tune=True for this target")
     if jf.target != "cpu" or getattr(jf, "_tuning", False):
-        return jf.schedule, ""
+        return jf.schedule, "", None
     what = describe(graph)
     if what is None:
-        return jf.schedule, ""
+        return jf.schedule, "", None
     family, dtype, shape = what
     if any(k in jf.schedule for k in space.FAMILIES[family].attrs):
-        return jf.schedule, "schedule pinned by the caller"
+        return jf.schedule, "schedule pinned by the caller", None
     key = key_for(jf, family, dtype, shape)
     with tunedb.TuningDB(create=False) as db:
         entry = db.lookup(key)
@@ -155,10 +167,12 @@ def schedule_for(jf, graph, arrays) -> tuple[dict, str]:
                 db.store(tuned)
             entry = tuned
     if entry is None:
+        # no entry of any thread count (a lookup crosses counts when its own has none): the
+        # model's choice, the same for every count
         return jf.schedule, (f"schedule from the cost model (no tuning-database entry for {family} {dtype} "
-                             f"{'x'.join(map(str, shape))})")
+                             f"{'x'.join(map(str, shape))})"), None
     scoped = {**entry.pins, "pin_kinds": space.FAMILIES[family].pin_kinds} if entry.pins else {}
-    return {**scoped, **jf.schedule}, f"schedule from the tuning database (entry {entry.describe()})"
+    return {**scoped, **jf.schedule}, f"schedule from the tuning database (entry {entry.describe()})", key.threads
 
 
 def tune(fn, *args, **opts) -> tunedb.Entry:
@@ -226,7 +240,7 @@ def _worker(jf, graph, scope: str):
 def _schedule_of(c) -> str:
     """What the schedule decided for every kernel: two candidates alike here are one candidate."""
     return repr([(k["kind"], k["tiles"], k.get("register_tile"), k["unroll"], k["parallel"], k["threads"],
-                  k["vector"]) for k in c.meta["kernels"]])
+                  k["vector"], k.get("split")) for k in c.meta["kernels"]])
 
 
 def _runner(c, arrays):
@@ -236,21 +250,31 @@ def _runner(c, arrays):
     return lambda: exe.run_plan(plan, arrays)
 
 
-def _close(got, ref, dtype: str) -> bool:
-    """Every output within the dtype's tolerance of the reference, relative to its largest finite
-    value; NaN where the reference has NaN, and equal infinities, agree."""
-    tol = TOLERANCE.get(dtype, 1e-3)
+def error(got, ref) -> float:
+    """The largest error of any output against the reference, relative to that output's largest
+    finite reference value (at least 1); NaN where the reference has NaN, and equal infinities,
+    agree (0); any other disagreement, or a shape that differs, is ``inf``."""
+    worst = 0.0
+    if len(got) != len(ref):
+        return math.inf
     for g, r in zip(got, ref):
         g, r = np.asarray(g, np.float64), np.asarray(r, np.float64)
         if g.shape != r.shape:
-            return False
+            return math.inf
         fin = np.isfinite(r)
         scale = max(1.0, float(np.max(np.abs(r[fin])))) if fin.any() else 1.0
         with np.errstate(invalid="ignore"):
-            ok = (np.abs(g - r) <= tol * scale) | (np.isnan(g) & np.isnan(r)) | (g == r)
-        if not ok.all():
-            return False
-    return True
+            same = (np.isnan(g) & np.isnan(r)) | (g == r)
+            d = np.where(same, 0.0, np.abs(g - r))
+        if d.size:
+            m = float(np.max(d))
+            worst = max(worst, m / scale if math.isfinite(m) else math.inf)
+    return worst
+
+
+def _close(got, ref, dtype: str, family: str = "gemm") -> bool:
+    """Every output within the family's accuracy budget for ``dtype`` (``error``)."""
+    return error(got, ref) <= space.error_budget(family, dtype)
 
 
 def median_ci(xs: list[float]) -> tuple[float, float, float]:
@@ -348,15 +372,19 @@ def race(runners: list, rng, *, min_rounds: int = MIN_ROUNDS, max_rounds: int = 
 
 def tune_graph(jf, graph, arrays, key: tunedb.Key, *, limit: int = 6, min_rounds: int = MIN_ROUNDS,
                max_rounds: int = MAX_ROUNDS, budget_s: float | None = None, noise_max: float | None = None,
-               seed: int | None = None, quiet: bool | None = None, margin: float | None = None) -> tunedb.Entry:
-    """Measure the family's candidates for ``graph`` on fresh random data; the best as an Entry."""
+               seed: int | None = None, quiet: bool | None = None, margin: float | None = None,
+               clock=time.perf_counter) -> tunedb.Entry:
+    """Measure the family's candidates for ``graph`` on fresh random data; the best as an Entry.
+    A candidate whose error against the float64 reference exceeds the family's accuracy budget
+    (``space.error_budget``) is rejected (its error in ``Entry.errors``, why in ``Entry.failed``)
+    before any timing, so it never wins.  ``clock`` is injectable (tests time fake runners)."""
     from tessera.frontend import reference
     budget_s = float(os.environ.get("TESSERA_TUNE_BUDGET", BUDGET_S)) if budget_s is None else budget_s
     noise_max = float(os.environ.get("TESSERA_TUNE_NOISE_MAX", NOISE_MAX)) if noise_max is None else noise_max
     quiet = os.environ.get("TESSERA_TUNE_QUIET", "") == "1" if quiet is None else quiet
     margin = float(os.environ.get("TESSERA_TUNE_MARGIN", MARGIN)) if margin is None else margin
     rng = np.random.default_rng(seed)
-    cands = space.candidates(key.family, key.shape, arch=jf.arch, dtype=key.dtype, limit=limit)
+    cands = space.candidates(key.family, key.shape, arch=jf.arch, dtype=key.dtype, limit=limit, threads=key.threads)
     cands = [{}] + [p for p in cands if p]   # the cost model's own schedule is always a candidate, first
     times: dict[str, float | None] = {}
     compiled, schedules, failed = [], set(), {}
@@ -379,19 +407,23 @@ def tune_graph(jf, graph, arrays, key: tunedb.Key, *, limit: int = 6, min_rounds
     except Exception:   # noqa: BLE001 - no float64 reference for this graph: the model's result is the check
         ref = None
     runners = []
+    budget = space.error_budget(key.family, key.dtype)
+    errors: dict[str, float] = {}
     for pins, c in compiled:
         try:
             run = _runner(c, data)
             out = run()
             if ref is None:
                 ref = out
-            if not _close(out, ref, key.dtype):
+            err = errors[label(pins)] = error(out, ref)
+            if not err <= budget:   # outside the accuracy budget (or wrong): never eligible
                 times[label(pins)] = None
-                failed[label(pins)] = "wrong result against the float64 reference"
+                failed[label(pins)] = (f"rejected: error {err:.3g} against the float64 reference exceeds the "
+                                       f"{key.family} {key.dtype} accuracy budget {budget:g}")
                 continue
-            t = time.perf_counter()
+            t = clock()
             run()
-            one = max(time.perf_counter() - t, 1e-7)
+            one = max(clock() - t, 1e-7)
         except TesseraError as e:
             times[label(pins)] = None
             failed[label(pins)] = f"{e.code}: {e.message}"
@@ -403,11 +435,12 @@ def tune_graph(jf, graph, arrays, key: tunedb.Key, *, limit: int = 6, min_rounds
     shape = "x".join(map(str, key.shape))
     prog = Progress(f"{jf.name} {key.family} {key.dtype} {shape}", budget_s, quiet)
     best, rnd = race(runners, rng, min_rounds=min_rounds, max_rounds=max_rounds, budget_s=budget_s, margin=margin,
-                     prog=prog)
+                     prog=prog, clock=clock)
     for r in runners:
         times[label(r[0])] = round(float(np.median(r[3])) * 1e3, 6)
     spread = _spread(best[3])
     if spread > noise_max:
         raise TuneError(f"tuning {jf.name} ({key.family} {shape}): the machine is too noisy to rank candidates "
                         f"(the best one's spread {spread:.2f} > {noise_max}); not recorded")
-    return tunedb.Entry(key, dict(best[0]), float(np.median(best[3])) * 1e3, times, time.time(), failed=failed)
+    return tunedb.Entry(key, dict(best[0]), float(np.median(best[3])) * 1e3, times, time.time(), failed=failed,
+                        errors=errors)

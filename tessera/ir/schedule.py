@@ -15,6 +15,9 @@ schedule -> tile lowering reads every attribute; none is decoration:
   register_tile  [MR, NR]: instructions per register tile (rows x columns)
   unroll         unroll factor of the innermost reduction loop
   vector         vector width (elements) for non-MMA kernels
+  split          (optional) how the parallel work is cut: gemm (parallel m / n): row chunks per
+                 thread at least (1..16; absent: 4); decode attention (parallel bh*kv / none): key
+                 chunks per (batch, kv head) at most (1..256; absent: chosen at run time)
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from xdsl.irdl import (
     attr_def,
     irdl_op_definition,
     region_def,
+    opt_attr_def,
     var_operand_def,
     var_result_def,
 )
@@ -42,6 +46,9 @@ KINDS += ("attention_bwd",)   # attention_grad (passes/tile/kernels/attention_ba
 
 
 _strs, _ints = strs, ints
+# the legal range of ``split`` per kernel kind (and the parallel loops it applies to)
+SPLIT_MAX = {"gemm": 16, "attention": 256}
+SPLIT_PARALLEL = {"gemm": ("m", "n"), "attention": ("bh*kv", "none")}
 
 
 @irdl_op_definition
@@ -59,6 +66,7 @@ class KernelOp(IRDLOperation):
     register_tile = attr_def(ArrayAttr)
     unroll = attr_def(IntegerAttr)
     vector = attr_def(IntegerAttr)
+    split = opt_attr_def(IntegerAttr)
     inputs = var_operand_def(TensorType)
     outputs = var_result_def(TensorType)
     body = region_def("single_block")
@@ -106,6 +114,15 @@ class KernelOp(IRDLOperation):
             raise bad("threads, staging, unroll and vector must be >= 1")
         if len(self.reg_tile) not in (0, 2) or any(r <= 0 for r in self.reg_tile):
             raise bad("register_tile must be [] or [MR, NR] with positive entries")
+        if self.split is not None:
+            kind, n = self.kind.data, ival(self.split)
+            if kind not in SPLIT_MAX or self.parallel.data not in SPLIT_PARALLEL[kind]:
+                raise bad(f"split applies to gemm kernels with parallel m or n and to decode attention (parallel "
+                          f"bh*kv or none), not a {kind} kernel with parallel {self.parallel.data!r}")
+            if kind == "attention" and loops != ["bh", "kv", "g", "v"]:
+                raise bad("split on an attention kernel needs the decode kernel's loops [bh, kv, g, v]")
+            if not 1 <= n <= SPLIT_MAX[kind]:
+                raise bad(f"split={n} is out of range for a {kind} kernel; legal: 1..{SPLIT_MAX[kind]}")
         block = self.body.block
         if [a.type for a in block.args] != [v.type for v in self.inputs]:
             raise bad("block arguments must match the kernel's inputs")

@@ -59,7 +59,7 @@ CPU_GRAPH_PASSES = CPU_GRAPH_PASSES.replace("fuse-rowwise", "fuse-row-reductions
 # ... and runs independent elementwise groups (an optimizer's per-parameter updates) as one launch
 CPU_GRAPH_PASSES += ",fuse-multi-tensor"
 SCHEDULE_PINS = ("threads", "tile-m", "tile-n", "tile-k", "register-tile", "mma-shape", "parallel", "unroll",
-                 "chunk", "pin-kinds")
+                 "chunk", "pin-kinds", "split")
 
 
 from tessera.passes.base import fmt_option as _fmt  # noqa: E402
@@ -101,6 +101,7 @@ _named(NamedPipeline(
      _opt("unroll", int, False, 0, "gemm k-loop unroll"),
      _opt("chunk", int, False, 0, "columns per step of row kernels"),
      _opt("pin-kinds", str, False, "", "kernel kinds ('+'-joined) the tile/register/chunk pins apply to; '': all"),
+     _opt("split", int, False, 0, "gemm: row chunks per thread at least; decode attention: key chunks at most"),
      _opt("deterministic", bool, False, False, "kernels ignore the caller's FTZ/DAZ (bit-reproducible results "
                                                "whatever the calling thread's floating-point mode; docs/numerics.md)"),
      _opt("input", str, False, "graph", "the layer the input is at: graph, schedule, tile or target")],

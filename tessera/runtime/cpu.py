@@ -431,7 +431,7 @@ class CpuExecutable:
             if plan.gen != self._gen or plan.threads_version != threads.version():
                 # a buffer moved, or the thread setting changed, since: rebuild the words in place
                 fresh = self._plan(plan.env, plan.donation.donated)
-                plan.steps, plan.gen = fresh.steps, fresh.gen
+                plan.steps, plan.gen, plan.threads_version = fresh.steps, fresh.gen, fresh.threads_version
             elif self.amx or self.missing_features:
                 self._refuse_here()
             return self._execute(plan, arrays)

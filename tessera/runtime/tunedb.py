@@ -82,6 +82,7 @@ class Entry:
     created: float = 0.0
     match: str = "exact"                        # exact | nearest
     failed: dict = field(default_factory=dict)  # candidate label -> why it failed (this run only; not stored)
+    errors: dict = field(default_factory=dict)  # candidate label -> error against float64 (this run only)
 
     def describe(self) -> str:
         k = self.key

@@ -10,6 +10,9 @@ larger (``unroll=100000`` once ran for minutes and past 4 GB):
   register file (W x 16 on AVX2, W x 32 on AVX-512: 128 / 512 floats); the arch-free check allows
   the widest (512), the pass the arch's;
 - ``threads``: 1..256 workers per kernel;
+- ``split``: 1..256 (the Schedule IR verifier's per-kind range: gemm row chunks per thread at
+  least 1..16, decode attention key chunks per (batch, kv head) at most 1..256); a decode
+  kernel's key block (``tile-n``) 16..2048 (``DECODE_BLOCK_RANGE``);
 - ``tile-m`` / ``tile-k`` (CPU): at most 8192, ``tile-n`` at most 65536, and the packing
   buffers of one gemm kernel (a tile-m x tile-k A block per thread, a tile-k x tile-n B panel) at
   most 1 GiB;
@@ -24,6 +27,7 @@ Generated code is capped separately: a kernel whose Tile IR would expand to more
 from __future__ import annotations
 
 from tessera.errors import ScheduleIllegalError
+from tessera.ir.schedule import SPLIT_MAX
 
 UNROLL_MAX = 16
 THREADS_MAX = 256
@@ -35,6 +39,7 @@ WORKSPACE_MAX = 1 << 30       # bytes of gemm packing buffers per kernel
 REGISTER_TILE_MAX = 64
 MMA_SHAPE_MAX = 256
 CODE_VECTORS_MAX = 1 << 17    # vector operations one kernel may expand to
+DECODE_BLOCK_RANGE = (16, 2048)   # keys per block of the decode kernel (its S^T scratch: block x rows)
 
 
 def _spell(key: str) -> str:
@@ -58,6 +63,8 @@ def check_static(values: dict, target: str = "cpu", where: str = "") -> None:
             _range(key, v, 1, UNROLL_MAX, where)
         elif key == "threads":
             _range(key, v, 1, THREADS_MAX, where)
+        elif key == "split":
+            _range(key, v, 1, max(SPLIT_MAX.values()), where)
         elif key == "chunk":
             _range(key, v, 1, CHUNK_MAX, where)
         elif key in tiles:

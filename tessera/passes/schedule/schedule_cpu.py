@@ -89,13 +89,17 @@ class ScheduleCpu(TesseraPass):
     parallel: str = option("", doc="loop split across threads: m or bm (gemm), r (others), or none")
     unroll: int = option(4, doc="unroll of the gemm k loop")
     chunk: int = option(0, doc="columns per step of row/elementwise kernels (0: 4 vector registers)")
-    pin_kinds: str = option("", doc="kernel kinds ('+'-joined) the tile, register-tile, mma-shape and chunk pins "
-                                    "apply to; '': every kernel (the tuner scopes its pins to the family it tuned)")
+    split: int = option(0, doc="gemm (parallel m/n): row chunks per thread at least, 1..16 (0: 4); decode "
+                               "attention: key chunks per (batch, kv head) at most, 1..256 (0: at run time)")
+    pin_kinds: str = option("", doc="kernel kinds ('+'-joined) the tile, register-tile, mma-shape, chunk, parallel "
+                                    "and split pins apply to; '': every kernel (the tuner scopes its pins to the "
+                                    "family it tuned)")
 
     def __post_init__(self) -> None:
         """Options out of their legal range are refused when the pipeline is parsed (bounds.py)."""
         bounds.check_static({k: getattr(self, k) for k in ("threads", "tile_m", "tile_n", "tile_k", "register_tile",
-                                                           "mma_shape", "unroll", "chunk")}, "cpu", "schedule-cpu: ")
+                                                           "mma_shape", "unroll", "chunk", "split")}, "cpu",
+                            "schedule-cpu: ")
 
     def apply(self, ctx: Context, module: ModuleOp) -> None:
         try:
@@ -117,7 +121,7 @@ class ScheduleCpu(TesseraPass):
         kind = fop.kind.data
         if self.pin_kinds and kind not in self.pin_kinds.split("+"):   # pins of another family: the model's own
             plain = dataclasses.replace(self, tile_m=0, tile_n=0, tile_k=0, register_tile=(), mma_shape=(), chunk=0,
-                                        pin_kinds="")
+                                        parallel="", split=0, pin_kinds="")
             return plain._schedule(fop, isa, w, threads, name)
         if register_elem(fop) != f32:
             w //= 2   # f64 registers: the same vector bits, half the lanes
@@ -132,6 +136,16 @@ class ScheduleCpu(TesseraPass):
                  "threads": i64_attr(threads if par != "none" else 1), "staging": i64_attr(1),
                  "unroll": i64_attr(1), "mma": StringAttr(""), "register_tile": int_array([]),
                  "vector": i64_attr(w)}
+        takes_split = kind == "gemm" or kind == "attention" and bool(decode)
+        if self.split and takes_split:
+            if par not in s.SPLIT_PARALLEL[kind] or not 1 <= self.split <= s.SPLIT_MAX[kind]:
+                raise ScheduleIllegalError(f"kernel {name}: split={self.split} is illegal for a {kind} kernel with "
+                                           f"parallel {par!r}; legal: 1..{s.SPLIT_MAX[kind]} with parallel "
+                                           f"{' or '.join(s.SPLIT_PARALLEL[kind])}")
+            attrs["split"] = i64_attr(self.split)
+        elif self.split and self.pin_kinds:   # scoped to this kind, and it cannot take it
+            raise ScheduleIllegalError(f"kernel {name}: split={self.split} applies to gemm kernels and decode "
+                                       f"attention, not this {kind} kernel")
         if kind == "gemm":
             attrs.update(self._gemm(fop, isa, w, name, threads if par != "none" else 1))
         elif kind == "attention" and par == "bh*kv" or kind == "attention" and par == "none" and decode:
@@ -202,6 +216,9 @@ class ScheduleCpu(TesseraPass):
         if self.register_tile:
             mrs, mro = self.register_tile
         bkv = self.tile_n or self.DECODE_BLOCK
+        lo, hi = bounds.DECODE_BLOCK_RANGE
+        if not lo <= bkv <= hi:
+            raise ScheduleIllegalError(f"decode attention: key block tile-n={bkv} is out of range; legal: {lo}..{hi}")
         return {"vector": i64_attr(w), "loops": str_array(["bh", "kv", "g", "v"]),
                 "tiles": int_array([1, bkv, rows, nro * w]), "order": str_array(["bh", "kv", "g", "v"]), "mma": StringAttr(sel.record.id),
                 "register_tile": int_array([mrs, mro]), "unroll": i64_attr(1)}

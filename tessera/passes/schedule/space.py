@@ -5,12 +5,19 @@ Each family declares the Schedule IR attributes the tuner may pin, their legal v
 choices change (not on every compiler edit), and every tuning-database entry of the old version is
 ignored.
 
-- ``gemm`` (version 1): ``register_tile`` (MR x NR instructions whose accumulators, B vectors and
+- ``gemm`` (version 2): ``register_tile`` (MR x NR instructions whose accumulators, B vectors and
   A broadcast fit the vector register file: the selector's ``ranked_register_tiles``, ordered by
   its cost model), ``tile_k`` (KC), ``tile_m`` (MC), ``tile_n`` (NC).  MC and NC follow KC as the
   pass derives them (an A block of half of L2, a B panel of an eighth of L3);
   a candidate whose B micro-panel (KC x NR*W) exceeds a quarter of L2, whose A block (MC x KC)
-  exceeds L2 or whose B panel (KC x NC) exceeds half of L3 is pruned before any compile.
+  exceeds L2 or whose B panel (KC x NC) exceeds half of L3 is pruned before any compile.  The
+  thread split (version 2): ``parallel`` (``m``: rows handed out in chunks from a work counter,
+  B panels shared; ``b*m``: a contiguous range of row tiles per thread, private panels) and
+  ``split`` (row chunks per thread at least, 1..16; the model's 4), for 2-D GEMMs on more than one
+  thread.
+- ``decode`` (version 1): the split-K decode attention kernel (a few query rows against a long KV
+  cache): ``tile_n`` (keys per block, 16..2048) and ``split`` (key chunks per (batch, kv head) at
+  most, 1..256; the model's: chosen at run time, chunks of at least two blocks).
 - ``attention`` (version 1): ``register_tile`` (schedule-cpu's measured ``ATTENTION_TILES`` that
   fit the register file), ``tile_m`` (query block: a multiple of lcm(MR, NR*W)), ``tile_n`` (key
   block: a multiple of MR), blocks of about 64, 128 and 256 (``_attention``'s rule).
@@ -26,6 +33,7 @@ from dataclasses import dataclass
 
 from tessera import host
 from tessera.errors import MmaSelectorError, ScheduleIllegalError
+from tessera.ir.schedule import SPLIT_MAX
 from tessera.mma.selector import get_isa, ranked_register_tiles, register_tile, select_mma
 from tessera.passes.schedule import bounds
 
@@ -37,6 +45,7 @@ class Family:
     attrs: tuple[str, ...]
     doc: str
     kinds: tuple[str, ...] = ()   # the kernel kinds its pins apply to (schedule-cpu's pin_kinds)
+    numeric: tuple[str, ...] = ()  # the attributes whose choice changes the numerics (ERROR_BUDGET)
 
     @property
     def pin_kinds(self) -> str:
@@ -44,15 +53,43 @@ class Family:
 
 
 FAMILIES = {
-    "gemm": Family("gemm", 1, ("register_tile", "tile_k", "tile_m", "tile_n"),
-                   "register tile within the vector registers; KC/MC/NC within L2/L3", ("gemm",)),
+    "gemm": Family("gemm", 2, ("register_tile", "tile_k", "tile_m", "tile_n", "parallel", "split"),
+                   "register tile within the vector registers; KC/MC/NC within L2/L3; thread split: parallel m "
+                   "or b*m, row chunks per thread 1..16", ("gemm",)),
     "attention": Family("attention", 1, ("register_tile", "tile_m", "tile_n"),
                         "register tile (the measured defaults per register file); query block a multiple "
-                        "of lcm(MR, NR*W), key block a multiple of MR, 64-256", ("attention",)),
+                        "of lcm(MR, NR*W), key block a multiple of MR, 64-256", ("attention",), ("tile_n",)),
+    "decode": Family("decode", 1, ("tile_n", "split"), "keys per block 16..2048; key chunks per (batch, kv head) "
+                     "1..256", ("attention",), ("tile_n", "split")),
     "row": Family("row", 1, ("chunk",), "columns per step: 1, 2, 4 or 8 vector registers",
-                  ("rowwise", "rowreduce", "elementwise")),
+                  ("rowwise", "rowreduce", "elementwise"), ("chunk",)),
 }
+GEMM_PARALLEL = ("m", "b*m")            # the thread splits a 2-D GEMM may take
+GEMM_SPLITS = (1,)                      # row chunks per thread tried (the model's: 4)
+DECODE_BLOCKS = (64, 128, 512)          # keys per block tried (the model's: 256)
+DECODE_SPLITS = (1, 8)                  # key chunks per (batch, kv head) tried (the model's: at run time)
 KC_CHOICES = (128, 256, 512, 1024)
+
+# Accuracy budgets, the one place they are declared: the largest error a candidate may show against
+# the float64 reference on the tuning data (max |got - ref| over every output, relative to the
+# reference's largest finite magnitude, at least 1) to be eligible, per kernel family and dtype.  A
+# candidate over it is recorded as rejected with its measured error and never wins, however fast.
+# The attributes that change numerics (``Family.numeric``) are what the budget is for: a different
+# key block re-scales flash attention's online softmax at other points, the decode kernel's key
+# chunks merge partial softmaxes in another order, a row kernel's chunk sums its partials in
+# another order; KC, MC, NC, register tiles and the thread split keep every element's k-order.
+ERROR_BUDGET: dict[str, dict[str, float]] = {
+    "gemm": {"f64": 1e-9, "f32": 2e-4, "bf16": 3e-2, "f16": 3e-3},
+    "attention": {"f64": 1e-9, "f32": 2e-4, "bf16": 3e-2, "f16": 3e-3},
+    "decode": {"f64": 1e-9, "f32": 2e-4, "bf16": 3e-2, "f16": 3e-3},
+    "row": {"f64": 1e-9, "f32": 2e-4, "bf16": 3e-2, "f16": 3e-3},
+}
+ERROR_BUDGET_OTHER = 1e-3   # a dtype a family's row does not name
+
+
+def error_budget(family: str, dtype: str) -> float:
+    """The family's accuracy budget for ``dtype`` (``ERROR_BUDGET``)."""
+    return ERROR_BUDGET.get(family, {}).get(dtype, ERROR_BUDGET_OTHER)
 ATTENTION_BLOCK_CHOICES = (64, 128, 256)   # query / key blocks (ATTENTION_BLOCKS 128 x 128 is the model's)
 
 
@@ -95,6 +132,19 @@ def check(family: str, pins: dict, *, arch: str | None = None, dtype: str = "f32
                 register_tile(isa, sel, prefer_tile=tuple(pins["register_tile"]))
             except MmaSelectorError as e:
                 raise ScheduleIllegalError(f"tuning space gemm: {e.message}") from None
+        par, split = pins.get("parallel"), pins.get("split")
+        if par is not None and par not in GEMM_PARALLEL:
+            raise ScheduleIllegalError(f"tuning space gemm: parallel={par!r}; legal: {', '.join(GEMM_PARALLEL)}")
+        if split is not None and (par == "b*m" or not 1 <= split <= SPLIT_MAX["gemm"]):
+            raise ScheduleIllegalError(f"tuning space gemm: split={split}; legal: 1..{SPLIT_MAX['gemm']} with "
+                                       "parallel m (row chunks per thread)")
+    elif family == "decode":
+        lo, hi = bounds.DECODE_BLOCK_RANGE
+        bkv, split = pins.get("tile_n"), pins.get("split")
+        if bkv is not None and not lo <= bkv <= hi:
+            raise ScheduleIllegalError(f"tuning space decode: key block tile_n={bkv}; legal: {lo}..{hi}")
+        if split is not None and not 1 <= split <= SPLIT_MAX["attention"]:
+            raise ScheduleIllegalError(f"tuning space decode: split={split}; legal: 1..{SPLIT_MAX['attention']}")
     elif family == "attention":
         _attention_check(pins, arch, dtype)
     elif pins.get("chunk"):
@@ -103,10 +153,12 @@ def check(family: str, pins: dict, *, arch: str | None = None, dtype: str = "f32
 
 
 def gemm_candidates(shape: tuple[int, int, int], *, arch: str | None = None, dtype: str = "f32",
-                    tiles: int = 3, kcs: int = 2, limit: int = 6) -> list[dict]:
+                    tiles: int = 3, kcs: int = 2, limit: int = 6, threads: int = 1,
+                    batched: bool = False) -> list[dict]:
     """Pins for a GEMM of ``shape`` = (M, N, K): the model's choice (``{}``) first, then the best
     ``tiles`` register tiles by the cost model, each with up to ``kcs`` KC blockings (KC values
-    beyond K collapse into one), pruned by cache footprint; at most ``limit`` in all."""
+    beyond K collapse into one), pruned by cache footprint, at most ``limit``; then, on more than one
+    thread (a 2-D GEMM), the model's blocking with each other thread split (``thread_splits``)."""
     k = shape[-1]
     isa, sel = _gemm_selection(arch, dtype)
     rec = sel.record
@@ -134,6 +186,21 @@ def gemm_candidates(shape: tuple[int, int, int], *, arch: str | None = None, dty
             if key not in seen:
                 seen.add(key)
                 out.append(pins)
+    return out[:limit] + (thread_splits() if threads > 1 and not batched else [])
+
+
+def thread_splits() -> list[dict]:
+    """The GEMM thread splits other than the model's (parallel m, 4 row chunks per thread at least)."""
+    return [{"split": n} for n in GEMM_SPLITS] + [{"parallel": p} for p in GEMM_PARALLEL if p != "m"]
+
+
+def decode_candidates(shape: tuple[int, ...], *, limit: int = 6) -> list[dict]:
+    """Pins for decode attention of ``shape`` = (B*H, Sq, Skv, D): the model's (``{}``) first, then
+    other key blocks (``DECODE_BLOCKS`` below the cache's length) and key-chunk splits."""
+    skv = shape[2] if len(shape) >= 3 else None
+    out: list[dict] = [{}]
+    out += [{"tile_n": b} for b in DECODE_BLOCKS if skv is None or b < skv]
+    out += [{"split": n} for n in DECODE_SPLITS]
     return out[:limit]
 
 
@@ -220,9 +287,12 @@ def row_candidates(*, arch: str | None = None, dtype: str = "f32", cols: int | N
 
 
 def candidates(family: str, shape: tuple[int, ...], *, arch: str | None = None, dtype: str = "f32",
-               limit: int = 6) -> list[dict]:
+               limit: int = 6, threads: int = 1) -> list[dict]:
     if family == "gemm":
-        return gemm_candidates(tuple(shape[-3:]), arch=arch, dtype=dtype, limit=limit)
+        return gemm_candidates(tuple(shape[-3:]), arch=arch, dtype=dtype, limit=limit, threads=threads,
+                               batched=len(shape) > 3)
+    if family == "decode":
+        return decode_candidates(tuple(shape), limit=limit)
     if family == "attention":
         return attention_candidates(tuple(shape), arch=arch, dtype=dtype, limit=limit)
     if family == "row":

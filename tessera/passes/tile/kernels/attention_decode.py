@@ -208,7 +208,11 @@ def generate(kop: s.KernelOp):
 
     kv_end = b.min(nSK, SQ) if causal else nSK
     bhkv = b.mul(nB, nHKV)
-    nchunk = b.max(b.min(b.div(slots, b.max(bhkv, 1)), b.ceil_div(kv_end, 2 * BKV)), 1)
+    if kop.split is None:   # chunks of at least two key blocks, about ITEMS_PER_THREAD items per thread
+        nchunk = b.max(b.min(b.div(slots, b.max(bhkv, 1)), b.ceil_div(kv_end, 2 * BKV)), 1)
+    else:   # the schedule's split: at most that many chunks of at least one key block (within the slots)
+        split = kop.split.value.data
+        nchunk = b.max(b.min(b.min(b.div(slots, b.max(bhkv, 1)), split), b.ceil_div(kv_end, BKV)), 1)
     clen = b.ceil_div(kv_end, nchunk)
     total = b.mul(bhkv, nchunk)
     frag = {}

@@ -70,6 +70,7 @@ class GemmConfig:
     unroll: int
     w: int
     mode: str   # "m": rows split, B panels shared by the team; "b*m": batch x rows, private panels
+    split: int = 0   # "m": row chunks per thread at least (0: 4); the schedule's split
 
 
 def config(kop: s.KernelOp, sel: MmaSelection) -> GemmConfig:
@@ -94,7 +95,8 @@ def config(kop: s.KernelOp, sel: MmaSelection) -> GemmConfig:
         raise illegal(name, f"cache blocks must be multiples of the register tile: MC={mc} (MR*M={mr * rec.m}), "
                             f"NC={nc} (NR*N={nr * rec.n}), KC={kc} (K of {rec.id}={kp})")
     return GemmConfig(sel, mr, nr, mc, nc, kc, kop.unroll.value.data, w,
-                      "b*m" if kop.parallel.data == "none" else kop.parallel.data)
+                      "b*m" if kop.parallel.data == "none" else kop.parallel.data,
+                      kop.split.value.data if kop.split is not None else 0)
 
 
 def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, list[D.Dim], int, list]:
@@ -176,9 +178,10 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
         # threads of equal speed finish a phase together.  Chunks of a fixed MC rows left the last
         # one short and one thread a chunk ahead: 2048 rows in 120-row chunks gave 1080 rows to one
         # thread and 968 to the other.  A lone thread takes equal A blocks (nothing to balance).
+        # (the schedule's split, when given, replaces the four: a tuned thread split)
         blocks = b.ceil_div(mtiles, MC // MR)          # A blocks the rows need
         per_thread = b.select(b.cmp("eq", kf.nthreads, 1), b.c(blocks),
-                              b.c(b.max(b.ceil_div(blocks, kf.nthreads), 4)))
+                              b.c(b.max(b.ceil_div(blocks, kf.nthreads), cfg.split or 4)))
         nchunks = b.select(b.cmp("eq", mtiles, 0), b.c(0), b.c(b.mul(per_thread, kf.nthreads)))
         njc = b.ceil_div(N, nstep)
     else:
