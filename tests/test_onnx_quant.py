@@ -158,3 +158,20 @@ def test_refusals_are_coded(what, rng):
         msg = "UINT8"
     with pytest.raises(OnnxUnsupportedError, match=msg):
         ts.onnx.load(m)(rng.standard_normal(SHAPE).astype(np.float32))
+
+
+def test_control_flow_and_data_dependent_shapes_refused_at_once():
+    """If and NonZero in one model: one coded error names both, each with its reason."""
+    then_g = h.make_graph([h.make_node("Identity", ["x"], ["t"])], "then", [],
+                          [h.make_tensor_value_info("t", T.FLOAT, list(SHAPE))])
+    g = h.make_graph([h.make_node("If", ["c"], ["y"], name="branch", then_branch=then_g, else_branch=then_g),
+                      h.make_node("NonZero", ["x"], ["nz"], name="nz")], "g",
+                     [h.make_tensor_value_info("x", T.FLOAT, list(SHAPE)), h.make_tensor_value_info("c", T.BOOL, [])],
+                     [h.make_tensor_value_info("y", T.FLOAT, list(SHAPE)),
+                      h.make_tensor_value_info("nz", T.INT64, [3, "n"])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+    with pytest.raises(OnnxUnsupportedError) as e:
+        ts.onnx.load(m)
+    msg = str(e.value)
+    assert "2 node(s)" in msg and "(If): control flow on runtime values" in msg
+    assert "(NonZero): its output shape depends on the input's values" in msg
