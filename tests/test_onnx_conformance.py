@@ -15,6 +15,7 @@ from tessera.errors import OnnxUnsupportedError
 from tessera.frontend import ops
 from tessera.frontend.trace import constant
 from tessera.onnx import convert, versions
+from tessera.onnx import model as _registry  # noqa: F401 - it registers the handlers in convert.OPS
 from tessera.tools import onnx_conformance as oc
 
 

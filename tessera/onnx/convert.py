@@ -46,6 +46,13 @@ class Spec:
 
 OPS: dict[str, Spec] = {}
 
+# ops refused on purpose, with the reason the error and docs/onnx.md give (the rest: "op type not mapped")
+_RUNTIME_FLOW = "control flow on runtime values is out of scope (Tessera compiles one static dataflow graph)"
+_DATA_SHAPE = "its output shape depends on the input's values (data-dependent shapes are out of scope)"
+WHY_NOT: dict[str, str] = {"If": _RUNTIME_FLOW, "Loop": _RUNTIME_FLOW, "Scan": _RUNTIME_FLOW,
+                           "NonZero": _DATA_SHAPE, "Unique": _DATA_SHAPE, "Compress": _DATA_SHAPE,
+                           "NonMaxSuppression": _DATA_SHAPE}
+
 
 def op(names, *, inputs=(1, 1), attrs=(), static=(), fold=None, check=None, outputs=1):
     """Register a handler ``fn(ctx, ins) -> list of outputs`` under one or more ONNX op types."""

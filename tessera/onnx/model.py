@@ -19,8 +19,8 @@ from tessera import dtypes as dt
 from tessera.errors import ArgumentError, DtypeError, DynamicShapeError, OnnxImportError, OnnxUnsupportedError, \
     ScalarSpecialize, ShapeMismatchError, TesseraError
 from tessera.onnx import ops_attention, ops_einsum, ops_extra, ops_math, ops_nn, ops_norm, ops_resize, ops_rotary, \
-    ops_scatter, ops_shape, ops_spatial, versions  # noqa: F401 - they register their ops
-from tessera.onnx.convert import ONNX_DTYPES, ONNX_TYPE_NAMES, OPS, Ctx, describe, materialise
+    ops_quant, ops_scatter, ops_shape, ops_spatial, versions  # noqa: F401 - they register their ops
+from tessera.onnx.convert import ONNX_DTYPES, ONNX_TYPE_NAMES, OPS, WHY_NOT, Ctx, describe, materialise
 
 OPSETS = versions.MAPPED       # the default-domain opsets whose semantics are mapped (others: per node)
 # ops folded with numpy at load time when every input is a constant (shape arithmetic)
@@ -110,7 +110,7 @@ class OnnxFunction:
             if node.domain not in ("", "ai.onnx"):
                 reason = f"domain {node.domain!r} is not mapped"
             elif spec is None:
-                reason = "op type not mapped"
+                reason = WHY_NOT.get(node.op_type, "op type not mapped")
             elif versions.problem(node.op_type, self.model_opset, attrs):
                 reason = versions.problem(node.op_type, self.model_opset, attrs)
             elif not spec.inputs[0] <= len(node.input) <= spec.inputs[1]:

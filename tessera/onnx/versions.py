@@ -20,7 +20,11 @@ from __future__ import annotations
 MAPPED = range(13, 22)
 # ops added after opset 21 whose handlers follow the version named here
 INTRODUCED_LATER = {"RMSNormalization": {23}, "Swish": {24}, "CumProd": {26}, "Attention": {23, 24, 25},
-                    "RotaryEmbedding": {23}}
+                    "RotaryEmbedding": {23},
+                    # every version: later ones add types, block_size, output_dtype and precision,
+                    # which the handlers read (and refuse where not mapped)
+                    "QuantizeLinear": {10, 13, 19, 21, 23, 24, 25, 28},
+                    "DequantizeLinear": {10, 13, 19, 21, 23, 24, 25, 28}}
 
 
 def effective(opset: int) -> int:

@@ -222,6 +222,9 @@ def render(rep: Report, header: str) -> str:
             out.append(f"| `{r.case}` | {r.status} | {r.detail.replace('|', '/')} |\n")
     out.append("\n## Ops of the node tests not mapped\n\n")
     out.append(", ".join(f"{op} ({n})" for op, n in sorted(rep.unmapped.items())) + "\n")
+    from tessera.onnx.convert import WHY_NOT
+    out.append("\nRefused by design (the error names the op and gives this reason):\n\n")
+    out.extend(f"- {op}: {why}\n" for op, why in sorted(WHY_NOT.items()))
     return "".join(out)
 
 
