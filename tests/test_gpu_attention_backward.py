@@ -102,3 +102,12 @@ def test_teeth_lse_without_the_log_of_the_sum_fails(rng, monkeypatch):
     _, (_, lse) = run("nvidia", "sm_90", with_lse(), q, k, v)
     assert np.abs(lse - oracle(q, k, v)[1]).max() > 0.1
 
+
+
+@pytest.mark.parametrize("target,arch", [("nvidia", "sm_80"), ("rocm", "gfx942")])
+def test_the_backward_kernel_is_still_refused_by_name(target, arch, rng):
+    from tessera.errors import ScheduleIllegalError
+    q, k, v = qkv(rng, "f16", 1, 2, 2, 64, 64, 64)
+    f = ts.jit(lambda q, k, v, o, g: ts.ops.attention_backward(q, k, v, o, g), target=target, arch=arch)
+    with pytest.raises(ScheduleIllegalError, match=f"attention_grad.*{target}"):
+        ts.compile(f, q, k, v, q, q)
