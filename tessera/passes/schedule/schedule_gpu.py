@@ -152,9 +152,6 @@ class ScheduleGpu(TesseraPass):
         from tessera.passes.tile.kernels.gpu_attention import shared_bytes
         att = next(o for o in fop.body.block.ops if isinstance(o, g.AttentionOp))
         dtype = _dtype(att.q.type.element_type)
-        if att.lse is not None:
-            raise ScheduleIllegalError(f"kernel {name}: the GPU attention kernel does not write the log-sum-exp "
-                                       "that a gradient reads (the backward runs on the CPU lane)")
         if self.mma_family == "wgmma":
             raise ScheduleIllegalError(f"kernel {name}: GPU attention has no wgmma generator yet (it runs on mma_sync "
                                        "on sm_90a too)")

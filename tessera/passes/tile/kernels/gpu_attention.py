@@ -53,8 +53,6 @@ def generate(kop: s.KernelOp, sel: MmaSelection):
     name = kop.sym_name.data
     plan = analyse(kop)
     op = plan.op
-    if plan.lse_index is not None:
-        raise illegal(kop.sym_name.data, "the GPU attention kernel does not write the log-sum-exp a gradient reads")
     rec = sel.record
     im, in_, ik = rec.shape
     wave = rec.lanes or 32
@@ -84,7 +82,11 @@ def generate(kop: s.KernelOp, sel: MmaSelection):
     sig = KernelSig(name, gpu=True)
     for v in kop.inputs:
         sig.buffer(v.type.element_type)
-    out_buf = sig.buffer(out_elem)
+    lse_elem = op.lse.type.element_type if plan.lse_index is not None else None
+    outs = [sig.buffer(out_elem)] + ([sig.buffer(lse_elem)] if lse_elem is not None else [])
+    if plan.lse_index == 0:
+        outs.reverse()
+    out_buf, lse_buf = outs[0], (outs[1] if lse_elem is not None else None)
     for d in (B, H, HKV, SQ, SK):
         sig.dim(d)
     for v in list(plan.views.values()) + ([plan.mask_view] if plan.mask_view is not None else []):
@@ -226,6 +228,11 @@ def generate(kop: s.KernelOp, sel: MmaSelection):
         ov = view(b, buf[out_buf], out_elem, "global", (im, in_), b.add(out_base, jo * in_), out_rs, 1, rows_left,
                   DV - jo * in_)
         b.op(t.StoreOp.create(operands=[val, ov]))
+    if lse_buf is not None:   # [B, H, SQ] f32: m + log l (natural units here), +inf on a fully masked row
+        lse = row_lse(b, res[0], l_fin)
+        lv = view(b, buf[lse_buf], lse_elem, "global", (im, in_), b.add(b.mul(b.add(b.mul(bidx, nH), h), nSQ), row0),
+                  1, 0, rows_left, 1)
+        b.op(t.StoreOp.create(operands=[lse, lv]))   # m, l are (im, in_) tiles with equal columns: column 0
 
     fn = kf.finish()
     fn.attributes["gpu.grid"] = str_array([D.ceil_extent(SQ, BQ), D.ceil_extent(H, 1), D.ceil_extent(B, 1)])
@@ -234,9 +241,16 @@ def generate(kop: s.KernelOp, sel: MmaSelection):
     return fn, sig.dims, 0, []
 
 
+def row_lse(b: Builder, m: SSAValue, l: SSAValue) -> SSAValue:
+    """A row's log-sum-exp from its running maximum m and sum l (natural units: S is not scaled by
+    log2 e here): m - log(1 / l), so that a row with every key masked (l = 0) gets +inf."""
+    inv = elementwise(b, "safe_div", [tile_const(b, 1.0), l])
+    return elementwise(b, "sub", [elementwise(b, "finite_or_zero", [m]), elementwise(b, "log", [inv])])
+
+
 def rescale(b: Builder, o: SSAValue, alpha: SSAValue) -> SSAValue:
     """O * alpha: the accumulator follows the running maximum (flash attention's rescale)."""
     return elementwise(b, "mul", [o, alpha])
 
 
-__all__ = ["generate", "rescale", "shared_bytes"]
+__all__ = ["generate", "rescale", "row_lse", "shared_bytes"]
