@@ -54,7 +54,7 @@ from tessera.passes.tile.kernels.common import (
     trace_view,
 )
 
-KINDS = ("rowwise", "reduce", "elementwise", "transpose", "concat")
+KINDS = ("rowwise", "reduce", "elementwise", "transpose", "concat", "gather")
 GPU_ROW_OPS = (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, LogSoftmaxOp)
 F32_MAX = 3.4028234663852886e38
 HELD = 2          # chunks of a row kept in registers (4096 f16 / 2048 f32 columns with 256 threads)
@@ -103,6 +103,8 @@ def _setup(kop: s.KernelOp, kind: str):
 
 def generate(kop: s.KernelOp):
     kind = kop.kind.data
+    if kind == "gather":
+        return _gather(kop)
     if kind == "rowwise":
         return _rowwise(kop)
     if kind == "reduce":
@@ -119,6 +121,9 @@ def _rowwise(kop: s.KernelOp):
     block = kop.body.block
     yield_op = block.last_op
     prologue, norm, epilogue = _split(block)
+    if isinstance(norm, g.CrossEntropyOp):
+        from tessera.passes.tile.kernels import gpu_labels
+        return gpu_labels.cross_entropy(kop, prologue, norm, epilogue)
     if not isinstance(norm, GPU_ROW_OPS):
         raise ScheduleIllegalError(f"kernel {name}: {norm.name} has no GPU row kernel")
     x = norm.input
@@ -234,6 +239,16 @@ def _rowwise(kop: s.KernelOp):
         be.cmp("sle", C, HELD * chunk), lambda b4: program(b4, HELD), lambda bl: program(bl, 0)) and [])
     nrows = D.product(dims[:-1])
     return _finish(kf, kf.finish(), [D.ceil_extent(nrows, 1)], T, wave), sig.dims, 0, []
+
+
+def _gather(kop: s.KernelOp):
+    from tessera.passes.tile.kernels import gpu_labels
+    ops = [o for o in kop.body.block.ops if not isinstance(o, (g.YieldOp, g.ReshapeOp))]
+    if len(ops) != 1 or not isinstance(ops[0], g.OneHotOp):
+        names = ", ".join(o.name for o in ops)
+        raise ScheduleIllegalError(f"kernel {kop.sym_name.data} ({names}): the GPU lanes have a one_hot gather "
+                                   'kernel only; target="cpu" compiles take / take_along_axis')
+    return gpu_labels.one_hot(kop, ops[0])
 
 
 # --------------------------------------------------------------------------- reductions
