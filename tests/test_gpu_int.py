@@ -135,7 +135,6 @@ def test_typed_ops_on_nvidia_match_numpy(rng, which):
     _check(_emulated(prog, args), oracle(*args))
 
 
-@pytest.mark.slow   # AMDGPU code objects for ~35 kernels and the wave64 emulator: ~30 s loaded
 @pytest.mark.skipif(find_llvm_tool("ld.lld") is None, reason="ld.lld >= 19 not installed")
 @pytest.mark.parametrize("which", ["int", "logic"])
 def test_typed_ops_on_rocm_match_numpy(rng, which):
@@ -243,6 +242,34 @@ def test_planted_label_bug_fails(rng, monkeypatch):
     loss, oh = _emulated(prog, (z, labels))
     assert not np.array_equal(oh, (labels[:, None] == np.arange(12)).astype(np.float32))
     assert np.abs(np.asarray(loss, np.float64) - _xent_oracle(z, labels)).max() > 1e-2
+
+
+def _np_take_rows(table, idx):
+    n = table.shape[0]
+    j = np.where(idx < 0, idx + n, idx)
+    return table[np.clip(j, 0, n - 1)]
+
+
+@needs_ptxas
+@pytest.mark.parametrize("dtype, idx_dtype", [(np.float32, np.int64), ("bf16", np.int32)])
+def test_int_slice_and_take_on_nvidia_match_numpy(rng, dtype, idx_dtype):
+    """The sampler's lookup: ids[:, -1] (an int copy) then take(table, ..., axis=0): negative indices
+    count from the end, ones outside [-n, n) are clamped (no read leaves the table); an int64 index
+    past 2**32 is not wrapped into range."""
+    import ml_dtypes
+    dt = ml_dtypes.bfloat16 if dtype == "bf16" else dtype
+    table = rng.standard_normal((40, 24)).astype(dt)
+    ids = rng.integers(-40, 40, (5, 3)).astype(idx_dtype)
+    ids[0, -1], ids[1, -1] = 57, -41                     # clamped to 39 and 0
+    if idx_dtype == np.int64:
+        ids[2, -1] = 2 ** 32 + 1                         # clamped to 39, not read as 1
+
+    def prog(ids, table):
+        last = ids[:, -1]
+        return last, ts.ops.take(table, last, axis=0)
+    last, rows = _emulated(prog, (ids, table))
+    assert last.dtype == ids.dtype and np.array_equal(last, ids[:, -1])
+    assert rows.dtype == table.dtype and np.array_equal(rows, _np_take_rows(table, ids[:, -1]))
 
 
 # ----------------------------------------------------------------------------- the LLVM translation, on the host
@@ -372,7 +399,8 @@ def test_gpu_refusals_name_the_op_and_the_cpu_target(rng):
                                               r'target="cpu" compiles it') as ei:
         ts.compile(lambda a, b: (a @ b) ** (a @ b), x, x, target="nvidia", arch="sm_80")
     assert ei.value.code == "PASS_FAILED" and "cpu-x86" not in str(ei.value)
-    table = rng.standard_normal((16, 8)).astype(np.float32)
-    ids = rng.integers(0, 16, 5).astype(np.int64)
-    with pytest.raises(ScheduleIllegalError, match=r"tessera.take.*target=\"cpu\" compiles"):
-        ts.compile(lambda t_, i: ts.ops.take(t_, i, axis=0), table, ids, target="nvidia", arch="sm_80")
+    z = rng.standard_normal((16, 8)).astype(np.float32)
+    for op in ("argmax", "top_k"):        # no GPU kernels: refused by name
+        f = (lambda a: ts.ops.argmax(a, axis=-1)) if op == "argmax" else (lambda a: ts.ops.top_k(a, 3))
+        with pytest.raises(ScheduleIllegalError, match=rf"tessera.{op}; target=\"cpu\" compiles it"):
+            ts.compile(f, z, target="nvidia", arch="sm_80")

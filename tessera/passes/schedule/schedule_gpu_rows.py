@@ -12,7 +12,7 @@ layer_norm, rms_norm, log_softmax) and reductions over the last axes.
 
 What these kernels cannot do is refused here, naming the op and the lane: row ops other than
 softmax / layer_norm / rms_norm / log_softmax / cross_entropy, reductions other than sum / mean / max over a
-contiguous run of axes, gathers other than one_hot, reductions and row ops of int / bool tensors, int8
+contiguous run of axes, gathers other than one_hot / take, reductions and row ops of int / bool tensors, int8
 tensors and float64 ones.  Elementwise chains and copies of int32 / int64 / bool tensors are scheduled
 (the typed lanes of ``passes/target/gpu``).
 """
@@ -49,20 +49,21 @@ def _check_ops(fop: g.FusionOp, name: str, target: str) -> g.Operation | None:
     for op in fop.body.block.ops:
         if isinstance(op, g.YieldOp):
             continue
-        labels = isinstance(op, (g.CrossEntropyOp, g.OneHotOp))
+        if isinstance(op, g.GATHERS) and not isinstance(op, (g.OneHotOp, g.TakeOp)):
+            raise _refuse(name, op, target)
+        if isinstance(op, g.ROWWISE) and not isinstance(op, (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, LogSoftmaxOp,
+                                                              g.CrossEntropyOp)):
+            raise _refuse(name, op, target)
+        labels = isinstance(op, (g.CrossEntropyOp, g.OneHotOp, g.TakeOp))
         for v in list(op.operands) + list(op.results):
             et = getattr(v.type, "element_type", None)
             if isinstance(et, IntegerType) and (isinstance(op, g.REDUCTIONS + g.ROWWISE) and not labels
-                                                or (isinstance(et, IntegerType) and et.width.data == 8)):
+                                                or et.width.data == 8):
                 raise _refuse(name, op, target, " on int8 tensors" if et.width.data == 8 else
                               " on int or bool tensors")
             if isinstance(et, Float64Type):
                 raise _refuse(name, op, target, " on float64 tensors (the GPU kernels compute in f32)")
-        if isinstance(op, g.GATHERS) and not isinstance(op, g.OneHotOp):
-            raise _refuse(name, op, target)
         if isinstance(op, g.ROWWISE):
-            if not isinstance(op, (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, LogSoftmaxOp, g.CrossEntropyOp)):
-                raise _refuse(name, op, target)
             main = op
         elif isinstance(op, g.REDUCTIONS):
             if not isinstance(op, (g.ReduceSumOp, g.ReduceMeanOp, g.ReduceMaxOp)):

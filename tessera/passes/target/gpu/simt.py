@@ -541,6 +541,21 @@ class SimtLowerer(SimtCopies, OpLowerer):
         self.vmap[op.result] = Deferred(View(scratch, b.c(base), one, b.c(zero), b.c(R), one, (R, 1), f32, 1, True),
                                         0.0)
 
+    def op_tile_load_index(self, op: t.LoadIndexOp, b: Builder) -> None:
+        """One element of an i32 / i64 index array as an ``index`` (32 bits on the GPU): widened to
+        i64 and clamped into the int32 range first, so a kernel's bounds check sees every value
+        that lies outside an array as outside (an int64 index of 2**32 + 1 is not read as 1)."""
+        from xdsl.dialects.builtin import i64
+        elem = op.source.type.element_type
+        v = self.load(b, self.scalar(op.source), b.c(self.scalar(op.offset)), elem, elem_bytes(elem))
+        if elem != i64:      # an int32 index is inside the range already
+            self.vmap[op.result] = b.op(arith.IndexCastOp(v, INDEX)).results[0]
+            return
+        lo = b.op(arith.ConstantOp(IntegerAttr(-(2 ** 31), i64), i64)).results[0]
+        hi = b.op(arith.ConstantOp(IntegerAttr(2 ** 31 - 1, i64), i64)).results[0]
+        v = b.op(arith.MaxSIOp(b.op(arith.MinSIOp(v, hi)).results[0], lo)).results[0]
+        self.vmap[op.result] = b.op(arith.IndexCastOp(v, INDEX)).results[0]
+
     def op_tile_splat_index(self, op, b) -> None:
         raise CodegenError(f"{op.name} has no GPU lowering (GPU kernels fold runtime sizes at generation)")
 
@@ -549,7 +564,7 @@ class SimtLowerer(SimtCopies, OpLowerer):
 GPU_CONSUMES = ("tile.alloc", "tile.view", "tile.async_copy", "tile.wait", "tile.barrier", "tile.fragment_zero",
                 "tile.fragment_pack", "tile.mma", "tile.fragment_unpack", "tile.load", "tile.store", "tile.constant",
                 "tile.elementwise", "tile.mask", "tile.reduce", "tile.program_id", "tile.wave_id", "tile.launch",
-                "tile.splat_index")
+                "tile.splat_index", "tile.load_index", "tile.index")
 GPU_PRODUCES = ("tessera_gpu.thread_id", "tessera_gpu.block_id", "tessera_gpu.shared", "tessera_gpu.load",
                 "tessera_gpu.store", "tessera_gpu.barrier", "tessera_gpu.pack", "tessera_gpu.extract",
                 "tessera_gpu.convert", "tessera_gpu.math", "tessera_gpu.launch",

@@ -9,6 +9,11 @@ per row; ``gpu_rows.generate`` hands them here):
   A label outside [0, C) matches no column (nothing is read for it): its loss is +inf, as on the
   CPU lane (``kernels/xent.py``).
 - ``one_hot`` (kind ``gather``): out[r, c] = ``cvt(cmp_eq(c, label[r]))`` for each chunk of the row.
+- ``take`` (kind ``gather``; the embedding lookup): with the input seen as [P, n, Q] and the K indices
+  flattened, output row (p, k) is input row (p, idx[k]), one workgroup per output row copying Q
+  elements in chunks (16-byte accesses).  The index is read with ``tile.load_index`` and bounded as
+  on the CPU lane (``kernels/gather.py``: numpy's meaning in [-n, n), clamped outside), so no read
+  leaves the input whatever the index values.
 """
 from __future__ import annotations
 
@@ -161,4 +166,44 @@ def one_hot(kop, op: g.OneHotOp):
     return _finish(kf, kf.finish(), [D.ceil_extent(D.product(dims[:-1]), 1)], T, wave), sig.dims, 0, []
 
 
-__all__ = ["cross_entropy", "one_hot"]
+def take(kop, op: g.TakeOp):
+    from tessera.passes.tile.kernels.gather import bounded_index, load_index, operand_arg
+    from tessera.passes.tile.kernels.gpu_rows import _finish, _program_id, _setup
+    name, T, wave, chunk = _setup(kop, "gather")
+    block = kop.body.block
+    if list(block.last_op.operands) != [op.result]:
+        raise ScheduleIllegalError(f"kernel {name}: the GPU take kernel holds one take")
+    x, idx = op.input.type, op.indices.type
+    ax = ival(op.axis) % x.rank
+    n = x.dims[ax]
+    if not isinstance(n, int):
+        raise ScheduleIllegalError(f"kernel {name}: take along a symbolic axis has no GPU kernel")
+    elem = x.element_type
+    P, K, Q = D.product(x.dims[:ax]), D.product(idx.dims), D.product(x.dims[ax + 1:])
+    sig = KernelSig(name, gpu=True)
+    for v in kop.inputs:
+        sig.buffer(v.type.element_type)
+    out_buf = sig.buffer(elem)
+    for d in (P, K, Q):
+        sig.dim(d)
+    kf = sig.build()
+    b = kf.b
+    xb, ib = operand_arg(name, op, op.input), operand_arg(name, op, op.indices)
+    k_, q_ = kf.size(K), kf.size(Q)
+    r = _program_id(b)
+    p = b.div(r, k_)
+    j = bounded_index(b, load_index(kf, b, ib, b.sub(r, b.mul(p, k_))), n)
+    src = b.mul(b.add(b.mul(p, n), j), q_)
+    dst = b.mul(r, q_)
+    reg = elem if isinstance(elem, IntegerType) else f32
+
+    def body(bc, c, _c):
+        left = bc.sub(q_, c)
+        v = _load(bc, _row_view(kf, bc, xb, bc.add(src, c), chunk, left, elem), reg)
+        R.store_row(kf, bc, out_buf, elem, v, bc.add(dst, c), left, chunk)
+        return []
+    b.for_(0, q_, chunk, body)
+    return _finish(kf, kf.finish(), [D.ceil_extent(D.product([P, K]), 1)], T, wave), sig.dims, 0, []
+
+
+__all__ = ["cross_entropy", "one_hot", "take"]

@@ -33,7 +33,7 @@ the workgroup's threads (V consecutive columns each: 16-byte accesses, coalesced
 """
 from __future__ import annotations
 
-from xdsl.dialects.builtin import StringAttr, UnitAttr, f32
+from xdsl.dialects.builtin import IntegerType, StringAttr, UnitAttr, f32
 
 from tessera.errors import ScheduleIllegalError
 from tessera.ir import dims as D
@@ -244,10 +244,12 @@ def _rowwise(kop: s.KernelOp):
 def _gather(kop: s.KernelOp):
     from tessera.passes.tile.kernels import gpu_labels
     ops = [o for o in kop.body.block.ops if not isinstance(o, (g.YieldOp, g.ReshapeOp))]
-    if len(ops) != 1 or not isinstance(ops[0], g.OneHotOp):
+    if len(ops) != 1 or not isinstance(ops[0], (g.OneHotOp, g.TakeOp)):
         names = ", ".join(o.name for o in ops)
-        raise ScheduleIllegalError(f"kernel {kop.sym_name.data} ({names}): the GPU lanes have a one_hot gather "
-                                   'kernel only; target="cpu" compiles take / take_along_axis')
+        raise ScheduleIllegalError(f"kernel {kop.sym_name.data} ({names}): the GPU lanes have one_hot and take "
+                                   'gather kernels only; target="cpu" compiles take_along_axis')
+    if isinstance(ops[0], g.TakeOp):
+        return gpu_labels.take(kop, ops[0])
     return gpu_labels.one_hot(kop, ops[0])
 
 
@@ -426,6 +428,7 @@ def _transpose(kop: s.KernelOp):
     base = R.RowCtx(kf, b, r, dims, {out: lf}).offsets[out]
     cs = kf.size(last)
     out_off = b.mul(r, C)
+    reg = elem if isinstance(elem, IntegerType) else f32     # ints copied exactly, in their own lanes
 
     def body(bc, c, _c):
         left = bc.sub(C, c)
@@ -433,7 +436,7 @@ def _transpose(kop: s.KernelOp):
                                         bc.c(cs), bc.c(1), bc.c(left)], result_types=[t.view_type(1, chunk, elem,
                                                                                                   "global")])
         bc.op(src)
-        ld = t.LoadOp.create(operands=[src.result], result_types=[t.tile_type(1, chunk, f32)])
+        ld = t.LoadOp.create(operands=[src.result], result_types=[t.tile_type(1, chunk, reg)])
         bc.op(ld)
         R.store_row(kf, bc, out_buf, elem, ld.result, bc.add(out_off, c), left, chunk)
         return []
