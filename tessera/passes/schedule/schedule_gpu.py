@@ -154,7 +154,7 @@ class ScheduleGpu(TesseraPass):
         dtype = _dtype(att.q.type.element_type)
         if att.lse is not None:
             raise ScheduleIllegalError(f"kernel {name}: the GPU attention kernel does not write the log-sum-exp "
-                                       "that a gradient reads (the backward runs on the CPU lane)")
+                                       "that a gradient reads (the backward has no GPU kernel; target=\"cpu\" compiles it)")
         if self.mma_family == "wgmma":
             raise ScheduleIllegalError(f"kernel {name}: GPU attention has no wgmma generator yet (it runs on mma_sync "
                                        "on sm_90a too)")

@@ -334,8 +334,8 @@ def _elementwise(kop: s.KernelOp):
                                                                                 g.SliceOp))]
     for o in compute:
         if isinstance(o, (g.TakeOp, g.IotaOp)):
-            raise ScheduleIllegalError(f"kernel {name}: {o.name} has no GPU lowering inside an elementwise kernel; it "
-                                       "runs on the CPU lane (cpu-x86)")
+            raise ScheduleIllegalError(f"kernel {name}: {o.name} has no lowering inside a GPU elementwise kernel; "
+                                       'target="cpu" compiles it')
     from tessera.passes.tile.kernels.elementwise import _segments
     segments = _segments(kop, compute)     # a join along the last axis: its operands' column segments
     seg_leaves = []
