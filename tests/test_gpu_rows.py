@@ -159,7 +159,7 @@ def test_teeth_an_unmasked_tail_fails(family, fresh, rng):
     from tessera.passes.tile.kernels import gpu_rows
     fresh.setattr(gpu_rows, "mask_cols", lambda b, x, cols, pad: x)
     orig = simt_rows.RowsLowerer.load_row
-    fresh.setattr(simt_rows.RowsLowerer, "load_row", lambda self, b, vv, pad: orig(self, b, vv, 10.0))
+    fresh.setattr(simt_rows.RowsLowerer, "load_row", lambda self, b, vv, pad, *to: orig(self, b, vv, 10.0, *to))
     shapes = [(5, 75), (75,), (75,)] if family == "layer_norm" else [(5, 75)]
     assert not _fresh_check(family, "f32", rng, shapes) < TOL["f32"]
 
