@@ -272,6 +272,36 @@ def test_int_slice_and_take_on_nvidia_match_numpy(rng, dtype, idx_dtype):
     assert rows.dtype == table.dtype and np.array_equal(rows, _np_take_rows(table, ids[:, -1]))
 
 
+def _arg_rows(rng, C):
+    x = rng.integers(-3, 4, (8, C)).astype(np.float32)      # small ints: ties in every row
+    x[1, C // 2:] = np.nan
+    x[1, C // 3] = np.nan                                      # the first NaN wins
+    x[2] = -np.inf
+    x[3, -1] = 9.0                                             # the maximum in the masked tail's chunk
+    x[4, 0] = -9.0
+    return x
+
+
+@needs_ptxas
+@pytest.mark.parametrize("C", [12, 700])
+def test_argmax_argmin_on_nvidia_match_numpy(rng, C):
+    """numpy's first index of the row's maximum (minimum); a NaN row gives its first NaN."""
+    x = _arg_rows(rng, C)
+    amax, amin = _emulated(lambda a: (ts.ops.argmax(a, axis=-1), ts.ops.argmin(a, axis=-1)), (x,))
+    assert amax.dtype == np.int64 and np.array_equal(amax, np.argmax(x, -1))
+    assert np.array_equal(amin, np.argmin(x, -1))
+
+
+@needs_ptxas
+def test_planted_argmax_last_match_fails(rng, monkeypatch):
+    from tessera.passes.tile.kernels import gpu_labels
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    monkeypatch.setattr(gpu_labels, "FIRST", False)
+    x = _arg_rows(rng, 12)
+    (amax,) = _emulated(lambda a: (ts.ops.argmax(a, axis=-1),), (x,))
+    assert not np.array_equal(amax, np.argmax(x, -1))
+
+
 # ----------------------------------------------------------------------------- the LLVM translation, on the host
 def _jit_typed(fn: str, in_dtypes, out_dtype, lanes: int):
     """``codegen.gpu_typed.emit`` in a host function ``void f(ptr a, ptr b, ptr c, ptr out)`` that
@@ -400,7 +430,5 @@ def test_gpu_refusals_name_the_op_and_the_cpu_target(rng):
         ts.compile(lambda a, b: (a @ b) ** (a @ b), x, x, target="nvidia", arch="sm_80")
     assert ei.value.code == "PASS_FAILED" and "cpu-x86" not in str(ei.value)
     z = rng.standard_normal((16, 8)).astype(np.float32)
-    for op in ("argmax", "top_k"):        # no GPU kernels: refused by name
-        f = (lambda a: ts.ops.argmax(a, axis=-1)) if op == "argmax" else (lambda a: ts.ops.top_k(a, 3))
-        with pytest.raises(ScheduleIllegalError, match=rf"tessera.{op}; target=\"cpu\" compiles it"):
-            ts.compile(f, z, target="nvidia", arch="sm_80")
+    with pytest.raises(ScheduleIllegalError, match=r"tessera.top_k; target=\"cpu\" compiles it"):
+        ts.compile(lambda a: ts.ops.top_k(a, 3), z, target="nvidia", arch="sm_80")   # no GPU kernel

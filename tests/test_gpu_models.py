@@ -11,7 +11,7 @@ tests/test_gpu_causal_where.py.)
 - mlp_train_step compiles onto nvidia (cross_entropy from int labels, one_hot, the ReLU's bool mask
   in a GEMM epilogue: tests/test_gpu_int.py); its bf16 program is mixed -- one_hot's rows are f32, so
   dlogits and two backward GEMMs are f32 -- and takes the tf32 pin as the f32 programs do;
-- sampler: ``ids[:, -1]`` and ``take`` compile; ``top_k`` / ``argmax`` have no GPU kernels;
+- sampler: ``ids[:, -1]``, ``take`` and ``argmax`` compile; ``top_k`` has no GPU kernel;
 - ROCm f32 (and mlp_train_step's f32 GEMMs in bf16): f32 matrix instructions need xf32 (gfx942),
   which lower-tile-to-rocm does not select.
 """

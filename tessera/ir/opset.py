@@ -150,8 +150,8 @@ _op("log_softmax", "row", "f", "log_softmax", "kernel", "x - logsumexp(x) along 
 _op("logsumexp", "row", "f", "logsumexp", NO, "log(sum(exp(x))) along an axis, overflow-free")
 _op("layer_norm", "row", "f", "layer_norm", "kernel", "(x - mean) / sqrt(var + eps) * scale + bias, last axis")
 _op("rms_norm", "row", "f", "rms_norm", "kernel", "x / sqrt(mean(x^2) + eps) * scale, last axis")
-_op("argmax", "row", "f", "argmax", NO, "index of the first maximum (NaN first, as numpy)")
-_op("argmin", "row", "f", "argmin", NO, "index of the first minimum (NaN first, as numpy)")
+_op("argmax", "row", "f", "argmax", EPI, "index of the first maximum (NaN first, as numpy)")
+_op("argmin", "row", "f", "argmin", EPI, "index of the first minimum (NaN first, as numpy)")
 _op("top_k", "row", "f", "top_k", NO, "k largest values and their indices, sorted, ties by index")
 _op("cross_entropy", "row", "f", "cross_entropy", EPI,
     "-log softmax(logits)[label] from integer labels; mean/sum/none, ignore_index")

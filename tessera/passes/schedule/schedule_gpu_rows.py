@@ -11,7 +11,7 @@ layer_norm, rms_norm, log_softmax) and reductions over the last axes.
   flat elementwise kernel).
 
 What these kernels cannot do is refused here, naming the op and the lane: row ops other than
-softmax / layer_norm / rms_norm / log_softmax / cross_entropy, reductions other than sum / mean / max over a
+softmax / layer_norm / rms_norm / log_softmax / cross_entropy / argmax / argmin, reductions other than sum / mean / max over a
 contiguous run of axes, gathers other than one_hot / take, reductions and row ops of int / bool tensors, int8
 tensors and float64 ones.  Elementwise chains and copies of int32 / int64 / bool tensors are scheduled
 (the typed lanes of ``passes/target/gpu``).
@@ -52,9 +52,9 @@ def _check_ops(fop: g.FusionOp, name: str, target: str) -> g.Operation | None:
         if isinstance(op, g.GATHERS) and not isinstance(op, (g.OneHotOp, g.TakeOp)):
             raise _refuse(name, op, target)
         if isinstance(op, g.ROWWISE) and not isinstance(op, (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, LogSoftmaxOp,
-                                                              g.CrossEntropyOp)):
+                                                              g.CrossEntropyOp) + g.ARGS):
             raise _refuse(name, op, target)
-        labels = isinstance(op, (g.CrossEntropyOp, g.OneHotOp, g.TakeOp))
+        labels = isinstance(op, (g.CrossEntropyOp, g.OneHotOp, g.TakeOp) + g.ARGS)
         for v in list(op.operands) + list(op.results):
             et = getattr(v.type, "element_type", None)
             if isinstance(et, IntegerType) and (isinstance(op, g.REDUCTIONS + g.ROWWISE) and not labels
