@@ -21,6 +21,10 @@ instruction.  With it this module lowers:
 - ``tile.reduce`` of a wave's tile in shared memory -> one lane per row folding it, the
   result a per-wave vector in shared memory read back as a column broadcast.
 
+- int32 / int64 / bool tiles hold their own type in registers (bools as ``i1``): a typed
+  ``tile.elementwise`` becomes a typed ``tessera_gpu.math`` (``simt_typed.py``; ``pow`` is refused
+  by name), ``tile.load_index`` an index read and clamped.
+
 ``tile.splat_index`` is refused by name.
 """
 from __future__ import annotations
@@ -45,10 +49,6 @@ from tessera.errors import CodegenError, PassFailedError
 # tile.elementwise functions the GPU lanes refuse by name (tessera.ops's log1p, exp2, expm1; log, sin and
 # cos run as the CPU lane's f64-widened polynomials: log_softmax and rotary embeddings need them)
 GPU_REFUSED_FNS = ("log1p", "exp2", "expm1")
-# typed tile functions the GPU lanes refuse, naming the tessera.ops function they come from (the others --
-# comparisons, where, logic, shifts, int arithmetic, floordiv / mod, isnan / isinf / isfinite, casts -- lower
-# to typed tessera_gpu.math on int32 / int64 / bool registers)
-GPU_REFUSED_TYPED = {"pow": "pow (**)"}
 from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr, ival
 from tessera.ir.builder import INDEX, Builder
@@ -59,6 +59,7 @@ from tessera.passes.util import swap_op
 
 
 from tessera.passes.target.gpu.simt_copy import SimtCopies
+from tessera.passes.target.gpu.simt_typed import GPU_REFUSED_TYPED, SimtTyped  # noqa: F401  (re-exported)
 from tessera.passes.target.gpu.simt_values import (  # noqa: F401  (re-exported)
     Deferred, Dist, Frag, Idx, Item, LaneMap, OperandMap, Splat, View, _pow2_floor, const_int, elem_bytes,
     lane_split, part_type, vec,
@@ -67,7 +68,7 @@ from tessera.passes.target.gpu.simt_values import (  # noqa: F401  (re-exported)
 
 # --------------------------------------------------------------------------- the lowerer
 @dataclass
-class SimtLowerer(SimtCopies, OpLowerer):
+class SimtLowerer(SimtTyped, SimtCopies, OpLowerer):
     maps: dict                       # FragmentType (m, n, k, family, elem) key -> LaneMap
     wave: int
     block: int                       # threads per workgroup
@@ -248,22 +249,6 @@ class SimtLowerer(SimtCopies, OpLowerer):
         if isinstance(to, IntegerType) or (isinstance(src, IntegerType) and src.width.data > 1):
             return self.typed(b, "cvt", [v], ty)     # int lanes: numpy's astype (typed cvt)
         return b.op(G.ConvertOp.create(operands=[v], result_types=[ty])).results[0]
-
-    def typed(self, b: Builder, fn: str, args: list[SSAValue], ty: Attribute) -> SSAValue:
-        return b.op(G.MathOp.create(operands=args, attributes={"fn": StringAttr(fn)}, result_types=[ty])).results[0]
-
-    @staticmethod
-    def is_typed(op: t.ElementwiseOp) -> bool:
-        """A typed function, or any function on int / bool tiles (lowered to typed tessera_gpu.math)."""
-        return op.fn.data in G.GPU_TYPED_FNS or any(isinstance(v.type.element_type, IntegerType)
-                                                    for v in list(op.inputs) + [op.result])
-
-    def refuse_typed(self, op: t.ElementwiseOp) -> None:
-        fn = op.fn.data
-        if fn in GPU_REFUSED_TYPED or (self.is_typed(op) and fn not in G.GPU_TYPED_FNS + G.GPU_INT_FNS):
-            what = GPU_REFUSED_TYPED.get(fn, f"{fn} on int or bool values")
-            raise CodegenError(f"tessera.ops.{what} has no lowering on this GPU lane ({self.lowering_name}); "
-                               'target="cpu" compiles it')
 
     def pack(self, b: Builder, scalars: list[SSAValue]) -> SSAValue:
         if len(scalars) == 1:
@@ -540,21 +525,6 @@ class SimtLowerer(SimtCopies, OpLowerer):
         one, zero = b.c(1), b.c(0)
         self.vmap[op.result] = Deferred(View(scratch, b.c(base), one, b.c(zero), b.c(R), one, (R, 1), f32, 1, True),
                                         0.0)
-
-    def op_tile_load_index(self, op: t.LoadIndexOp, b: Builder) -> None:
-        """One element of an i32 / i64 index array as an ``index`` (32 bits on the GPU): widened to
-        i64 and clamped into the int32 range first, so a kernel's bounds check sees every value
-        that lies outside an array as outside (an int64 index of 2**32 + 1 is not read as 1)."""
-        from xdsl.dialects.builtin import i64
-        elem = op.source.type.element_type
-        v = self.load(b, self.scalar(op.source), b.c(self.scalar(op.offset)), elem, elem_bytes(elem))
-        if elem != i64:      # an int32 index is inside the range already
-            self.vmap[op.result] = b.op(arith.IndexCastOp(v, INDEX)).results[0]
-            return
-        lo = b.op(arith.ConstantOp(IntegerAttr(-(2 ** 31), i64), i64)).results[0]
-        hi = b.op(arith.ConstantOp(IntegerAttr(2 ** 31 - 1, i64), i64)).results[0]
-        v = b.op(arith.MaxSIOp(b.op(arith.MinSIOp(v, hi)).results[0], lo)).results[0]
-        self.vmap[op.result] = b.op(arith.IndexCastOp(v, INDEX)).results[0]
 
     def op_tile_splat_index(self, op, b) -> None:
         raise CodegenError(f"{op.name} has no GPU lowering (GPU kernels fold runtime sizes at generation)")
