@@ -8,9 +8,12 @@ What stays refused, and why (the table below is the contract; a change must edit
 (gpt2_block bf16 runs its composed attention unfused -- bf16 rounds the scores between ops; its
 causal mask from ``arange`` is fused into the scores GEMM's epilogue as the tile's diagonal mask,
 tests/test_gpu_causal_where.py.)
-- mlp_train_step: ``cross_entropy`` reads int labels; ``one_hot``; int/bool tensors;
-- sampler: ``ids[:, -1]`` is an int copy, ``take`` / ``top_k`` / ``argmax`` have no GPU kernels;
-- ROCm f32: f32 matrix instructions need xf32 (gfx942), which lower-tile-to-rocm does not select.
+- mlp_train_step compiles onto nvidia (cross_entropy from int labels, one_hot, the ReLU's bool mask
+  in a GEMM epilogue: tests/test_gpu_int.py); its bf16 program is mixed -- one_hot's rows are f32, so
+  dlogits and two backward GEMMs are f32 -- and takes the tf32 pin as the f32 programs do;
+- sampler: ``ids[:, -1]``, ``take`` and ``argmax`` compile; ``top_k`` has no GPU kernel;
+- ROCm f32 (and mlp_train_step's f32 GEMMs in bf16): f32 matrix instructions need xf32 (gfx942),
+  which lower-tile-to-rocm does not select.
 """
 from __future__ import annotations
 
@@ -42,15 +45,17 @@ NVIDIA = {
     ("gpt2_block", "f32"): None, ("gpt2_block", "bf16"): None,
     ("llama_block", "f32"): None, ("llama_block", "bf16"): None,
     ("bert_block", "f32"): None, ("bert_block", "bf16"): None,
-    ("mlp_train_step", "f32"): ("SCHEDULE_ILLEGAL", "tessera.cross_entropy"),
-    ("mlp_train_step", "bf16"): ("SCHEDULE_ILLEGAL", "tessera.cross_entropy"),
-    ("sampler", "f32"): ("SCHEDULE_ILLEGAL", "tessera.slice on int"),
-    ("sampler", "bf16"): ("SCHEDULE_ILLEGAL", "tessera.slice on int"),
+    ("mlp_train_step", "f32"): None, ("mlp_train_step", "bf16"): None,
+    ("sampler", "f32"): ("SCHEDULE_ILLEGAL", "tessera.top_k"),
+    ("sampler", "bf16"): ("SCHEDULE_ILLEGAL", "tessera.top_k"),
     ("decode_attention", "f32"): None, ("decode_attention", "bf16"): None,
 }
 ROCM = {**{k: v for k, v in NVIDIA.items()},
         **{(m, "f32"): ("MMA_SELECTOR", "xf32") for m in ("gpt2_block", "llama_block", "bert_block",
-                                                            "mlp_train_step", "decode_attention")}}
+                                                            "mlp_train_step", "decode_attention", "sampler")},
+        ("mlp_train_step", "bf16"): ("MMA_SELECTOR", "xf32")}
+# programs with f32 GEMMs whatever the inputs' dtype (mlp_train_step: one_hot's f32 rows in the backward)
+F32_GEMMS = {"mlp_train_step"}
 SLOW_COMPILES = {"llama_block", "bert_block"}      # 10-15 s each on a loaded machine
 
 
@@ -70,14 +75,14 @@ def _params(table, archs):
     return out
 
 
-def _pins(target, dtype):
+def _pins(target, dtype, name=""):
     """f32 on nvidia runs on tf32 only when asked (schedule_gpu.py); rocm's xf32 is not lowered."""
-    return {"math_mode": "tf32"} if (target, dtype) == ("nvidia", "f32") else None
+    return {"math_mode": "tf32"} if target == "nvidia" and (dtype == "f32" or name in F32_GEMMS) else None
 
 
 def check_lane(target, arch, name, dtype, expect, rng):
     m, args, kw = _model(name, dtype, rng)
-    kw = dict(kw, schedule=_pins(target, dtype))
+    kw = dict(kw, schedule=_pins(target, dtype, name))
     if expect is not None:
         code, text = expect
         with pytest.raises(TesseraError) as ei:
@@ -109,12 +114,12 @@ def test_model_compiles_for_rocm_or_is_refused_by_name(name, dtype, arch, rng):
 
 def test_a_refused_model_never_falls_back_silently(rng):
     """strict (the default): the call raises the coded error; nothing runs on the host instead."""
-    m, args, kw = _model("sampler", "f32", rng)
+    m, args, kw = _model("sampler", "bf16", rng)
     f = ts.jit(m.forward.fn if hasattr(m.forward, "fn") else m.forward, target="nvidia", arch="sm_80",
                static_argnames="k")
     with pytest.raises(TesseraError) as ei:
         f(*args, **kw)
-    assert ei.value.code == "SCHEDULE_ILLEGAL"
+    assert ei.value.code == "SCHEDULE_ILLEGAL" and "tessera.top_k" in str(ei.value)
 
 
 @pytest.mark.slow   # the warp emulator runs every kernel of the block: 20-60 s loaded
@@ -129,6 +134,28 @@ def test_block_emulated_end_to_end_matches_float64(name, rng):
     want = m.reference(*args, xp_dtype=np.float64, **kw)
     err = np.abs(got - want).max() / np.abs(want).max()
     assert 0 < err < 2e-3, err
+
+
+@pytest.mark.slow   # the warp emulator runs the 16 kernels of the step: ~15 s (f32), ~35 s (bf16) loaded
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+@pytest.mark.parametrize("dtype, tol", [("f32", 2e-3), ("bf16", 1.5e-2)])
+def test_mlp_train_step_emulated_end_to_end_matches_float64(rng, dtype, tol):
+    """The loss and the four updated parameters, each against float64: GEMMs on tf32 (bf16 inputs
+    where the program has them), cross_entropy and one_hot from the int labels, the ReLU's bool mask
+    in the dh GEMM's epilogue."""
+    m, args, kw = _model("mlp_train_step", dtype, rng)
+    art = ts.compile(m.forward, *args, target="nvidia", arch="sm_80", schedule={"math_mode": "tf32"}, **kw)
+    kinds = {k["kind"] for k in art.report().kernels}
+    assert {"gemm", "rowwise", "gather", "reduce", "elementwise"} <= kinds, kinds
+    got = art.emulate(*args, **kw)
+    want = m.reference(*args, xp_dtype=np.float64, **kw)
+    for name, g, w in zip(("loss", "w1", "b1", "w2", "b2"), got, want):
+        g, w = np.asarray(g, np.float64), np.asarray(w)
+        err = np.abs(g - w).max() / np.abs(w).max()
+        assert 0 <= err < tol, (name, err)
+    # the update is not the identity: the step moved every parameter
+    assert all(np.abs(np.asarray(g, np.float64) - np.asarray(a, np.float64)).max() > 0
+               for g, a in zip(got[1:], args[2:6]))
 
 
 @pytest.mark.slow   # ~35 s loaded

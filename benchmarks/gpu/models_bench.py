@@ -42,7 +42,11 @@ DRY = {  # (model, dtype) -> sizes the emulator finishes in seconds (f32: the fa
     ("decode_attention", "f32"): dict(batch=1, heads=4, kv_heads=2, head_dim=32, seq=64),
     ("gpt2_block", "f32"): dict(batch=1, seq=16, dim=64, heads=2),
     ("sampler", "f32"): dict(batch=2, seq=4, vocab=64, dim=32, k=5),
+    ("mlp_train_step", "f32"): dict(batch=8, din=24, hidden=32, classes=10),
 }
+# programs with f32 GEMMs whatever the inputs' dtype (mlp_train_step: one_hot's f32 rows in the backward):
+# they take the tf32 pin in bf16 too
+F32_GEMMS = {"mlp_train_step"}
 
 
 def _cast(args, dtype):
@@ -62,7 +66,8 @@ def run_model(be, name: str, dtype: str, sizes: dict, arch: str, timed: bool) ->
     args = _cast(args, dtype)
     res = {"model": name, "dtype": dtype, "sizes": sizes}
     # f32 runs on tf32 (asked for: the same trade as torch's allow_tf32, which the peers get too)
-    f = m.forward.retarget("nvidia", arch, {"math_mode": "tf32"} if dtype == "f32" else None, "models_bench")
+    tf32 = dtype == "f32" or name in F32_GEMMS
+    f = m.forward.retarget("nvidia", arch, {"math_mode": "tf32"} if tf32 else None, "models_bench")
     try:
         art = f.compile(*args, **kw)
     except TesseraError as e:      # refused by name: recorded, never run elsewhere
@@ -87,8 +92,8 @@ def run_model(be, name: str, dtype: str, sizes: dict, arch: str, timed: bool) ->
     if timed:
         torch = be.torch
         # the same math for the peers: f32 matmuls on tf32 (Tessera's f32 kernels run on it, asked for)
-        torch.backends.cuda.matmul.allow_tf32 = dtype == "f32"
-        torch.backends.cudnn.allow_tf32 = dtype == "f32"
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
         res["ms"] = {"tessera": _events_ms(torch, lambda: f(*dev, **kw))}
         if hasattr(m, "torch_forward"):
             with torch.no_grad():

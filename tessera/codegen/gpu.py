@@ -13,7 +13,8 @@ from llvmlite import ir
 from xdsl.dialects import func
 from xdsl.dialects.builtin import Float32Type, IndexType, IntegerType, ModuleOp
 
-from tessera.codegen.llvm_common import F32, I32, I64, FnCodegen, ModuleCodegen, llvm_type
+from tessera.codegen import gpu_typed as T
+from tessera.codegen.llvm_common import F32, I8, I32, I64, FnCodegen, ModuleCodegen, llvm_type
 from tessera.errors import CodegenError, UnloweredOpsError
 from tessera.ir import tile as t
 from tessera.ir.attrs import ival, strs
@@ -98,11 +99,17 @@ class GpuFn(FnCodegen):
 
     def op_tessera_gpu_load(self, op: G.LoadOp):
         ty = self.lt(op.result.type)
+        if T.is_bool(ty):           # bools: one byte each in memory
+            raw = self.b.load(self._ptr(op.base, op.index, I8), typ=T.byte_type(ty), align=ival(op.align))
+            self.set(op, T.load_bool(self.b, raw))
+            return
         elem = ty.element if isinstance(ty, ir.VectorType) else ty
         self.set(op, self.b.load(self._ptr(op.base, op.index, elem), typ=ty, align=ival(op.align)))
 
     def op_tessera_gpu_store(self, op: G.StoreOp):
         val = self.v(op.value)
+        if T.is_bool(val.type):
+            val = T.store_bool(self.b, val)
         elem = val.type.element if isinstance(val.type, ir.VectorType) else val.type
         self.b.store(val, self._ptr(op.base, op.index, elem), align=ival(op.align))
 
@@ -141,6 +148,9 @@ class GpuFn(FnCodegen):
         return self.gen.intrinsic(f"llvm.{name}.{suffix}", ty, [ty] * n)
 
     def op_tessera_gpu_math(self, op: G.MathOp):
+        if op.is_typed():          # int / bool lanes, conversions, comparisons (codegen/gpu_typed.py)
+            self.set(op, T.emit(self, op))
+            return
         fn = op.fn.data
         args = [self.v(a) for a in op.inputs]
         ty = args[0].type

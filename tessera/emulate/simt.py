@@ -39,6 +39,7 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import Attribute, Block, Operation, SSAValue
 
 from tessera.emulate import layouts as L
+from tessera.emulate.typed import run as typed_run
 from tessera.emulate.wgmma import WgmmaOps
 from tessera.errors import (
     EmulatorAlignError,
@@ -255,6 +256,9 @@ class Emulator(WgmmaOps):
     def op_arith_cmpi(self, ctx, op, mask):
         self._bin(ctx, op, self._PRED[ival(op.predicate)])
 
+    def op_arith_index_cast(self, ctx, op, mask):
+        ctx.vals[op.result] = np.asarray(self.v(ctx, op.input)).astype(np_of(op.result.type))
+
     def op_arith_select(self, ctx, op, mask):
         ctx.vals[op.result] = _where(np.asarray(self.v(ctx, op.cond)), self.v(ctx, op.lhs), self.v(ctx, op.rhs))
 
@@ -411,6 +415,11 @@ class Emulator(WgmmaOps):
         ctx.vals[op.result] = np.asarray(self.v(ctx, op.input)).astype(np_of(G.element_of(op.result.type)))
 
     def op_tessera_gpu_math(self, ctx, op: G.MathOp, mask):
+        if op.is_typed():       # int / bool lanes (emulate/typed.py)
+            args = [np.asarray(self.v(ctx, a)).astype(np_of(G.element_of(a.type))) for a in op.inputs]
+            out = np_of(G.element_of(op.result.type))
+            ctx.vals[op.result] = np.asarray(typed_run(op.fn.data, args, out)).astype(out)
+            return
         args = [np.asarray(self.v(ctx, a), dtype=np.float32) for a in op.inputs]
         with np.errstate(all="ignore"):
             ctx.vals[op.result] = MATH[op.fn.data](*args).astype(np.float32)

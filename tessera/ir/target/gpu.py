@@ -19,7 +19,10 @@ workgroup-shared memory) indexed in elements.
                 visible to the workgroup after it
   pack          scalars -> ``vector<N x elem>``     extract   one element of a vector
   convert       float <-> float (f32, f16, bf16), elementwise on vectors
-  math          ``fn`` on f32 scalars or vectors (the ``tile.elementwise`` functions)
+  math          ``fn`` on f32 scalars or vectors (the ``tile.elementwise`` functions); typed lanes: the
+                typed functions (``cvt``, ``cmp_*``, ``select``, ``and/or/xor/not``, ``shl/shr``,
+                ``floordiv/mod``, ``isnan/isinf/isfinite``) and add/sub/mul/max/min/neg/abs on int32/int64
+                lanes, bools as ``i1`` (one byte in memory: loads compare with 0, stores widen)
   shuffle_xor   the f32 value of lane ``lane ^ mask`` of this thread's wave (every lane of the wave
                 takes part: a butterfly step of a wave-wide reduction)
   launch        host program step: run kernel ``callee`` on a grid of workgroups
@@ -53,7 +56,19 @@ from xdsl.traits import Pure
 
 from tessera.errors import TargetVerifyError
 from tessera.ir.attrs import ival
-from tessera.ir.tile import BINARY_FNS, UNARY_FNS, BufferType
+from tessera.ir.tile import (
+    BINARY_FNS,
+    TYPED_BINARY_FNS,
+    TYPED_TERNARY_FNS,
+    TYPED_UNARY_FNS,
+    UNARY_FNS,
+    BufferType,
+    check_typed_elementwise,
+)
+
+# the typed functions the GPU lanes lower (``pow`` stays refused by name: simt.GPU_REFUSED_TYPED)
+GPU_TYPED_FNS = tuple(f for f in TYPED_UNARY_FNS + TYPED_BINARY_FNS + TYPED_TERNARY_FNS if f != "pow")
+GPU_INT_FNS = ("add", "sub", "mul", "max", "min", "neg", "abs")   # float names on int lanes
 
 FLOATS = (Float32Type, Float16Type, BFloat16Type)
 SHARED_SPACES = ("lds", "smem")
@@ -204,8 +219,15 @@ class MathOp(IRDLOperation):
     traits = traits_def(Pure())
     assembly_format = "$fn $inputs attr-dict `:` functional-type($inputs, results)"
 
+    def is_typed(self) -> bool:
+        """A typed lane-wise function (int / bool lanes, or operand and result types that differ)."""
+        return self.fn.data in GPU_TYPED_FNS or any(isinstance(element_of(v.type), IntegerType)
+                                                    for v in list(self.inputs) + [self.result])
+
     def verify_(self) -> None:
         fn = self.fn.data
+        if self.is_typed():
+            return self._verify_typed()
         arity = 1 if fn in UNARY_FNS else 2 if fn in BINARY_FNS else None
         if arity is None or len(self.inputs) != arity:
             raise _bad(self, f"fn {fn!r} with {len(self.inputs)} operand(s); unary: {', '.join(UNARY_FNS)}; "
@@ -213,6 +235,33 @@ class MathOp(IRDLOperation):
         if any(v.type != self.result.type for v in self.inputs) or \
                 not isinstance(element_of(self.result.type), Float32Type):
             raise _bad(self, "operands and result must be the same f32 scalar or vector type")
+
+    def _verify_typed(self) -> None:
+        fn = self.fn.data
+        arity = (1 if fn in TYPED_UNARY_FNS or fn in ("neg", "abs") else 3 if fn in TYPED_TERNARY_FNS
+                 else 2 if fn in TYPED_BINARY_FNS or fn in GPU_INT_FNS else None)
+        if fn not in GPU_TYPED_FNS + GPU_INT_FNS or len(self.inputs) != arity:
+            raise _bad(self, f"typed fn {fn!r} with {len(self.inputs)} operand(s); legal: "
+                             f"{', '.join(GPU_TYPED_FNS + GPU_INT_FNS)}")
+        types = [v.type for v in self.inputs] + [self.result.type]
+        if len({lanes_of(ty) for ty in types}) != 1:
+            raise _bad(self, f"{fn}: operands and result differ in lanes")
+        elems = [element_of(ty) for ty in types]
+        for e in elems:
+            if not (isinstance(e, Float32Type) or (isinstance(e, IntegerType) and e.width.data in (1, 8, 32, 64))):
+                raise _bad(self, f"{fn}: lanes of {e}; the GPU registers hold f32, i1, i8, i32 or i64")
+        if fn in GPU_INT_FNS and len(set(elems)) != 1:
+            raise _bad(self, f"{fn}: operands and result must share one int type")
+
+        class _View:        # the Tile IR rules, on this op's element types
+            def __init__(self, e):
+                self.type = type("T", (), {"element_type": e})()
+        shim = type("Op", (), {})()
+        shim.fn, shim.inputs, shim.result = self.fn, [_View(e) for e in elems[:-1]], _View(elems[-1])
+        try:
+            check_typed_elementwise(shim)
+        except Exception as e:        # TileShapeMismatch, reworded as this op's error
+            raise _bad(self, str(getattr(e, "message", e))) from None
 
 
 @irdl_op_definition

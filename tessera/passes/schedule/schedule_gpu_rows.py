@@ -11,9 +11,10 @@ layer_norm, rms_norm, log_softmax) and reductions over the last axes.
   flat elementwise kernel).
 
 What these kernels cannot do is refused here, naming the op and the lane: row ops other than
-softmax / layer_norm / rms_norm / log_softmax, reductions other than sum / mean / max over a contiguous run of
-axes, and
-int / bool tensors (the typed ops) and float64 ones.
+softmax / layer_norm / rms_norm / log_softmax / cross_entropy / argmax / argmin, reductions other than sum / mean / max over a
+contiguous run of axes, gathers other than one_hot / take, reductions and row ops of int / bool tensors, int8
+tensors and float64 ones.  Elementwise chains and copies of int32 / int64 / bool tensors are scheduled
+(the typed lanes of ``passes/target/gpu``).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from tessera.ir import graph as g
 from tessera.ir.graph_rows import LogSoftmaxOp
 from tessera.ir.attrs import i64_attr, int_array, ints, str_array
 
-ROW_KINDS = ("rowwise", "reduce", "elementwise", "transpose", "concat")
+ROW_KINDS = ("rowwise", "reduce", "elementwise", "transpose", "concat", "gather")
 MAX_THREADS = 256
 
 
@@ -37,8 +38,8 @@ def _bytes(elem) -> int:
 
 
 def _refuse(name: str, op, target: str, why: str = "") -> ScheduleIllegalError:
-    return ScheduleIllegalError(f"kernel {name} ({op.name}): the {target} lane has no kernel for {op.name}{why}; it "
-                                "runs on the CPU lane (cpu-x86)")
+    return ScheduleIllegalError(f"kernel {name} ({op.name}): the {target} lane has no kernel for {op.name}{why}; "
+                                'target="cpu" compiles it')
 
 
 def _check_ops(fop: g.FusionOp, name: str, target: str) -> g.Operation | None:
@@ -48,14 +49,21 @@ def _check_ops(fop: g.FusionOp, name: str, target: str) -> g.Operation | None:
     for op in fop.body.block.ops:
         if isinstance(op, g.YieldOp):
             continue
+        if isinstance(op, g.GATHERS) and not isinstance(op, (g.OneHotOp, g.TakeOp)):
+            raise _refuse(name, op, target)
+        if isinstance(op, g.ROWWISE) and not isinstance(op, (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, LogSoftmaxOp,
+                                                              g.CrossEntropyOp) + g.ARGS):
+            raise _refuse(name, op, target)
+        labels = isinstance(op, (g.CrossEntropyOp, g.OneHotOp, g.TakeOp) + g.ARGS)
         for v in list(op.operands) + list(op.results):
-            if isinstance(getattr(v.type, "element_type", None), IntegerType):
-                raise _refuse(name, op, target, " on int or bool tensors")
-            if isinstance(getattr(v.type, "element_type", None), Float64Type):
+            et = getattr(v.type, "element_type", None)
+            if isinstance(et, IntegerType) and (isinstance(op, g.REDUCTIONS + g.ROWWISE) and not labels
+                                                or et.width.data == 8):
+                raise _refuse(name, op, target, " on int8 tensors" if et.width.data == 8 else
+                              " on int or bool tensors")
+            if isinstance(et, Float64Type):
                 raise _refuse(name, op, target, " on float64 tensors (the GPU kernels compute in f32)")
         if isinstance(op, g.ROWWISE):
-            if not isinstance(op, (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, LogSoftmaxOp)):
-                raise _refuse(name, op, target)
             main = op
         elif isinstance(op, g.REDUCTIONS):
             if not isinstance(op, (g.ReduceSumOp, g.ReduceMeanOp, g.ReduceMaxOp)):
@@ -92,7 +100,7 @@ def rows_schedule(fop: g.FusionOp, name: str, target: str, wave: int) -> dict:
             raise _refuse(name, cat, target, f" along axis {cat.axis.value.data} (the GPU joins along the last "
                                              "axis only)")
         length = fop.outputs[0].type.dims[-1]
-    elif kind == "transpose":
+    elif kind in ("transpose", "gather"):
         length = fop.outputs[0].type.dims[-1] if fop.outputs[0].type.dims else 1
     threads = MAX_THREADS
     if isinstance(length, int):

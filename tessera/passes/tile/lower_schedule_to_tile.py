@@ -76,7 +76,7 @@ def generate(kop: s.KernelOp, target: str = "x86"):
     kind = kop.kind.data
     if target in GPU and any(isinstance(o, g.ConvPatchesOp) for o in kop.body.block.ops):
         raise ScheduleIllegalError(f"kernel {kop.sym_name.data}: tessera.conv_patches (conv2d's implicit GEMM) "
-                                   f"has no {target} lowering; conv2d runs on the CPU lane")
+                                   f"has no lowering on the {target} lane; target=\"cpu\" compiles conv2d")
     if target in GPU and kind in gpu_rows.KINDS:     # memory-bound kernels on the GPU lanes
         return gpu_rows.generate(kop)
     if target in GPU and kind not in ("gemm", "attention"):

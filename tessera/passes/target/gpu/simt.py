@@ -21,6 +21,10 @@ instruction.  With it this module lowers:
 - ``tile.reduce`` of a wave's tile in shared memory -> one lane per row folding it, the
   result a per-wave vector in shared memory read back as a column broadcast.
 
+- int32 / int64 / bool tiles hold their own type in registers (bools as ``i1``): a typed
+  ``tile.elementwise`` becomes a typed ``tessera_gpu.math`` (``simt_typed.py``; ``pow`` is refused
+  by name), ``tile.load_index`` an index read and clamped.
+
 ``tile.splat_index`` is refused by name.
 """
 from __future__ import annotations
@@ -45,14 +49,6 @@ from tessera.errors import CodegenError, PassFailedError
 # tile.elementwise functions the GPU lanes refuse by name (tessera.ops's log1p, exp2, expm1; log, sin and
 # cos run as the CPU lane's f64-widened polynomials: log_softmax and rotary embeddings need them)
 GPU_REFUSED_FNS = ("log1p", "exp2", "expm1")
-# typed tile functions (comparisons, where, logic, integer ops, pow, casts to/from int and bool):
-# refused on the GPU lanes, naming the tessera.ops function they come from
-GPU_REFUSED_TYPED = {"cmp_eq": "equal (==)", "cmp_ne": "not_equal (!=)", "cmp_lt": "less (<)", "cmp_le": "less_equal (<=)",
-                     "cmp_gt": "greater (>)", "cmp_ge": "greater_equal (>=)", "select": "where", "cvt": "cast to/from int or bool",
-                     "and": "bitwise_and / logical_and (&)", "or": "bitwise_or / logical_or (|)",
-                     "xor": "bitwise_xor / logical_xor (^)", "not": "bitwise_not / logical_not (~)", "isnan": "isnan",
-                     "isinf": "isinf", "isfinite": "isfinite", "shl": "left_shift (<<)", "shr": "right_shift (>>)",
-                     "floordiv": "floor_divide (//)", "mod": "mod (%)", "pow": "pow (**)"}
 from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr, ival
 from tessera.ir.builder import INDEX, Builder
@@ -63,6 +59,7 @@ from tessera.passes.util import swap_op
 
 
 from tessera.passes.target.gpu.simt_copy import SimtCopies
+from tessera.passes.target.gpu.simt_typed import GPU_REFUSED_TYPED, SimtTyped  # noqa: F401  (re-exported)
 from tessera.passes.target.gpu.simt_values import (  # noqa: F401  (re-exported)
     Deferred, Dist, Frag, Idx, Item, LaneMap, OperandMap, Splat, View, _pow2_floor, const_int, elem_bytes,
     lane_split, part_type, vec,
@@ -71,7 +68,7 @@ from tessera.passes.target.gpu.simt_values import (  # noqa: F401  (re-exported)
 
 # --------------------------------------------------------------------------- the lowerer
 @dataclass
-class SimtLowerer(SimtCopies, OpLowerer):
+class SimtLowerer(SimtTyped, SimtCopies, OpLowerer):
     maps: dict                       # FragmentType (m, n, k, family, elem) key -> LaneMap
     wave: int
     block: int                       # threads per workgroup
@@ -239,14 +236,18 @@ class SimtLowerer(SimtCopies, OpLowerer):
         b.op(G.StoreOp.create(operands=[value, base, b.c(index)], attributes={"align": i64_attr(align)}))
 
     def fconst(self, b: Builder, value: float, elem: Attribute = f32) -> SSAValue:
-        if isinstance(elem, IntegerType):      # bool masks: the pad of an integer view
-            return b.op(arith.ConstantOp(IntegerAttr(int(value), elem), elem)).results[0]
+        if isinstance(elem, IntegerType):      # int / bool values (true is 1)
+            iv = int(value != 0) if elem.width.data == 1 else int(value)
+            return b.op(arith.ConstantOp(IntegerAttr(iv, elem), elem)).results[0]
         return b.op(arith.ConstantOp(FloatAttr(value, elem), elem)).results[0]
 
     def convert(self, b: Builder, v: SSAValue, to: Attribute) -> SSAValue:
-        if G.element_of(v.type) == to:
+        src = G.element_of(v.type)
+        if src == to:
             return v
         ty = vec(to, G.lanes_of(v.type)) if isinstance(v.type, VectorType) else to
+        if isinstance(to, IntegerType) or (isinstance(src, IntegerType) and src.width.data > 1):
+            return self.typed(b, "cvt", [v], ty)     # int lanes: numpy's astype (typed cvt)
         return b.op(G.ConvertOp.create(operands=[v], result_types=[ty])).results[0]
 
     def pack(self, b: Builder, scalars: list[SSAValue]) -> SSAValue:
@@ -373,12 +374,15 @@ class SimtLowerer(SimtCopies, OpLowerer):
 
     # ------------------------------------------------------------------ tiles
     def op_tile_load(self, op: t.LoadOp, b: Builder) -> None:
-        self.vmap[op.result] = Deferred(self.vmap[op.source], op.pad.value.data if op.pad is not None else 0.0)
+        self.vmap[op.result] = Deferred(self.vmap[op.source], op.pad.value.data if op.pad is not None else 0.0,
+                                        op.result.type.element_type)
 
     def op_tile_constant(self, op: t.ConstantOp, b: Builder) -> None:
         if op.step is not None:
             raise PassFailedError("tile.constant with a step (column indices) has no GPU lowering")
-        self.vmap[op.result] = Splat(op.value.value.data)
+        elem = op.result.type.element_type
+        val = op.value.value.data
+        self.vmap[op.result] = Splat(int(val != 0) if elem == IntegerType(1) else val, elem)
 
     def materialise(self, b: Builder, v, like: Dist) -> list[SSAValue]:
         """A broadcast operand in ``like``'s distribution (one value per register part)."""
@@ -387,7 +391,7 @@ class SimtLowerer(SimtCopies, OpLowerer):
                 raise CodegenError("tiles of two different lane distributions meet in one elementwise op")
             return v.parts
         if isinstance(v, Splat):
-            c = self.fconst(b, v.value)
+            c = self.fconst(b, v.value, v.elem)
             return [self.pack(b, [c] * n) for n in like.omap.parts]
         if isinstance(v, Deferred):
             vv = v.view
@@ -400,7 +404,7 @@ class SimtLowerer(SimtCopies, OpLowerer):
                     key = ((id(it.rbase), it.rdelta) if R > 1 else None, (id(it.cbase), it.cdelta) if C > 1 else None)
                     if key not in cache:
                         r, c = self.coords(b, it)
-                        cache[key] = self.masked_load(b, vv, r if R > 1 else 0, c if C > 1 else 0, f32, v.pad,
+                        cache[key] = self.masked_load(b, vv, r if R > 1 else 0, c if C > 1 else 0, v.elem, v.pad,
                                                       check_rows=R > 1, check_cols=C > 1)
                     scalars.append(cache[key])
                 parts.append(self.pack(b, scalars))
@@ -408,27 +412,25 @@ class SimtLowerer(SimtCopies, OpLowerer):
         raise CodegenError(f"cannot use {type(v).__name__} as a tile operand on the GPU")
 
     def op_tile_index(self, op, b: Builder) -> None:
-        raise CodegenError(f"tessera.ops.iota / arange / tril / triu have no GPU lowering (lane: {self.lowering_name}); "
-                           "they run on the CPU lane (cpu-x86)")
+        raise CodegenError(f"tessera.ops.iota / arange / tril / triu have no lowering in a GPU matrix kernel "
+                           f"({self.lowering_name}); target=\"cpu\" compiles them")
 
     def op_tile_elementwise(self, op: t.ElementwiseOp, b: Builder) -> None:
-        if op.fn.data in GPU_REFUSED_TYPED or any(isinstance(v.type.element_type, IntegerType) for v in op.inputs):
-            what = GPU_REFUSED_TYPED.get(op.fn.data, f"{op.fn.data} on int or bool values")
-            raise CodegenError(f"tessera.ops.{what} has no GPU lowering (lane: {self.lowering_name}); it runs on the "
-                               "CPU lane (cpu-x86)")
+        self.refuse_typed(op)
         if op.fn.data in GPU_REFUSED_FNS:
-            raise CodegenError(f"tile.elementwise {op.fn.data} has no GPU lowering (lane: {self.lowering_name}); "
-                               f"tessera.ops.{op.fn.data} runs on the CPU lane (cpu-x86) only")
+            raise CodegenError(f"tile.elementwise {op.fn.data} has no lowering on this GPU lane ({self.lowering_name}); "
+                               f'target="cpu" compiles tessera.ops.{op.fn.data}')
         vals = [self.vmap[v] for v in op.inputs]
         like = next((v for v in vals if isinstance(v, Dist)), None)
         if like is None:
             raise CodegenError(f"tile.elementwise {op.fn.data} needs one operand distributed over the wave")
         operands = [self.materialise(b, v, like) for v in vals]
         parts = []
-        for i in range(len(like.parts)):
+        relem = op.result.type.element_type
+        for i, n in enumerate(like.omap.parts):
             args = [o[i] for o in operands]
-            parts.append(b.op(G.MathOp.create(operands=args, attributes={"fn": op.fn},
-                                              result_types=[args[0].type])).results[0])
+            rt = part_type(relem, n) if self.is_typed(op) else args[0].type
+            parts.append(b.op(G.MathOp.create(operands=args, attributes={"fn": op.fn}, result_types=[rt])).results[0])
         self.vmap[op.result] = Dist(parts, like.omap, op.result.type.dims)
 
     def op_tile_store(self, op: t.StoreOp, b: Builder) -> None:
@@ -532,7 +534,7 @@ class SimtLowerer(SimtCopies, OpLowerer):
 GPU_CONSUMES = ("tile.alloc", "tile.view", "tile.async_copy", "tile.wait", "tile.barrier", "tile.fragment_zero",
                 "tile.fragment_pack", "tile.mma", "tile.fragment_unpack", "tile.load", "tile.store", "tile.constant",
                 "tile.elementwise", "tile.mask", "tile.reduce", "tile.program_id", "tile.wave_id", "tile.launch",
-                "tile.splat_index")
+                "tile.splat_index", "tile.load_index", "tile.index")
 GPU_PRODUCES = ("tessera_gpu.thread_id", "tessera_gpu.block_id", "tessera_gpu.shared", "tessera_gpu.load",
                 "tessera_gpu.store", "tessera_gpu.barrier", "tessera_gpu.pack", "tessera_gpu.extract",
                 "tessera_gpu.convert", "tessera_gpu.math", "tessera_gpu.launch",

@@ -26,15 +26,25 @@ from dataclasses import dataclass
 
 from xdsl.dialects import arith
 from xdsl.dialects.builtin import IntegerType, StringAttr, f32
-from xdsl.ir import SSAValue
+from xdsl.ir import Attribute, SSAValue
 
 from tessera.errors import CodegenError
 from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr, ival
 from tessera.ir.builder import Builder
 from tessera.ir.target import gpu as G
-from tessera.passes.target.gpu.simt import GPU_REFUSED_FNS, GPU_REFUSED_TYPED, SimtLowerer
-from tessera.passes.target.gpu.simt_values import Dist, Item, OperandMap, Splat, View, const_int, elem_bytes, vec
+from tessera.passes.target.gpu.simt import GPU_REFUSED_FNS, SimtLowerer
+from tessera.passes.target.gpu.simt_values import (
+    Dist,
+    Item,
+    OperandMap,
+    Splat,
+    View,
+    const_int,
+    elem_bytes,
+    part_type,
+    vec,
+)
 
 REDUCE_FNS = {"add": "add", "max": "max", "select_max": "max", "min": "min", "mul": "mul"}
 NEUTRAL = {"add": 0.0, "max": float("-inf"), "min": float("inf"), "mul": 1.0}
@@ -66,13 +76,16 @@ class RowsLowerer(SimtLowerer):
         V = self.per_thread(C)
         return Dist([self.pack(b, [value] * V)], self.row_map(b, C), (1, C))
 
+    def const(self, b: Builder, v):
+        return self.fconst(b, v.value, v.elem) if isinstance(v, Splat) else v
+
     def as_parts(self, b: Builder, v, like: Dist) -> list[SSAValue]:
         V = like.omap.parts[0]
         if isinstance(v, Dist):
             if v.omap.parts != like.omap.parts:
                 raise CodegenError("row tiles of different widths meet in one elementwise op")
             return v.parts
-        s = self.fconst(b, v.value) if isinstance(v, Splat) else v
+        s = self.const(b, v)
         if not isinstance(s, SSAValue):
             raise CodegenError(f"cannot use {type(v).__name__} as a row tile operand on the GPU")
         return [self.pack(b, [s] * V)]
@@ -84,14 +97,14 @@ class RowsLowerer(SimtLowerer):
         aligned = b.cmp("eq", b.rem(b.add(vv.off, c0), V), 0)
         return b.op(arith.AndIOp(inside, aligned)).results[0]
 
-    def load_row(self, b: Builder, vv: View, pad: float) -> Dist:
+    def load_row(self, b: Builder, vv: View, pad: float, to: Attribute = f32) -> Dist:
         C = vv.shape[1]
         V = self.per_thread(C)
         c0 = self.run_start(b, C)
         omap = self.row_map(b, C)
 
         def elements(be: Builder):
-            return [self.pack(be, [self.masked_load(be, vv, 0, be.add(c0, i), f32, pad, check_rows=False)
+            return [self.pack(be, [self.masked_load(be, vv, 0, be.add(c0, i), to, pad, check_rows=False)
                                    for i in range(V)])]
         if V == 1 or const_int(vv.cs) != 1:
             return Dist(elements(b), omap, (1, C))
@@ -99,23 +112,21 @@ class RowsLowerer(SimtLowerer):
 
         def vector(bv: Builder):
             raw = self.load(bv, vv.base, self.address(bv, vv, 0, c0), vec(vv.elem, V), min(V * esize, 16))
-            return [self.convert(bv, raw, f32)]
-        part = b.if_(self._fast(b, vv, c0, V), vector, elements, [vec(f32, V)])[0]
+            return [self.convert(bv, raw, to)]
+        part = b.if_(self._fast(b, vv, c0, V), vector, elements, [vec(to, V)])[0]
         return Dist([part], omap, (1, C))
 
     def op_tile_load(self, op: t.LoadOp, b: Builder) -> None:
         vv: View = self.vmap[op.source]
         R, C = vv.shape
         pad = op.pad.value.data if op.pad is not None else 0.0
+        to = op.result.type.element_type      # f32 registers; int / bool tiles hold their own type
         if R != 1:
             raise CodegenError(f"a row kernel loads [1, C] tiles, not [{R}, {C}]")
-        if isinstance(vv.elem, IntegerType):
-            raise CodegenError(f"int or bool operands have no GPU lowering (lane: {self.lowering_name}); they run on "
-                               "the CPU lane (cpu-x86)")
         if C == 1:      # one value per row (a broadcast leaf): every thread reads it
-            self.vmap[op.result] = self.masked_load(b, vv, 0, 0, f32, pad)
+            self.vmap[op.result] = self.masked_load(b, vv, 0, 0, to, pad)
             return
-        self.vmap[op.result] = self.load_row(b, vv, pad)
+        self.vmap[op.result] = self.load_row(b, vv, pad, to)
 
     def op_tile_store(self, op: t.StoreOp, b: Builder) -> None:
         vv: View = self.vmap[op.dest]
@@ -123,11 +134,11 @@ class RowsLowerer(SimtLowerer):
         C = vv.shape[1]
         esize = elem_bytes(vv.elem)
         if C == 1:
-            val = self.convert(b, self.fconst(b, d.value) if isinstance(d, Splat) else d, vv.elem)
+            val = self.convert(b, self.const(b, d), vv.elem)
             b.if_(b.cmp("eq", self.tid, 0), lambda bt: self.store(bt, val, vv.base, vv.off, esize) or [])
             return
         if not isinstance(d, Dist):
-            d = self.splat_dist(b, self.fconst(b, d.value) if isinstance(d, Splat) else d, C)
+            d = self.splat_dist(b, self.const(b, d), C)
         V = self.per_thread(C)
         c0 = self.run_start(b, C)
         part = d.parts[0]
@@ -151,30 +162,67 @@ class RowsLowerer(SimtLowerer):
     # ------------------------------------------------------------------ math
     def op_tile_elementwise(self, op: t.ElementwiseOp, b: Builder) -> None:
         fn = op.fn.data
-        if fn in GPU_REFUSED_TYPED or any(isinstance(v.type.element_type, IntegerType) for v in op.inputs):
-            what = GPU_REFUSED_TYPED.get(fn, f"{fn} on int or bool values")
-            raise CodegenError(f"tessera.ops.{what} has no GPU lowering (lane: {self.lowering_name}); it runs on the "
-                               "CPU lane (cpu-x86)")
+        self.refuse_typed(op)
         if fn in GPU_REFUSED_FNS:
-            raise CodegenError(f"tile.elementwise {fn} has no GPU lowering (lane: {self.lowering_name}); "
-                               f"tessera.ops.{fn} runs on the CPU lane (cpu-x86) only")
+            raise CodegenError(f"tile.elementwise {fn} has no lowering on this GPU lane ({self.lowering_name}); "
+                               f'target="cpu" compiles tessera.ops.{fn}')
         vals = [self.vmap[v] for v in op.inputs]
         like = next((v for v in vals if isinstance(v, Dist)), None)
         C = op.result.type.dims[1]
+        relem = op.result.type.element_type
+        typed = self.is_typed(op)
         if like is None:
-            args = [self.fconst(b, v.value) if isinstance(v, Splat) else v for v in vals]
-            r = b.op(G.MathOp.create(operands=args, attributes={"fn": op.fn}, result_types=[f32])).results[0]
+            args = [self.const(b, v) for v in vals]
+            r = b.op(G.MathOp.create(operands=args, attributes={"fn": op.fn},
+                                     result_types=[relem if typed else f32])).results[0]
             self.vmap[op.result] = r if C == 1 else self.splat_dist(b, r, C)
             return
         args = [self.as_parts(b, v, like)[0] for v in vals]
-        r = b.op(G.MathOp.create(operands=args, attributes={"fn": op.fn}, result_types=[args[0].type])).results[0]
+        rt = part_type(relem, like.omap.parts[0]) if typed else args[0].type
+        r = b.op(G.MathOp.create(operands=args, attributes={"fn": op.fn}, result_types=[rt])).results[0]
         self.vmap[op.result] = Dist([r], like.omap, op.result.type.dims)
 
     def op_tile_constant(self, op: t.ConstantOp, b: Builder) -> None:
-        super().op_tile_constant(op, b)
         C = op.result.type.dims[1]
+        if op.step is not None:     # column indices: value + step * column, per item
+            elem = op.result.type.element_type
+            if isinstance(elem, IntegerType) or C == 1:
+                raise CodegenError("tile.constant with a step is a float [1, C] ramp on the GPU")
+            base, step = op.value.value.data, op.step.value.data
+            omap = self.row_map(b, C)
+            items = []
+            for it in omap.items:
+                col = b.op(G.ConvertOp.create(operands=[b.c(b.add(it.cbase, it.cdelta))],
+                                              result_types=[f32])).results[0]
+                items.append(b.op(G.MathOp.create(operands=[self.fconst(b, base), b.op(G.MathOp.create(
+                    operands=[col, self.fconst(b, step)], attributes={"fn": StringAttr("mul")},
+                    result_types=[f32])).results[0]], attributes={"fn": StringAttr("add")},
+                    result_types=[f32])).results[0])
+            self.vmap[op.result] = Dist([self.pack(b, items)], omap, (1, C))
+            return
+        super().op_tile_constant(op, b)
         if C > 1:   # a [1, C] constant carried through a loop must have the row tile's registers
-            self.vmap[op.result] = self.splat_dist(b, self.fconst(b, self.vmap[op.result].value), C)
+            self.vmap[op.result] = self.splat_dist(b, self.const(b, self.vmap[op.result]), C)
+
+    def op_tile_index(self, op: t.IndexOp, b: Builder) -> None:
+        """``tile.index`` of a row tile: item i of this thread is base + its column (col_step 1), or
+        base (col_step 0), in the tile's element type (an int, or f32)."""
+        R, C = op.result.type.dims
+        elem = op.result.type.element_type
+        base = self.scalar(op.base)
+        if R != 1 or ival(op.row_step) != 0 and R > 1:
+            raise CodegenError("tile.index in a row kernel is a [1, C] tile")
+
+        def value(idx) -> SSAValue:
+            i64 = b.op(arith.IndexCastOp(b.c(idx), IntegerType(64))).results[0]
+            return self.convert(b, i64, elem)
+        if C == 1 or ival(op.col_step) == 0:
+            v = value(base)
+            self.vmap[op.result] = v if C == 1 else self.splat_dist(b, v, C)
+            return
+        omap = self.row_map(b, C)
+        items = [value(b.add(base, b.add(it.cbase, it.cdelta))) for it in omap.items]
+        self.vmap[op.result] = Dist([self.pack(b, items)], omap, (1, C))
 
     def op_tile_splat_index(self, op, b: Builder) -> None:
         self.vmap[op.result] = b.op(G.ConvertOp.create(operands=[self.scalar(op.input)], result_types=[f32])).results[0]

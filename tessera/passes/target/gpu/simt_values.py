@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.dialects import arith
-from xdsl.dialects.builtin import BFloat16Type, FloatAttr, Float16Type, IntegerType, VectorType
+from xdsl.dialects.builtin import BFloat16Type, FloatAttr, Float16Type, IntegerType, VectorType, f32
 from xdsl.ir import Attribute, SSAValue
 
 from tessera.ir import tile as t
@@ -101,11 +101,13 @@ class Deferred:
 
     view: View
     pad: float
+    elem: Attribute = f32       # the registers' element type (f32; int / bool tiles their own)
 
 
 @dataclass
 class Splat:
     value: float
+    elem: Attribute = f32
 
 
 def const_int(v: SSAValue) -> int | None:
@@ -116,8 +118,8 @@ def const_int(v: SSAValue) -> int | None:
 
 
 def elem_bytes(elem: Attribute) -> int:
-    if isinstance(elem, IntegerType) and elem.width.data == 1:
-        return 1                                   # bool masks: one byte per element
+    if isinstance(elem, IntegerType):
+        return max(1, elem.width.data // 8)        # bools: one byte per element; int8/32/64
     return 2 if isinstance(elem, (Float16Type, BFloat16Type)) else 4
 
 

@@ -78,8 +78,8 @@ def stage(kf: KernelFn, b: Builder, ga: GatherA, stage_buf, elem, row0, rs, pc, 
 
 def refuse_on_gpu(name: str, plan, target: str) -> None:
     if getattr(plan, "gather", None) is not None:
-        raise ScheduleIllegalError(f"kernel {name}: tessera.take feeding a matmul has no {target} lowering (the "
-                                   f"{target} lane); it runs on the CPU lane (cpu-x86)")
+        raise ScheduleIllegalError(f"kernel {name}: tessera.take feeding a matmul has no lowering on the {target} "
+                                   'lane; target="cpu" compiles it')
 
 
 __all__ = ["GatherA", "fusable", "analyse", "stage", "refuse_on_gpu", "ELEM_BYTES"]

@@ -33,7 +33,7 @@ the workgroup's threads (V consecutive columns each: 16-byte accesses, coalesced
 """
 from __future__ import annotations
 
-from xdsl.dialects.builtin import StringAttr, UnitAttr, f32
+from xdsl.dialects.builtin import IntegerType, StringAttr, UnitAttr, f32
 
 from tessera.errors import ScheduleIllegalError
 from tessera.ir import dims as D
@@ -54,7 +54,7 @@ from tessera.passes.tile.kernels.common import (
     trace_view,
 )
 
-KINDS = ("rowwise", "reduce", "elementwise", "transpose", "concat")
+KINDS = ("rowwise", "reduce", "elementwise", "transpose", "concat", "gather")
 GPU_ROW_OPS = (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, LogSoftmaxOp)
 F32_MAX = 3.4028234663852886e38
 HELD = 2          # chunks of a row kept in registers (4096 f16 / 2048 f32 columns with 256 threads)
@@ -103,6 +103,8 @@ def _setup(kop: s.KernelOp, kind: str):
 
 def generate(kop: s.KernelOp):
     kind = kop.kind.data
+    if kind == "gather":
+        return _gather(kop)
     if kind == "rowwise":
         return _rowwise(kop)
     if kind == "reduce":
@@ -119,6 +121,12 @@ def _rowwise(kop: s.KernelOp):
     block = kop.body.block
     yield_op = block.last_op
     prologue, norm, epilogue = _split(block)
+    if isinstance(norm, g.CrossEntropyOp):
+        from tessera.passes.tile.kernels import gpu_labels
+        return gpu_labels.cross_entropy(kop, prologue, norm, epilogue)
+    if isinstance(norm, g.ARGS):
+        from tessera.passes.tile.kernels import gpu_labels
+        return gpu_labels.arg_extreme(kop, prologue, norm, epilogue)
     if not isinstance(norm, GPU_ROW_OPS):
         raise ScheduleIllegalError(f"kernel {name}: {norm.name} has no GPU row kernel")
     x = norm.input
@@ -236,6 +244,18 @@ def _rowwise(kop: s.KernelOp):
     return _finish(kf, kf.finish(), [D.ceil_extent(nrows, 1)], T, wave), sig.dims, 0, []
 
 
+def _gather(kop: s.KernelOp):
+    from tessera.passes.tile.kernels import gpu_labels
+    ops = [o for o in kop.body.block.ops if not isinstance(o, (g.YieldOp, g.ReshapeOp))]
+    if len(ops) != 1 or not isinstance(ops[0], (g.OneHotOp, g.TakeOp)):
+        names = ", ".join(o.name for o in ops)
+        raise ScheduleIllegalError(f"kernel {kop.sym_name.data} ({names}): the GPU lanes have one_hot and take "
+                                   'gather kernels only; target="cpu" compiles take_along_axis')
+    if isinstance(ops[0], g.TakeOp):
+        return gpu_labels.take(kop, ops[0])
+    return gpu_labels.one_hot(kop, ops[0])
+
+
 # --------------------------------------------------------------------------- reductions
 def _reduction(kop: s.KernelOp):
     name, T, wave, chunk = _setup(kop, "reduce")
@@ -317,8 +337,8 @@ def _elementwise(kop: s.KernelOp):
                                                                                 g.SliceOp))]
     for o in compute:
         if isinstance(o, (g.TakeOp, g.IotaOp)):
-            raise ScheduleIllegalError(f"kernel {name}: {o.name} has no GPU lowering inside an elementwise kernel; it "
-                                       "runs on the CPU lane (cpu-x86)")
+            raise ScheduleIllegalError(f"kernel {name}: {o.name} has no lowering inside a GPU elementwise kernel; "
+                                       'target="cpu" compiles it')
     from tessera.passes.tile.kernels.elementwise import _segments
     segments = _segments(kop, compute)     # a join along the last axis: its operands' column segments
     seg_leaves = []
@@ -411,6 +431,7 @@ def _transpose(kop: s.KernelOp):
     base = R.RowCtx(kf, b, r, dims, {out: lf}).offsets[out]
     cs = kf.size(last)
     out_off = b.mul(r, C)
+    reg = elem if isinstance(elem, IntegerType) else f32     # ints copied exactly, in their own lanes
 
     def body(bc, c, _c):
         left = bc.sub(C, c)
@@ -418,7 +439,7 @@ def _transpose(kop: s.KernelOp):
                                         bc.c(cs), bc.c(1), bc.c(left)], result_types=[t.view_type(1, chunk, elem,
                                                                                                   "global")])
         bc.op(src)
-        ld = t.LoadOp.create(operands=[src.result], result_types=[t.tile_type(1, chunk, f32)])
+        ld = t.LoadOp.create(operands=[src.result], result_types=[t.tile_type(1, chunk, reg)])
         bc.op(ld)
         R.store_row(kf, bc, out_buf, elem, ld.result, bc.add(out_off, c), left, chunk)
         return []
