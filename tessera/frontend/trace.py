@@ -526,6 +526,10 @@ def _power(x: Tensor, o) -> Tensor:
 
 
 def require_float(t: Tensor, what: str) -> None:
+    if t.dtype in dt.FP8:
+        from tessera.errors import Fp8OperandError
+        raise _err(Fp8OperandError, f"{what}: fp8 ({dt.name(t.dtype)}) arrays are matmul operands only "
+                                    "(tessera.ops.matmul / scaled_matmul); cast with .astype(np.float32)")
     if t.dtype not in (dt.float32, dt.bfloat16, dt.float16, dt.float64):
         raise _err(DtypeError, f"{what}: dtype {dt.name(t.dtype)} is not supported ({what} takes floating-point "
                                "tensors; cast with .astype(np.float32))")

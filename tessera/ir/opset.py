@@ -181,6 +181,7 @@ COMPOSITES = {
     "arange": "iota, mul, add, cast", "tril": "iota, greater_equal, where", "triu": "iota, less_equal, where",
     "conv2d": "conv_patches, matmul (or an elementwise chain for depthwise), transpose, concat",
     "max_pool2d": "slice, maximum, pad", "avg_pool2d": "slice, add, pad",
+    "scaled_matmul": "matmul (fp8 x fp8 -> f32), mul, add, cast: per-tensor scales in the GEMM epilogue",
 }
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.dialects import arith
-from xdsl.dialects.builtin import BFloat16Type, FloatAttr, Float16Type, IntegerType, VectorType
+from xdsl.dialects.builtin import (BFloat16Type, Float8E4M3FNType, Float8E5M2Type, FloatAttr, Float16Type,
+                                   IntegerType, VectorType)
 from xdsl.ir import Attribute, SSAValue
 
 from tessera.ir import tile as t
@@ -118,6 +119,8 @@ def const_int(v: SSAValue) -> int | None:
 def elem_bytes(elem: Attribute) -> int:
     if isinstance(elem, IntegerType) and elem.width.data == 1:
         return 1                                   # bool masks: one byte per element
+    if isinstance(elem, (Float8E4M3FNType, Float8E5M2Type)):
+        return 1
     return 2 if isinstance(elem, (Float16Type, BFloat16Type)) else 4
 
 
