@@ -261,6 +261,11 @@ class FnCodegen:
     def op_arith_constant(self, op: arith.ConstantOp):
         ty = self.lt(op.result.type)
         val = op.value.value.data
+        if fp8_format(op.result.type):       # an fp8 constant is its byte
+            import numpy as np
+            from tessera.dtypes import from_ir
+            self.set(op, ir.Constant(ty, int(np.array(val, from_ir(op.result.type)).view(np.uint8))))
+            return
         self.set(op, ir.Constant(ty, val))
 
     def _bin(self, op, fn):

@@ -141,7 +141,9 @@ class NvptxFn(GpuFn):
         nd = n // 2
         regs = ", ".join(f"${i}" for i in range(nd))
         tnsp_b = 1 if op.trans_b is not None else 0      # imm-trans-b: B MN-major (f16/bf16 only)
-        asm = f"{rec.mnemonic} {{{regs}}}, ${nd}, ${nd + 1}, 1, 1, 1, 0, {tnsp_b};"
+        # scale-d 1, imm-scale-a/b 1; the 16-bit forms add imm-trans-a/b, fp8 has none (K-major only)
+        trans = "" if k == 32 else f", 0, {tnsp_b}"
+        asm = f"{rec.mnemonic} {{{regs}}}, ${nd}, ${nd + 1}, 1, 1, 1{trans};"
         cons = ",".join(["=f"] * nd + ["l", "l"] + [str(i) for i in range(nd)] + ["~{memory}"])
         f32t = ir.FloatType()
         ret = ir.LiteralStructType([f32t] * nd)

@@ -29,6 +29,8 @@ import numpy as np
 from xdsl.dialects import func, scf
 from xdsl.dialects.builtin import (
     BFloat16Type,
+    Float8E4M3FNType,
+    Float8E5M2Type,
     Float16Type,
     Float32Type,
     FloatAttr,
@@ -63,6 +65,10 @@ def np_of(elem: Attribute) -> np.dtype:
         return np.dtype(ml_dtypes.bfloat16)
     if isinstance(elem, (IndexType,)):
         return np.dtype(np.int64)
+    if isinstance(elem, Float8E4M3FNType):       # fp8 bytes: ml_dtypes decodes them (astype)
+        return np.dtype(ml_dtypes.float8_e4m3fn)
+    if isinstance(elem, Float8E5M2Type):
+        return np.dtype(ml_dtypes.float8_e5m2)
     if isinstance(elem, IntegerType):
         return np.dtype(np.bool_) if elem.width.data == 1 else np.dtype(f"int{elem.width.data}")
     raise EmulatorError(f"the emulator has no numpy type for {elem}")

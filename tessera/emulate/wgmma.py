@@ -213,8 +213,11 @@ class WgmmaOps:
                     raise self.fail(EmulatorDivergenceError, ctx, op, f"threads of one warpgroup pass different "
                                     f"{what} descriptors", [w0])
             g = int(ctx.gid[w0])
-            addr_b = (SD.mnmajor_addresses if trans_b else SD.kmajor_addresses)(int(db[w0]), n, k)   # [n, k]
-            reads.append((sl, g, self._locate(ctx, op, SD.kmajor_addresses(int(da[w0]), 64, k), g, "A"),
+            es = 1 if k == 32 else 2      # m64nNk32: fp8 bytes (K-major only); k16: 16-bit elements
+            if trans_b and es == 1:
+                raise self.fail(EmulatorError, ctx, op, "fp8 wgmma has no imm-trans-b (B is K-major only)")
+            addr_b = (SD.mnmajor_addresses if trans_b else SD.kmajor_addresses)(int(db[w0]), n, k, es)   # [n, k]
+            reads.append((sl, g, self._locate(ctx, op, SD.kmajor_addresses(int(da[w0]), 64, k, es), g, "A"),
                           self._locate(ctx, op, addr_b, g, "B")))
         s0 = st["next"]
         st["next"] += n // 2

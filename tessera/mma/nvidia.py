@@ -18,7 +18,8 @@ SM89_UP = frozenset({"sm_89", "sm_90", "sm_90a", "sm_120"})
 SM90_UP = frozenset({"sm_90", "sm_90a", "sm_120"})
 REGISTER_BUDGET = 255  # 32-bit registers per thread
 LOWERING = "lower-tile-to-nvidia"
-WGMMA_LOWERED = ("f16", "bf16")   # m64nNk16 -> f32 (passes/target/nvidia/wgmma.py); fp8 not yet
+# m64nNk16 f16/bf16 and m64nNk32 fp8 -> f32 (passes/target/nvidia/wgmma.py; fp8 reads both operands K-major)
+WGMMA_LOWERED = ("f16", "bf16", "f8e4m3fn", "f8e5m2")
 LOWERED = {((16, 8, 16), "f16"), ((16, 8, 8), "f16"), ((16, 8, 16), "bf16"), ((16, 8, 8), "bf16"),
            # tf32: f32 inputs rounded to tf32 (cvt.rna.tf32.f32) in registers, f32 accumulation
            ((16, 8, 8), "f32"), ((16, 8, 4), "f32")}

@@ -173,8 +173,14 @@ class WgmmaOp(IRDLOperation):
                                     f"got {len(self.c)} in / {len(self.d)} out", op=self)
         if [v.type for v in self.c] != [r.type for r in self.d]:
             raise TargetVerifyError("wgmma D registers must match C registers", op=self)
-        if self.atype.data not in ("f16", "bf16"):
-            raise TargetVerifyError(f"wgmma atype {self.atype.data!r}: f16 or bf16", op=self)
+        k = int(m.group(3))
+        fp8 = self.atype.data in ("f8e4m3fn", "f8e5m2")
+        if self.atype.data not in ("f16", "bf16") and not fp8:
+            raise TargetVerifyError(f"wgmma atype {self.atype.data!r}: f16, bf16, f8e4m3fn or f8e5m2", op=self)
+        if k != (32 if fp8 else 16):
+            raise TargetVerifyError(f"wgmma {self.shape.data} on {self.atype.data}: K is {32 if fp8 else 16}", op=self)
+        if fp8 and self.trans_b is not None:
+            raise TargetVerifyError("fp8 wgmma reads B K-major only (no imm-trans-b)", op=self)
 
 
 @irdl_op_definition

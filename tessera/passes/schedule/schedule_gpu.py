@@ -200,14 +200,19 @@ class ScheduleGpu(TesseraPass):
                 f"{kind} kernel has no {self.target} generator yet")
         mm = next(o for o in fop.body.block.ops if isinstance(o, g.MatmulOp))
         dtype = _dtype(mm.lhs.type.element_type)
+        if mm.rhs.type.element_type != mm.lhs.type.element_type:     # fp8 e4m3 x e5m2
+            dtype = f"{dtype}x{_dtype(mm.rhs.type.element_type)}"
         sel = self._select(isa, name, mm.name, dtype)
         if sel.record.family == "wgmma" and not self.mma_shape:
-            # one m64nNk16 per warpgroup spans the block's columns: N = tile-n (128 by default)
-            sel = self._select(isa, name, mm.name, dtype, shape=(64, min(self.tile_n or WGMMA_TILE["bn"], 256), 16))
+            # one m64nNk16 (fp8: k32) per warpgroup spans the block's columns: N = tile-n (128 by default)
+            sel = self._select(isa, name, mm.name, dtype, shape=(64, min(self.tile_n or WGMMA_TILE["bn"], 256),
+                                                                 sel.record.k))
         rec = sel.record
         im, in_, ik = rec.shape
-        esize = ELEM_BYTES.get(dtype, 2)
-        d = WGMMA_TILE if rec.family == "wgmma" else default_tiles(self.target, rec.shape, self.arch, esize)
+        esize = ELEM_BYTES.get(dtype, 1 if dtype.startswith("f8") else 2)
+        d = default_tiles(self.target, rec.shape, self.arch, esize)
+        if rec.family == "wgmma":      # k-blocks of one 128-byte swizzled row
+            d = {**WGMMA_TILE, "bk": 128 // esize}
         fm, fn_ = (self.register_tile if self.register_tile else (d["fm"], d["fn"]))
         bm = self.tile_m or d["bm"]
         bn = self.tile_n or d["bn"]

@@ -94,13 +94,16 @@ def _segments(*sizes):
     return DenseArrayBase.from_list(i32, list(sizes))
 
 
+FP8_NAMES = {"f8E4M3FN": "f8e4m3fn", "f8E5M2": "f8e5m2"}     # xDSL's spelling -> the records'
+
+
 def lane_map_for(arch: str, ft: t.FragmentType) -> LaneMap:
     isa = get_isa("nvidia", arch)
     fam = ft.family.data
     if fam not in ("mma_sync", "wgmma"):
         raise MmaSelectorError(f"nvidia:{arch}: {NAME} lowers mma_sync and wgmma fragments, not {fam}")
     shape = ft.mnk
-    dtype = str(ft.elem) if ft.role.data != "acc" else None
+    dtype = FP8_NAMES.get(str(ft.elem), str(ft.elem)) if ft.role.data != "acc" else None
     cands = [r for r in isa.records if r.family == fam and r.shape == shape and
              (dtype is None or r.a_dtype == dtype) and r.lowered_by == NAME]
     if not cands:

@@ -74,14 +74,15 @@ def descriptor_high(panel_bytes: int = 0) -> int:
     return descriptor(0) if not panel_bytes else descriptor(0, lbo=panel_bytes, sbo=ATOM_BYTES)
 
 
-def swizzled_index(r, j: int | SSAValue, b: Builder | None = None):
-    """Element offset, within a staged block, of 16-byte chunk ``j`` of row ``r`` (ints, or
-    index values built with ``b``)."""
+def swizzled_index(r, j: int | SSAValue, b: Builder | None = None, esize: int = 2):
+    """Element offset, within a staged block of ``esize``-byte elements, of 16-byte chunk ``j`` of
+    row ``r`` (ints, or index values built with ``b``)."""
+    row, chunk = ROW_BYTES // esize, 16 // esize
     if b is None:
-        return r * (ROW_BYTES // 2) + (j ^ (r % 8)) * 8
+        return r * row + (j ^ (r % 8)) * chunk
     r8 = b.rem(r, 8)
     x = b.op(arith.XOrIOp(b.c(j), b.c(r8))).results[0]
-    return b.add(b.mul(r, ROW_BYTES // 2), b.mul(x, 8))
+    return b.add(b.mul(r, row), b.mul(x, chunk))
 
 
 class WgmmaMap(LaneMap):
@@ -162,22 +163,24 @@ class WgmmaLowering:
         B^T, ``rs`` 1 and ``cs`` 64) or MN-major (B, ``rs`` 64 and ``cs`` 1; columns past 64
         continue in the next panel)."""
         role = ft.role.data
-        if vv.base.type.space.data != "smem" or elem_bytes(vv.elem) != 2:
-            raise CodegenError(f"wgmma reads 16-bit {role.upper()} from shared memory; this view is in "
+        eb = elem_bytes(vv.elem)
+        if vv.base.type.space.data != "smem" or eb not in (1, 2):
+            raise CodegenError(f"wgmma reads 16-bit or fp8 {role.upper()} from shared memory; this view is in "
                                f"{vv.base.type.space.data}")
         if vv.base not in self.swizzled:
             raise CodegenError(f"wgmma {role.upper()} view is not in a buffer staged with the 128-byte swizzle "
                                "(tile.async_copy layout swizzle128)")
-        row = ROW_BYTES // 2
+        row = ROW_BYTES // eb
         rs, cs = const_int(vv.rs), const_int(vv.cs)
-        mn_major = role == "b" and (rs, cs) == (row, 1)
+        # fp8 wgmma has no transpose immediates: both operands K-major (PTX ISA, wgmma.mma_async)
+        mn_major = role == "b" and (rs, cs) == (row, 1) and eb == 2
         kstride, mnstride = (cs, rs) if role == "a" else (rs, cs)
         if not vv.full or not (mn_major or (kstride, mnstride) == (1, row)):
-            raise CodegenError(f"wgmma {role.upper()} must be K-major with 64-element rows"
-                               f"{' or MN-major (B)' if role == 'b' else ''} and whole (row stride {rs}, "
-                               f"column stride {cs})")
+            raise CodegenError(f"wgmma {role.upper()} must be K-major with {row}-element rows"
+                               f"{' or MN-major (B, 16-bit only)' if role == 'b' else ''} and whole (row stride "
+                               f"{rs}, column stride {cs})")
         off = const_int(vv.off)
-        if off is not None and (off % row) % (row if mn_major else 8) != 0:
+        if off is not None and (off % row) % (row if mn_major else 16 // eb) != 0:
             raise CodegenError(f"wgmma {role.upper()} view starts at element {off}: not a whole "
                                f"{'row' if mn_major else '16-byte chunk'}")
         addr = b.op(NV.SharedAddressOp.create(operands=[vv.base, b.c(vv.off)], result_types=[i64])).results[0]
@@ -197,16 +200,17 @@ class WgmmaLowering:
         the group and fences the thread's writes for the async proxy (``fence.proxy.async``)
         before the barrier that precedes the wgmma."""
         R, C = src.shape
-        row = ROW_BYTES // 2
-        if (C * elem_bytes(src.elem)) % ROW_BYTES or elem_bytes(src.elem) != 2:
+        eb = elem_bytes(src.elem)
+        row, epc = ROW_BYTES // eb, 16 // eb     # elements per swizzled row, per 16-byte chunk
+        if (C * eb) % ROW_BYTES or eb not in (1, 2):
             raise CodegenError(f"a swizzle128 copy moves rows of 128-byte panels; this block has {C} "
-                               f"{elem_bytes(src.elem)}-byte columns")
+                               f"{eb}-byte columns")
         if self.swizzled.get(dst, R * row) != R * row:
             raise CodegenError(f"swizzle128 copies of {R} and {self.swizzled[dst] // row} rows share one buffer")
-        per_row = C // 8                      # 16-byte chunks in a source row
+        per_row = C // epc                    # 16-byte chunks in a source row
         chunks = R * per_row
         fast_ok = b.op(arith.AndIOp(b.cmp("eq", src.cs, 1), b.op(arith.AndIOp(
-            b.cmp("eq", b.rem(src.rs, 8), 0), b.cmp("eq", b.rem(src.off, 8), 0))).results[0])).results[0]
+            b.cmp("eq", b.rem(src.rs, epc), 0), b.cmp("eq", b.rem(src.off, epc), 0))).results[0])).results[0]
         # the whole block inside the source and aligned: plain 16-byte copies, no extent arithmetic
         inside = b.op(arith.AndIOp(b.cmp("sge", src.rows, R), b.cmp("sge", src.cols, C))).results[0]
         full_ok = b.op(arith.AndIOp(fast_ok, inside)).results[0]
@@ -218,10 +222,10 @@ class WgmmaLowering:
             r = b2.div(ch, per_row) if contiguous else b2.rem(ch, R)
             cc = b2.rem(ch, per_row) if contiguous else b2.div(ch, R)
             j = b2.rem(cc, 8) if per_row > 8 else cc
-            daddr = b2.add(doff, swizzled_index(r, j, b2))
+            daddr = b2.add(doff, swizzled_index(r, j, b2, eb))
             if per_row > 8:
                 daddr = b2.add(daddr, b2.mul(b2.div(cc, 8), R * row))
-            return r, b2.mul(cc, 8), daddr
+            return r, b2.mul(cc, epc), daddr
 
         def each_chunk(bb: Builder, one) -> None:
             for q in range(-(-chunks // self.block)):
@@ -245,7 +249,7 @@ class WgmmaLowering:
                 def vector(bt: Builder):
                     # cp.async of 16 bytes, zero-filling what lies past the view's valid extent
                     r, c0, daddr = place(bt, ch, True)
-                    avail = bt.mul(bt.max(bt.min(bt.sub(src.cols, c0), 8), 0), 2)
+                    avail = bt.mul(bt.max(bt.min(bt.sub(src.cols, c0), epc), 0), eb)
                     nbytes = bt.select(bt.cmp("slt", r, src.rows), bt.c(avail), bt.c(0))
                     has = bt.cmp("sgt", nbytes, 0)
                     sidx = bt.select(has, bt.c(bt.add(src.off, bt.add(bt.mul(r, src.rs), c0))), bt.c(0))
@@ -255,7 +259,7 @@ class WgmmaLowering:
 
                 def edge(be: Builder):
                     r, c0, daddr = place(be, ch, False)
-                    vals = [self.masked_load(be, src, r, be.add(c0, i), src.elem, 0.0) for i in range(8)]
+                    vals = [self.masked_load(be, src, r, be.add(c0, i), src.elem, 0.0) for i in range(epc)]
                     self.store(be, self.pack(be, vals), dst, daddr, 16)
                     return []
                 b2.if_(fast_ok, vector, edge)
