@@ -22,7 +22,9 @@ LOWERING = "lower-tile-to-nvidia"
 WGMMA_LOWERED = ("f16", "bf16", "f8e4m3fn", "f8e5m2")
 LOWERED = {((16, 8, 16), "f16"), ((16, 8, 8), "f16"), ((16, 8, 16), "bf16"), ((16, 8, 8), "bf16"),
            # tf32: f32 inputs rounded to tf32 (cvt.rna.tf32.f32) in registers, f32 accumulation
-           ((16, 8, 8), "f32"), ((16, 8, 4), "f32")}
+           ((16, 8, 8), "f32"), ((16, 8, 4), "f32"),
+           # fp8 (sm_89+): four bytes per 32-bit register, f32 accumulation
+           ((16, 8, 32), "f8e4m3fn"), ((16, 8, 32), "f8e5m2")}
 
 PTX_TYPE = {"f16": "f16", "bf16": "bf16", "f32": "f32", "f64": "f64", "s8": "s8", "i32": "s32",
             "f8e4m3fn": "e4m3", "f8e5m2": "e5m2"}

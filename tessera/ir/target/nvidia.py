@@ -52,7 +52,8 @@ class MmaSyncOp(IRDLOperation):
             raise TargetVerifyError(f"mma_sync shape {self.shape.data!r} is not mMnNkK", op=self)
         if len(self.c) != len(self.d) or [v.type for v in self.c] != [r.type for r in self.d]:
             raise TargetVerifyError("mma_sync D registers must match C registers", op=self)
-        elems = {str(getattr(v.type, "element_type", v.type)) for v in (*self.a, *self.b)}
+        fp8 = {"f8E4M3FN": "f8e4m3fn", "f8E5M2": "f8e5m2"}     # xDSL's spelling -> the records'
+        elems = {fp8.get(e, e) for e in (str(getattr(v.type, "element_type", v.type)) for v in (*self.a, *self.b))}
         if elems != {self.atype.data}:
             raise TargetVerifyError(f"mma_sync atype {self.atype.data!r} does not match its A/B registers "
                                     f"({', '.join(sorted(elems))})", op=self)

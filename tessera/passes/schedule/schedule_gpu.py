@@ -79,13 +79,15 @@ def default_tiles(target: str, shape: tuple[int, int, int], arch: str = "", elem
         # (docs/gpu.md, f16 4096^3): BK 32 x 2 stages 160 TFLOP/s, BK 64 x 2 220, BK 64 x 3 226.
         # The deepest of those the arch's shared memory holds is the default (f32 inputs: twice the
         # bytes, so BK 32 x 3 on sm_80, BK 32 x 2 where 99 KB is the limit).
-        for bk, staging in ((64, 3), (64, 2), (32, 3), (32, 2), (16, 2)):
+        # fp8: one k32 step per block (BK 64 left ptxas 4-92 spilled registers at 128 per thread, 512^3)
+        for bk, staging in ((64, 3), (64, 2), (32, 3), (32, 2), (16, 2)) if elem_size != 1 else ((32, 3),):
             if gemm_shared_bytes(128, 128, bk, staging, elem_size=elem_size) <= shared_limit(target, arch):
                 break
         # f32 (tf32) fragments are loaded from shared memory element by element (no ldmatrix for 4-byte
         # elements): 4x4 instructions per warp took 255 registers (ptxas, 512^3 on sm_80/sm_90: one
         # 8-warp block per SM); 2x4 take 128 with 16 warps per block (same SM share, twice the warps)
-        fm = 32 // m if elem_size == 4 else 64 // m
+        # fp8 (m16n8k32) the same: its 8-bit fragments are gathered byte by byte (ldmatrix moves 16-bit rows)
+        fm = 32 // m if elem_size in (1, 4) else 64 // m
         return {"bm": 128, "bn": 128, "bk": bk, "fm": fm, "fn": 32 // n, "staging": staging}
     # AMD: 64x64 blocks of four waves, each 32x32 (2x2 16x16 or 1x1 32x32 instructions)
     return {"bm": 64, "bn": 64, "bk": 32, "fm": 32 // m, "fn": 32 // n, "staging": 2}

@@ -70,6 +70,11 @@ class MmaSyncMap(LaneMap):
             na, nb = self.k // 2, self.k // 4
             self.a = OperandMap([Item(g, 8 * (i % 2), tig, 4 * (i // 2)) for i in range(na)], [1] * na)
             self.b = OperandMap([Item(tig, 4 * i, g, 0) for i in range(nb)], [1] * nb)
+        elif self.k == 32:               # fp8 m16n8k32: four 8-bit elements per 32-bit register
+            t4 = b.mul(tig, 4)
+            self.a = OperandMap([Item(g, 8 * ((i // 4) % 2), t4, i % 4 + 16 * (i // 8), 4) for i in range(16)],
+                                [4, 4, 4, 4])
+            self.b = OperandMap([Item(t4, i % 4 + 16 * (i // 4), g, 0, 1, 4) for i in range(8)], [4, 4])
         elif self.k == 16:
             self.a = OperandMap([Item(g, 8 * ((i // 2) % 2), t2, i % 2 + 8 * (i // 4), 2) for i in range(8)],
                                 [2, 2, 2, 2])
