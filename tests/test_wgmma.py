@@ -40,9 +40,12 @@ def test_the_selector_picks_wgmma_on_sm_90a_only_where_it_is_lowered():
         for arch in ("sm_80", "sm_89", "sm_90"):   # no 'a': mma.sync
             assert select_mma(get_isa("nvidia", arch), dt, out_dtype="f32", lowering=lowering).record.family \
                 == "mma_sync"
-    # fp8 wgmma has no lowering yet: the record stays unselectable ("no capability without a producer")
+    # fp8: m64nNk32, lowered with both operands K-major (tests/test_gpu_fp8.py)
+    sel = select_mma(get_isa("nvidia", "sm_90a"), "f8e4m3fn", out_dtype="f32", family="wgmma", lowering=lowering)
+    assert sel.record.k == 32 and sel.record.lowered_by == lowering
+    # a record with no lowering stays unselectable ("no capability without a producer"): s8 mma.sync
     with pytest.raises(MmaNoLoweringError):
-        select_mma(get_isa("nvidia", "sm_90a"), "f8e4m3fn", out_dtype="f32", family="wgmma", lowering=lowering)
+        select_mma(get_isa("nvidia", "sm_90a"), "s8", out_dtype="i32", lowering=lowering)
 
 
 # --------------------------------------------------------------------------- descriptor and swizzle

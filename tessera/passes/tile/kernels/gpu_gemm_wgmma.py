@@ -2,7 +2,8 @@
 
 Written per warpgroup (the schedule's ``vector`` is the record's 128 lanes): ``tile.program_id``
 picks the BM x BN block of C, ``tile.wave_id`` the warpgroup's FM*64 x FN*n sub-tile.  Per
-k-block of BK = 64 (128-byte rows of 16-bit elements):
+k-block of BK = 64 (128-byte rows of 16-bit elements; fp8 m64nNk32: BK = 128, and B is always
+staged K-major — B^T's rows of k — since fp8 wgmma has no transpose immediates):
 
   A's block (BM x 64, k contiguous) is copied into shared memory with ``layout =
   "swizzle128"`` (the lowering places the 128-byte swizzle and the async-proxy fence), into one
@@ -44,6 +45,12 @@ def prefetch_distance(stages: int, inflight: int) -> int:
     stage of block kb - 1 - inflight, whose wgmma group the previous iteration's wait_group
     (``inflight`` left pending) completed, and every warpgroup passed the barrier since."""
     return stages - 1 - inflight
+
+
+def k_steps(bk: int, ik: int) -> range:
+    """The k offsets (elements) of a staged k-block's instructions: the record's K apart (16 for
+    16-bit, 32 for fp8: 32 bytes of a 128-byte row either way)."""
+    return range(0, bk, ik)
 
 
 def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
@@ -141,7 +148,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
         accs = list(accs)
         abase = bb.add(bb.mul(stage, BM * BK), bb.mul(bb.mul(wm, FM * im), BK))
         bbase = bb.add(bb.mul(stage, BN * BK), bb.mul(bb.mul(wn, FN * in_), BK))   # panels of 64 x BK, too
-        for kk in range(0, BK, ik):
+        for kk in k_steps(BK, ik):
             fa, fb = [], []
             for i in range(FM):
                 av = view(bb, smem_a, in_elem, "smem", (im, ik), bb.add(abase, i * im * BK + kk), BK, 1, im, ik,
