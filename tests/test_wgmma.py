@@ -245,7 +245,7 @@ def _plant_and_run(monkeypatch, rng):
 
 
 def test_teeth_wrong_swizzle_in_the_copy(monkeypatch, rng):
-    monkeypatch.setattr(W, "swizzled_index", lambda r, j, b=None: b.add(b.mul(r, 64), b.mul(j, 8)) if b else
+    monkeypatch.setattr(W, "swizzled_index", lambda r, j, b=None, esize=2: b.add(b.mul(r, 64), b.mul(j, 8)) if b else
                         r * 64 + j * 8)     # the planted copy stores rows unswizzled
     got, want = _plant_and_run(monkeypatch, rng)
     assert rel_err(got, want) > 1e-2
