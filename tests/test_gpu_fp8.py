@@ -309,3 +309,36 @@ def test_teeth_fp8_b_read_with_the_16_bit_row(monkeypatch, rng):
         assert e.code.startswith("EMULATE"), e
     else:
         assert not rel(got, want) < 1e-2
+
+
+# --------------------------------------------------------------------------- the device script, dry-run
+@needs_ptxas
+@pytest.mark.slow     # compiles and emulates four check kernels (~30-60 s)
+def test_fp8_bundle_dry_run_and_its_teeth(tmp_path):
+    """benchmarks/gpu/build_fp8_bundle.py --quick, then fp8_bench.py --dry-run (the device's own
+    checks, its float64 from its own fp8 table); a tampered emulator output fails it."""
+    import json
+    import sys
+    from pathlib import Path
+    gpu = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu"
+    sys.path.insert(0, str(gpu))
+    try:
+        import build_fp8_bundle
+        import fp8_bench
+    finally:
+        sys.path.remove(str(gpu))
+    man = build_fp8_bundle.build(tmp_path, quick=True)
+    kinds = [c["kind"] for c in man["cases"]]
+    assert kinds.count("check") == 4 and kinds.count("bench") == 1
+    for c in man["cases"]:
+        assert c["mma"].startswith("nvidia.wgmma.m64n128k32.") and c["spill_bytes"] == 0
+    assert fp8_bench.main(["--dry-run", "--bundle", str(tmp_path), "--out", str(tmp_path)]) == 0
+    assert len(json.loads((tmp_path / "fp8.json").read_text())["results"]) == 4
+    case = next(c for c in man["cases"] if c["kind"] == "check" and c["out_dtype"] == "f32")
+    e = np.load(tmp_path / case["emulated"])
+    e[3, 5] += 1e-3 * np.abs(e).max()
+    np.save(tmp_path / case["emulated"], e)
+    assert fp8_bench.main(["--dry-run", "--bundle", str(tmp_path)]) == 1
+    codes = np.arange(256, dtype=np.uint8)
+    for fmt in ("e4m3", "e5m2"):
+        assert np.array_equal(fp8_bench.fp8_table(fmt), codes.view(FMT[fmt]).astype(np.float64), equal_nan=True)
