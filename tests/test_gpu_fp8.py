@@ -217,13 +217,47 @@ def test_fp8_wgmma_refuses_an_mn_major_b():
         op.verify()
 
 
-def test_gpu_lanes_refuse_what_they_cannot_select(rng):
-    a, b = _fp8(rng, (64, 64), "e4m3"), _fp8(rng, (64, 64), "e5m2")
-    with pytest.raises(MmaSelectorError) as e:        # e4m3 x e5m2: CPU only for now
-        _gpu(lambda x, y: x @ y, (a, b), "sm_90a").ptx()
-    assert e.value.code == "MMA_SELECTOR" and "f8e4m3fnxf8e5m2" in str(e.value)
-    with pytest.raises(MmaSelectorError):             # no fp8 before sm_89
+def test_gpu_lanes_refuse_fp8_before_sm_89(rng):
+    a = _fp8(rng, (64, 64), "e4m3")
+    with pytest.raises(MmaSelectorError) as e:             # no fp8 matrix instruction before Ada
         _gpu(lambda x, y: x @ y, (a, a), "sm_80").ptx()
+    assert e.value.code == "MMA_SELECTOR"
+
+
+@needs_ptxas
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_89"])
+def test_mixed_formats_take_the_mixed_instruction(arch, rng):
+    """e4m3 x e5m2 (PTX ISA: either format on each side of mma.sync .kind f8 and wgmma): the
+    mixed instruction, emulated against float64 — the emulator decodes each operand as the
+    instruction's .atype / .btype declares."""
+    a, w = _fp8(rng, (70, 200), "e5m2"), _fp8(rng, (131, 200), "e4m3")
+    art = _gpu(lambda x, y, v: ts.ops.scaled_matmul(x, y.T, v, 2.0), (a, w, np.float32(0.5)), arch)
+    ptx = art.ptx()
+    want = "wgmma.mma_async.sync.aligned.m64n128k32.f32.e5m2.e4m3" if arch == "sm_90a" else \
+        "mma.sync.aligned.m16n8k32.row.col.f32.e5m2.e4m3.f32"
+    assert want in ptx
+    ptx_tools.assemble(ptx, arch)
+    got = art.emulate(a, w, np.float32(0.5))
+    assert rel(got, a.astype(np.float64) @ w.astype(np.float64).T) < 1e-6
+
+
+def test_teeth_instruction_declares_the_other_format(monkeypatch, rng):
+    """The wgmma emitted with .e5m2 for e4m3 bytes (data right, instruction type wrong): the
+    emulator decodes as the instruction says, so the answer is wrong."""
+    from tessera.passes.target.nvidia import wgmma as W
+    real = W.WgmmaMap.emit_mma
+    swap = {"f8e4m3fn": "f8e5m2", "f8e5m2": "f8e4m3fn"}
+
+    def wrong(self, b, ft, a, bb, c, trans_b=False, btype=None):
+        keep = self.ptx_type
+        self.ptx_type = swap[keep]
+        try:
+            return real(self, b, ft, a, bb, c, trans_b=trans_b, btype=self.ptx_type)
+        finally:
+            self.ptx_type = keep
+    monkeypatch.setattr(W.WgmmaMap, "emit_mma", wrong)
+    got, want = _plant(monkeypatch, rng)
+    assert not rel(got, want) < 1e-2
 
 
 # --------------------------------------------------------------------------- emulator vs float64
@@ -260,7 +294,7 @@ def test_emulated_fp8_bf16_output(rng):
 # teeth: each planted bug makes the emulated kernel fail
 def _plant(monkeypatch, rng, arch="sm_90a", fmt="e4m3"):
     monkeypatch.setenv("TESSERA_NO_CACHE", "1")
-    a, b = _fp8(rng, (64, 256), fmt), _fp8(rng, (256, 128), fmt)
+    a, b = _fp8(rng, (64, 128), fmt), _fp8(rng, (128, 128), fmt)
     art = _gpu(lambda x, y: x @ y, (a, b), arch)
     return art.emulate(a, b), a.astype(np.float64) @ b.astype(np.float64)
 

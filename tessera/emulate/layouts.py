@@ -70,6 +70,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable
 
+import ml_dtypes
 import numpy as np
 
 __all__ = [
@@ -440,3 +441,18 @@ def ldmatrix_layout(num: int, trans: bool) -> LdmatrixLayout:
         raise KeyError(f"no ldmatrix layout for num={num!r} trans={trans!r}; covered: "
                        ".m8n8 .b16 with num in (1, 2, 4), trans in (False, True)")
     return _ldmatrix(int(num), bool(trans))
+
+
+FP8_FORMATS = {"f8e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn), "f8e5m2": np.dtype(ml_dtypes.float8_e5m2)}
+
+
+def as_format(raw: np.ndarray, name: str) -> np.ndarray:
+    """Operand bytes read as the instruction's declared type, not the buffer's or register's: an
+    fp8 instruction decodes its bytes as its .atype / .btype says (a wrong type in the emitted
+    instruction then shows as a wrong answer).  Other types pass through."""
+    want = FP8_FORMATS.get(name)
+    if want is None:
+        return raw
+    if raw.dtype.itemsize != 1:
+        raise ValueError(f"an {name} instruction operand holds {raw.dtype} values, not bytes")
+    return raw.view(want)

@@ -487,6 +487,8 @@ class Emulator(WgmmaOps):
         flat = [np.concatenate([_per_thread(ctx, self.v(ctx, r)).reshape(ctx.nthreads, -1) for r in regs], axis=1)
                 for regs in (op.a, op.b, op.c)]
         lay = self._layout("mma_sync", (m, n, k), 32, op.atype.data)
+        btype = op.btype.data if op.btype is not None else op.atype.data
+        flat = [L.as_format(flat[0], op.atype.data), L.as_format(flat[1], btype), flat[2]]
         if op.atype.data == "f32":     # the tf32 record: A and B rounded as cvt.rna.tf32.f32 does (codegen/nvptx.py)
             flat = [L.tf32_rna(flat[0]), L.tf32_rna(flat[1]), flat[2]]
         d = self.matrix(ctx, op, lay, *flat, mask)

@@ -86,9 +86,12 @@ class MmaSyncMap(LaneMap):
 
     def emit_mma(self, b: Builder, ft: t.FragmentType, a, bb, c):
         m, n, k = ft.mnk
+        attrs = {"shape": StringAttr(f"m{m}n{n}k{k}"), "atype": StringAttr(self.ptx_type), "ctype": StringAttr("f32")}
+        btype = FP8_NAMES.get(str(getattr(bb[0].type, "element_type", bb[0].type)))
+        if btype is not None and btype != self.ptx_type:     # e4m3 x e5m2: B's own format
+            attrs["btype"] = StringAttr(btype)
         op = NV.MmaSyncOp.create(operands=[*a, *bb, *c], result_types=[x.type for x in c],
-                                 attributes={"shape": StringAttr(f"m{m}n{n}k{k}"), "atype": StringAttr(self.ptx_type),
-                                             "ctype": StringAttr("f32")},
+                                 attributes=attrs,
                                  properties={"operandSegmentSizes": _segments(len(a), len(bb), len(c))})
         b.op(op)
         return list(op.results)
@@ -109,8 +112,9 @@ def lane_map_for(arch: str, ft: t.FragmentType) -> LaneMap:
         raise MmaSelectorError(f"nvidia:{arch}: {NAME} lowers mma_sync and wgmma fragments, not {fam}")
     shape = ft.mnk
     dtype = FP8_NAMES.get(str(ft.elem), str(ft.elem)) if ft.role.data != "acc" else None
+    side = "b_dtype" if ft.role.data == "b" else "a_dtype"     # the operand's own dtype (fp8 mixes)
     cands = [r for r in isa.records if r.family == fam and r.shape == shape and
-             (dtype is None or r.a_dtype == dtype) and r.lowered_by == NAME]
+             (dtype is None or getattr(r, side) == dtype) and r.lowered_by == NAME]
     if not cands:
         legal = sorted({f"{r.family} m{r.m}n{r.n}k{r.k} {r.a_dtype}" for r in isa.records if r.lowered_by == NAME})
         legal = legal[:12] + (["..."] if len(legal) > 12 else [])

@@ -103,9 +103,11 @@ class WgmmaMap(LaneMap):
         self.a = OperandMap([], [])
         self.b = OperandMap([], [])
 
-    def emit_mma(self, b: Builder, ft: t.FragmentType, a, bb, c, trans_b: bool = False):
+    def emit_mma(self, b: Builder, ft: t.FragmentType, a, bb, c, trans_b: bool = False, btype: str | None = None):
         m, n, k = ft.mnk
         attrs = {"shape": StringAttr(f"m{m}n{n}k{k}"), "atype": StringAttr(self.ptx_type)}
+        if btype is not None and btype != self.ptx_type:     # e4m3 x e5m2: B's own format
+            attrs["btype"] = StringAttr(btype)
         if trans_b:
             attrs["trans_b"] = UnitAttr()
         op = NV.WgmmaOp.create(operands=[a[0], bb[0], *c], result_types=[x.type for x in c], attributes=attrs)
@@ -155,7 +157,9 @@ class WgmmaLowering:
             return super().op_tile_mma(op, b)
         fa, fb, fc = self.vmap[op.a], self.vmap[op.b], self.vmap[op.c]
         lm = self.lmap(op.a.type)
-        parts = lm.emit_mma(b, op.c.type, fa.parts, fb.parts, fc.parts, trans_b=fb.parts[0] in self.mn_major)
+        btype = {"f8E4M3FN": "f8e4m3fn", "f8E5M2": "f8e5m2"}.get(str(op.b.type.elem))
+        parts = lm.emit_mma(b, op.c.type, fa.parts, fb.parts, fc.parts, trans_b=fb.parts[0] in self.mn_major,
+                            btype=btype)
         self.vmap[op.result] = Dist(parts, fc.omap, fc.shape)
 
     def descriptor_of(self, b: Builder, vv: View, ft: t.FragmentType) -> SSAValue:
