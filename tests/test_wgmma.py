@@ -330,8 +330,8 @@ def test_teeth_wrong_mn_major_lbo_or_sbo(monkeypatch, rng, lbo, sbo):
 
 def test_teeth_b_read_k_major_without_the_transpose_flag(monkeypatch, rng):
     real = W.WgmmaMap.emit_mma
-    monkeypatch.setattr(W.WgmmaMap, "emit_mma", lambda self, b, ft, a, bb, c, trans_b=False:
-                        real(self, b, ft, a, bb, c, trans_b=False))
+    monkeypatch.setattr(W.WgmmaMap, "emit_mma", lambda self, b, ft, a, bb, c, trans_b=False, btype=None:
+                        real(self, b, ft, a, bb, c, trans_b=False, btype=btype))
     try:      # read K-major, the 8-row groups run past the stage into one a copy is filling
         got, want = _plant_pipeline(monkeypatch, rng)
     except EmulatorRaceError as e:

@@ -58,7 +58,8 @@ class MmaSyncOp(IRDLOperation):
         for regs, want in ((self.a, self.atype.data), (self.b, btype)):
             elems = {fp8.get(e, e) for e in (str(getattr(v.type, "element_type", v.type)) for v in regs)}
             if elems != {want}:
-                raise TargetVerifyError(f"mma_sync atype/btype {want!r} does not match its registers "
+                which = "btype" if self.btype is not None and regs is self.b else "atype"
+                raise TargetVerifyError(f"mma_sync {which} {want!r} does not match its A/B registers "
                                         f"({', '.join(sorted(elems))})", op=self)
         if btype != self.atype.data and {btype, self.atype.data} != {"f8e4m3fn", "f8e5m2"}:
             raise TargetVerifyError(f"mma_sync mixes {self.atype.data} and {btype}: only fp8 formats mix", op=self)
