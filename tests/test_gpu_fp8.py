@@ -98,6 +98,21 @@ def test_scale_is_a_runtime_argument_and_fuses_into_the_gemm(rng):
     assert len(rep.kernels) == 1 and rep.kernels[0]["kind"] == "gemm"
 
 
+def test_the_reference_lane_and_the_oracle_agree(rng):
+    """The registry's meaning of the traced composite (the numpy reference lane, float64) is
+    scaled.reference, the oracle these tests use."""
+    from tessera.frontend import reference as REF
+    from tessera.frontend.trace import ARRAY, trace
+    a, b = _fp8(rng, (9, 40), "e4m3"), _fp8(rng, (40, 7), "e5m2")
+    bias = rng.standard_normal(7).astype(np.float32)
+    s = np.float32(0.375)
+    graph = trace(_scaled, [a, b, s, bias], [ARRAY] * 4)
+    (got,) = REF.evaluate(graph, [a, b, s, bias])
+    want = np.maximum(reference(a, b, s, 0.5, bias=bias).astype(np.float64), 0)
+    assert np.allclose(got, want, rtol=1e-6, atol=0)
+    assert got.dtype == np.float32 and np.allclose(got, _want(a, b, s, bias), rtol=1e-6, atol=0)
+
+
 # --------------------------------------------------------------------------- the CPU lane
 def test_the_pack_decoder_is_ml_dtypes_on_all_256_codes():
     """llvm_common.fp8_to_f32 (the x86 pack's conversion), JIT-compiled: every byte of both
