@@ -61,7 +61,8 @@ WGMMA_ACC_BUDGET = 128
 def gemm_shared_bytes(bm: int, bn: int, bk: int, staging: int, family: str = "", elem_size: int = 2) -> int:
     if family == "wgmma":      # unpadded swizzled blocks, each 1024-byte aligned
         return staging * (bm + bn) * bk * elem_size + 1024
-    return staging * (bm * (bk + 8) + bk * (bn + 8)) * elem_size
+    pad = max(8, 16 // elem_size)      # kernels/gpu_gemm.row_pad: at least 16 bytes
+    return staging * (bm * (bk + pad) + bk * (bn + pad)) * elem_size
 
 
 # f32 GEMM and attention on NVIDIA run on tf32 mma.sync (inputs rounded to a 10-bit mantissa, f32

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from math import gcd
 
-from xdsl.dialects.builtin import StringAttr, f32
+from xdsl.dialects.builtin import Float8E4M3FNType, Float8E5M2Type, StringAttr, f32
 from xdsl.ir import SSAValue
 
 from tessera.ir import dims as D
@@ -36,6 +36,12 @@ from tessera.passes.tile.kernels.common import KernelSig, gpu_ids, illegal
 from tessera.passes.tile.kernels.gemm import GemmPlan, apply_epilogue, batch_offset_of, register_sizes, view
 
 PAD = 8  # elements of padding per shared-memory row (16 bytes: rows start in different banks)
+
+
+def row_pad(esize: int) -> int:
+    """Padding elements per shared row: PAD, at least 16 bytes (fp8: 16), so padded rows keep
+    16-byte vector (cp.async) alignment."""
+    return max(PAD, 16 // esize)
 
 
 def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
@@ -62,7 +68,8 @@ def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
     space = {"rocm": "lds", "nvidia": "smem"}[rec.target]
     in_elem, out_elem = plan.in_elem, plan.out_elem
     b_elem = plan.b_elem or in_elem       # B's own element type (fp8 e4m3 x e5m2)
-    PA, PB = BK + PAD, BN + PAD
+    pad = row_pad(1 if isinstance(in_elem, (Float8E4M3FNType, Float8E5M2Type)) else 2)
+    PA, PB = BK + pad, BN + pad
 
     sig = KernelSig(name, gpu=True)
     for v in kop.inputs:
@@ -133,13 +140,13 @@ def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
             fa, fb = [], []
             for i in range(FM):
                 av = view(bb, lds_a, in_elem, space, (im, ik), bb.add(abase, i * im * PA + kk), PA, 1, im, ik,
-                          align=gcd(PAD, gcd(PA, kk) if kk else PA))
+                          align=gcd(pad, gcd(PA, kk) if kk else PA))
                 o = t.FragmentPackOp.create(operands=[av], result_types=[frag_a])
                 bb.op(o)
                 fa.append(o.results[0])
             for j in range(FN):
                 bv = view(bb, lds_b, b_elem, space, (ik, in_), bb.add(bbase, kk * PB + j * in_), PB, 1, ik, in_,
-                          align=gcd(PAD, gcd(PB, j * in_) if j else PB))
+                          align=gcd(pad, gcd(PB, j * in_) if j else PB))
                 o = t.FragmentPackOp.create(operands=[bv], result_types=[frag_b])
                 bb.op(o)
                 fb.append(o.results[0])
