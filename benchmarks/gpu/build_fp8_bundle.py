@@ -128,7 +128,8 @@ def main(argv=None) -> int:
     for c in man["cases"]:
         print(f"{c['name']:44} {c['mma']:32} regs {c['registers']:>4} smem {c['shared']:>6} grid {c['grid']} "
               f"{' '.join(c.get('sass_mma', []))}")
-    print(f"wrote {len(man['cases'])} cases to {args.out} (commit {man['commit'][:12]}{' dirty' if man['dirty'] else ''})")
+    dirty = " dirty" if man["dirty"] else ""
+    print(f"wrote {len(man['cases'])} cases to {args.out} (commit {man['commit'][:12]}{dirty})")
     return 0
 
 
