@@ -213,6 +213,12 @@ def test_fp8_ptx_assembles_with_the_fp8_instruction_and_no_spills(arch, fmt, rng
         pat = rf"QGMMA\.64x128x32\.F32\.{name}\.{name}" if arch == "sm_90a" else rf"QMMA\.16832\.F32\.{name}\.{name}"
         assert re.search(pat, sass), sorted(set(re.findall(r"\b\w*MMA\.[\w.]+", sass)))
         assert not re.search(r"\b(LDL|STL)\b", sass)
+        if arch == "sm_90a":
+            # a row-major B staged as B^T: per k-block 4 16-byte loads of 16 n (and 64 byte stores
+            # into the swizzled rows), not 64 byte loads; A by 4 cp.async
+            from tessera.codegen.sass_stats import loop_counts
+            c = loop_counts(sass, "QGMMA")["fast"]
+            assert (c.get("LDG"), c.get("LDGSTS"), c.get("STS")) == (4, 4, 64), c
 
 
 def test_fp8_wgmma_refuses_an_mn_major_b():

@@ -53,7 +53,8 @@ from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr
 from tessera.ir.builder import Builder
 from tessera.ir.target import nvidia as NV
-from tessera.passes.target.gpu.simt_values import Dist, Item, LaneMap, OperandMap, View, const_int, elem_bytes
+from tessera.passes.target.gpu.simt_values import (Dist, Item, LaneMap, OperandMap, View, const_int, elem_bytes,
+                                                   vec)
 
 ROW_BYTES = 128          # one swizzled row: 64 16-bit elements
 ATOM_BYTES = 1024        # 8 rows: the swizzle pattern's period; stride between 8-row groups
@@ -269,9 +270,48 @@ class WgmmaLowering:
                 b2.if_(fast_ok, vector, edge)
             each_chunk(bb, one)
             return []
-        b.if_(full_ok, full, partial)
+        if eb == 1 and R % 16 == 0 and per_row <= 8:
+            # fp8 B^T from a row-major B (k rows of n: the view's rows contiguous, rs = 1): 16-byte
+            # loads of 16 consecutive n at one k, each byte stored to its row of the staged block
+            tvec_ok = b.op(arith.AndIOp(b.cmp("eq", src.rs, 1), b.op(arith.AndIOp(
+                b.cmp("eq", b.rem(src.cs, 16), 0), b.cmp("eq", b.rem(src.off, 16), 0))).results[0])).results[0]
+            tvec_full = b.op(arith.AndIOp(tvec_ok, inside)).results[0]
+            b.if_(full_ok, full, lambda bb: bb.if_(tvec_full, lambda bt: self._copy_transposed_bytes(
+                bt, src, dst, doff, R, C) or [], partial) or [])
+        else:
+            b.if_(full_ok, full, partial)
         b.op(NV.CpAsyncCommitOp.create())     # one group per copy: tile.wait counts copies
         self.swizzled[dst] = R * row
+
+
+def _copy_transposed_bytes(self, b: Builder, src: View, dst: SSAValue, doff, R: int, C: int) -> None:
+    """A whole R x C fp8 block whose rows are contiguous in memory (the B^T view of a row-major
+    B): unit u takes rows 16g..16g+15 (g = u % (R/16)) of column c = u / (R/16) — consecutive
+    threads, consecutive 16-byte chunks — as one 16-byte load, then stores each byte at
+    (row, c) of the swizzled block."""
+    groups = R // 16
+    units = groups * C
+
+    def one(b2: Builder, u) -> None:
+        r0, c = b2.mul(b2.rem(u, groups), 16), b2.div(u, groups)
+        v = self.load(b2, src.base, b2.add(src.off, b2.add(r0, b2.mul(c, src.cs))), vec(src.elem, 16), 16)
+        j = b2.div(c, 16)
+        # row r0 + i (r0 % 8 == 0) is placed as row i % 8 of an atom: eight offsets serve the 16 rows
+        rowbase = b2.add(doff, b2.add(b2.mul(r0, ROW_BYTES), b2.rem(c, 16)))
+        xj = [swizzled_index(k, j, b2, 1) for k in range(8)]
+        for i in range(16):
+            daddr = b2.add(rowbase, b2.add(xj[i % 8], (i - i % 8) * ROW_BYTES))
+            self.store(b2, self.extract(b2, v, i), dst, daddr, 1)
+
+    for q in range(-(-units // self.block)):
+        u = b.add(self.tid, q * self.block)
+        if (q + 1) * self.block <= units:
+            one(b, u)
+        else:
+            b.if_(b.cmp("slt", u, units), lambda b3, u=u: one(b3, u) or [])
+
+
+WgmmaLowering._copy_transposed_bytes = _copy_transposed_bytes
 
 
 def _i64(b: Builder, v: int) -> SSAValue:
