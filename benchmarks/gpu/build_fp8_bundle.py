@@ -11,8 +11,9 @@ applied in the GEMM's epilogue.
 - check: e4m3 and e5m2 with edges in every dimension (f32 out plus a bias, and bf16 out), on
   sm_90a (wgmma m64nNk32) and sm_90 (mma.sync m16n8k32); the device's output is compared with
   float64 of the dequantised inputs and with this machine's warp-emulator output;
-- bench: e4m3 4096^3, 8192^3 and 16384 x 1024 x 4096 (bf16 out) on sm_90a, and 4096^3 on sm_90,
-  each timed against ``torch._scaled_mm`` (cuBLASLt fp8) on the same random device inputs.
+- bench: e4m3 4096^3, 8192^3 and 16384 x 1024 x 4096 (bf16 out) on sm_90a, 4096^3 with B
+  row-major beside them, and 4096^3 on sm_90, each timed against ``torch._scaled_mm`` (cuBLASLt
+  fp8, which takes W K-major only) on the same random device inputs.
 Every sm_90a cubin is checked here before it is carried: QGMMA in its SASS, no local memory.
 """
 from __future__ import annotations
@@ -46,6 +47,11 @@ def scaled_bias(a, w, sa, sb, bias):
 
 def scaled_bf16(a, w, sa, sb):
     return ts.ops.scaled_matmul(a, w.T, sa, sb, out_dtype=ml_dtypes.bfloat16)
+
+
+def scaled_bf16_kn(a, b, sa, sb):
+    """B row-major [K, N]: staged as B^T by 16-byte loads and byte stores (fp8 wgmma is K-major only)."""
+    return ts.ops.scaled_matmul(a, b, sa, sb, out_dtype=ml_dtypes.bfloat16)
 
 
 def kernel_facts(art, arch: str) -> dict:
@@ -99,14 +105,18 @@ def build(out: Path, seed: int = 2026, quick: bool = False) -> dict:
                                   "inputs": files, "mma": rec, "out_dtype": "bf16" if variant == "bf16" else "f32",
                                   "emulated": f"{name}_emulated.npy", **kernel_facts(art, arch),
                                   **launch_record(art, list(args))})
-        bench = BENCH[:1] if quick or arch == "sm_90" else BENCH
-        for m, n, k in bench:
-            a, w = np.zeros((m, k), FP8["e4m3"]), np.zeros((n, k), FP8["e4m3"])   # compile only: timed on random data
+        bench = [(s, "nk") for s in (BENCH[:1] if quick or arch == "sm_90" else BENCH)]
+        if arch == "sm_90a" and not quick:
+            bench.append((BENCH[0], "kn"))         # B row-major beside it
+        for (m, n, k), b_layout in bench:
+            a = np.zeros((m, k), FP8["e4m3"])          # compile only: timed on random data
+            w = np.zeros((n, k) if b_layout == "nk" else (k, n), FP8["e4m3"])
             args = (a, w, np.float32(1.0), np.float32(1.0))
-            art = ts.compile(scaled_bf16, *args, target="nvidia", arch=arch)
-            name = f"bench_{arch}_e4m3_{m}x{n}x{k}"
+            art = ts.compile(scaled_bf16 if b_layout == "nk" else scaled_bf16_kn, *args, target="nvidia", arch=arch)
+            name = f"bench_{arch}_e4m3_{m}x{n}x{k}" + ("_b_row_major" if b_layout == "kn" else "")
             (out / f"{name}.cubin").write_bytes(art.binary())
             cases.append({"name": name, "kind": "bench", "arch": arch, "cubin": f"{name}.cubin", "dtype": "e4m3",
+                          "b_layout": b_layout,
                           "m": m, "n": n, "k": k, "flops": 2 * m * n * k,
                           "mma": art.report().kernels[0]["mma"]["record"], **kernel_facts(art, arch),
                           **launch_record(art, list(args))})

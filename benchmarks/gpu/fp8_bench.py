@@ -111,7 +111,10 @@ def bench(bundle: Path, case: dict, cuda, repeats: int) -> dict:
     sb = torch.tensor(1.25, device="cuda")
     peer = torch._scaled_mm(a, w.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
     out = np.zeros((m, n), np.uint16)
-    host = [a.view(torch.uint8).cpu().numpy(), w.view(torch.uint8).cpu().numpy(),
+    wb = w.view(torch.uint8).cpu().numpy()
+    if case.get("b_layout") == "kn":           # the kernel takes B row-major [K, N]
+        wb = np.ascontiguousarray(wb.T)
+    host = [a.view(torch.uint8).cpu().numpy(), wb,
             np.array(0.75, np.float32), np.array(1.25, np.float32)]
     bufs, outs = bind(case, host, out)
     with cuda.CudaModule((bundle / case["cubin"]).read_bytes()) as mod:
