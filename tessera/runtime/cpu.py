@@ -50,9 +50,9 @@ NP_DTYPE = {Float32Type: np.dtype(np.float32), BFloat16Type: np.dtype(ml_dtypes.
 
 
 def np_dtype(elem) -> np.dtype:
-    from tessera.dtypes import FP8, from_ir
     if isinstance(elem, (Float8E4M3FNType, Float8E5M2Type)):
-        return from_ir(elem) if from_ir(elem) in FP8 else None
+        from tessera.dtypes import from_ir
+        return from_ir(elem)
     for cls, dt in NP_DTYPE.items():
         if isinstance(elem, cls):
             return dt
