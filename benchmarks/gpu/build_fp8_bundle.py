@@ -9,7 +9,8 @@ The program is ``scaled_matmul(a, w.T, scale_a, scale_b, out_dtype=bf16)``: fp8 
 requires too), per-tensor f32 scales passed at run time (0-d arrays), f32 accumulation, the scales
 applied in the GEMM's epilogue.
 - check: e4m3 and e5m2 with edges in every dimension (f32 out plus a bias, and bf16 out), on
-  sm_90a (wgmma m64nNk32) and sm_90 (mma.sync m16n8k32); the device's output is compared with
+  sm_90a (wgmma m64nNk32) and sm_90 (mma.sync m16n8k32, which ptxas runs on Hopper as F2FP
+  unpacks to f16 and HMMA: fp8 is native only in wgmma there); the device's output is compared with
   float64 of the dequantised inputs and with this machine's warp-emulator output;
 - bench: e4m3 4096^3, 8192^3 and 16384 x 1024 x 4096 (bf16 out) on sm_90a, 4096^3 with B
   row-major beside them, and 4096^3 on sm_90, each timed against ``torch._scaled_mm`` (cuBLASLt
@@ -64,10 +65,12 @@ def kernel_facts(art, arch: str) -> dict:
     facts = {"registers": k["registers"], "spill_bytes": k["spill_stores"]}
     sass = ptx_tools.sass(art.binary(), arch)
     if sass is not None:
-        want = "QGMMA" if arch == "sm_90a" else "QMMA"
+        # Hopper has fp8 only in wgmma: for sm_90 ptxas turns mma.sync .e4m3/.e5m2 into F2FP unpacks
+        # to f16 and HMMA.16816 (sm_89 / sm_120 have QMMA)
+        want = {"sm_90a": "QGMMA", "sm_90": "F2FP.F16"}.get(arch, "QMMA")
         if re.search(r"\b(LDL|STL)\b", sass) or want not in sass:
             raise SystemExit(f"{arch} cubin has local-memory traffic or no {want}")
-        facts["sass_mma"] = sorted(set(re.findall(r"\bQG?MMA\.[\w.]+", sass)))
+        facts["sass_mma"] = sorted(set(re.findall(r"\b(?:QG?MMA|HMMA)\.[\w.]+", sass)))
     return facts
 
 
