@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
-from xdsl.dialects.builtin import BFloat16Type, Float16Type, Float32Type, Float64Type, IntegerType
+from xdsl.dialects.builtin import (BFloat16Type, Float8E4M3FNType, Float8E5M2Type, Float16Type, Float32Type,
+                                   Float64Type, IntegerType)
 from xdsl.ir import Attribute
 
 from tessera.errors import DtypeError
@@ -12,6 +13,10 @@ float32 = np.dtype(np.float32)
 float16 = np.dtype(np.float16)
 bfloat16 = np.dtype(ml_dtypes.bfloat16)
 float64 = np.dtype(np.float64)
+# OCP fp8 (ml_dtypes): matmul operands only (tessera.ops.matmul / scaled_matmul), widened exactly
+float8_e4m3fn = np.dtype(ml_dtypes.float8_e4m3fn)
+float8_e5m2 = np.dtype(ml_dtypes.float8_e5m2)
+FP8 = (float8_e4m3fn, float8_e5m2)
 
 bool_ = np.dtype(np.bool_)
 int8 = np.dtype(np.int8)
@@ -19,7 +24,7 @@ int32 = np.dtype(np.int32)
 int64 = np.dtype(np.int64)
 
 _BY_NAME = {"f32": float32, "f16": float16, "bf16": bfloat16, "f64": float64, "bool": bool_,
-            "i8": int8, "i32": int32, "i64": int64}
+            "i8": int8, "i32": int32, "i64": int64, "f8e4m3fn": float8_e4m3fn, "f8e5m2": float8_e5m2}
 _NAME = {v: k for k, v in _BY_NAME.items()}
 SUPPORTED = tuple(_BY_NAME)
 
@@ -63,8 +68,8 @@ def promote(a, b) -> np.dtype | None:
     a, b = np.dtype(a), np.dtype(b)
     if a == b:
         return a
-    if a not in _NAME or b not in _NAME:
-        return None
+    if a not in _NAME or b not in _NAME or a in FP8 or b in FP8:
+        return None     # fp8 never promotes: matmul takes it as it is, other ops refuse it
     ka, kb = kind(a), kind(b)
     if ka != kb:   # bool < int < float: the higher kind wins whole
         order = "bif"
@@ -100,12 +105,13 @@ def ir_type(d) -> Attribute:
         return IntegerType(1)
     if dt in _INT_RANK:
         return IntegerType(dt.itemsize * 8)
-    return {float32: Float32Type(), float16: Float16Type(), bfloat16: BFloat16Type(), float64: Float64Type()}[dt]
+    return {float32: Float32Type(), float16: Float16Type(), bfloat16: BFloat16Type(), float64: Float64Type(),
+            float8_e4m3fn: Float8E4M3FNType(), float8_e5m2: Float8E5M2Type()}[dt]
 
 
 def from_ir(t: Attribute) -> np.dtype:
     for cls, dt in ((Float32Type, float32), (Float16Type, float16), (BFloat16Type, bfloat16),
-                    (Float64Type, float64)):
+                    (Float64Type, float64), (Float8E4M3FNType, float8_e4m3fn), (Float8E5M2Type, float8_e5m2)):
         if isinstance(t, cls):
             return dt
     if isinstance(t, IntegerType):

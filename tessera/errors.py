@@ -338,6 +338,17 @@ class DtypeError(FrontendError):
     code = "DTYPE_UNSUPPORTED"
 
 
+class Fp8OperandError(DtypeError):
+    """fp8 (e4m3 / e5m2) arrays are matmul operands only, on both sides, and the product is
+    never fp8 (f32, bf16 or f16 out); other ops refuse them (cast with ``.astype``)."""
+    code = "FP8_OPERAND"
+
+
+class ScaleError(FrontendError):
+    """A ``scaled_matmul`` scale is not a scalar: a Python number or a 0-d float32 array."""
+    code = "SCALED_MATMUL_SCALE"
+
+
 class ArgumentError(FrontendError):
     """A call's arguments do not fit the compiled function (count, type, layout)."""
     code = "BAD_ARGUMENT"

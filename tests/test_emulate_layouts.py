@@ -421,7 +421,8 @@ def test_ldmatrix_trans_is_the_transpose():
     ("mma_sync", (16, 8, 16), "sm_80", 64, "f16"),
     ("mma_sync", (8, 8, 4), "sm_80", 32, "f16"),
     ("wgmma", (64, 128, 16), "sm_90", 128, "f16"),      # wgmma needs sm_90a (the arch-specific target)
-    ("wgmma", (64, 128, 32), "sm_90a", 128, "f8e4m3fn"),  # fp8 wgmma is not in the table yet
+    ("wgmma", (64, 128, 16), "sm_90a", 128, "f8e4m3fn"),  # fp8 wgmma is m64nNk32
+    ("mma_sync", (16, 8, 32), "sm_80", 32, "f8e5m2"),     # fp8 mma.sync needs sm_89
 ])
 def test_uncovered_raises_keyerror_naming_coverage(family, shape, arch, lanes, dtype):
     with pytest.raises(KeyError) as info:

@@ -80,7 +80,9 @@ def test_isa_level_names_map_to_llvm_cpus_with_features():
         isa = get_isa("x86", name)
         assert isa.llvm_cpu in ("x86-64-v3", "x86-64-v4") and isa.arch == name
     assert "+avx512bf16" in get_isa("x86", "avx512_bf16").llvm_features
-    assert [r.id for r in get_isa("x86", "avx2").records] == ["x86.avx2.fma.f32", "x86.avx2.fma.f64", "x86.avx2.fma.bf16", "x86.avx2.fma.f16"]
+    assert [r.id for r in get_isa("x86", "avx2").records] == ["x86.avx2.fma.f32", "x86.avx2.fma.f64", "x86.avx2.fma.bf16", "x86.avx2.fma.f16",
+                                                              "x86.avx2.fma.e4m3", "x86.avx2.fma.e4m3.e5m2",
+                                                              "x86.avx2.fma.e5m2.e4m3", "x86.avx2.fma.e5m2"]
 
 
 def test_accumulator_footprint_counts_bytes_and_blocks():

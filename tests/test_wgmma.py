@@ -40,9 +40,12 @@ def test_the_selector_picks_wgmma_on_sm_90a_only_where_it_is_lowered():
         for arch in ("sm_80", "sm_89", "sm_90"):   # no 'a': mma.sync
             assert select_mma(get_isa("nvidia", arch), dt, out_dtype="f32", lowering=lowering).record.family \
                 == "mma_sync"
-    # fp8 wgmma has no lowering yet: the record stays unselectable ("no capability without a producer")
+    # fp8: m64nNk32, lowered with both operands K-major (tests/test_gpu_fp8.py)
+    sel = select_mma(get_isa("nvidia", "sm_90a"), "f8e4m3fn", out_dtype="f32", family="wgmma", lowering=lowering)
+    assert sel.record.k == 32 and sel.record.lowered_by == lowering
+    # a record with no lowering stays unselectable ("no capability without a producer"): s8 mma.sync
     with pytest.raises(MmaNoLoweringError):
-        select_mma(get_isa("nvidia", "sm_90a"), "f8e4m3fn", out_dtype="f32", family="wgmma", lowering=lowering)
+        select_mma(get_isa("nvidia", "sm_90a"), "s8", out_dtype="i32", lowering=lowering)
 
 
 # --------------------------------------------------------------------------- descriptor and swizzle
@@ -242,7 +245,7 @@ def _plant_and_run(monkeypatch, rng):
 
 
 def test_teeth_wrong_swizzle_in_the_copy(monkeypatch, rng):
-    monkeypatch.setattr(W, "swizzled_index", lambda r, j, b=None: b.add(b.mul(r, 64), b.mul(j, 8)) if b else
+    monkeypatch.setattr(W, "swizzled_index", lambda r, j, b=None, esize=2: b.add(b.mul(r, 64), b.mul(j, 8)) if b else
                         r * 64 + j * 8)     # the planted copy stores rows unswizzled
     got, want = _plant_and_run(monkeypatch, rng)
     assert rel_err(got, want) > 1e-2
@@ -327,8 +330,8 @@ def test_teeth_wrong_mn_major_lbo_or_sbo(monkeypatch, rng, lbo, sbo):
 
 def test_teeth_b_read_k_major_without_the_transpose_flag(monkeypatch, rng):
     real = W.WgmmaMap.emit_mma
-    monkeypatch.setattr(W.WgmmaMap, "emit_mma", lambda self, b, ft, a, bb, c, trans_b=False:
-                        real(self, b, ft, a, bb, c, trans_b=False))
+    monkeypatch.setattr(W.WgmmaMap, "emit_mma", lambda self, b, ft, a, bb, c, trans_b=False, btype=None:
+                        real(self, b, ft, a, bb, c, trans_b=False, btype=btype))
     try:      # read K-major, the 8-row groups run past the stage into one a copy is filling
         got, want = _plant_pipeline(monkeypatch, rng)
     except EmulatorRaceError as e:

@@ -44,6 +44,11 @@ if [ -d .whl ]; then
 fi
 $py -c "import tessera, llvmlite, xdsl, numpy; from tessera.toolchain import find_ptxas; \
 print('tessera imports; llvmlite', llvmlite.__version__, 'numpy', numpy.__version__, 'ptxas', find_ptxas())"
+# --suite fp8: only the fp8 GEMM bundle (benchmarks/gpu/fp8_bench.py; dry-run it here with --dry-run)
+if [ "$SUITE" = "fp8" ]; then
+  timeout 280 $py benchmarks/gpu/fp8_bench.py --bundle benchmarks/gpu/fp8_bundle --out "$OUT" 2>&1 | tee "$OUT/fp8.log"
+  exit "${PIPESTATUS[0]}"
+fi
 if [ "$SUITE" = "whole-models" ]; then
   timeout 290 $py benchmarks/gpu/models_bench.py --out "$OUT" 2>&1 | tee "$OUT/models.log"
   exit "${PIPESTATUS[0]}"
@@ -66,4 +71,10 @@ fi
 # wgmma cubin, then 4096^3, 8192^3 and 16384x1024x4096 against torch.matmul (cuBLAS), sm_90 mma.sync beside
 if [ -f benchmarks/gpu/hopper_bundle/manifest.json ]; then
   timeout 280 $py benchmarks/gpu/nvidia_check.py --bundle benchmarks/gpu/hopper_bundle 2>&1 | tee "$OUT/hopper.log"
+fi
+# fp8 GEMM (scaled_matmul e4m3/e5m2, scales in the epilogue) when its bundle was carried
+# (./dev python benchmarks/gpu/build_fp8_bundle.py here): float64 / emulator checks on sm_90a (wgmma
+# m64nNk32) and sm_90 (mma.sync m16n8k32), then e4m3 4096^3, 8192^3, 16384x1024x4096 against torch._scaled_mm
+if [ -f benchmarks/gpu/fp8_bundle/manifest.json ]; then
+  timeout 240 $py benchmarks/gpu/fp8_bench.py --bundle benchmarks/gpu/fp8_bundle --out "$OUT" 2>&1 | tee "$OUT/fp8.log"
 fi

@@ -9,12 +9,13 @@ with the LLVM IR, so the artifact records it (``docs/abi.md``).
 """
 from __future__ import annotations
 
+import numpy as np
 from llvmlite import ir
 from xdsl.dialects import func
 from xdsl.dialects.builtin import Float32Type, IndexType, IntegerType, ModuleOp
 
 from tessera.codegen import gpu_typed as T
-from tessera.codegen.llvm_common import F32, I8, I32, I64, FnCodegen, ModuleCodegen, llvm_type
+from tessera.codegen.llvm_common import F32, I8, I32, I64, FnCodegen, ModuleCodegen, fp8_format, llvm_type
 from tessera.errors import CodegenError, UnloweredOpsError
 from tessera.ir import tile as t
 from tessera.ir.attrs import ival, strs
@@ -139,6 +140,10 @@ class GpuFn(FnCodegen):
     def op_arith_constant(self, op):
         ty = self.lt(op.result.type)
         val = op.value.value.data
+        if fp8_format(op.result.type):       # an fp8 constant is its byte
+            from tessera.dtypes import from_ir
+            self.set(op, ir.Constant(ty, int(np.array(val, from_ir(op.result.type)).view(np.uint8))))
+            return
         self.set(op, ir.Constant(ty, float(val) if not isinstance(op.result.type, IndexType) and
                                  not hasattr(ty, "width") else val))
 

@@ -12,6 +12,8 @@ from llvmlite import ir
 from xdsl.dialects import arith, func, scf
 from xdsl.dialects.builtin import (
     BFloat16Type,
+    Float8E4M3FNType,
+    Float8E5M2Type,
     Float16Type,
     Float32Type,
     Float64Type,
@@ -83,11 +85,48 @@ def llvm_type(t: Attribute) -> ir.Type:
         return F16
     if isinstance(t, Float64Type):
         return F64
+    if isinstance(t, (Float8E4M3FNType, Float8E5M2Type)):
+        return I8     # LLVM has no fp8 type: the byte, decoded by fp8_to_f32
     if isinstance(t, VectorType):
         return ir.VectorType(llvm_type(t.element_type), t.get_shape()[0])
     if isinstance(t, LLVMPointerType):
         return PTR
     raise CodegenError(f"no LLVM type for {t}")
+
+
+def fp8_format(t: Attribute) -> str | None:
+    """'e4m3' / 'e5m2' for an fp8 element (or vector of them), else None."""
+    e = t.element_type if isinstance(t, VectorType) else t
+    return "e4m3" if isinstance(e, Float8E4M3FNType) else "e5m2" if isinstance(e, Float8E5M2Type) else None
+
+
+def fp8_to_f32(b: ir.IRBuilder, a: ir.Value, fmt: str) -> ir.Value:
+    """OCP fp8 bytes (scalar or vector i8) -> f32, exactly.  The magnitude bits shifted into f32's
+    exponent/mantissa field read as 2^(e - 127) (1 + m) (or m 2^-149 when e = 0): times
+    2^(127 - bias) that is the fp8 value, subnormals included (x86's default MXCSR keeps f32
+    subnormals).  e4m3fn has no infinity, S.1111.111 is NaN; e5m2's all-ones exponent is inf
+    (mantissa 0) or NaN, as in IEEE."""
+    vec = isinstance(a.type, ir.VectorType)
+
+    def ty(t):
+        return ir.VectorType(t, a.type.count) if vec else t
+
+    def c(t, v):
+        return ir.Constant(t, [v] * a.type.count) if vec else ir.Constant(t, v)
+    i32, f32 = ty(I32), ty(F32)
+    x = b.zext(a, i32)
+    mag = b.and_(x, c(i32, 0x7F))
+    shift, bias = (20, 7) if fmt == "e4m3" else (21, 15)
+    val = b.fmul(b.bitcast(b.shl(mag, c(i32, shift)), f32), c(f32, float(2.0 ** (127 - bias))))
+    bits = b.bitcast(val, i32)
+    if fmt == "e4m3":
+        special = b.icmp_unsigned("==", mag, c(i32, 0x7F))
+        bits = b.select(special, c(i32, 0x7FC00000), bits)
+    else:
+        special = b.icmp_unsigned(">=", mag, c(i32, 0x7C))
+        bits = b.select(special, b.or_(c(i32, 0x7F800000), b.shl(b.and_(mag, c(i32, 3)), c(i32, 21))), bits)
+    sign = b.shl(b.and_(x, c(i32, 0x80)), c(i32, 24))
+    return b.bitcast(b.or_(bits, sign), f32)
 
 
 def _bytes(t: ir.Type) -> int:
@@ -222,6 +261,11 @@ class FnCodegen:
     def op_arith_constant(self, op: arith.ConstantOp):
         ty = self.lt(op.result.type)
         val = op.value.value.data
+        if fp8_format(op.result.type):       # an fp8 constant is its byte
+            import numpy as np
+            from tessera.dtypes import from_ir
+            self.set(op, ir.Constant(ty, int(np.array(val, from_ir(op.result.type)).view(np.uint8))))
+            return
         self.set(op, ir.Constant(ty, val))
 
     def _bin(self, op, fn):

@@ -36,8 +36,9 @@ def record_for(op: NV.MmaSyncOp, arch: str) -> MmaRecord:
     isa = get_isa("nvidia", arch)
     shape = tuple(int(x) for x in op.shape.data[1:].replace("n", " ").replace("k", " ").split())
     # f32 registers run the tf32 record (the only f32 mma.sync): the codegen rounds them to tf32 first
+    btype = op.btype.data if op.btype is not None else op.atype.data
     cands = [r for r in isa.records if r.family == "mma_sync" and r.shape == shape and r.a_dtype == op.atype.data
-             and r.math_mode in (None, "tf32" if op.atype.data == "f32" else None)]
+             and r.b_dtype == btype and r.math_mode in (None, "tf32" if op.atype.data == "f32" else None)]
     if not cands:
         legal = sorted({f"m{r.m}n{r.n}k{r.k} {r.a_dtype}" for r in isa.records if r.family == "mma_sync"})
         raise MmaSelectorError(f"nvidia:{arch} has no mma.sync {op.shape.data} on {op.atype.data}; legal there: "
@@ -134,14 +135,17 @@ class NvptxFn(GpuFn):
         from tessera.mma.selector import get_isa as _isa
         m, n, k = _shape(op.shape.data)
         rec = next((r for r in _isa("nvidia", self.gen.arch).records if r.family == "wgmma" and r.shape == (m, n, k)
-                    and r.a_dtype == op.atype.data), None)
+                    and r.a_dtype == op.atype.data
+                    and r.b_dtype == (op.btype.data if op.btype is not None else op.atype.data)), None)
         if rec is None:
             raise MmaSelectorError(f"nvidia:{self.gen.arch} has no wgmma {op.shape.data} on {op.atype.data}")
         self.gen.used.add(rec.id)
         nd = n // 2
         regs = ", ".join(f"${i}" for i in range(nd))
         tnsp_b = 1 if op.trans_b is not None else 0      # imm-trans-b: B MN-major (f16/bf16 only)
-        asm = f"{rec.mnemonic} {{{regs}}}, ${nd}, ${nd + 1}, 1, 1, 1, 0, {tnsp_b};"
+        # scale-d 1, imm-scale-a/b 1; the 16-bit forms add imm-trans-a/b, fp8 has none (K-major only)
+        trans = "" if k == 32 else f", 0, {tnsp_b}"
+        asm = f"{rec.mnemonic} {{{regs}}}, ${nd}, ${nd + 1}, 1, 1, 1{trans};"
         cons = ",".join(["=f"] * nd + ["l", "l"] + [str(i) for i in range(nd)] + ["~{memory}"])
         f32t = ir.FloatType()
         ret = ir.LiteralStructType([f32t] * nd)

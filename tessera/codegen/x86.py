@@ -17,6 +17,8 @@ from xdsl.dialects.builtin import ModuleOp
 
 from tessera.codegen.llvm_common import (  # noqa: F401  (BF16, llvm_type: re-exported for users)
     BF16,
+    fp8_format,
+    fp8_to_f32,
     F16,
     F32,
     F64,
@@ -434,7 +436,10 @@ class _Fn(FnCodegen):
     def op_tessera_x86_vcvt(self, op):
         src, dst = llvm_type(op.input.type), llvm_type(op.result.type)
         a = self.v(op.input)
-        if isinstance(src.element, ir.IntType):
+        if fp8_format(op.input.type):      # fp8 bytes -> f32 (the GEMM pack widens them)
+            w = fp8_to_f32(self.b, a, fp8_format(op.input.type))
+            self.set(op, w if dst.element == F32 else self.b.fpext(w, dst))
+        elif isinstance(src.element, ir.IntType):
             self.set(op, self.b.uitofp(a, dst))  # bool masks (one byte each) -> 0.0 / 1.0
         elif isinstance(dst.element, ir.IntType):  # -> bool bytes: nonzero is true (numpy's astype(bool))
             self.set(op, self.b.zext(self.b.fcmp_unordered("une", a, ir.Constant(src, None)), dst))
@@ -444,6 +449,11 @@ class _Fn(FnCodegen):
             self.set(op, self._truncf(a, dst))
 
     def op_arith_extf(self, op):
+        if fp8_format(op.input.type):
+            w = fp8_to_f32(self.b, self.v(op.input), fp8_format(op.input.type))
+            dst = self.lt(op.result.type)
+            self.set(op, w if getattr(dst, "element", dst) == F32 else self.b.fpext(w, dst))
+            return
         self.set(op, self._extf(self.v(op.input), self.lt(op.result.type)))
 
     @staticmethod

@@ -70,6 +70,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable
 
+import ml_dtypes
 import numpy as np
 
 __all__ = [
@@ -299,7 +300,7 @@ def tf32_rna(x: np.ndarray) -> np.ndarray:
     return np.where(finite, rounded, bits).astype(np.uint32).view(np.float32)
 
 
-def _wgmma(n: int) -> InstrLayout:
+def _wgmma(n: int, k: int = 16) -> InstrLayout:
     # [PTX] 9.7.15.5.1 "Register Fragments and Shared Memory Matrix Layouts" of wgmma,
     # accumulator D for .m64nNk16 with .f32: the warpgroup's four warps each hold 16 rows
     # (warp w: rows 16w..16w+15); within a warp the m16n8 pattern repeats every 8 columns:
@@ -311,10 +312,30 @@ def _wgmma(n: int) -> InstrLayout:
     c = _operand(64, n, 128, n // 2, d, replicated=False)
     # A and B are read from shared memory through matrix descriptors (emulate/smem_desc.py):
     # no register items
-    none = OperandLayout(64, 16, 128, 0, np.zeros((128, 0, 2), np.int64), False)
-    return InstrLayout("wgmma", (64, n, 16), 128, none, OperandLayout(16, n, 128, 0, np.zeros((128, 0, 2), np.int64),
-                                                                       False), c,
-                       "NVIDIA PTX ISA 9.7.15.5.1 wgmma .m64nNk16 register fragment, accumulator D (f32)")
+    # no register items.  .m64nNk32 (e4m3/e5m2) has the same f32 D fragment (it depends on N only).
+    none = OperandLayout(64, k, 128, 0, np.zeros((128, 0, 2), np.int64), False)
+    return InstrLayout("wgmma", (64, n, k), 128, none, OperandLayout(k, n, 128, 0, np.zeros((128, 0, 2), np.int64),
+                                                                      False), c,
+                       f"NVIDIA PTX ISA 9.7.15.5.1 wgmma .m64nNk{k} register fragment, accumulator D (f32)")
+
+
+def _mma_sync_k32() -> InstrLayout:
+    # [PTX] 9.7.14.5.10 "Matrix Fragments for mma.m16n8k32" (.s8/.u8/.e4m3/.e5m2): A is four
+    # .b32 registers of 4 elements: row = groupID for a_i, 0 <= i < 4 or 8 <= i < 12, groupID + 8
+    # otherwise; col = threadID_in_group * 4 + (i & 0x3) for i < 8, + 16 for i >= 8.  B is two
+    # .b32 registers of 4: row = threadID_in_group * 4 + (i & 0x3) for i < 4, + 16 for i >= 4;
+    # col = groupID.  C/D (f32) as for m16n8k16.
+    def g(l: int) -> int:
+        return l >> 2
+
+    def t(l: int) -> int:
+        return l % 4
+    c = _operand(16, 8, 32, 4, lambda l, i: (g(l) + 8 * (i // 2), 2 * t(l) + (i & 1)), replicated=False)
+    a = _operand(16, 32, 32, 16, lambda l, i: (g(l) + 8 * ((i // 4) % 2), 4 * t(l) + (i & 3) + 16 * (i // 8)),
+                 replicated=False)
+    b = _operand(32, 8, 32, 8, lambda l, i: (4 * t(l) + (i & 3) + 16 * (i // 4), g(l)), replicated=False)
+    return InstrLayout("mma_sync", (16, 8, 32), 32, a, b, c,
+                       "NVIDIA PTX ISA 9.7.14.5.10 'Matrix Fragments for mma.m16n8k32' (8-bit A/B, f32 C/D)")
 
 
 # --------------------------------------------------------------------------- the table
@@ -324,6 +345,7 @@ _GFX12 = ("gfx1200", "gfx1201")
 _MFMA = ("gfx90a", "gfx942", "gfx950")
 _SM80 = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_120")
 _F16_BF16 = ("f16", "bf16")
+_FP8 = ("f8e4m3fn", "f8e5m2")
 
 
 @dataclass(frozen=True)
@@ -352,6 +374,10 @@ _TABLE: tuple[_Entry, ...] = (
     _Entry("mma_sync", (16, 8, 8), ("sm_75",), 32, ("f16",), lambda: _mma_sync((16, 8, 8))),
     # wgmma m64nNk16 (N = 8, 16, ..., 256), sm_90a only, a warpgroup of 128 threads
     *(_Entry("wgmma", (64, n, 16), ("sm_90a",), 128, _F16_BF16, lambda n=n: _wgmma(n)) for n in range(8, 257, 8)),
+    # wgmma m64nNk32 e4m3/e5m2 (A and B K-major from shared memory), the same D fragment
+    *(_Entry("wgmma", (64, n, 32), ("sm_90a",), 128, _FP8, lambda n=n: _wgmma(n, 32)) for n in range(8, 257, 8)),
+    # mma.sync m16n8k32 e4m3/e5m2 -> f32: sm_89 and later
+    _Entry("mma_sync", (16, 8, 32), ("sm_89", "sm_90", "sm_90a", "sm_120"), 32, _FP8, _mma_sync_k32),
 )
 
 
@@ -415,3 +441,18 @@ def ldmatrix_layout(num: int, trans: bool) -> LdmatrixLayout:
         raise KeyError(f"no ldmatrix layout for num={num!r} trans={trans!r}; covered: "
                        ".m8n8 .b16 with num in (1, 2, 4), trans in (False, True)")
     return _ldmatrix(int(num), bool(trans))
+
+
+FP8_FORMATS = {"f8e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn), "f8e5m2": np.dtype(ml_dtypes.float8_e5m2)}
+
+
+def as_format(raw: np.ndarray, name: str) -> np.ndarray:
+    """Operand bytes read as the instruction's declared type, not the buffer's or register's: an
+    fp8 instruction decodes its bytes as its .atype / .btype says (a wrong type in the emitted
+    instruction then shows as a wrong answer).  Other types pass through."""
+    want = FP8_FORMATS.get(name)
+    if want is None:
+        return raw
+    if raw.dtype.itemsize != 1:
+        raise ValueError(f"an {name} instruction operand holds {raw.dtype} values, not bytes")
+    return raw.view(want)

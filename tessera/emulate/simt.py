@@ -29,6 +29,8 @@ import numpy as np
 from xdsl.dialects import func, scf
 from xdsl.dialects.builtin import (
     BFloat16Type,
+    Float8E4M3FNType,
+    Float8E5M2Type,
     Float16Type,
     Float32Type,
     FloatAttr,
@@ -64,6 +66,10 @@ def np_of(elem: Attribute) -> np.dtype:
         return np.dtype(ml_dtypes.bfloat16)
     if isinstance(elem, (IndexType,)):
         return np.dtype(np.int64)
+    if isinstance(elem, Float8E4M3FNType):       # fp8 bytes: ml_dtypes decodes them (astype)
+        return np.dtype(ml_dtypes.float8_e4m3fn)
+    if isinstance(elem, Float8E5M2Type):
+        return np.dtype(ml_dtypes.float8_e5m2)
     if isinstance(elem, IntegerType):
         return np.dtype(np.bool_) if elem.width.data == 1 else np.dtype(f"int{elem.width.data}")
     raise EmulatorError(f"the emulator has no numpy type for {elem}")
@@ -490,6 +496,8 @@ class Emulator(WgmmaOps):
         flat = [np.concatenate([_per_thread(ctx, self.v(ctx, r)).reshape(ctx.nthreads, -1) for r in regs], axis=1)
                 for regs in (op.a, op.b, op.c)]
         lay = self._layout("mma_sync", (m, n, k), 32, op.atype.data)
+        btype = op.btype.data if op.btype is not None else op.atype.data
+        flat = [L.as_format(flat[0], op.atype.data), L.as_format(flat[1], btype), flat[2]]
         if op.atype.data == "f32":     # the tf32 record: A and B rounded as cvt.rna.tf32.f32 does (codegen/nvptx.py)
             flat = [L.tf32_rna(flat[0]), L.tf32_rna(flat[1]), flat[2]]
         d = self.matrix(ctx, op, lay, *flat, mask)

@@ -176,8 +176,9 @@ class WgmmaOps:
                             f"buffer (first {int(addr[addr >= 0].min())})")
         return out
 
-    def _read(self, ctx, loc: list, shape, g: int) -> np.ndarray:
-        """The operand's values now, with every cp.async still in flight taken as landed."""
+    def _read(self, ctx, loc: list, shape, g: int, fmt: str = "") -> np.ndarray:
+        """The operand's values now, with every cp.async still in flight taken as landed; fp8
+        bytes decoded as the instruction's ``fmt`` says (simt.as_format)."""
         out = np.empty(shape)
         for buf, inside, e in loc:
             data = buf.data[g]
@@ -188,7 +189,7 @@ class WgmmaOps:
                         if dst is buf:
                             sel = gg == g
                             data[ee[sel]] = dd[sel].astype(data.dtype)
-            out[inside] = data[e].astype(np.float64)
+            out[inside] = L.as_format(data[e], fmt).astype(np.float64)
         return out
 
     def op_tessera_nvidia_wgmma(self, ctx, op, mask):
@@ -213,8 +214,11 @@ class WgmmaOps:
                     raise self.fail(EmulatorDivergenceError, ctx, op, f"threads of one warpgroup pass different "
                                     f"{what} descriptors", [w0])
             g = int(ctx.gid[w0])
-            addr_b = (SD.mnmajor_addresses if trans_b else SD.kmajor_addresses)(int(db[w0]), n, k)   # [n, k]
-            reads.append((sl, g, self._locate(ctx, op, SD.kmajor_addresses(int(da[w0]), 64, k), g, "A"),
+            es = 1 if k == 32 else 2      # m64nNk32: fp8 bytes (K-major only); k16: 16-bit elements
+            if trans_b and es == 1:
+                raise self.fail(EmulatorError, ctx, op, "fp8 wgmma has no imm-trans-b (B is K-major only)")
+            addr_b = (SD.mnmajor_addresses if trans_b else SD.kmajor_addresses)(int(db[w0]), n, k, es)   # [n, k]
+            reads.append((sl, g, self._locate(ctx, op, SD.kmajor_addresses(int(da[w0]), 64, k, es), g, "A"),
                           self._locate(ctx, op, addr_b, g, "B")))
         s0 = st["next"]
         st["next"] += n // 2
@@ -235,8 +239,9 @@ class WgmmaOps:
         out = np.full((ctx.nthreads, n // 2), np.nan, np.float32)
         r, cc = lay.index[..., 0], lay.index[..., 1]
         for sl, g, loc_a, loc_b in rec["reads"]:
-            a = self._read(ctx, loc_a, (64, k), g)
-            bt = self._read(ctx, loc_b, (n, k), g)                          # [n, k]: B^T
+            btype = op.btype.data if op.btype is not None else op.atype.data
+            a = self._read(ctx, loc_a, (64, k), g, op.atype.data)
+            bt = self._read(ctx, loc_b, (n, k), g, btype)                   # [n, k]: B^T
             cm = np.zeros((64, n))
             cm[r, cc] = cregs[sl]
             out[sl] = (a @ bt.T + cm)[r, cc].astype(np.float32)

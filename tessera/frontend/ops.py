@@ -324,6 +324,10 @@ def cast(x, dtype) -> Tensor:
     leaves both undefined); int -> int wraps around (keeps the low bits); -> bool is ``x != 0``."""
     x = _t(x, "cast")
     d = dt.as_dtype(dtype)
+    if (d in dt.FP8 or x.dtype in dt.FP8) and d != x.dtype:
+        from tessera.errors import Fp8OperandError
+        raise _err(Fp8OperandError, f"cast: {dt.name(x.dtype)} -> {dt.name(d)}: fp8 arrays are matmul operands "
+                                    "only (convert on the host with ml_dtypes)")
     if d == x.dtype and not x._node.weak:
         return x
     return add_node("cast", [x._node], {}, x.shape, d, weak=False)   # a cast gives its dtype: not weak
@@ -333,6 +337,9 @@ def matmul(a, b, out_dtype=None) -> Tensor:
     """``a @ b`` with numpy rules; bf16/f16 inputs accumulate in f32 and give their own
     dtype unless ``out_dtype=np.float32``."""
     a, b = _t(a, "matmul"), _t(b, "matmul")
+    if a.dtype in dt.FP8 or b.dtype in dt.FP8:
+        from tessera.frontend.scaled import fp8_matmul
+        return fp8_matmul(a, b, out_dtype, "matmul")
     require_float(a, "matmul")
     require_float(b, "matmul")
     a, b = promote_pair(a, b, "matmul")
@@ -508,6 +515,10 @@ __all__ += list(_TYPED_ALL)
 from tessera.frontend.nn import avg_pool2d, conv2d, max_pool2d, pad  # noqa: E402
 
 __all__ += ["pad", "conv2d", "max_pool2d", "avg_pool2d"]
+
+from tessera.frontend.scaled import scaled_matmul  # noqa: E402
+
+__all__ += ["scaled_matmul"]
 
 # the Tensor operators and methods (frontend/trace.py) call these
 from tessera.frontend import layout as _layout  # noqa: E402

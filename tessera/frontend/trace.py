@@ -134,11 +134,18 @@ def _err(cls, msg: str) -> TesseraError:
     return cls(msg, location=user_location())
 
 
+FP8_OPS = ("matmul", "reshape", "transpose")    # the ops that take fp8 operands (views feed the GEMM's packing)
+
+
 def add_node(op: str, inputs: list[Node], attrs: dict, shape, dtype, weak: bool | None = None) -> "Tensor":
     """Record a node.  It is weak (``weak`` None) when every input is, and computed from Python
     numbers alone when every input is.  Only ops of the registry (``ir/opset.py``) are recorded."""
     if op not in opset.OPS and op not in opset.SECOND_RESULTS:
         raise InternalError(f"the tracer recorded {op!r}, which the op registry (tessera/ir/opset.py) does not know")
+    if op not in FP8_OPS and any(i.dtype in dt.FP8 for i in inputs):
+        from tessera.errors import Fp8OperandError
+        raise _err(Fp8OperandError, f"{op}: fp8 arrays are matmul operands only (tessera.ops.matmul / "
+                                    "scaled_matmul, through reshape / transpose views); cast on the host")
     n = Node(op, inputs, attrs, tuple(int(s) for s in shape), dt.as_dtype(dtype), user_location())
     if inputs and all(i.scalar_of is not None for i in inputs):
         n.scalar_of = frozenset().union(*(i.scalar_of for i in inputs))
@@ -526,6 +533,10 @@ def _power(x: Tensor, o) -> Tensor:
 
 
 def require_float(t: Tensor, what: str) -> None:
+    if t.dtype in dt.FP8:
+        from tessera.errors import Fp8OperandError
+        raise _err(Fp8OperandError, f"{what}: fp8 ({dt.name(t.dtype)}) arrays are matmul operands only "
+                                    "(tessera.ops.matmul / scaled_matmul); cast with .astype(np.float32)")
     if t.dtype not in (dt.float32, dt.bfloat16, dt.float16, dt.float64):
         raise _err(DtypeError, f"{what}: dtype {dt.name(t.dtype)} is not supported ({what} takes floating-point "
                                "tensors; cast with .astype(np.float32))")

@@ -14,6 +14,8 @@ from typing import ClassVar
 from xdsl.dialects.builtin import (
     ArrayAttr,
     BFloat16Type,
+    Float8E4M3FNType,
+    Float8E5M2Type,
     BoolAttr,
     DenseIntOrFPElementsAttr,
     Float16Type,
@@ -93,19 +95,28 @@ class MatmulOp(GraphOp):
         return infer_matmul(a, b, self.result.type.element_type if isinstance(self.result.type, TensorType) else None)
 
 
+def is_fp8(t: Attribute) -> bool:
+    return isinstance(t, (Float8E4M3FNType, Float8E5M2Type))
+
+
 def infer_matmul(a: TensorType, b: TensorType, out_elem: Attribute | None = None) -> TensorType:
     if a.rank < 2 or b.rank < 2:
         raise GraphRankError(f"tessera.matmul needs rank >= 2 operands, got ranks {a.rank} and {b.rank}")
-    if a.element_type != b.element_type:
+    fp8 = is_fp8(a.element_type) or is_fp8(b.element_type)
+    if a.element_type != b.element_type and not (is_fp8(a.element_type) and is_fp8(b.element_type)):
         raise GraphDtypeError(f"tessera.matmul operands disagree: {a.element_type} vs {b.element_type}")
-    _require_float("tessera.matmul", a.element_type)
+    if not fp8:
+        _require_float("tessera.matmul", a.element_type)
+    if fp8 and not isinstance(out_elem, Float32Type):   # fp8 x fp8 (e4m3/e5m2 mixes too) -> f32 only
+        raise GraphDtypeError(f"tessera.matmul: fp8 inputs ({a.element_type}, {b.element_type}) give f32, "
+                              f"not {out_elem}")
     (m, k1), (k2, n) = a.dims[-2:], b.dims[-2:]
     if k1 != k2:
         raise GraphShapeError(f"tessera.matmul inner dimensions differ: {list(a.dims)} @ {list(b.dims)} ({k1} vs {k2})")
     batch = broadcast_dims(a.dims[:-2], b.dims[:-2], "tessera.matmul batch dimensions")
     elem = a.element_type
     if out_elem is not None and out_elem != elem:
-        if isinstance(out_elem, Float32Type) and isinstance(elem, (BFloat16Type, Float16Type)):
+        if isinstance(out_elem, Float32Type) and (fp8 or isinstance(elem, (BFloat16Type, Float16Type))):
             elem = out_elem
         else:
             raise GraphDtypeError(f"tessera.matmul: result dtype {out_elem} not allowed for {a.element_type} inputs "

@@ -138,7 +138,8 @@ _op("one_hot", "gather", "i", "one_hot", EPI, "labels -> one-hot rows (out-of-ra
 _op("scatter_add", "scatter", "f", "scatter_add, index_add", NO,
     "x.at[idx].add(u) along an axis: take's adjoint (indices clamped, duplicates summed in order)")
 # ---- matrix products
-_op("matmul", "gemm", "f", "matmul, @", "kernel", "a @ b with numpy's batch rules; bf16/f16 accumulate in f32")
+_op("matmul", "gemm", "f", "matmul, @", "kernel",
+    "a @ b with numpy's batch rules; bf16/f16 and fp8 (e4m3/e5m2) accumulate in f32")
 _op("conv_patches", "gemm", "f", "conv2d", NO, "conv2d's implicit-GEMM A operand (no im2col buffer)")
 _op("attention", "attention", "f", "attention", "kernel",
     "softmax(q k^T * scale + mask) v; causal, grouped-query heads")
@@ -181,6 +182,7 @@ COMPOSITES = {
     "arange": "iota, mul, add, cast", "tril": "iota, greater_equal, where", "triu": "iota, less_equal, where",
     "conv2d": "conv_patches, matmul (or an elementwise chain for depthwise), transpose, concat",
     "max_pool2d": "slice, maximum, pad", "avg_pool2d": "slice, add, pad",
+    "scaled_matmul": "matmul (fp8 x fp8 -> f32), mul, add, cast: per-tensor scales in the GEMM epilogue",
 }
 
 

@@ -4,6 +4,7 @@ zero, packed from a view, multiplied (``tile.mma``: typed fragments only) and un
 from __future__ import annotations
 
 
+from xdsl.dialects.builtin import Float8E4M3FNType, Float8E5M2Type
 from xdsl.ir import SSAValue
 from xdsl.irdl import (
     IRDLOperation,
@@ -105,7 +106,9 @@ class MmaOp(IRDLOperation):
         if not (fa.family == fb.family == fc.family):
             raise TileMmaFamilyMismatch(
                 f"tile.mma families differ: {fa.family.data}, {fb.family.data}, {fc.family.data}", op=self)
-        if fc.elem != fc.acc or not (fa.acc == fb.acc == fc.acc) or fa.elem != fb.elem:
+        fp8 = (Float8E4M3FNType, Float8E5M2Type)     # e4m3 x e5m2 mix (mma.sync .kind f8, wgmma)
+        mixed_ok = isinstance(fa.elem, fp8) and isinstance(fb.elem, fp8)
+        if fc.elem != fc.acc or not (fa.acc == fb.acc == fc.acc) or (fa.elem != fb.elem and not mixed_ok):
             raise TileMmaAccumMismatch(
                 f"tile.mma accumulator types disagree: acc fragment holds {fc.elem}, declared acc types "
                 f"{fa.acc}/{fb.acc}/{fc.acc}, inputs {fa.elem}/{fb.elem}", op=self)

@@ -18,10 +18,13 @@ SM89_UP = frozenset({"sm_89", "sm_90", "sm_90a", "sm_120"})
 SM90_UP = frozenset({"sm_90", "sm_90a", "sm_120"})
 REGISTER_BUDGET = 255  # 32-bit registers per thread
 LOWERING = "lower-tile-to-nvidia"
-WGMMA_LOWERED = ("f16", "bf16")   # m64nNk16 -> f32 (passes/target/nvidia/wgmma.py); fp8 not yet
+# m64nNk16 f16/bf16 and m64nNk32 fp8 -> f32 (passes/target/nvidia/wgmma.py; fp8 reads both operands K-major)
+WGMMA_LOWERED = ("f16", "bf16", "f8e4m3fn", "f8e5m2")
 LOWERED = {((16, 8, 16), "f16"), ((16, 8, 8), "f16"), ((16, 8, 16), "bf16"), ((16, 8, 8), "bf16"),
            # tf32: f32 inputs rounded to tf32 (cvt.rna.tf32.f32) in registers, f32 accumulation
-           ((16, 8, 8), "f32"), ((16, 8, 4), "f32")}
+           ((16, 8, 8), "f32"), ((16, 8, 4), "f32"),
+           # fp8 (sm_89+): four bytes per 32-bit register, f32 accumulation
+           ((16, 8, 32), "f8e4m3fn"), ((16, 8, 32), "f8e5m2")}
 
 PTX_TYPE = {"f16": "f16", "bf16": "bf16", "f32": "f32", "f64": "f64", "s8": "s8", "i32": "s32",
             "f8e4m3fn": "e4m3", "f8e5m2": "e5m2"}
@@ -66,6 +69,11 @@ RECORDS_MMA: tuple[MmaRecord, ...] = (
          ("i32",) * 6 + ("float",) * 4, S4F, min_ptx=(8, 4), semantics="OCP fp8 e4m3"),
     _mma((16, 8, 32), "f8e5m2", "f32", SM89_UP, "llvm.nvvm.mma.m16n8k32.row.col.f32.e5m2.e5m2.f32",
          ("i32",) * 6 + ("float",) * 4, S4F, min_ptx=(8, 4), semantics="OCP fp8 e5m2"),
+    # the PTX ISA's .kind f8 takes either format on each side
+    _mma((16, 8, 32), "f8e4m3fn", "f32", SM89_UP, "llvm.nvvm.mma.m16n8k32.row.col.f32.e4m3.e5m2.f32",
+         ("i32",) * 6 + ("float",) * 4, S4F, min_ptx=(8, 4), semantics="OCP fp8 e4m3 x e5m2", b="f8e5m2"),
+    _mma((16, 8, 32), "f8e5m2", "f32", SM89_UP, "llvm.nvvm.mma.m16n8k32.row.col.f32.e5m2.e4m3.f32",
+         ("i32",) * 6 + ("float",) * 4, S4F, min_ptx=(8, 4), semantics="OCP fp8 e5m2 x e4m3", b="f8e4m3fn"),
     _mma((8, 8, 4), "f64", "f64", SM80_UP, "llvm.nvvm.mma.m8n8k4.row.col.f64", ("double",) * 4, "{double, double}"),
     _mma((16, 8, 4), "f64", "f64", SM90_UP, "llvm.nvvm.mma.m16n8k4.row.col.f64", ("double",) * 7,
          "{double, double, double, double}", min_ptx=(7, 8)),
@@ -76,11 +84,14 @@ RECORDS_MMA: tuple[MmaRecord, ...] = (
 )
 
 
-def _wgmma(n: int, dtype: str) -> MmaRecord:
+def _wgmma(n: int, dtype: str, btype: str | None = None) -> MmaRecord:
     k = 32 if dtype.startswith("f8") else 16
-    ptx = {"f16": "f16", "bf16": "bf16", "f8e4m3fn": "e4m3", "f8e5m2": "e5m2"}[dtype]
-    mnemonic = f"wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ptx}.{ptx}"
-    return MmaRecord(f"nvidia.wgmma.m64n{n}k{k}.{ptx}", "nvidia", "wgmma", (64, n, k), dtype, dtype, "f32", mnemonic,
+    names = {"f16": "f16", "bf16": "bf16", "f8e4m3fn": "e4m3", "f8e5m2": "e5m2"}
+    btype = btype or dtype
+    ptx, ptx_b = names[dtype], names[btype]
+    mnemonic = f"wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ptx}.{ptx_b}"
+    rid = f"nvidia.wgmma.m64n{n}k{k}.{ptx}" + (f".{ptx_b}" if ptx_b != ptx else "")
+    return MmaRecord(rid, "nvidia", "wgmma", (64, n, k), dtype, btype, "f32", mnemonic,
                      f"asm: {mnemonic} {{d...}}, descA, descB, p, 1, 1{', 0, 0' if k == 16 else ''};",
                      archs=frozenset({"sm_90a"}), lanes=128, min_ptx=(8, 0),
                      lowered_by=LOWERING if dtype in WGMMA_LOWERED else None,
@@ -90,7 +101,8 @@ def _wgmma(n: int, dtype: str) -> MmaRecord:
                      asm_regex=mnemonic.replace(".", r"\."))
 
 
-RECORDS_WGMMA = tuple(_wgmma(n, dt) for dt in ("f16", "bf16", "f8e4m3fn", "f8e5m2") for n in range(8, 257, 8))
+RECORDS_WGMMA = tuple(_wgmma(n, dt) for dt in ("f16", "bf16", "f8e4m3fn", "f8e5m2") for n in range(8, 257, 8)) + \
+    tuple(_wgmma(n, a, b) for a, b in (("f8e4m3fn", "f8e5m2"), ("f8e5m2", "f8e4m3fn")) for n in range(8, 257, 8))
 RECORDS = RECORDS_MMA + RECORDS_WGMMA
 
 

@@ -91,6 +91,24 @@ RECORDS: tuple[MmaRecord, ...] = (
               semantics="s8 x s8 into i32 tile registers"),
 )
 
+
+def _fp8(a: str, b: str, avx512: bool) -> MmaRecord:
+    """fp8 (OCP e4m3 / e5m2, either on each side) on the f32 FMA kernel: every fp8 value is exactly
+    an f32, so packing decodes both panels to f32 (passes/target/x86: the pack's conversion)."""
+    w, reg = (16, "zmm") if avx512 else (8, "ymm")
+    short = {"f8e4m3fn": "e4m3", "f8e5m2": "e5m2"}
+    rid = f"x86.{'avx512' if avx512 else 'avx2'}.fma.{short[a]}" + (f".{short[b]}" if b != a else "")
+    return MmaRecord(rid, "x86", "fma", (1, w, 1), a, b, "f32", f"vfmadd231ps {reg}", f"llvm.fma.v{w}f32",
+                     features=("avx512f",) if avx512 else ("avx2", "fma"), vector_width=w, lowered_by=LOWERING,
+                     a_layout="col_major", b_layout="row_major", llvm_ret=f"<{w} x float>",
+                     llvm_args=(f"<{w} x float>",) * 3, asm_regex=rf"vfmadd\d{{3}}ps\s+%{reg}", cycles=0.5,
+                     widen="f32", semantics="fp8 inputs decoded exactly to f32 while packing, then f32 FMA: exact "
+                                            "products, f32 sums")
+
+
+_F8 = ("f8e4m3fn", "f8e5m2")
+RECORDS += tuple(_fp8(a, b, wide) for wide in (False, True) for a in _F8 for b in _F8)
+
 _AVX2 = frozenset({"sse4.2", "avx", "avx2", "fma", "f16c", "bmi2"})
 _AVX512 = _AVX2 | {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"}
 

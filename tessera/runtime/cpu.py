@@ -27,6 +27,8 @@ import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import (
     BFloat16Type,
+    Float8E4M3FNType,
+    Float8E5M2Type,
     Float16Type,
     Float32Type,
     Float64Type,
@@ -48,6 +50,9 @@ NP_DTYPE = {Float32Type: np.dtype(np.float32), BFloat16Type: np.dtype(ml_dtypes.
 
 
 def np_dtype(elem) -> np.dtype:
+    if isinstance(elem, (Float8E4M3FNType, Float8E5M2Type)):
+        from tessera.dtypes import from_ir
+        return from_ir(elem)
     for cls, dt in NP_DTYPE.items():
         if isinstance(elem, cls):
             return dt

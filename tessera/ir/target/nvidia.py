@@ -37,6 +37,7 @@ class MmaSyncOp(IRDLOperation):
     name = "tessera_nvidia.mma_sync"
     shape = attr_def(StringAttr)
     atype = attr_def(StringAttr)
+    btype = opt_attr_def(StringAttr)      # B's dtype where it differs from A's (fp8 e4m3 x e5m2)
     ctype = attr_def(StringAttr)
     a = var_operand_def()
     b = var_operand_def()
@@ -52,10 +53,16 @@ class MmaSyncOp(IRDLOperation):
             raise TargetVerifyError(f"mma_sync shape {self.shape.data!r} is not mMnNkK", op=self)
         if len(self.c) != len(self.d) or [v.type for v in self.c] != [r.type for r in self.d]:
             raise TargetVerifyError("mma_sync D registers must match C registers", op=self)
-        elems = {str(getattr(v.type, "element_type", v.type)) for v in (*self.a, *self.b)}
-        if elems != {self.atype.data}:
-            raise TargetVerifyError(f"mma_sync atype {self.atype.data!r} does not match its A/B registers "
-                                    f"({', '.join(sorted(elems))})", op=self)
+        fp8 = {"f8E4M3FN": "f8e4m3fn", "f8E5M2": "f8e5m2"}     # xDSL's spelling -> the records'
+        btype = self.btype.data if self.btype is not None else self.atype.data
+        for regs, want in ((self.a, self.atype.data), (self.b, btype)):
+            elems = {fp8.get(e, e) for e in (str(getattr(v.type, "element_type", v.type)) for v in regs)}
+            if elems != {want}:
+                which = "btype" if self.btype is not None and regs is self.b else "atype"
+                raise TargetVerifyError(f"mma_sync {which} {want!r} does not match its A/B registers "
+                                        f"({', '.join(sorted(elems))})", op=self)
+        if btype != self.atype.data and {btype, self.atype.data} != {"f8e4m3fn", "f8e5m2"}:
+            raise TargetVerifyError(f"mma_sync mixes {self.atype.data} and {btype}: only fp8 formats mix", op=self)
 
 
 @irdl_op_definition
@@ -155,6 +162,7 @@ class WgmmaOp(IRDLOperation):
     name = "tessera_nvidia.wgmma"
     shape = attr_def(StringAttr)
     atype = attr_def(StringAttr)
+    btype = opt_attr_def(StringAttr)      # B's dtype where it differs from A's (fp8 e4m3 x e5m2)
     trans_b = opt_attr_def(UnitAttr)
     desc_a = operand_def(IntegerType)
     desc_b = operand_def(IntegerType)
@@ -173,8 +181,17 @@ class WgmmaOp(IRDLOperation):
                                     f"got {len(self.c)} in / {len(self.d)} out", op=self)
         if [v.type for v in self.c] != [r.type for r in self.d]:
             raise TargetVerifyError("wgmma D registers must match C registers", op=self)
-        if self.atype.data not in ("f16", "bf16"):
-            raise TargetVerifyError(f"wgmma atype {self.atype.data!r}: f16 or bf16", op=self)
+        k = int(m.group(3))
+        fp8 = self.atype.data in ("f8e4m3fn", "f8e5m2")
+        if self.atype.data not in ("f16", "bf16") and not fp8:
+            raise TargetVerifyError(f"wgmma atype {self.atype.data!r}: f16, bf16, f8e4m3fn or f8e5m2", op=self)
+        if k != (32 if fp8 else 16):
+            raise TargetVerifyError(f"wgmma {self.shape.data} on {self.atype.data}: K is {32 if fp8 else 16}", op=self)
+        if fp8 and self.trans_b is not None:
+            raise TargetVerifyError("fp8 wgmma reads B K-major only (no imm-trans-b)", op=self)
+        if self.btype is not None and not (fp8 and self.btype.data in ("f8e4m3fn", "f8e5m2")):
+            raise TargetVerifyError(f"wgmma mixes {self.atype.data} and {self.btype.data}: only fp8 formats mix",
+                                    op=self)
 
 
 @irdl_op_definition

@@ -25,7 +25,8 @@ import math
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import BFloat16Type, Float16Type, Float32Type, ModuleOp, StringAttr, f32
+from xdsl.dialects.builtin import (BFloat16Type, Float8E4M3FNType, Float8E5M2Type, Float16Type, Float32Type, ModuleOp,
+                                   StringAttr, f32)
 
 from tessera import host
 from tessera.errors import MmaSelectorError, ScheduleIllegalError, UnknownArchError
@@ -38,7 +39,8 @@ from tessera.passes.schedule import bounds
 from tessera.passes.tile.kernels import attention_decode
 from tessera.passes.util import function_blocks, register_elem, swap_op
 
-DTYPE = {Float32Type: "f32", BFloat16Type: "bf16", Float16Type: "f16"}
+DTYPE = {Float32Type: "f32", BFloat16Type: "bf16", Float16Type: "f16", Float8E4M3FNType: "f8e4m3fn",
+         Float8E5M2Type: "f8e5m2"}
 PARALLEL_LEGAL = {"gemm": ("m", "b*m", "none", "n"), "rowwise": ("r", "none"), "elementwise": ("r", "none"),
                   "reduce": ("r", "none"), "transpose": ("r", "none"), "concat": ("r", "none"),
                   "attention": ("bh*q", "none"),
@@ -234,6 +236,8 @@ class ScheduleCpu(TesseraPass):
     def _gemm(self, fop: g.FusionOp, isa, w: int, name: str, threads: int) -> dict:
         mm = next(o for o in fop.body.block.ops if isinstance(o, g.MatmulOp))
         dtype = _dtype(mm.lhs.type.element_type)
+        if mm.rhs.type.element_type != mm.lhs.type.element_type:     # fp8 e4m3 x e5m2
+            dtype = f"{dtype}x{_dtype(mm.rhs.type.element_type)}"
         try:
             sel = select_mma(isa, dtype, out_dtype="f64" if dtype == "f64" else "f32",
                              prefer_shape=tuple(self.mma_shape) if self.mma_shape else None)

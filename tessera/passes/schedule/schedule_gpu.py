@@ -61,7 +61,8 @@ WGMMA_ACC_BUDGET = 128
 def gemm_shared_bytes(bm: int, bn: int, bk: int, staging: int, family: str = "", elem_size: int = 2) -> int:
     if family == "wgmma":      # unpadded swizzled blocks, each 1024-byte aligned
         return staging * (bm + bn) * bk * elem_size + 1024
-    return staging * (bm * (bk + 8) + bk * (bn + 8)) * elem_size
+    pad = max(8, 16 // elem_size)      # kernels/gpu_gemm.row_pad: at least 16 bytes
+    return staging * (bm * (bk + pad) + bk * (bn + pad)) * elem_size
 
 
 # f32 GEMM and attention on NVIDIA run on tf32 mma.sync (inputs rounded to a 10-bit mantissa, f32
@@ -79,13 +80,15 @@ def default_tiles(target: str, shape: tuple[int, int, int], arch: str = "", elem
         # (docs/gpu.md, f16 4096^3): BK 32 x 2 stages 160 TFLOP/s, BK 64 x 2 220, BK 64 x 3 226.
         # The deepest of those the arch's shared memory holds is the default (f32 inputs: twice the
         # bytes, so BK 32 x 3 on sm_80, BK 32 x 2 where 99 KB is the limit).
-        for bk, staging in ((64, 3), (64, 2), (32, 3), (32, 2), (16, 2)):
+        # fp8: one k32 step per block (BK 64 left ptxas 4-92 spilled registers at 128 per thread, 512^3)
+        for bk, staging in ((64, 3), (64, 2), (32, 3), (32, 2), (16, 2)) if elem_size != 1 else ((32, 3),):
             if gemm_shared_bytes(128, 128, bk, staging, elem_size=elem_size) <= shared_limit(target, arch):
                 break
         # f32 (tf32) fragments are loaded from shared memory element by element (no ldmatrix for 4-byte
         # elements): 4x4 instructions per warp took 255 registers (ptxas, 512^3 on sm_80/sm_90: one
         # 8-warp block per SM); 2x4 take 128 with 16 warps per block (same SM share, twice the warps)
-        fm = 32 // m if elem_size == 4 else 64 // m
+        # fp8 (m16n8k32) the same: its 8-bit fragments are gathered byte by byte (ldmatrix moves 16-bit rows)
+        fm = 32 // m if elem_size in (1, 4) else 64 // m
         return {"bm": 128, "bn": 128, "bk": bk, "fm": fm, "fn": 32 // n, "staging": staging}
     # AMD: 64x64 blocks of four waves, each 32x32 (2x2 16x16 or 1x1 32x32 instructions)
     return {"bm": 64, "bn": 64, "bk": 32, "fm": 32 // m, "fn": 32 // n, "staging": 2}
@@ -197,14 +200,19 @@ class ScheduleGpu(TesseraPass):
                 f"{kind} kernel has no {self.target} generator yet")
         mm = next(o for o in fop.body.block.ops if isinstance(o, g.MatmulOp))
         dtype = _dtype(mm.lhs.type.element_type)
+        if mm.rhs.type.element_type != mm.lhs.type.element_type:     # fp8 e4m3 x e5m2
+            dtype = f"{dtype}x{_dtype(mm.rhs.type.element_type)}"
         sel = self._select(isa, name, mm.name, dtype)
         if sel.record.family == "wgmma" and not self.mma_shape:
-            # one m64nNk16 per warpgroup spans the block's columns: N = tile-n (128 by default)
-            sel = self._select(isa, name, mm.name, dtype, shape=(64, min(self.tile_n or WGMMA_TILE["bn"], 256), 16))
+            # one m64nNk16 (fp8: k32) per warpgroup spans the block's columns: N = tile-n (128 by default)
+            sel = self._select(isa, name, mm.name, dtype, shape=(64, min(self.tile_n or WGMMA_TILE["bn"], 256),
+                                                                 sel.record.k))
         rec = sel.record
         im, in_, ik = rec.shape
-        esize = ELEM_BYTES.get(dtype, 2)
-        d = WGMMA_TILE if rec.family == "wgmma" else default_tiles(self.target, rec.shape, self.arch, esize)
+        esize = ELEM_BYTES.get(dtype, 1 if dtype.startswith("f8") else 2)
+        d = default_tiles(self.target, rec.shape, self.arch, esize)
+        if rec.family == "wgmma":      # k-blocks of one 128-byte swizzled row
+            d = {**WGMMA_TILE, "bk": 128 // esize}
         fm, fn_ = (self.register_tile if self.register_tile else (d["fm"], d["fn"]))
         bm = self.tile_m or d["bm"]
         bn = self.tile_n or d["bn"]

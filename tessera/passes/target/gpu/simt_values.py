@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.dialects import arith
-from xdsl.dialects.builtin import BFloat16Type, FloatAttr, Float16Type, IntegerType, VectorType, f32
+from xdsl.dialects.builtin import (BFloat16Type, Float8E4M3FNType, Float8E5M2Type, FloatAttr, Float16Type,
+                                   IntegerType, VectorType, f32)
 from xdsl.ir import Attribute, SSAValue
 
 from tessera.ir import tile as t
@@ -120,6 +121,8 @@ def const_int(v: SSAValue) -> int | None:
 def elem_bytes(elem: Attribute) -> int:
     if isinstance(elem, IntegerType):
         return max(1, elem.width.data // 8)        # bools: one byte per element; int8/32/64
+    if isinstance(elem, (Float8E4M3FNType, Float8E5M2Type)):
+        return 1
     return 2 if isinstance(elem, (Float16Type, BFloat16Type)) else 4
 
 

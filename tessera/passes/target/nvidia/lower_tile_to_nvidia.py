@@ -70,6 +70,11 @@ class MmaSyncMap(LaneMap):
             na, nb = self.k // 2, self.k // 4
             self.a = OperandMap([Item(g, 8 * (i % 2), tig, 4 * (i // 2)) for i in range(na)], [1] * na)
             self.b = OperandMap([Item(tig, 4 * i, g, 0) for i in range(nb)], [1] * nb)
+        elif self.k == 32:               # fp8 m16n8k32: four 8-bit elements per 32-bit register
+            t4 = b.mul(tig, 4)
+            self.a = OperandMap([Item(g, 8 * ((i // 4) % 2), t4, i % 4 + 16 * (i // 8), 4) for i in range(16)],
+                                [4, 4, 4, 4])
+            self.b = OperandMap([Item(t4, i % 4 + 16 * (i // 4), g, 0, 1, 4) for i in range(8)], [4, 4])
         elif self.k == 16:
             self.a = OperandMap([Item(g, 8 * ((i // 2) % 2), t2, i % 2 + 8 * (i // 4), 2) for i in range(8)],
                                 [2, 2, 2, 2])
@@ -81,9 +86,12 @@ class MmaSyncMap(LaneMap):
 
     def emit_mma(self, b: Builder, ft: t.FragmentType, a, bb, c):
         m, n, k = ft.mnk
+        attrs = {"shape": StringAttr(f"m{m}n{n}k{k}"), "atype": StringAttr(self.ptx_type), "ctype": StringAttr("f32")}
+        btype = FP8_NAMES.get(str(getattr(bb[0].type, "element_type", bb[0].type)))
+        if btype is not None and btype != self.ptx_type:     # e4m3 x e5m2: B's own format
+            attrs["btype"] = StringAttr(btype)
         op = NV.MmaSyncOp.create(operands=[*a, *bb, *c], result_types=[x.type for x in c],
-                                 attributes={"shape": StringAttr(f"m{m}n{n}k{k}"), "atype": StringAttr(self.ptx_type),
-                                             "ctype": StringAttr("f32")},
+                                 attributes=attrs,
                                  properties={"operandSegmentSizes": _segments(len(a), len(bb), len(c))})
         b.op(op)
         return list(op.results)
@@ -94,15 +102,19 @@ def _segments(*sizes):
     return DenseArrayBase.from_list(i32, list(sizes))
 
 
+FP8_NAMES = {"f8E4M3FN": "f8e4m3fn", "f8E5M2": "f8e5m2"}     # xDSL's spelling -> the records'
+
+
 def lane_map_for(arch: str, ft: t.FragmentType) -> LaneMap:
     isa = get_isa("nvidia", arch)
     fam = ft.family.data
     if fam not in ("mma_sync", "wgmma"):
         raise MmaSelectorError(f"nvidia:{arch}: {NAME} lowers mma_sync and wgmma fragments, not {fam}")
     shape = ft.mnk
-    dtype = str(ft.elem) if ft.role.data != "acc" else None
+    dtype = FP8_NAMES.get(str(ft.elem), str(ft.elem)) if ft.role.data != "acc" else None
+    side = "b_dtype" if ft.role.data == "b" else "a_dtype"     # the operand's own dtype (fp8 mixes)
     cands = [r for r in isa.records if r.family == fam and r.shape == shape and
-             (dtype is None or r.a_dtype == dtype) and r.lowered_by == NAME]
+             (dtype is None or getattr(r, side) == dtype) and r.lowered_by == NAME]
     if not cands:
         legal = sorted({f"{r.family} m{r.m}n{r.n}k{r.k} {r.a_dtype}" for r in isa.records if r.lowered_by == NAME})
         legal = legal[:12] + (["..."] if len(legal) > 12 else [])

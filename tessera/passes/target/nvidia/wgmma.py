@@ -53,7 +53,8 @@ from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr
 from tessera.ir.builder import Builder
 from tessera.ir.target import nvidia as NV
-from tessera.passes.target.gpu.simt_values import Dist, Item, LaneMap, OperandMap, View, const_int, elem_bytes
+from tessera.passes.target.gpu.simt_values import (Dist, Item, LaneMap, OperandMap, View, const_int, elem_bytes,
+                                                   vec)
 
 ROW_BYTES = 128          # one swizzled row: 64 16-bit elements
 ATOM_BYTES = 1024        # 8 rows: the swizzle pattern's period; stride between 8-row groups
@@ -74,14 +75,15 @@ def descriptor_high(panel_bytes: int = 0) -> int:
     return descriptor(0) if not panel_bytes else descriptor(0, lbo=panel_bytes, sbo=ATOM_BYTES)
 
 
-def swizzled_index(r, j: int | SSAValue, b: Builder | None = None):
-    """Element offset, within a staged block, of 16-byte chunk ``j`` of row ``r`` (ints, or
-    index values built with ``b``)."""
+def swizzled_index(r, j: int | SSAValue, b: Builder | None = None, esize: int = 2):
+    """Element offset, within a staged block of ``esize``-byte elements, of 16-byte chunk ``j`` of
+    row ``r`` (ints, or index values built with ``b``)."""
+    row, chunk = ROW_BYTES // esize, 16 // esize
     if b is None:
-        return r * (ROW_BYTES // 2) + (j ^ (r % 8)) * 8
+        return r * row + (j ^ (r % 8)) * chunk
     r8 = b.rem(r, 8)
     x = b.op(arith.XOrIOp(b.c(j), b.c(r8))).results[0]
-    return b.add(b.mul(r, ROW_BYTES // 2), b.mul(x, 8))
+    return b.add(b.mul(r, row), b.mul(x, chunk))
 
 
 class WgmmaMap(LaneMap):
@@ -102,9 +104,11 @@ class WgmmaMap(LaneMap):
         self.a = OperandMap([], [])
         self.b = OperandMap([], [])
 
-    def emit_mma(self, b: Builder, ft: t.FragmentType, a, bb, c, trans_b: bool = False):
+    def emit_mma(self, b: Builder, ft: t.FragmentType, a, bb, c, trans_b: bool = False, btype: str | None = None):
         m, n, k = ft.mnk
         attrs = {"shape": StringAttr(f"m{m}n{n}k{k}"), "atype": StringAttr(self.ptx_type)}
+        if btype is not None and btype != self.ptx_type:     # e4m3 x e5m2: B's own format
+            attrs["btype"] = StringAttr(btype)
         if trans_b:
             attrs["trans_b"] = UnitAttr()
         op = NV.WgmmaOp.create(operands=[a[0], bb[0], *c], result_types=[x.type for x in c], attributes=attrs)
@@ -154,7 +158,9 @@ class WgmmaLowering:
             return super().op_tile_mma(op, b)
         fa, fb, fc = self.vmap[op.a], self.vmap[op.b], self.vmap[op.c]
         lm = self.lmap(op.a.type)
-        parts = lm.emit_mma(b, op.c.type, fa.parts, fb.parts, fc.parts, trans_b=fb.parts[0] in self.mn_major)
+        btype = {"f8E4M3FN": "f8e4m3fn", "f8E5M2": "f8e5m2"}.get(str(op.b.type.elem))
+        parts = lm.emit_mma(b, op.c.type, fa.parts, fb.parts, fc.parts, trans_b=fb.parts[0] in self.mn_major,
+                            btype=btype)
         self.vmap[op.result] = Dist(parts, fc.omap, fc.shape)
 
     def descriptor_of(self, b: Builder, vv: View, ft: t.FragmentType) -> SSAValue:
@@ -162,22 +168,24 @@ class WgmmaLowering:
         B^T, ``rs`` 1 and ``cs`` 64) or MN-major (B, ``rs`` 64 and ``cs`` 1; columns past 64
         continue in the next panel)."""
         role = ft.role.data
-        if vv.base.type.space.data != "smem" or elem_bytes(vv.elem) != 2:
-            raise CodegenError(f"wgmma reads 16-bit {role.upper()} from shared memory; this view is in "
+        eb = elem_bytes(vv.elem)
+        if vv.base.type.space.data != "smem" or eb not in (1, 2):
+            raise CodegenError(f"wgmma reads 16-bit or fp8 {role.upper()} from shared memory; this view is in "
                                f"{vv.base.type.space.data}")
         if vv.base not in self.swizzled:
             raise CodegenError(f"wgmma {role.upper()} view is not in a buffer staged with the 128-byte swizzle "
                                "(tile.async_copy layout swizzle128)")
-        row = ROW_BYTES // 2
+        row = ROW_BYTES // eb
         rs, cs = const_int(vv.rs), const_int(vv.cs)
-        mn_major = role == "b" and (rs, cs) == (row, 1)
+        # fp8 wgmma has no transpose immediates: both operands K-major (PTX ISA, wgmma.mma_async)
+        mn_major = role == "b" and (rs, cs) == (row, 1) and eb == 2
         kstride, mnstride = (cs, rs) if role == "a" else (rs, cs)
         if not vv.full or not (mn_major or (kstride, mnstride) == (1, row)):
-            raise CodegenError(f"wgmma {role.upper()} must be K-major with 64-element rows"
-                               f"{' or MN-major (B)' if role == 'b' else ''} and whole (row stride {rs}, "
-                               f"column stride {cs})")
+            raise CodegenError(f"wgmma {role.upper()} must be K-major with {row}-element rows"
+                               f"{' or MN-major (B, 16-bit only)' if role == 'b' else ''} and whole (row stride "
+                               f"{rs}, column stride {cs})")
         off = const_int(vv.off)
-        if off is not None and (off % row) % (row if mn_major else 8) != 0:
+        if off is not None and (off % row) % (row if mn_major else 16 // eb) != 0:
             raise CodegenError(f"wgmma {role.upper()} view starts at element {off}: not a whole "
                                f"{'row' if mn_major else '16-byte chunk'}")
         addr = b.op(NV.SharedAddressOp.create(operands=[vv.base, b.c(vv.off)], result_types=[i64])).results[0]
@@ -197,16 +205,17 @@ class WgmmaLowering:
         the group and fences the thread's writes for the async proxy (``fence.proxy.async``)
         before the barrier that precedes the wgmma."""
         R, C = src.shape
-        row = ROW_BYTES // 2
-        if (C * elem_bytes(src.elem)) % ROW_BYTES or elem_bytes(src.elem) != 2:
+        eb = elem_bytes(src.elem)
+        row, epc = ROW_BYTES // eb, 16 // eb     # elements per swizzled row, per 16-byte chunk
+        if (C * eb) % ROW_BYTES or eb not in (1, 2):
             raise CodegenError(f"a swizzle128 copy moves rows of 128-byte panels; this block has {C} "
-                               f"{elem_bytes(src.elem)}-byte columns")
+                               f"{eb}-byte columns")
         if self.swizzled.get(dst, R * row) != R * row:
             raise CodegenError(f"swizzle128 copies of {R} and {self.swizzled[dst] // row} rows share one buffer")
-        per_row = C // 8                      # 16-byte chunks in a source row
+        per_row = C // epc                    # 16-byte chunks in a source row
         chunks = R * per_row
         fast_ok = b.op(arith.AndIOp(b.cmp("eq", src.cs, 1), b.op(arith.AndIOp(
-            b.cmp("eq", b.rem(src.rs, 8), 0), b.cmp("eq", b.rem(src.off, 8), 0))).results[0])).results[0]
+            b.cmp("eq", b.rem(src.rs, epc), 0), b.cmp("eq", b.rem(src.off, epc), 0))).results[0])).results[0]
         # the whole block inside the source and aligned: plain 16-byte copies, no extent arithmetic
         inside = b.op(arith.AndIOp(b.cmp("sge", src.rows, R), b.cmp("sge", src.cols, C))).results[0]
         full_ok = b.op(arith.AndIOp(fast_ok, inside)).results[0]
@@ -218,10 +227,10 @@ class WgmmaLowering:
             r = b2.div(ch, per_row) if contiguous else b2.rem(ch, R)
             cc = b2.rem(ch, per_row) if contiguous else b2.div(ch, R)
             j = b2.rem(cc, 8) if per_row > 8 else cc
-            daddr = b2.add(doff, swizzled_index(r, j, b2))
+            daddr = b2.add(doff, swizzled_index(r, j, b2, eb))
             if per_row > 8:
                 daddr = b2.add(daddr, b2.mul(b2.div(cc, 8), R * row))
-            return r, b2.mul(cc, 8), daddr
+            return r, b2.mul(cc, epc), daddr
 
         def each_chunk(bb: Builder, one) -> None:
             for q in range(-(-chunks // self.block)):
@@ -245,7 +254,7 @@ class WgmmaLowering:
                 def vector(bt: Builder):
                     # cp.async of 16 bytes, zero-filling what lies past the view's valid extent
                     r, c0, daddr = place(bt, ch, True)
-                    avail = bt.mul(bt.max(bt.min(bt.sub(src.cols, c0), 8), 0), 2)
+                    avail = bt.mul(bt.max(bt.min(bt.sub(src.cols, c0), epc), 0), eb)
                     nbytes = bt.select(bt.cmp("slt", r, src.rows), bt.c(avail), bt.c(0))
                     has = bt.cmp("sgt", nbytes, 0)
                     sidx = bt.select(has, bt.c(bt.add(src.off, bt.add(bt.mul(r, src.rs), c0))), bt.c(0))
@@ -255,15 +264,54 @@ class WgmmaLowering:
 
                 def edge(be: Builder):
                     r, c0, daddr = place(be, ch, False)
-                    vals = [self.masked_load(be, src, r, be.add(c0, i), src.elem, 0.0) for i in range(8)]
+                    vals = [self.masked_load(be, src, r, be.add(c0, i), src.elem, 0.0) for i in range(epc)]
                     self.store(be, self.pack(be, vals), dst, daddr, 16)
                     return []
                 b2.if_(fast_ok, vector, edge)
             each_chunk(bb, one)
             return []
-        b.if_(full_ok, full, partial)
+        if eb == 1 and R % 16 == 0 and per_row <= 8:
+            # fp8 B^T from a row-major B (k rows of n: the view's rows contiguous, rs = 1): 16-byte
+            # loads of 16 consecutive n at one k, each byte stored to its row of the staged block
+            tvec_ok = b.op(arith.AndIOp(b.cmp("eq", src.rs, 1), b.op(arith.AndIOp(
+                b.cmp("eq", b.rem(src.cs, 16), 0), b.cmp("eq", b.rem(src.off, 16), 0))).results[0])).results[0]
+            tvec_full = b.op(arith.AndIOp(tvec_ok, inside)).results[0]
+            b.if_(full_ok, full, lambda bb: bb.if_(tvec_full, lambda bt: self._copy_transposed_bytes(
+                bt, src, dst, doff, R, C) or [], partial) or [])
+        else:
+            b.if_(full_ok, full, partial)
         b.op(NV.CpAsyncCommitOp.create())     # one group per copy: tile.wait counts copies
         self.swizzled[dst] = R * row
+
+
+def _copy_transposed_bytes(self, b: Builder, src: View, dst: SSAValue, doff, R: int, C: int) -> None:
+    """A whole R x C fp8 block whose rows are contiguous in memory (the B^T view of a row-major
+    B): unit u takes rows 16g..16g+15 (g = u % (R/16)) of column c = u / (R/16) — consecutive
+    threads, consecutive 16-byte chunks — as one 16-byte load, then stores each byte at
+    (row, c) of the swizzled block."""
+    groups = R // 16
+    units = groups * C
+
+    def one(b2: Builder, u) -> None:
+        r0, c = b2.mul(b2.rem(u, groups), 16), b2.div(u, groups)
+        v = self.load(b2, src.base, b2.add(src.off, b2.add(r0, b2.mul(c, src.cs))), vec(src.elem, 16), 16)
+        j = b2.div(c, 16)
+        # row r0 + i (r0 % 8 == 0) is placed as row i % 8 of an atom: eight offsets serve the 16 rows
+        rowbase = b2.add(doff, b2.add(b2.mul(r0, ROW_BYTES), b2.rem(c, 16)))
+        xj = [swizzled_index(k, j, b2, 1) for k in range(8)]
+        for i in range(16):
+            daddr = b2.add(rowbase, b2.add(xj[i % 8], (i - i % 8) * ROW_BYTES))
+            self.store(b2, self.extract(b2, v, i), dst, daddr, 1)
+
+    for q in range(-(-units // self.block)):
+        u = b.add(self.tid, q * self.block)
+        if (q + 1) * self.block <= units:
+            one(b, u)
+        else:
+            b.if_(b.cmp("slt", u, units), lambda b3, u=u: one(b3, u) or [])
+
+
+WgmmaLowering._copy_transposed_bytes = _copy_transposed_bytes
 
 
 def _i64(b: Builder, v: int) -> SSAValue:

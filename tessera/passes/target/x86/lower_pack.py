@@ -15,6 +15,11 @@ from tessera.ir.builder import Builder
 from tessera.ir.target import x86 as x
 
 from tessera.passes.target.x86.lower_values import PTR, Regs, ViewVal, _const_int, _elem_bytes, _is_half  # noqa: F401
+from tessera.passes.target.x86.lower_values import Float8E4M3FNType, Float8E5M2Type
+
+
+def _is_fp8(elem) -> bool:
+    return isinstance(elem, (Float8E4M3FNType, Float8E5M2Type))
 
 
 class PackLowering:
@@ -121,7 +126,7 @@ class PackLowering:
         npanel = b.ceil_div(src.rows, mr)
 
         W = self.w
-        unit_elems = 2 if _is_half(src.elem) else 1  # k elements per 32-bit unit
+        unit_elems = 2 if _is_half(src.elem) else 4 if _is_fp8(src.elem) else 1  # k elements per 32-bit unit
         if (_const_int(src.rs) == 1 and _const_int(src.cs) != 1 and kp == 1 and _elem_bytes(src.elem) in (4, 8)
                 and getattr(self, "pack_elem", src.elem) == src.elem):
             self._pack_a_columns(b, src, dst, doff, mr, npanel)

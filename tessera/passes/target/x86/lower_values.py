@@ -8,6 +8,8 @@ from xdsl.dialects import arith
 from xdsl.dialects.builtin import (
     VectorType,
     BFloat16Type,
+    Float8E4M3FNType,
+    Float8E5M2Type,
     Float16Type,
     Float64Type,
     IntegerType,
@@ -59,6 +61,8 @@ def _is_half(elem: Attribute) -> bool:
 def _elem_bytes(elem: Attribute) -> int:
     if isinstance(elem, Float64Type):
         return 8
+    if isinstance(elem, (Float8E4M3FNType, Float8E5M2Type)):
+        return 1
     return 2 if _is_half(elem) else 1 if isinstance(elem, IntegerType) and elem.width.data == 8 else 4
 
 

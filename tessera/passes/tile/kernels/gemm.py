@@ -267,7 +267,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, cfg: GemmConfig) -> tuple[object, 
                 slot0 = dst0 if bslot is not None else 0   # where this k-block's B starts in the panel
 
                 def pack_b(bq: Builder):
-                    bsrc = view(bq, buf[plan.b.arg], in_elem, "global", (KC, NC),
+                    bsrc = view(bq, buf[plan.b.arg], plan.b_elem or in_elem, "global", (KC, NC),
                                 bq.add(off_b, bq.add(bq.mul(pc, sBk), bq.mul(bq.add(jc, c0), sBn))), sBk, sBn, kc,
                                 ncols)
                     tok = t.AsyncCopyOp.create(operands=[bsrc, bpack, bq.c(dst0)], attributes={

@@ -42,6 +42,7 @@ class GemmPlan:
     epilogue: list[tuple] = field(default_factory=list)   # ("un", fn) | ("bin", fn, Operand|float, chain_is_lhs)
     out_arg_types: list[Attribute] = field(default_factory=list)
     gather: object = None   # A is a take of table rows (gemm_gather.GatherA): a counts in rows
+    b_elem: Attribute | None = None   # B's element type where it differs from A's (fp8 e4m3 x e5m2)
 
     def describe(self) -> dict:
         steps = []
@@ -91,7 +92,8 @@ def analyse(kop: s.KernelOp) -> GemmPlan:
     k = mm.lhs.type.dims[-1]
     a = broadcast_view(a, (*batch, m, k))
     b = broadcast_view(b, (*batch, k, n))
-    plan = GemmPlan(a, b, batch, m, n, k, mm.lhs.type.element_type, rt.element_type, gather=gather)
+    plan = GemmPlan(a, b, batch, m, n, k, mm.lhs.type.element_type, rt.element_type, gather=gather,
+                    b_elem=mm.rhs.type.element_type)
     if gemm_dag.needs_dag(block, mm):   # comparisons, where, a value used twice: the epilogue is a graph
         def operand_of(view):
             ov = broadcast_view(view, out_dims)

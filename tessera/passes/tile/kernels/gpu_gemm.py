@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from math import gcd
 
-from xdsl.dialects.builtin import StringAttr, f32
+from xdsl.dialects.builtin import Float8E4M3FNType, Float8E5M2Type, StringAttr, f32
 from xdsl.ir import SSAValue
 
 from tessera.ir import dims as D
@@ -36,6 +36,12 @@ from tessera.passes.tile.kernels.common import KernelSig, gpu_ids, illegal
 from tessera.passes.tile.kernels.gemm import GemmPlan, apply_epilogue, batch_offset_of, register_sizes, view
 
 PAD = 8  # elements of padding per shared-memory row (16 bytes: rows start in different banks)
+
+
+def row_pad(esize: int) -> int:
+    """Padding elements per shared row: PAD, at least 16 bytes (fp8: 16), so padded rows keep
+    16-byte vector (cp.async) alignment."""
+    return max(PAD, 16 // esize)
 
 
 def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
@@ -61,7 +67,9 @@ def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
         raise illegal(name, f"threads {kop.threads.value.data} != {WM}x{WN} waves of {wave}")
     space = {"rocm": "lds", "nvidia": "smem"}[rec.target]
     in_elem, out_elem = plan.in_elem, plan.out_elem
-    PA, PB = BK + PAD, BN + PAD
+    b_elem = plan.b_elem or in_elem       # B's own element type (fp8 e4m3 x e5m2)
+    pad = row_pad(1 if isinstance(in_elem, (Float8E4M3FNType, Float8E5M2Type)) else 2)
+    PA, PB = BK + pad, BN + pad
 
     sig = KernelSig(name, gpu=True)
     for v in kop.inputs:
@@ -79,14 +87,14 @@ def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
     wm, wn = b.div(w, WN), b.rem(w, WN)
     m0, n0 = b.mul(by, BM), b.mul(bx, BN)
     lds_a = kf.alloc(b, S * BM * PA, in_elem, space)
-    lds_b = kf.alloc(b, S * BK * PB, in_elem, space)
+    lds_b = kf.alloc(b, S * BK * PB, b_elem, space)
     off_a = batch_offset_of(b, kf, plan, bz, plan.a)
     off_b = batch_offset_of(b, kf, plan, bz, plan.b)
     off_c = b.mul(bz, b.mul(M, N))
     epi_offs = {id(v): batch_offset_of(b, kf, plan, bz, v) for v in views[2:]}
 
     frag_a = t.fragment(rec.shape, in_elem, f32, "a", sel.a_layout, rec.family)
-    frag_b = t.fragment(rec.shape, in_elem, f32, "b", sel.b_layout, rec.family)
+    frag_b = t.fragment(rec.shape, b_elem, f32, "b", sel.b_layout, rec.family)
     frag_c = t.fragment(rec.shape, f32, f32, "acc", "row_major", rec.family)
     wrow = b.add(m0, b.mul(wm, FM * im))
     wcol = b.add(n0, b.mul(wn, FN * in_))
@@ -113,7 +121,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
         k0 = bb.mul(kb, BK)
         av = view(bb, buf[plan.a.arg], in_elem, "global", (BM, BK), bb.add(off_a, bb.add(bb.mul(m0, sAm),
                   bb.mul(k0, sAk))), sAm, sAk, bb.sub(M, m0), bb.sub(K, k0))
-        bv = view(bb, buf[plan.b.arg], in_elem, "global", (BK, BN), bb.add(off_b, bb.add(bb.mul(k0, sBk),
+        bv = view(bb, buf[plan.b.arg], b_elem, "global", (BK, BN), bb.add(off_b, bb.add(bb.mul(k0, sBk),
                   bb.mul(n0, sBn))), sBk, sBn, bb.sub(K, k0), bb.sub(N, n0))
         toks = []
         for src, dst, size, pitch in ((av, lds_a, BM * PA, PA), (bv, lds_b, BK * PB, PB)):
@@ -132,13 +140,13 @@ def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
             fa, fb = [], []
             for i in range(FM):
                 av = view(bb, lds_a, in_elem, space, (im, ik), bb.add(abase, i * im * PA + kk), PA, 1, im, ik,
-                          align=gcd(PAD, gcd(PA, kk) if kk else PA))
+                          align=gcd(pad, gcd(PA, kk) if kk else PA))
                 o = t.FragmentPackOp.create(operands=[av], result_types=[frag_a])
                 bb.op(o)
                 fa.append(o.results[0])
             for j in range(FN):
-                bv = view(bb, lds_b, in_elem, space, (ik, in_), bb.add(bbase, kk * PB + j * in_), PB, 1, ik, in_,
-                          align=gcd(PAD, gcd(PB, j * in_) if j else PB))
+                bv = view(bb, lds_b, b_elem, space, (ik, in_), bb.add(bbase, kk * PB + j * in_), PB, 1, ik, in_,
+                          align=gcd(pad, gcd(PB, j * in_) if j else PB))
                 o = t.FragmentPackOp.create(operands=[bv], result_types=[frag_b])
                 bb.op(o)
                 fb.append(o.results[0])

@@ -2,7 +2,8 @@
 
 Written per warpgroup (the schedule's ``vector`` is the record's 128 lanes): ``tile.program_id``
 picks the BM x BN block of C, ``tile.wave_id`` the warpgroup's FM*64 x FN*n sub-tile.  Per
-k-block of BK = 64 (128-byte rows of 16-bit elements):
+k-block of BK = 64 (128-byte rows of 16-bit elements; fp8 m64nNk32: BK = 128, and B is always
+staged K-major — B^T's rows of k — since fp8 wgmma has no transpose immediates):
 
   A's block (BM x 64, k contiguous) is copied into shared memory with ``layout =
   "swizzle128"`` (the lowering places the 128-byte swizzle and the async-proxy fence), into one
@@ -35,7 +36,7 @@ from tessera.mma.selector import MmaSelection
 from tessera.passes.tile.kernels.common import KernelSig, gpu_ids, illegal
 from tessera.passes.tile.kernels.gemm import GemmPlan, apply_epilogue, batch_offset_of, register_sizes, view
 
-BK_WGMMA = 64     # elements of k per staged row: 128 bytes, one swizzle row
+BK_WGMMA = 64     # elements of k per staged row: 128 bytes, one swizzle row (128 fp8 elements)
 INFLIGHT = 1      # wgmma groups kept in flight across k-blocks when staging >= 3
 
 
@@ -44,6 +45,12 @@ def prefetch_distance(stages: int, inflight: int) -> int:
     stage of block kb - 1 - inflight, whose wgmma group the previous iteration's wait_group
     (``inflight`` left pending) completed, and every warpgroup passed the barrier since."""
     return stages - 1 - inflight
+
+
+def k_steps(bk: int, ik: int) -> range:
+    """The k offsets (elements) of a staged k-block's instructions: the record's K apart (16 for
+    16-bit, 32 for fp8: 32 bytes of a 128-byte row either way)."""
+    return range(0, bk, ik)
 
 
 def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
@@ -55,8 +62,10 @@ def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
     FM, FN = kop.reg_tile
     S = kop.staging.value.data
     wave = rec.lanes or 128
-    if BK != BK_WGMMA:
-        raise illegal(name, f"a wgmma gemm stages k-blocks of {BK_WGMMA} (128-byte swizzled rows); tile-k={BK}")
+    eb = 1 if rec.k == 32 else 2            # fp8 (k32) or 16-bit (k16) elements
+    row = BK_WGMMA * 2 // eb                # elements per 128-byte swizzled row
+    if BK != row:
+        raise illegal(name, f"a wgmma gemm stages k-blocks of {row} (128-byte swizzled rows); tile-k={BK}")
     if BM % (FM * im) or BN % (FN * in_):
         raise illegal(name, f"blocks {BM}x{BN} are not whole warpgroup tiles of {FM}x{FN} {rec.id}")
     if S < 2:
@@ -67,8 +76,10 @@ def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
     if kop.threads.value.data != WM * WN * wave or kop.vector.value.data != wave:
         raise illegal(name, f"threads {kop.threads.value.data} != {WM}x{WN} warpgroups of {wave}")
     in_elem, out_elem = plan.in_elem, plan.out_elem
-    # B read MN-major (imm-trans-b) when its n is contiguous: staged with 16-byte copies as it lies
-    b_mn = D.canon(plan.b.strides[-1]) == 1 and in_ % 64 == 0
+    # B read MN-major (imm-trans-b) when its n is contiguous: staged with 16-byte copies as it lies.
+    # fp8 wgmma has no transpose immediates: B is always staged K-major (B^T's rows of k)
+    b_mn = D.canon(plan.b.strides[-1]) == 1 and in_ % 64 == 0 and eb == 2
+    b_elem = plan.b_elem or in_elem
 
     sig = KernelSig(name, gpu=True)
     for v in kop.inputs:
@@ -86,14 +97,14 @@ def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
     wm, wn = b.div(w, WN), b.rem(w, WN)
     m0, n0 = b.mul(by, BM), b.mul(bx, BN)
     smem_a = kf.alloc(b, S * BM * BK, in_elem, "smem")
-    smem_b = kf.alloc(b, S * BN * BK, in_elem, "smem")
+    smem_b = kf.alloc(b, S * BN * BK, b_elem, "smem")
     off_a = batch_offset_of(b, kf, plan, bz, plan.a)
     off_b = batch_offset_of(b, kf, plan, bz, plan.b)
     off_c = b.mul(bz, b.mul(M, N))
     epi_offs = {id(v): batch_offset_of(b, kf, plan, bz, v) for v in views[2:]}
 
     frag_a = t.fragment(rec.shape, in_elem, f32, "a", sel.a_layout, rec.family)
-    frag_b = t.fragment(rec.shape, in_elem, f32, "b", sel.b_layout, rec.family)
+    frag_b = t.fragment(rec.shape, b_elem, f32, "b", sel.b_layout, rec.family)
     frag_c = t.fragment(rec.shape, f32, f32, "acc", "row_major", rec.family)
     wrow = b.add(m0, b.mul(wm, FM * im))
     wcol = b.add(n0, b.mul(wn, FN * in_))
@@ -123,7 +134,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
         if b_mn:     # BK rows of BN, n contiguous: BN/64 swizzled panels
             bv = view(bb, buf[plan.b.arg], in_elem, "global", (BK, BN), boff, sBk, sBn, bb.sub(K, k0), bb.sub(N, n0))
         else:        # B^T: row n of the block is column n of B (its k elements)
-            bv = view(bb, buf[plan.b.arg], in_elem, "global", (BN, BK), boff, sBn, sBk, bb.sub(N, n0), bb.sub(K, k0))
+            bv = view(bb, buf[plan.b.arg], b_elem, "global", (BN, BK), boff, sBn, sBk, bb.sub(N, n0), bb.sub(K, k0))
         toks = []
         for src, dst, size in ((av, smem_a, BM * BK), (bv, smem_b, BN * BK)):
             o = t.AsyncCopyOp.create(operands=[src, dst, bb.c(bb.mul(stage, size))], attributes={
@@ -137,7 +148,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
         accs = list(accs)
         abase = bb.add(bb.mul(stage, BM * BK), bb.mul(bb.mul(wm, FM * im), BK))
         bbase = bb.add(bb.mul(stage, BN * BK), bb.mul(bb.mul(wn, FN * in_), BK))   # panels of 64 x BK, too
-        for kk in range(0, BK, ik):
+        for kk in k_steps(BK, ik):
             fa, fb = [], []
             for i in range(FM):
                 av = view(bb, smem_a, in_elem, "smem", (im, ik), bb.add(abase, i * im * BK + kk), BK, 1, im, ik,
@@ -150,7 +161,7 @@ def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
                     bv = view(bb, smem_b, in_elem, "smem", (ik, in_), bb.add(bbase, j * in_ * BK + kk * 64), 64, 1,
                               ik, in_, align=8)
                 else:       # k x n, column n at row n of the block: row stride 1, column stride BK
-                    bv = view(bb, smem_b, in_elem, "smem", (ik, in_), bb.add(bbase, j * in_ * BK + kk), 1, BK, ik,
+                    bv = view(bb, smem_b, b_elem, "smem", (ik, in_), bb.add(bbase, j * in_ * BK + kk), 1, BK, ik,
                               in_, align=8)
                 o = t.FragmentPackOp.create(operands=[bv], result_types=[frag_b])
                 bb.op(o)
