@@ -11,7 +11,8 @@ from tessera.frontend.report import LaneReport
 from tessera.frontend.trace import results
 
 if TYPE_CHECKING:
-    from tessera.frontend.jit import JitFunction, Variant
+    from tessera.frontend.jit import JitFunction
+    from tessera.frontend.jit_prepare import Variant
 
 
 class Artifact:
