@@ -344,11 +344,19 @@ def matmul(a, b, out_dtype=None) -> Tensor:
     require_float(b, "matmul")
     a, b = promote_pair(a, b, "matmul")
     if a.ndim == 0 or b.ndim == 0:
-        raise _err(RankMismatchError, "matmul: operands must have rank >= 1")
+        raise _err(RankMismatchError, "matmul: operands must have rank >= 1")   # (before out_dtype's check)
     out = dt.as_dtype(out_dtype) if out_dtype is not None else a.dtype
     if out != a.dtype and not (out == dt.float32 and a.dtype in (dt.bfloat16, dt.float16)):
         raise _err(DtypeError, f"matmul: out_dtype {dt.name(out)} is not allowed for {dt.name(a.dtype)} inputs "
                                "(same dtype, or float32 for bf16/f16)")
+    return matmul_node(a, b, out, "matmul")
+
+
+def matmul_node(a: Tensor, b: Tensor, out, what: str) -> Tensor:
+    """The Graph IR matmul of checked operands with numpy's rank rules: a rank-1 operand gains
+    the axis it lacks and the result loses it again; batch dimensions broadcast."""
+    if a.ndim == 0 or b.ndim == 0:
+        raise _err(RankMismatchError, f"{what}: operands must have rank >= 1")
     squeeze = []
     if a.ndim == 1:
         a = reshape(a, (1, a.shape[0]))
@@ -357,8 +365,8 @@ def matmul(a, b, out_dtype=None) -> Tensor:
         b = reshape(b, (b.shape[0], 1))
         squeeze.append(-1)
     if a.shape[-1] != b.shape[-2]:
-        raise _err(ShapeMismatchError, f"matmul: inner dimensions differ: {a.shape} @ {b.shape}")
-    batch = broadcast_shapes(a.shape[:-2], b.shape[:-2], "matmul batch dimensions")
+        raise _err(ShapeMismatchError, f"{what}: inner dimensions differ: {a.shape} @ {b.shape}")
+    batch = broadcast_shapes(a.shape[:-2], b.shape[:-2], f"{what} batch dimensions")
     shape = (*batch, a.shape[-2], b.shape[-1])
     y = add_node("matmul", [a._node, b._node], {}, shape, out)
     if squeeze:

@@ -15,8 +15,8 @@ from __future__ import annotations
 import numbers
 
 from tessera import dtypes as dt
-from tessera.errors import Fp8OperandError, RankMismatchError, ScaleError, ShapeMismatchError
-from tessera.frontend.trace import Tensor, _err, add_node, as_tensor, broadcast_shapes
+from tessera.errors import Fp8OperandError, ScaleError, ShapeMismatchError
+from tessera.frontend.trace import Tensor, _err, as_tensor, broadcast_shapes
 
 OUT_DTYPES = (dt.float32, dt.bfloat16, dt.float16)
 
@@ -31,32 +31,14 @@ def _out(out_dtype, what: str):
 
 def fp8_matmul(a: Tensor, b: Tensor, out_dtype, what: str) -> Tensor:
     """``a @ b`` of two fp8 tensors: f32 accumulation, the result in ``out_dtype`` (f32 default)."""
-    from tessera.frontend.ops import cast, reshape
+    from tessera.frontend.ops import cast, matmul_node
     for name, x in (("a", a), ("b", b)):
         if not isinstance(x, Tensor) or x.dtype not in dt.FP8:
             got = dt.name(x.dtype) if isinstance(x, Tensor) else type(x).__name__
             raise _err(Fp8OperandError, f"{what}: fp8 on both sides ({name} is {got}); cast the other operand "
                                         "to float8_e4m3fn / float8_e5m2, or both to float32")
     out = _out(out_dtype, what)
-    if a.ndim == 0 or b.ndim == 0:
-        raise _err(RankMismatchError, f"{what}: operands must have rank >= 1")
-    squeeze = []
-    if a.ndim == 1:
-        a = reshape(a, (1, a.shape[0]))
-        squeeze.append(-2)
-    if b.ndim == 1:
-        b = reshape(b, (b.shape[0], 1))
-        squeeze.append(-1)
-    if a.shape[-1] != b.shape[-2]:
-        raise _err(ShapeMismatchError, f"{what}: inner dimensions differ: {a.shape} @ {b.shape}")
-    batch = broadcast_shapes(a.shape[:-2], b.shape[:-2], f"{what} batch dimensions")
-    shape = (*batch, a.shape[-2], b.shape[-1])
-    y = add_node("matmul", [a._node, b._node], {}, shape, dt.float32)
-    if squeeze:
-        final = list(shape)
-        for ax in sorted(squeeze):
-            final[ax] = None
-        y = reshape(y, tuple(s for s in final if s is not None))
+    y = matmul_node(a, b, dt.float32, what)
     return y if out == dt.float32 else cast(y, out)
 
 
