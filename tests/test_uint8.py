@@ -176,6 +176,34 @@ def test_gpu_lanes_refuse_uint8_by_name(target, arch):
         ts.compile(lambda v: v + v, a, target=target, arch=arch)
 
 
+@pytest.mark.parametrize("target, arch", [("nvidia", "sm_90"), ("rocm", "gfx942")])
+def test_gpu_gemm_epilogue_cast_to_int_refused_by_name(target, arch):
+    x, w = np.ones((64, 32), np.float16), np.ones((32, 64), np.float16)
+    for d in ("uint8", "int32"):
+        with pytest.raises(ScheduleIllegalError, match=f"the {target} lane has no GEMM epilogue storing {d}"):
+            ts.compile(lambda p, q: (p @ q).astype(d), x, w, target=target, arch=arch)
+
+
+GEMM_CAST_DTYPES = [np.dtype(d) for d in (np.uint8, np.int8, np.int32)]
+
+
+def gemm_cast_ok(rng) -> bool:
+    """``(x @ w).astype(int)``: the cast ends the GEMM epilogue and is applied at the store."""
+    x, w = (rng.standard_normal((37, 29)) * 40).astype(np.float32), rng.standard_normal((29, 21)).astype(np.float32)
+    f = ts.jit(lambda p, q: tuple((p @ q).astype(d) for d in GEMM_CAST_DTYPES))
+    ref = (x.astype(np.float64) @ w.astype(np.float64)).astype(np.float32)
+    ok = True
+    for d, g in zip(GEMM_CAST_DTYPES, f(x, w)):
+        got_f = (x @ w)        # float32 rounding may differ from ours by an ulp: compare where not near an integer
+        far = np.abs(ref - np.round(ref)) > 1e-3
+        ok &= g.dtype == d and np.array_equal(g[far], cast_oracle(got_f, d)[far])
+    return ok and bool((np.abs(ref) > 300).any())
+
+
+def test_gemm_epilogue_cast_to_int(rng):
+    assert gemm_cast_ok(rng)
+
+
 # --- teeth: the signed meaning planted on uint8 lanes fails the checks above -----------------------
 
 def test_planted_signed_compare_fails(monkeypatch, rng):
@@ -202,3 +230,16 @@ def test_planted_signed_saturation_fails(monkeypatch, rng):
     monkeypatch.setattr(x86_int_elem, "convert", lambda cg, a, rt, su=False, du=False: real(cg, a, rt, su, False))
     x = sample(rng, np.float32, (3, 37))
     assert not np.array_equal(ts.jit(lambda v: v.astype(np.uint8))(x), to_u8_oracle(x))
+
+
+def test_planted_unsaturated_gemm_store_fails(monkeypatch, rng):
+    """teeth: the GEMM's float registers stored to int memory without saturation (plain fptosi) fail."""
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    real = x86_int_elem.convert
+
+    def planted(cg, a, rt, su=False, du=False):
+        if not x86_int_elem._is_int(a.type) and x86_int_elem._is_int(rt) and x86_int_elem._width(rt) > 1:
+            return cg.b.fptosi(a, rt)
+        return real(cg, a, rt, su, du)
+    monkeypatch.setattr(x86_int_elem, "convert", planted)
+    assert not gemm_cast_ok(rng)
