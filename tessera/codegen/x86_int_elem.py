@@ -50,6 +50,12 @@ def _suffix(t: ir.VectorType) -> str:
     return f"v{t.count}{name}"
 
 
+def _unsigned(v) -> bool:
+    """Whether an operand / result is uint8 (its Target IR type says; the GPU lanes' shim ops carry
+    no types: they refuse uint8 before codegen)."""
+    return is_unsigned(getattr(v, "type", None))
+
+
 def emit(cg, op) -> ir.Value:
     """The value of one ``velem`` op; ``cg`` is the x86 function codegen (its builder, intrinsics)."""
     fn = op.fn.data
@@ -58,7 +64,7 @@ def emit(cg, op) -> ir.Value:
     b = cg.b
     a = args[0]
     if fn == "cvt":
-        su, du = is_unsigned(op.inputs[0].type), is_unsigned(op.result.type)
+        su, du = _unsigned(op.inputs[0]), _unsigned(op.result)
         return convert(cg, a, rt, su, du) if su or du else convert(cg, a, rt)
     if fn == "ramp":
         return b.add(a, ir.Constant(a.type, list(range(a.type.count))))
@@ -74,7 +80,7 @@ def emit(cg, op) -> ir.Value:
         c = args[1]
         if not _is_int(a.type):
             return b.fcmp_unordered("!=", a, c) if fn == "cmp_ne" else b.fcmp_ordered(_FCMP[fn], a, c)
-        if _width(a.type) == 1 or is_unsigned(op.inputs[0].type):   # False < True; uint8
+        if _width(a.type) == 1 or _unsigned(op.inputs[0]):   # False < True; uint8
             return b.icmp_unsigned(_ICMP[fn], a, c)
         return b.icmp_signed(_ICMP[fn], a, c)
     if fn == "not":
@@ -89,7 +95,7 @@ def emit(cg, op) -> ir.Value:
             from tessera.codegen.x86_pow import emit_float_divmod
             return emit_float_divmod(cg, a, args[1], fn)
         raise CodegenError(f"tessera_x86.velem {fn} has no float translation")
-    if is_unsigned(op.inputs[0].type):
+    if _unsigned(op.inputs[0]):
         return _uint_op(cg, fn, args)
     return _int_op(cg, fn, args)
 
