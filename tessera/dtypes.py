@@ -4,7 +4,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 from xdsl.dialects.builtin import (BFloat16Type, Float8E4M3FNType, Float8E5M2Type, Float16Type, Float32Type,
-                                   Float64Type, IntegerType)
+                                   Float64Type, IntegerType, Signedness)
 from xdsl.ir import Attribute
 
 from tessera.errors import DtypeError
@@ -22,9 +22,12 @@ bool_ = np.dtype(np.bool_)
 int8 = np.dtype(np.int8)
 int32 = np.dtype(np.int32)
 int64 = np.dtype(np.int64)
+# the one unsigned dtype (quantised tensors' asymmetric zero points): ``ui8`` in the IR, so every
+# layer down to the x86 codegen sees its signedness (zext, uitofp, unsigned compares and division)
+uint8 = np.dtype(np.uint8)
 
 _BY_NAME = {"f32": float32, "f16": float16, "bf16": bfloat16, "f64": float64, "bool": bool_,
-            "i8": int8, "i32": int32, "i64": int64, "f8e4m3fn": float8_e4m3fn, "f8e5m2": float8_e5m2}
+            "i8": int8, "u8": uint8, "i32": int32, "i64": int64, "f8e4m3fn": float8_e4m3fn, "f8e5m2": float8_e5m2}
 _NAME = {v: k for k, v in _BY_NAME.items()}
 SUPPORTED = tuple(_BY_NAME)
 
@@ -43,21 +46,22 @@ def as_dtype(d) -> np.dtype:
 
 
 # Type promotion, as JAX's lattice (jax.numpy.promote_types, without x64 surprises):
-#   bool < int8 < int32 < int64 < (every float);  bf16 and f16 each below f32 (their join is f32),
-#   f32 below f64.
+#   bool < int8 < int32 < int64 < (every float);  bool < uint8 < int32;  bf16 and f16 each below
+#   f32 (their join is f32), f32 below f64.  uint8 with int8 is int32 (JAX and numpy give int16,
+#   which Tessera has no dtype for; the values are the same).
 # So int with int is the wider int, int with float is the float, bool with anything is the other.
 # A Python number is weak (frontend/trace): a weak int takes the dtype of an int or float array it
 # meets (int32 beside a bool array, JAX's default int); a weak float takes a float array's dtype and
 # gives float32 (JAX's default float) beside an int or bool array.
 _FLOAT_RANK = {bfloat16: 1, float16: 1, float32: 2, float64: 3}
-_INT_RANK = {int8: 1, int32: 2, int64: 3}
-INTS = (int8, int32, int64)
+_INT_RANK = {int8: 1, uint8: 1, int32: 2, int64: 3}
+INTS = (int8, uint8, int32, int64)
 FLOATS = (float32, float16, bfloat16, float64)
 DEFAULT_INT, DEFAULT_FLOAT = int32, float32
 
 
 def kind(d) -> str:
-    """'b' (bool), 'i' (signed int) or 'f' (float)."""
+    """'b' (bool), 'i' (int, signed or uint8) or 'f' (float)."""
     d = np.dtype(d)
     return "b" if d == bool_ else "i" if d in _INT_RANK else "f"
 
@@ -75,6 +79,8 @@ def promote(a, b) -> np.dtype | None:
         order = "bif"
         return a if order.index(ka) > order.index(kb) else b
     if ka == "i":
+        if _INT_RANK[a] == _INT_RANK[b]:   # int8 with uint8: the narrowest int of ours holding both
+            return int32
         return a if _INT_RANK[a] > _INT_RANK[b] else b
     ra, rb = _FLOAT_RANK[a], _FLOAT_RANK[b]
     if ra == rb:   # bf16 with f16
@@ -103,6 +109,8 @@ def ir_type(d) -> Attribute:
     dt = as_dtype(d)
     if dt == bool_:
         return IntegerType(1)
+    if dt == uint8:
+        return IntegerType(8, Signedness.UNSIGNED)
     if dt in _INT_RANK:
         return IntegerType(dt.itemsize * 8)
     return {float32: Float32Type(), float16: Float16Type(), bfloat16: BFloat16Type(), float64: Float64Type(),
@@ -115,5 +123,11 @@ def from_ir(t: Attribute) -> np.dtype:
         if isinstance(t, cls):
             return dt
     if isinstance(t, IntegerType):
-        return bool_ if t.width.data == 1 else np.dtype(f"int{t.width.data}")
+        return bool_ if t.width.data == 1 else np.dtype(f"{'u' if is_unsigned(t) else ''}int{t.width.data}")
     raise DtypeError(f"no numpy dtype for IR type {t}")
+
+
+def is_unsigned(t) -> bool:
+    """An unsigned IR integer type (``ui8``), or a vector / tile / tensor type of one."""
+    e = getattr(t, "element_type", t)
+    return isinstance(e, IntegerType) and e.signedness.data == Signedness.UNSIGNED

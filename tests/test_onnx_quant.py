@@ -1,8 +1,8 @@
-"""ONNX QuantizeLinear / DequantizeLinear (tessera/onnx/ops_quant.py) for int8, per tensor and per
-axis, on fresh random data (with exact .5 ties and values past the int8 range) against float64
-numpy oracles written here and onnxruntime; planted bugs (the zero point dropped, round half up
-instead of to even, a symmetric -127..127 range) fail.  ONNX's own node tests for these ops use uint8 (or
-float8/int4) zero points, which Tessera has no dtype for: they are refused (docs/onnx.md)."""
+"""ONNX QuantizeLinear / DequantizeLinear / DynamicQuantizeLinear (tessera/onnx/ops_quant.py) for
+int8 and uint8, per tensor and per axis, on fresh random data (with exact .5 ties and values past
+the quantised range) against float64 numpy oracles written here and onnxruntime; planted bugs (the
+zero point dropped, round half up instead of to even, a symmetric -127..127 range, a signed
+saturation for uint8) fail.  ONNX's own node tests for them: tests/test_onnx_qlinear.py."""
 from __future__ import annotations
 
 import numpy as np
@@ -36,12 +36,13 @@ def _bcast(v, axis):
     return v.astype(np.float64).reshape(shape)
 
 
-def quant_ref(x, scale, zp, axis):
+def quant_ref(x, scale, zp, axis, qd=np.int8):
     # the division in float32 as ONNX (and onnxruntime) do it, the rest in float64; rint: half to even
     q = np.rint((x / _bcast(scale, axis).astype(np.float32)).astype(np.float64))
     if zp is not None:
         q = q + _bcast(zp, axis)
-    return np.clip(q, -128, 127).astype(np.int8)
+    info = np.iinfo(qd)
+    return np.clip(q, info.min, info.max).astype(qd)
 
 
 def dequant_ref(x, scale, zp, axis):
@@ -49,11 +50,12 @@ def dequant_ref(x, scale, zp, axis):
     return y * _bcast(scale, axis)
 
 
-def _case(rng, per_axis, axis):
+def _case(rng, per_axis, axis, qd=np.int8):
     n = SHAPE[axis]
     # dyadic scales (m / 256) so that the planted (k + 0.5) * scale ties divide back exactly
     scale = ((rng.integers(5, 26, n) if per_axis else np.array(rng.integers(5, 26))) / 256).astype(np.float32)
-    zp = (rng.integers(-20, 20, n) if per_axis else np.array(rng.integers(-20, 20))).astype(np.int8)
+    lo, hi = (-20, 20) if qd == np.int8 else (100, 150)      # uint8: an asymmetric zero point mid-range
+    zp = (rng.integers(lo, hi, n) if per_axis else np.array(rng.integers(lo, hi))).astype(qd)
     x = rng.standard_normal(SHAPE).astype(np.float32) * 6            # past +-128 * scale: saturates
     # exact ties: k + 0.5 steps of the scale (both parities of k)
     flat = x.reshape(-1)
@@ -138,26 +140,110 @@ def test_planted_rounding_and_saturation_bugs_fail(bug, rng, monkeypatch):
     if bug == "half_up":
         monkeypatch.setattr(ops_quant.ops, "round", lambda v: ops.floor(v + 0.5))
     else:
-        monkeypatch.setattr(ops_quant, "_INT8_RANGE", (-127.0, 127.0))   # -128 must be reachable
+        monkeypatch.setitem(ops_quant.RANGES, np.dtype(np.int8), (-127.0, 127.0))   # -128 must be reachable
     got = ts.onnx.load(m)(x)
     assert not np.array_equal(got, quant_ref(x, scale, zp, 1))
 
 
-@pytest.mark.parametrize("what", ["uint8_default", "blocked", "uint8_zero_point"])
+@pytest.mark.parametrize("per_axis, axis, with_zp", [(False, 1, True), (True, 2, True), (True, 0, True),
+                                                     (False, 1, False)])
+def test_quantize_uint8(per_axis, axis, with_zp, rng):
+    x, scale, zp = _case(rng, per_axis, axis, np.uint8)
+    zp = zp if with_zp else None               # no zero point: ONNX's default output type is uint8
+    x.flat[-2:] = [-1e3, 1e3]                  # past both ends, whatever the scale
+    m = _model("QuantizeLinear", T.FLOAT, T.UINT8, scale, zp, axis=axis)
+    got = ts.onnx.load(m)(x)
+    want = quant_ref(x, scale, zp, axis, np.uint8)
+    assert got.dtype == np.uint8 and np.array_equal(got, want)
+    assert (want == 255).any() and (want == 0).any()                 # saturation at both ends
+    assert np.array_equal(got, _ort(m, x))
+
+
+@pytest.mark.parametrize("per_axis, axis", [(False, 1), (True, 2)])
+def test_dequantize_uint8(per_axis, axis, rng):
+    _, scale, zp = _case(rng, per_axis, axis, np.uint8)
+    x = rng.integers(0, 256, SHAPE).astype(np.uint8)
+    m = _model("DequantizeLinear", T.UINT8, T.FLOAT, scale, zp, axis=axis)
+    got = ts.onnx.load(m)(x)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, dequant_ref(x, scale, zp, axis), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(got, _ort(m, x), rtol=1e-6, atol=1e-7)
+
+
+def test_planted_signed_uint8_saturation_fails(rng, monkeypatch):
+    """teeth: uint8 saturated as int8 (-128..127) must fail."""
+    x, scale, zp = _case(rng, False, 1, np.uint8)
+    m = _model("QuantizeLinear", T.FLOAT, T.UINT8, scale, zp, axis=1)
+    monkeypatch.setitem(ops_quant.RANGES, np.dtype(np.uint8), (-128.0, 127.0))
+    assert not np.array_equal(ts.onnx.load(m)(x), quant_ref(x, scale, zp, 1, np.uint8))
+
+
+def dynamic_ref(x):
+    """ONNX's DynamicQuantizeLinear formula, in float32 as its reference (rint: half to even)."""
+    hi, lo = np.float32(max(0.0, x.max())), np.float32(min(0.0, x.min()))
+    scale = np.float32(1.0 if hi == lo else hi - lo) / np.float32(255)
+    zp = np.rint(np.clip(np.float32(0) - lo / scale, 0, 255))
+    y = np.clip(np.rint(x / scale).astype(np.float64) + zp, 0, 255).astype(np.uint8)
+    return y, np.float32(scale), np.uint8(zp)
+
+
+@pytest.mark.parametrize("shift", [0.0, 3.0, -3.0])      # both signs, all positive, all negative
+def test_dynamic_quantize(shift, rng):
+    x = (rng.standard_normal(SHAPE) * 2 + shift).astype(np.float32)
+    g = h.make_graph([h.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])], "g",
+                     [h.make_tensor_value_info("x", T.FLOAT, list(SHAPE))],
+                     [h.make_tensor_value_info("y", T.UINT8, list(SHAPE)), h.make_tensor_value_info("s", T.FLOAT, []),
+                      h.make_tensor_value_info("z", T.UINT8, [])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+    y, s, z = ts.onnx.load(m)(x)
+    wy, ws, wz = dynamic_ref(x)
+    assert y.dtype == np.uint8 and z.dtype == np.uint8 and s.dtype == np.float32
+    assert s == ws and z == wz and np.array_equal(y, wy)
+    assert (wy == 255).any() or (wy == 0).any()
+    ort = pytest.importorskip("onnxruntime")
+    oy, os_, oz = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert np.array_equal(y, oy) and s == os_ and z == oz
+
+
+def _raw_model(op, inputs, inits, out_t, opset=13, out_shape=SHAPE, **attrs):
+    """A one-node model whose inputs are (name, type, shape) and initializers numpy arrays."""
+    g = h.make_graph([h.make_node(op, [n for n, _, _ in inputs] + list(inits), ["y"], name="q", **attrs)], "g",
+                     [h.make_tensor_value_info(n, t, list(s)) for n, t, s in inputs],
+                     [h.make_tensor_value_info("y", out_t, list(out_shape))],
+                     initializer=[nh.from_array(v, k) for k, v in inits.items()])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
+
+
+@pytest.mark.parametrize("what", ["blocked", "float_zero_point", "scale_length", "zp_shape", "int16_out",
+                                  "uint16_input"])
 def test_refusals_are_coded(what, rng):
-    scale = np.array(0.05, np.float32)
-    if what == "uint8_default":
-        m = _model("QuantizeLinear", T.FLOAT, T.UINT8, scale, None)
-        msg = "uint8"
-    elif what == "blocked":
+    x = rng.standard_normal(SHAPE).astype(np.float32)
+    s = np.array(0.05, np.float32)
+    if what == "blocked":
         m = _model("QuantizeLinear", T.FLOAT, T.INT8, np.full((3, 2, 5), 0.05, np.float32),
                    np.zeros((3, 2, 5), np.int8), opset=21, axis=1, block_size=2)
         msg = "block_size"
+    elif what == "float_zero_point":
+        m = _raw_model("QuantizeLinear", [("x", T.FLOAT, SHAPE)], {"s": s, "z": np.array(3.0, np.float32)}, T.UINT8)
+        msg = "a f32 zero point is not mapped"
+    elif what == "scale_length":      # 3 scales along axis 1 of size 4
+        m = _raw_model("QuantizeLinear", [("x", T.FLOAT, SHAPE)],
+                       {"s": np.full(3, 0.05, np.float32), "z": np.full(3, 9, np.uint8)}, T.UINT8, axis=1)
+        msg = "y_scale has 3 elements, but axis 1 of the input has 4"
+    elif what == "zp_shape":
+        m = _raw_model("QuantizeLinear", [("x", T.FLOAT, SHAPE)],
+                       {"s": np.full(4, 0.05, np.float32), "z": np.array(9, np.uint8)}, T.UINT8, axis=1)
+        msg = "differs from the zero point"
+    elif what == "int16_out":
+        m = _raw_model("QuantizeLinear", [("x", T.FLOAT, SHAPE)], {"s": s}, T.INT16, opset=21,
+                       output_dtype=T.INT16)
+        msg = "output_dtype INT16 is not mapped"
     else:
-        m = _model("DequantizeLinear", T.UINT8, T.FLOAT, scale, np.array(3, np.uint8))
-        msg = "UINT8"
-    with pytest.raises(OnnxUnsupportedError, match=msg):
-        ts.onnx.load(m)(rng.standard_normal(SHAPE).astype(np.float32))
+        m = _raw_model("DequantizeLinear", [("x", T.UINT16, SHAPE)], {"s": s}, T.FLOAT, opset=21)
+        msg = "element type UINT16"
+    with pytest.raises(OnnxUnsupportedError, match=msg) as e:
+        ts.onnx.load(m)(x)
+    assert e.value.code == "ONNX_UNSUPPORTED"
 
 
 def test_control_flow_and_data_dependent_shapes_refused_at_once():

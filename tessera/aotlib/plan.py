@@ -30,7 +30,7 @@ ALIGN = 64
 # numpy dtype string -> (C type, bytes, what the header says)
 C_TYPES = {"<f4": ("float", 4, "float32"), "<f8": ("double", 8, "float64"),
            "<f2": ("uint16_t", 2, "float16 bits (IEEE binary16)"), "<V2": ("uint16_t", 2, "bfloat16 bits"),
-           "|i1": ("int8_t", 1, "int8"), "<i4": ("int32_t", 4, "int32"), "<i8": ("int64_t", 8, "int64"),
+           "|i1": ("int8_t", 1, "int8"), "|u1": ("uint8_t", 1, "uint8"), "<i4": ("int32_t", 4, "int32"), "<i8": ("int64_t", 8, "int64"),
            "|b1": ("uint8_t", 1, "bool (0 or 1 per byte)")}
 
 

@@ -15,12 +15,17 @@ Semantics (numpy's, with its undefined corners defined):
   INT_MIN % -1 is 0 -- never the trap of x86's idiv.
 - shl / shr: a count >= the width (or negative) gives 0 (shr of a negative value: -1), as numpy's
   ``npy_lshift`` / ``npy_rshift``; never LLVM's poison.
+- uint8 (``ui8`` lanes; LLVM's i8 is signless, so the signedness is read from the Target IR types):
+  widening is ``zext``, to float ``uitofp``, from float ``llvm.fptoui.sat`` (NaN -> 0, below 0 ->
+  0, above 255 -> 255), compares / max / min unsigned, abs the identity, floordiv / mod ``udiv`` /
+  ``urem`` (a zero divisor gives 0), shr logical; add / sub / mul / neg wrap modulo 256 as numpy's.
 """
 from __future__ import annotations
 
 from llvmlite import ir
 
 from tessera.codegen.llvm_common import I1, I32, llvm_type
+from tessera.dtypes import is_unsigned
 from tessera.errors import CodegenError
 
 _FCMP = {"cmp_eq": "==", "cmp_lt": "<", "cmp_le": "<=", "cmp_gt": ">", "cmp_ge": ">="}
@@ -45,6 +50,12 @@ def _suffix(t: ir.VectorType) -> str:
     return f"v{t.count}{name}"
 
 
+def _unsigned(v) -> bool:
+    """Whether an operand / result is uint8 (its Target IR type says; the GPU lanes' shim ops carry
+    no types: they refuse uint8 before codegen)."""
+    return is_unsigned(getattr(v, "type", None))
+
+
 def emit(cg, op) -> ir.Value:
     """The value of one ``velem`` op; ``cg`` is the x86 function codegen (its builder, intrinsics)."""
     fn = op.fn.data
@@ -53,7 +64,8 @@ def emit(cg, op) -> ir.Value:
     b = cg.b
     a = args[0]
     if fn == "cvt":
-        return convert(cg, a, rt)
+        su, du = _unsigned(op.inputs[0]), _unsigned(op.result)
+        return convert(cg, a, rt, su, du) if su or du else convert(cg, a, rt)
     if fn == "ramp":
         return b.add(a, ir.Constant(a.type, list(range(a.type.count))))
     if fn == "select":
@@ -68,7 +80,7 @@ def emit(cg, op) -> ir.Value:
         c = args[1]
         if not _is_int(a.type):
             return b.fcmp_unordered("!=", a, c) if fn == "cmp_ne" else b.fcmp_ordered(_FCMP[fn], a, c)
-        if _width(a.type) == 1:   # False < True
+        if _width(a.type) == 1 or _unsigned(op.inputs[0]):   # False < True; uint8
             return b.icmp_unsigned(_ICMP[fn], a, c)
         return b.icmp_signed(_ICMP[fn], a, c)
     if fn == "not":
@@ -83,6 +95,32 @@ def emit(cg, op) -> ir.Value:
             from tessera.codegen.x86_pow import emit_float_divmod
             return emit_float_divmod(cg, a, args[1], fn)
         raise CodegenError(f"tessera_x86.velem {fn} has no float translation")
+    if _unsigned(op.inputs[0]):
+        return _uint_op(cg, fn, args)
+    return _int_op(cg, fn, args)
+
+
+def _uint_op(cg, fn: str, args) -> ir.Value:
+    """The int ops whose meaning differs on unsigned lanes; the others are the signed ones'."""
+    b = cg.b
+    a = args[0]
+    t = a.type
+    zero, one = _splat(t, 0), _splat(t, 1)
+    if fn == "abs":
+        return a
+    if fn in ("max", "min"):
+        c = args[1]
+        return b.select(b.icmp_unsigned(">" if fn == "max" else "<", a, c), a, c)
+    if fn == "shr":
+        c = args[1]   # a count >= the width gives 0 (a negative count cannot occur on unsigned lanes)
+        ok = b.icmp_unsigned("<", c, _splat(t, _width(t)))
+        return b.select(ok, b.lshr(a, b.select(ok, c, zero)), zero)
+    if fn in ("floordiv", "mod"):
+        c = args[1]
+        bad = b.icmp_unsigned("==", c, zero)
+        safe = b.select(bad, one, c)
+        out = b.udiv(a, safe) if fn == "floordiv" else b.urem(a, safe)
+        return b.select(bad, zero, out)
     return _int_op(cg, fn, args)
 
 
@@ -123,7 +161,8 @@ def _int_op(cg, fn: str, args) -> ir.Value:
     raise CodegenError(f"tessera_x86.velem {fn} has no int translation")
 
 
-def convert(cg, a: ir.Value, rt: ir.Type) -> ir.Value:
+def convert(cg, a: ir.Value, rt: ir.Type, src_unsigned: bool = False, dst_unsigned: bool = False) -> ir.Value:
+    """``a`` as type ``rt``; the flags say an int side is unsigned (uint8)."""
     b = cg.b
     st = a.type
     if st == rt:
@@ -132,15 +171,16 @@ def convert(cg, a: ir.Value, rt: ir.Type) -> ir.Value:
         ws, wd = _width(st), _width(rt)
         if wd == 1:
             return b.icmp_signed("!=", a, _splat(st, 0))
-        if ws == 1:
-            return b.zext(a, rt)
+        if ws == 1 or src_unsigned:
+            return b.trunc(a, rt) if ws > wd else b.zext(a, rt)
         return b.trunc(a, rt) if ws > wd else b.sext(a, rt)
     if _is_int(st):
-        return b.uitofp(a, rt) if _width(st) == 1 else b.sitofp(a, rt)
+        return b.uitofp(a, rt) if _width(st) == 1 or src_unsigned else b.sitofp(a, rt)
     if _is_int(rt):
         if _width(rt) == 1:   # nonzero (NaN included) is true
             return b.fcmp_unordered("!=", a, ir.Constant(st, None))
-        f = cg.gen.intrinsic(f"llvm.fptosi.sat.{_suffix(rt)}.{_suffix(st)}", rt, [st])
+        sat = "fptoui" if dst_unsigned else "fptosi"
+        f = cg.gen.intrinsic(f"llvm.{sat}.sat.{_suffix(rt)}.{_suffix(st)}", rt, [st])
         return b.call(f, [a])
     raise CodegenError(f"velem cvt {st} -> {rt}: float conversions go through tessera_x86.vcvt")
 

@@ -71,7 +71,8 @@ def np_of(elem: Attribute) -> np.dtype:
     if isinstance(elem, Float8E5M2Type):
         return np.dtype(ml_dtypes.float8_e5m2)
     if isinstance(elem, IntegerType):
-        return np.dtype(np.bool_) if elem.width.data == 1 else np.dtype(f"int{elem.width.data}")
+        return np.dtype(np.bool_) if elem.width.data == 1 else np.dtype(
+            f"{'u' if elem.signedness.data.name == 'UNSIGNED' else ''}int{elem.width.data}")
     raise EmulatorError(f"the emulator has no numpy type for {elem}")
 
 

@@ -32,7 +32,7 @@ def _torch_dtypes():
     import ml_dtypes
     import torch
     return {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
-            torch.bfloat16: ml_dtypes.bfloat16, torch.int8: np.int8, torch.int32: np.int32,
+            torch.bfloat16: ml_dtypes.bfloat16, torch.int8: np.int8, torch.uint8: np.uint8, torch.int32: np.int32,
             torch.int64: np.int64, torch.bool: np.bool_}
 
 

@@ -136,7 +136,7 @@ def normalize_axis(axis: int, rank: int, what: str) -> int:
 
 
 def is_int(t: Attribute) -> bool:
-    """A signed integer element type (int8/int32/int64; i1 is bool)."""
+    """An integer element type (int8/uint8/int32/int64; i1 is bool)."""
     return isinstance(t, IntegerType) and t.width.data in (8, 32, 64)
 
 

@@ -20,7 +20,7 @@ from tessera.frontend import ops
 from tessera.frontend.trace import Tensor, constant
 
 # ONNX TensorProto element types Tessera takes (the rest are refused by name)
-ONNX_DTYPES = {1: dt.float32, 3: dt.int8, 6: dt.int32, 7: dt.int64, 9: dt.bool_, 10: dt.float16,
+ONNX_DTYPES = {1: dt.float32, 2: dt.uint8, 3: dt.int8, 6: dt.int32, 7: dt.int64, 9: dt.bool_, 10: dt.float16,
                11: dt.float64, 16: dt.bfloat16}
 ONNX_TYPE_NAMES = {0: "UNDEFINED", 1: "FLOAT", 2: "UINT8", 3: "INT8", 4: "UINT16", 5: "INT16", 6: "INT32",
                    7: "INT64", 8: "STRING", 9: "BOOL", 10: "FLOAT16", 11: "DOUBLE", 12: "UINT32", 13: "UINT64",

@@ -19,7 +19,7 @@ from tessera import dtypes as dt
 from tessera.errors import ArgumentError, DtypeError, DynamicShapeError, OnnxImportError, OnnxUnsupportedError, \
     ScalarSpecialize, ShapeMismatchError, TesseraError
 from tessera.onnx import ops_attention, ops_einsum, ops_extra, ops_math, ops_nn, ops_norm, ops_resize, ops_rotary, \
-    ops_quant, ops_scatter, ops_shape, ops_spatial, versions  # noqa: F401 - they register their ops
+    ops_qlinear, ops_quant, ops_scatter, ops_shape, ops_spatial, versions  # noqa: F401 - they register their ops
 from tessera.onnx.convert import ONNX_DTYPES, ONNX_TYPE_NAMES, OPS, WHY_NOT, Ctx, describe, materialise
 
 OPSETS = versions.MAPPED       # the default-domain opsets whose semantics are mapped (others: per node)

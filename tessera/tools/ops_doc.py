@@ -16,7 +16,7 @@ from tessera import dtypes as dt
 from tessera.frontend import ops
 from tessera.ir import opset
 
-DTYPES = (np.float64, np.float32, np.float16, dt.bfloat16, np.int8, np.int32, np.int64, np.bool_)
+DTYPES = (np.float64, np.float32, np.float16, dt.bfloat16, np.int8, np.uint8, np.int32, np.int64, np.bool_)
 
 
 def data(dtype, *shape, seed: int = 0, positive: bool = False) -> np.ndarray:

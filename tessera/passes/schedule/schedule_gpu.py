@@ -25,8 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp, StringAttr
+from xdsl.dialects.builtin import IntegerType, ModuleOp, StringAttr
 
+from tessera.dtypes import from_ir
 from tessera.errors import MmaSelectorError, ScheduleIllegalError
 from tessera.ir import graph as g
 from tessera.ir import schedule as s
@@ -199,6 +200,12 @@ class ScheduleGpu(TesseraPass):
                 f"kernel {name} ({ops}): the {self.target} lane generates gemm and attention kernels only; a "
                 f"{kind} kernel has no {self.target} generator yet")
         mm = next(o for o in fop.body.block.ops if isinstance(o, g.MatmulOp))
+        for r in fop.results:   # a cast to an int ending the epilogue: the GPU GEMM stores floats only
+            et = getattr(r.type, "element_type", None)
+            if isinstance(et, IntegerType) and et.width.data > 1:
+                raise ScheduleIllegalError(
+                    f"kernel {name} (tessera.cast): the {self.target} lane has no GEMM epilogue storing {from_ir(et)}; "
+                    'target="cpu" compiles it')
         dtype = _dtype(mm.lhs.type.element_type)
         if mm.rhs.type.element_type != mm.lhs.type.element_type:     # fp8 e4m3 x e5m2
             dtype = f"{dtype}x{_dtype(mm.rhs.type.element_type)}"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from xdsl.dialects.builtin import BFloat16Type, Float16Type, Float64Type, IntegerType, StringAttr
 
+from tessera.dtypes import from_ir
 from tessera.errors import ScheduleIllegalError
 from tessera.ir import graph as g
 from tessera.ir.graph_rows import LogSoftmaxOp
@@ -59,7 +60,7 @@ def _check_ops(fop: g.FusionOp, name: str, target: str) -> g.Operation | None:
             et = getattr(v.type, "element_type", None)
             if isinstance(et, IntegerType) and (isinstance(op, g.REDUCTIONS + g.ROWWISE) and not labels
                                                 or et.width.data == 8):
-                raise _refuse(name, op, target, " on int8 tensors" if et.width.data == 8 else
+                raise _refuse(name, op, target, f" on {from_ir(et)} tensors" if et.width.data == 8 else
                               " on int or bool tensors")
             if isinstance(et, Float64Type):
                 raise _refuse(name, op, target, " on float64 tensors (the GPU kernels compute in f32)")

@@ -249,7 +249,9 @@ class _Lowerer(MmaLowering, ElementwiseLowering, PackLowering, LoadIndexLowering
         return op.result
 
     def _store_vec(self, b: Builder, v, base, off, elem, count=None, nontemporal: bool = False) -> None:
-        if TE.is_int_elem(v.type.element_type):   # int lanes, bool lanes -> bytes
+        if TE.is_int_elem(v.type.element_type) or TE.is_int_elem(elem):
+            # int lanes, bool lanes -> bytes; float registers -> int memory (a cast ending a GEMM
+            # epilogue): velem cvt, which truncates and saturates as tessera.cast does
             v = TE.convert(b, v, self.vtype(elem))
         elif elem != self.reg:
             cv = x.VCvtOp.create(operands=[v], result_types=[self.vtype(elem)])
