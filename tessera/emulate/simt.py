@@ -122,14 +122,17 @@ class Emulator(TmaOps, WgmmaOps):
         self.ops_run = 0
 
     # ------------------------------------------------------------------ launch
-    def launch(self, kernel: str, grid: tuple[int, int, int], buffers: list[np.ndarray], sizes: list[int]) -> None:
+    def launch(self, kernel: str, grid: tuple[int, int, int], buffers: list[np.ndarray], sizes: list[int],
+               maps: list | None = None) -> None:
+        """``maps``: (TensorMapSpec, buffer index) per tensor map as a host encoded them; by default
+        the kernel's own records bound to ``sizes`` (emulate/tma.py)."""
         fn = self.kernels.get(kernel)
         if fn is None:
             raise EmulatorError(f"no kernel @{kernel} in the module")
         block = ival(fn.attributes["gpu.block"])
         total = grid[0] * grid[1] * grid[2]
         flat = [Buf("global", np.ascontiguousarray(b).reshape(-1), name=f"arg{i}") for i, b in enumerate(buffers)]
-        tmaps = self.tensor_maps(fn, flat, sizes)       # copy-engine kernels (tma.py)
+        tmaps = self.tensor_maps(fn, flat, sizes) if maps is None else [(sp, flat[i]) for sp, i in maps]
         for start in range(0, total, self.batch):
             groups = min(self.batch, total - start)
             linear = np.repeat(np.arange(start, start + groups, dtype=np.int64), block)

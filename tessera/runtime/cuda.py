@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tessera.errors import ArgumentError, CodegenError, LaneUnavailableError, SharedMemoryLimitError
+from tessera.ir.tensor_map import MAP_ALIGN, MAP_BYTES
 
 # Errors that mean "this machine cannot run the lane", not "the kernel or launch is wrong".
 _UNAVAILABLE = {
@@ -118,22 +119,31 @@ def device_arch(device: int = 0) -> str | None:
 
 @dataclass
 class KernelParams:
-    """A ``void*[]`` for ``cuLaunchKernel``; ``values`` keeps the pointed-to ctypes alive."""
+    """A ``void*[]`` for ``cuLaunchKernel``; ``values`` keeps the pointed-to ctypes alive; ``maps``
+    are the 64-byte aligned 128-byte slots of by-value tensor maps (after the scalars)."""
     array: ctypes.Array
     values: list[ctypes.c_uint64 | ctypes.c_int64]
+    maps: list[tuple[ctypes.Array, int]] = None     # (holder, aligned address)
+
+    def set_map(self, j: int, data: bytes) -> None:
+        if len(data) != MAP_BYTES:
+            raise ArgumentError(f"a tensor map is {MAP_BYTES} bytes, got {len(data)}")
+        ctypes.memmove(self.maps[j][1], data, MAP_BYTES)
 
     @property
     def address(self) -> int:
         """What to pass as ``kernelParams`` (0 when the kernel takes no parameters)."""
-        return ctypes.addressof(self.array) if self.values else 0
+        return ctypes.addressof(self.array) if self.values or self.maps else 0
 
     @property
     def sizes(self) -> list[int]:
         return [ctypes.sizeof(v) for v in self.values]
 
 
-def pack_params(pointers: Sequence[int], scalars: Sequence[int]) -> KernelParams:
-    """One uint64 per device pointer, then one int64 per scalar, and the array of their addresses."""
+def pack_params(pointers: Sequence[int], scalars: Sequence[int], n_maps: int = 0) -> KernelParams:
+    """One uint64 per device pointer, then one int64 per scalar, then ``n_maps`` tensor-map slots
+    (128 bytes each, 64-byte aligned as ``__grid_constant__ CUtensorMap`` is; zeroed until
+    :meth:`KernelParams.set_map`), and the array of their addresses."""
     for p in pointers:
         if not 0 <= int(p) < (1 << 64):
             raise ArgumentError(f"device pointer {p!r} is not a 64-bit address")
@@ -141,8 +151,13 @@ def pack_params(pointers: Sequence[int], scalars: Sequence[int]) -> KernelParams
         if not isinstance(s, (int, np.integer)) or not _I64[0] <= int(s) <= _I64[1]:
             raise ArgumentError(f"kernel scalar {s!r} is not an int64")
     values = [ctypes.c_uint64(int(p)) for p in pointers] + [ctypes.c_int64(int(s)) for s in scalars]
-    array = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
-    return KernelParams(array, values)
+    maps = []
+    for _ in range(n_maps):
+        holder = ctypes.create_string_buffer(MAP_BYTES + MAP_ALIGN)
+        maps.append((holder, -(-ctypes.addressof(holder) // MAP_ALIGN) * MAP_ALIGN))
+    slots = [ctypes.addressof(v) for v in values] + [a for _, a in maps]
+    array = (ctypes.c_void_p * max(len(slots), 1))(*slots)
+    return KernelParams(array, values, maps)
 
 
 def _dims(name: str, d: Sequence[int]) -> tuple[int, int, int]:
@@ -337,6 +352,11 @@ class CudaModule:
         finally:
             if switch and prev is not None:
                 cu.cuCtxSetCurrent(prev)
+
+    def encode_tensor_map(self, spec) -> bytes:
+        """The driver's encoding of a tensor map (``runtime/cuda_tensor_map.py``)."""
+        from tessera.runtime import cuda_tensor_map
+        return cuda_tensor_map.encode(self._cu, spec)
 
     def function(self, kernel: str, shared_bytes: int) -> Any:
         """The kernel's handle, opted in to ``shared_bytes`` of dynamic shared memory (once)."""
