@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tessera.errors import ArgumentError, CodegenError, LaneUnavailableError, SharedMemoryLimitError
-from tessera.ir.tensor_map import MAP_ALIGN, MAP_BYTES
+from tessera.ir.tensor_map import MAP_ALIGN, MAP_BYTES   # plain data (no xDSL): nvidia_check.py loads it by path
 
 # Errors that mean "this machine cannot run the lane", not "the kernel or launch is wrong".
 _UNAVAILABLE = {
@@ -275,17 +275,29 @@ class CudaModule:
                f"cuLaunchKernel({kernel})")
 
     # ------------------------------------------------------------------ API
+    def _params(self, ptrs: list, scalars: Sequence[int], tensor_maps: Sequence[dict]) -> KernelParams:
+        """Pointers, scalars, then each ABI ``tensormap`` parameter encoded by the driver for its
+        buffer's device address and these sizes (``runtime/cuda_tensor_map.py``)."""
+        params = pack_params([int(p) for p in ptrs], scalars, len(tensor_maps))
+        if tensor_maps:
+            from tessera.ir.tensor_map import spec_for
+            for j, p in enumerate(tensor_maps):
+                params.set_map(j, self.encode_tensor_map(spec_for(p["record"], int(ptrs[p["buffer"]]), scalars)))
+        return params
+
     def launch(self, kernel: str, grid: tuple[int, int, int], block: tuple[int, int, int], shared_bytes: int,
-               buffers: list[np.ndarray], scalars: list[int], outputs: list[int]) -> None:
+               buffers: list[np.ndarray], scalars: list[int], outputs: list[int],
+               tensor_maps: Sequence[dict] = ()) -> None:
         """Copy every buffer to the device, run ``kernel`` once, synchronise, and copy the
-        buffers at indices ``outputs`` back into their arrays in place."""
+        buffers at indices ``outputs`` back into their arrays in place.  ``tensor_maps``: the
+        kernel's ABI ``tensormap`` parameters (copy-engine kernels), encoded after the upload."""
         grid, block = _dims("grid", grid), _dims("block", block)
         self._arrays(buffers, outputs)
         fn = self._function(kernel, shared_bytes)
         cu, ptrs = self._cu, []
         try:
             self._upload(buffers, ptrs)
-            params = pack_params([int(p) for p in ptrs], scalars)
+            params = self._params(ptrs, scalars, tensor_maps)
             self._launch(fn, kernel, grid, block, shared_bytes, params)
             _check(cu.cuCtxSynchronize(), f"kernel {kernel}")
             for i in outputs:
@@ -296,7 +308,8 @@ class CudaModule:
             self._free(ptrs)
 
     def time(self, kernel: str, grid: tuple[int, int, int], block: tuple[int, int, int], shared_bytes: int,
-             buffers: list[np.ndarray], scalars: list[int], repeats: int = 20, warmup: int = 3) -> list[float]:
+             buffers: list[np.ndarray], scalars: list[int], repeats: int = 20, warmup: int = 3,
+             tensor_maps: Sequence[dict] = ()) -> list[float]:
         """Milliseconds per launch, measured with CUDA events around each of ``repeats``
         launches after ``warmup`` untimed ones; the buffers stay on the device throughout
         and nothing is copied back."""
@@ -308,7 +321,7 @@ class CudaModule:
         cu, ptrs, events = self._cu, [], []
         try:
             self._upload(buffers, ptrs)
-            params = pack_params([int(p) for p in ptrs], scalars)
+            params = self._params(ptrs, scalars, tensor_maps)
             for _ in range(2):
                 events.append(_check(cu.cuEventCreate(0), "cuEventCreate"))
             start, end = events
