@@ -144,9 +144,24 @@ def test_emulated_transposed_b_with_epilogue(rng):
     bias = rng.standard_normal(80).astype(np.float32)
     bt = np.ascontiguousarray(b.T)
     art = _compile(lambda x, w, c: ts.ops.relu(_mm(x, w.T) + c), (a, bt, bias))
-    assert "box" in art.abi()[0]["params"][-1]["record"] and art.abi()[0]["params"][-1]["record"]["box"] == [64, 128]
+    recs = [p["record"] for p in art.abi()[0]["params"] if p["kind"] == "tensormap"]
+    assert sorted(r["arg"] for r in recs) == [0, 1] and all(r["box"] == [64, r["box"][1]] for r in recs)
+    assert all(r["dims"][0] == r["stride"] for r in recs)     # both k-contiguous: dims [K, rows], stride K
     want = np.maximum(a.astype(np.float64) @ b.astype(np.float64) + bias, 0)
     assert rel_err(art.emulate(a, bt, bias), want) < 1e-5
+
+
+def test_emulated_fp8_gemm_with_w_transposed(rng):
+    """fp8 wgmma reads both operands K-major: W^T's rows of 128 k bytes are one swizzled row each."""
+    import ml_dtypes
+    a = (rng.standard_normal((70, 384)) * 2).astype(ml_dtypes.float8_e4m3fn)
+    w = (rng.standard_normal((136, 384)) * 2).astype(ml_dtypes.float8_e4m3fn)
+    art = _compile(lambda x, y: _mm(x, y.T), (a, w))
+    assert {p["record"]["box"][0] for p in art.abi()[0]["params"] if p["kind"] == "tensormap"} == {128}
+    assert rel_err(art.emulate(a, w), a.astype(np.float64) @ w.astype(np.float64).T) < 1e-6
+    b = np.ascontiguousarray(w.T)          # a row-major fp8 B: fp8 wgmma cannot read it MN-major
+    with pytest.raises(ScheduleIllegalError, match="contiguous"):
+        _compile(_mm, (a, b))
 
 
 # teeth: each planted bug below makes the emulated kernel fail

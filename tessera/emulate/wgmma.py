@@ -165,8 +165,8 @@ class WgmmaOps:
                 raise self.fail(EmulatorRaceError, ctx, op, f"wgmma reads {what} elements written in this barrier "
                                 "interval (no barrier between the copy and the wgmma)")
             if buf.pending is not None and buf.pending[g, e].any():
-                raise self.fail(EmulatorRaceError, ctx, op, f"wgmma reads {what} elements a copy in flight (cp.async "
-                                "or the copy engine) will write (missing or early wait)")
+                raise self.fail(EmulatorRaceError, ctx, op, f"wgmma reads {what} elements a cp.async in flight or a "
+                                "bulk copy in flight will write (missing or early wait)")
             buf.r_epoch[g, e] = ctx.epoch[g]     # read by the warpgroup: a write before the next barrier races
             buf.r_thread[g, e] = -2
             out.append((buf, inside, e))

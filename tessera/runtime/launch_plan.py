@@ -49,11 +49,14 @@ class StepPlan:
     sizes: list = field(default_factory=list)      # the kernel's evaluated size arguments
     map_addresses: list = field(default_factory=list)   # the address each map was last encoded for
 
-    def patch(self, ptr: dict[int, int], mod=None) -> None:
+    def patch(self, ptr: dict[int, int]) -> None:
         vals = self.params.values
         for i, v in enumerate(self.slots):
             vals[i].value = ptr[v]
-        for j, p in enumerate(self.maps):     # a tensor map holds its tensor's address: encoded again when it moves
+
+    def encode_maps(self, mod, ptr: dict[int, int]) -> None:
+        """Tensor maps hold their tensor's address: each is encoded (by the driver) again when it moves."""
+        for j, p in enumerate(self.maps):
             addr = ptr[self.slots[p["buffer"]]]
             if self.map_addresses[j] != addr:
                 self.params.set_map(j, mod.encode_tensor_map(TM.spec_for(p["record"], addr, self.sizes)))
@@ -101,7 +104,8 @@ class LaunchPlan:
                 else:
                     for s in self.steps:
                         if s.launch:
-                            s.patch(ptr, mod)
+                            s.patch(ptr)
+                            s.encode_maps(mod, ptr)
                             mod.launch_on(s.fn, s.kernel, s.grid, s.block, s.shared, s.params, stream)
             out, given = [], set()
             for vid in self.results:
@@ -133,7 +137,8 @@ class LaunchPlan:
             try:
                 for s in self.steps:
                     if s.launch:
-                        s.patch(ptr, mod)
+                        s.patch(ptr)
+                        s.encode_maps(mod, ptr)
                         mod.launch_on(s.fn, s.kernel, s.grid, s.block, s.shared, s.params, cs)
             finally:
                 graph = mod.end_capture(cs)
