@@ -63,8 +63,7 @@ def wgmma_kernel_facts(art, tma: bool = False) -> dict:
             raise SystemExit("sm_90a cubin has local-memory traffic or no HGMMA")
         if tma and ("UTMALDG" not in sass or "LDGSTS" in sass):
             raise SystemExit("copy-engine cubin without UTMALDG, or with thread copies (LDGSTS)")
-        facts["k_block"] = loop_counts(sass)["fast"] if not tma else {"UTMALDG": sass.count("UTMALDG"),
-                                                                      "HGMMA": sass.count("HGMMA")}
+        facts["k_block"] = loop_counts(sass)["fast"]
     return facts
 
 
