@@ -61,6 +61,12 @@ class FakeCudaDriver:
                                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA=1)
     MAP_MAGIC = 0x7E55E4A
 
+    class cuuint64_t(int):     # cuda-python's array element wrappers (the real bindings check the types)
+        pass
+
+    class cuuint32_t(int):
+        pass
+
     def __init__(self, abis: list[dict] | None = None, archs=("sm_90",), run=None):
         self.archs = list(archs)                       # one per device ordinal
         self.sigs = {}
@@ -223,6 +229,11 @@ class FakeCudaDriver:
                                l2, oob):
         """Records the arguments; refuses what the real driver refuses (CUDA_ERROR_INVALID_VALUE); the
         128 bytes it returns carry a handle to the recorded arguments."""
+        for name, arr, ty in (("globalDim", dims, self.cuuint64_t), ("globalStrides", strides, self.cuuint64_t),
+                              ("boxDim", box, self.cuuint32_t), ("elementStrides", elem_strides, self.cuuint32_t)):
+            if not all(isinstance(x, ty) for x in arr):
+                raise TypeError(f"Argument '{name}' is not instance of type (expected List[{ty.__name__}])")
+        dims, strides, box, elem_strides = ([int(x) for x in a] for a in (dims, strides, box, elem_strides))
         span = {0: 0, 1: 32, 2: 64, 3: 128}[int(swizzle)]
         esize = {0: 1, 6: 2, 7: 4, 9: 2}[int(dtype)]
         bad = (address % 16 or len(dims) != rank or len(strides) != rank - 1 or any(s % 16 for s in strides)

@@ -27,8 +27,10 @@ OOB_FILLS = {"zero": "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE"}   # NONE fills zeros (
 def arguments(cu: Any, spec: TM.TensorMapSpec) -> tuple:
     """The positional arguments of ``cuTensorMapEncodeTiled`` for ``spec`` (validated first)."""
     TM.validate(spec)
-    return (getattr(cu.CUtensorMapDataType, DATA_TYPES[spec.elem]), 2, spec.address, list(spec.dims),
-            list(spec.strides), list(spec.box), list(spec.element_strides),
+    # cuda-python takes the arrays as lists of its cuuint64_t / cuuint32_t wrappers (and checks their type)
+    u64, u32 = getattr(cu, "cuuint64_t", int), getattr(cu, "cuuint32_t", int)
+    return (getattr(cu.CUtensorMapDataType, DATA_TYPES[spec.elem]), 2, spec.address, [u64(d) for d in spec.dims],
+            [u64(s) for s in spec.strides], [u32(b) for b in spec.box], [u32(e) for e in spec.element_strides],
             cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
             getattr(cu.CUtensorMapSwizzle, SWIZZLES[spec.swizzle]),
             cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
