@@ -464,6 +464,13 @@ class ExportError(CodegenError):
     code = "EXPORT"
 
 
+class TensorMapError(CodegenError):
+    """A tensor map (the copy engine's description of a global tensor, sm_90a) cannot be encoded for
+    these arrays: a row stride not a multiple of 16 bytes, an address not 16-byte aligned, a box or
+    dims out of the engine's range.  Refused before any launch (and at compile time for static shapes)."""
+    code = "TENSOR_MAP"
+
+
 class LaneUnavailableError(TesseraError):
     """The compiled lane cannot run on this machine (no such device); no other lane is substituted."""
     code = "LANE_UNAVAILABLE"

@@ -50,6 +50,23 @@ class FakeCudaDriver:
     class CUDA_MEMCPY2D(SimpleNamespace):
         pass
 
+    # the driver's tensor-map enums (values as in cuda.h)
+    CUtensorMapDataType = SimpleNamespace(CU_TENSOR_MAP_DATA_TYPE_UINT8=0, CU_TENSOR_MAP_DATA_TYPE_FLOAT16=6,
+                                          CU_TENSOR_MAP_DATA_TYPE_FLOAT32=7, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16=9)
+    CUtensorMapInterleave = SimpleNamespace(CU_TENSOR_MAP_INTERLEAVE_NONE=0)
+    CUtensorMapSwizzle = SimpleNamespace(CU_TENSOR_MAP_SWIZZLE_NONE=0, CU_TENSOR_MAP_SWIZZLE_32B=1,
+                                         CU_TENSOR_MAP_SWIZZLE_64B=2, CU_TENSOR_MAP_SWIZZLE_128B=3)
+    CUtensorMapL2promotion = SimpleNamespace(CU_TENSOR_MAP_L2_PROMOTION_NONE=0, CU_TENSOR_MAP_L2_PROMOTION_L2_128B=2)
+    CUtensorMapFloatOOBfill = SimpleNamespace(CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE=0,
+                                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA=1)
+    MAP_MAGIC = 0x7E55E4A
+
+    class cuuint64_t(int):     # cuda-python's array element wrappers (the real bindings check the types)
+        pass
+
+    class cuuint32_t(int):
+        pass
+
     def __init__(self, abis: list[dict] | None = None, archs=("sm_90",), run=None):
         self.archs = list(archs)                       # one per device ordinal
         self.sigs = {}
@@ -207,18 +224,54 @@ class FakeCudaDriver:
 
     def cuStreamWaitEvent(self, stream, e, flags): return self._r("cuStreamWaitEvent", stream, e.stream)
 
+    # ------------------------------------------------------------------ tensor maps
+    def cuTensorMapEncodeTiled(self, dtype, rank, address, dims, strides, box, elem_strides, interleave, swizzle,
+                               l2, oob):
+        """Records the arguments; refuses what the real driver refuses (CUDA_ERROR_INVALID_VALUE); the
+        128 bytes it returns carry a handle to the recorded arguments."""
+        for name, arr, ty in (("globalDim", dims, self.cuuint64_t), ("globalStrides", strides, self.cuuint64_t),
+                              ("boxDim", box, self.cuuint32_t), ("elementStrides", elem_strides, self.cuuint32_t)):
+            if not all(isinstance(x, ty) for x in arr):
+                raise TypeError(f"Argument '{name}' is not instance of type (expected List[{ty.__name__}])")
+        dims, strides, box, elem_strides = ([int(x) for x in a] for a in (dims, strides, box, elem_strides))
+        span = {0: 0, 1: 32, 2: 64, 3: 128}[int(swizzle)]
+        esize = {0: 1, 6: 2, 7: 4, 9: 2}[int(dtype)]
+        bad = (address % 16 or len(dims) != rank or len(strides) != rank - 1 or any(s % 16 for s in strides)
+               or len(box) != rank or any(not 1 <= b <= 256 for b in box) or (box[0] * esize) % 16
+               or (span and box[0] * esize > span) or any(not 1 <= e <= 8 for e in elem_strides))
+        if bad:
+            self.calls.append(("cuTensorMapEncodeTiled", "refused"))
+            return (R.CUDA_ERROR_INVALID_VALUE, None)
+        h = next(self.handles)
+        args = {"dtype": int(dtype), "rank": rank, "address": int(address), "dims": list(dims),
+                "strides": list(strides), "box": list(box), "elem_strides": list(elem_strides),
+                "interleave": int(interleave), "swizzle": int(swizzle), "l2": int(l2), "oob": int(oob)}
+        self.__dict__.setdefault("tensor_maps", {})[h] = args
+        buf = ctypes.create_string_buffer(128)
+        ctypes.c_uint64.from_address(ctypes.addressof(buf)).value = self.MAP_MAGIC
+        ctypes.c_uint64.from_address(ctypes.addressof(buf) + 8).value = h
+        return self._r("cuTensorMapEncodeTiled", SimpleNamespace(buf=buf, getPtr=lambda: ctypes.addressof(buf)))
+
+    def _tensor_map(self, address: int) -> dict:
+        assert address % 64 == 0, f"tensor map parameter at {address:#x} is not 64-byte aligned"
+        magic = ctypes.c_uint64.from_address(address).value
+        assert magic == self.MAP_MAGIC, "tensor map parameter holds no map cuTensorMapEncodeTiled wrote"
+        return self.tensor_maps[ctypes.c_uint64.from_address(address + 8).value]
+
     # ------------------------------------------------------------------ launches and graphs
     def cuLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
         sig = self.sigs[fn]
         slots = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
-        ptrs, scalars = [], []
+        ptrs, scalars, maps = [], [], []
         for i, p in enumerate(sig):
             if p["kind"] == "buffer":
                 ptrs.append((ctypes.c_uint64.from_address(slots[i]).value, np.dtype(DTYPES[p["dtype"]])))
+            elif p["kind"] == "tensormap":
+                maps.append(self._tensor_map(slots[i]))
             else:
                 scalars.append(ctypes.c_int64.from_address(slots[i]).value)
         rec = {"kernel": fn, "grid": (gx, gy, gz), "block": (bx, by, bz), "smem": smem, "stream": stream,
-               "device": self.current,
+               "device": self.current, "tensormaps": maps,
                "ptrs": [p for p, _ in ptrs], "dtypes": [d for _, d in ptrs], "scalars": scalars}
         self.calls.append(("cuLaunchKernel", fn, stream))
         if stream in self.capturing:
@@ -340,5 +393,18 @@ def emulator_runner(exe):
             base, _ = drv.owner(p)
             size = drv.live[base][2] - (p - base)
             bufs.append(np.frombuffer((ctypes.c_char * (size // dt.itemsize * dt.itemsize)).from_address(p), dt))
-        emu.launch(rec["kernel"], rec["grid"], bufs, rec["scalars"])
+        emu.launch(rec["kernel"], rec["grid"], bufs, rec["scalars"], maps=[
+            map_spec(m, rec["ptrs"]) for m in rec.get("tensormaps", [])] or None)
     return run
+
+
+def map_spec(args: dict, ptrs: list[int]):
+    """(TensorMapSpec, buffer index) of a map as the host encoded it: what the emulated copy engine reads."""
+    from tessera.ir.tensor_map import TensorMapSpec
+    elem = {6: "f16", 7: "f32", 9: "bf16", 0: "f8E4M3FN"}[args["dtype"]]
+    swizzle = {0: "none", 1: "32B", 2: "64B", 3: "128B"}[args["swizzle"]]
+    assert args["address"] in ptrs, "a tensor map names an address that is no buffer of the launch"
+    assert args["oob"] == 0 and args["interleave"] == 0 and args["rank"] == 2
+    spec = TensorMapSpec(elem, args["address"], tuple(args["dims"]), tuple(args["strides"]), tuple(args["box"]),
+                         tuple(args["elem_strides"]), swizzle, "zero")
+    return spec, ptrs.index(args["address"])

@@ -7,10 +7,12 @@
 Cases (the same manifest format as ``build_nvidia_bundle.py``):
 - check: ``A @ B + C0`` (f32 out) on sm_90a for f16 and bf16 with edges in every dimension; the
   device's output is compared with float64 and with this machine's warp-emulator output;
+- the same checks with ``copy_engine="tma"`` (tiles staged by the tensor copy engine, maps encoded by
+  the device's driver at launch) where the rows are multiples of 16 bytes;
 - bench: ``A @ B`` (f16/bf16 out) 4096^3, 8192^3 and a skinny 16384 x 1024 x 4096 on sm_90a
   (wgmma: B row-major read MN-major through 16-byte copies, one wgmma group in flight, 4 stages),
   4096^3 with 3 stages beside it (copies one k-block ahead instead of two), and 4096^3 on sm_90
-  (mma.sync, the previous kernel), each timed against ``torch.matmul`` (cuBLAS) on the same
+  (mma.sync, the previous kernel), the three shapes again with ``copy_engine="tma"``, each timed against ``torch.matmul`` (cuBLAS) on the same
   random device inputs (CUDA events, median of repeats).
 Every sm_90a cubin is checked here before it is carried: its PTX reads B MN-major (imm-trans-b 1)
 and keeps a group in flight (wait_group 1 in the k-loop, 0 after it), its SASS has HGMMA .tnspB,
@@ -40,8 +42,14 @@ BENCH = ((4096, 4096, 4096), (8192, 8192, 8192), (16384, 1024, 4096))
 STAGING_VARIANTS = (3,)       # 4096^3 also with these staging depths (the default is 4)
 
 
-def wgmma_kernel_facts(art) -> dict:
-    """What the sm_90a cubin must show before it is carried (SystemExit otherwise)."""
+def tma_ok(m: int, n: int, k: int) -> bool:
+    """Shapes whose 16-bit rows a tensor map can describe (row strides multiples of 16 bytes)."""
+    return (2 * k) % 16 == 0 and (2 * n) % 16 == 0
+
+
+def wgmma_kernel_facts(art, tma: bool = False) -> dict:
+    """What the sm_90a cubin must show before it is carried (SystemExit otherwise); a copy-engine
+    cubin (``tma``) stages by UTMALDG alone (no LDGSTS) and takes its maps by value."""
     import re
     from tessera.codegen import ptx_tools
     from tessera.codegen.sass_stats import loop_counts
@@ -53,6 +61,8 @@ def wgmma_kernel_facts(art) -> dict:
     if sass is not None:
         if re.search(r"\b(LDL|STL)\b", sass) or "HGMMA" not in sass:
             raise SystemExit("sm_90a cubin has local-memory traffic or no HGMMA")
+        if tma and ("UTMALDG" not in sass or "LDGSTS" in sass):
+            raise SystemExit("copy-engine cubin without UTMALDG, or with thread copies (LDGSTS)")
         facts["k_block"] = loop_counts(sass)["fast"]
     return facts
 
@@ -62,15 +72,16 @@ def build(out: Path, seed: int = 2026) -> dict:
     rng = np.random.default_rng(seed)
     cases = []
     for dtype in ("f16", "bf16"):
-        for m, n, k in CHECKS:
+        for (m, n, k), engine in [(s, None) for s in CHECKS] + [(s, "tma") for s in CHECKS if tma_ok(*s)]:
             a = rng.standard_normal((m, k)).astype(DT[dtype])
             b = rng.standard_normal((k, n)).astype(DT[dtype])
             c0 = rng.standard_normal((m, n)).astype(np.float32)
-            art = ts.compile(gemm_acc, a, b, c0, target="nvidia", arch="sm_90a")
+            art = ts.compile(gemm_acc, a, b, c0, target="nvidia", arch="sm_90a",
+                             schedule={"copy_engine": engine} if engine else None)
             rec = art.report().kernels[0]["mma"]["record"]
             if not rec.startswith("nvidia.wgmma"):
                 raise SystemExit(f"sm_90a check case selected {rec}, not wgmma")
-            name = f"check_sm90a_{dtype}_{m}x{n}x{k}"
+            name = f"check_sm90a_{dtype}_{m}x{n}x{k}" + (f"_{engine}" if engine else "")
             (out / f"{name}.cubin").write_bytes(art.binary())
             np.save(out / f"{name}_emulated.npy", art.emulate(a, b, c0))
             files = []
@@ -80,21 +91,24 @@ def build(out: Path, seed: int = 2026) -> dict:
                 files.append({"file": f, "dtype": dtype if i < 2 else "f32"})
             cases.append({"name": name, "kind": "check", "cubin": f"{name}.cubin", "inputs": files, "mma": rec,
                           "emulated": f"{name}_emulated.npy", **launch_record(art, [a, b, c0])})
-        variants = [("sm_90a", shape, None) for shape in BENCH] + \
-            [("sm_90a", BENCH[0], st) for st in STAGING_VARIANTS] + [("sm_90", BENCH[0], None)]
-        for arch, (m, n, k), staging in variants:
+        variants = [("sm_90a", shape, None, None) for shape in BENCH] + \
+            [("sm_90a", BENCH[0], st, None) for st in STAGING_VARIANTS] + [("sm_90", BENCH[0], None, None)] + \
+            [("sm_90a", shape, None, "tma") for shape in BENCH]      # the copy engine beside the thread copies
+        for arch, (m, n, k), staging, engine in variants:
             a, b = np.zeros((m, k), DT[dtype]), np.zeros((k, n), DT[dtype])   # compile only: timed on random data
-            art = ts.compile(gemm, a, b, target="nvidia", arch=arch,
-                             schedule={"staging": staging} if staging else None)
-            name = f"bench_{arch}_{dtype}_{m}x{n}x{k}" + (f"_s{staging}" if staging else "")
+            pins = {**({"staging": staging} if staging else {}), **({"copy_engine": engine} if engine else {})}
+            art = ts.compile(gemm, a, b, target="nvidia", arch=arch, schedule=pins or None)
+            name = f"bench_{arch}_{dtype}_{m}x{n}x{k}" + (f"_s{staging}" if staging else "") + \
+                (f"_{engine}" if engine else "")
             facts = {}
             if arch == "sm_90a":
-                facts = wgmma_kernel_facts(art)
+                facts = wgmma_kernel_facts(art, engine == "tma")
                 if facts["b_major"] != "mn" or facts["wgmma_waits"] != [1, 0]:
                     raise SystemExit(f"{name}: expected B MN-major and wait_group 1 then 0, got {facts}")
             (out / f"{name}.cubin").write_bytes(art.binary())
             cases.append({"name": name, "kind": "bench", "cubin": f"{name}.cubin", "dtype": dtype, "m": m,
                           "n": n, "k": k, "flops": 2 * m * n * k, "staging": staging or "default",
+                          "copy_engine": engine or "threads",
                           "mma": art.report().kernels[0]["mma"]["record"], **facts, **launch_record(art, [a, b])})
     from tessera.tools.bench_doc import git_state
     commit, dirty = git_state(ROOT)

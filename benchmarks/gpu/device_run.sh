@@ -68,7 +68,8 @@ if [ -f benchmarks/gpu/rows_bundle/manifest.json ]; then
 fi
 # the Hopper lane (sm_90a wgmma GEMM) when its bundle was carried
 # (./dev python benchmarks/gpu/build_hopper_bundle.py here): float64 / emulator checks of every
-# wgmma cubin, then 4096^3, 8192^3 and 16384x1024x4096 against torch.matmul (cuBLAS), sm_90 mma.sync beside
+# wgmma cubin, then 4096^3, 8192^3 and 16384x1024x4096 against torch.matmul (cuBLAS), sm_90 mma.sync beside,
+# and the copy_engine=tma rows (tensor maps encoded by the device's cuTensorMapEncodeTiled at launch)
 if [ -f benchmarks/gpu/hopper_bundle/manifest.json ]; then
   timeout 280 $py benchmarks/gpu/nvidia_check.py --bundle benchmarks/gpu/hopper_bundle 2>&1 | tee "$OUT/hopper.log"
 fi

@@ -30,11 +30,13 @@ PKG = HERE.parents[1] / "tessera"
 
 def _load_launcher():
     """tessera.runtime.cuda without importing the tessera package (which needs xDSL)."""
-    for name, path in (("tessera", PKG), ("tessera.runtime", PKG / "runtime")):
+    for name, path in (("tessera", PKG), ("tessera.runtime", PKG / "runtime"), ("tessera.ir", PKG / "ir")):
         mod = types.ModuleType(name)
         mod.__path__ = [str(path)]
         sys.modules.setdefault(name, mod)
-    for name, file in (("tessera.errors", PKG / "errors.py"), ("tessera.runtime.cuda", PKG / "runtime" / "cuda.py")):
+    for name, file in (("tessera.errors", PKG / "errors.py"), ("tessera.ir.tensor_map", PKG / "ir" / "tensor_map.py"),
+                       ("tessera.runtime.cuda_tensor_map", PKG / "runtime" / "cuda_tensor_map.py"),
+                       ("tessera.runtime.cuda", PKG / "runtime" / "cuda.py")):
         spec = importlib.util.spec_from_file_location(name, file)
         mod = importlib.util.module_from_spec(spec)
         sys.modules[name] = mod
@@ -59,6 +61,11 @@ def _load_input(bundle: Path, spec: dict) -> tuple[np.ndarray, np.ndarray]:
     return arr, arr.astype(np.float64)
 
 
+def _maps(case: dict) -> list[dict]:
+    """The kernel's by-value tensor maps (copy-engine cubins), encoded by the driver at launch."""
+    return [p for p in case.get("abi", {}).get("params", []) if p["kind"] == "tensormap"]
+
+
 def check(bundle: Path, case: dict, cuda, dry: bool) -> dict:
     ins = [_load_input(bundle, s) for s in case["inputs"]]
     emulated = np.load(bundle / case["emulated"])
@@ -71,7 +78,7 @@ def check(bundle: Path, case: dict, cuda, dry: bool) -> dict:
         bufs = [np.ascontiguousarray(x[0]) for x in ins] + out
         with cuda.CudaModule((bundle / case["cubin"]).read_bytes()) as mod:
             mod.launch(case["kernel"], tuple(case["grid"]), tuple(case["block"]), case["shared"], bufs,
-                       case["sizes"], list(range(len(ins), len(bufs))))
+                       case["sizes"], list(range(len(ins), len(bufs))), tensor_maps=_maps(case))
         got = out[0]
     scale = max(np.abs(want).max(), 1e-30)
     return {"case": case["name"], "rel_err_vs_f64": float(np.abs(got - want).max() / scale),
@@ -94,10 +101,9 @@ def bench(bundle: Path, case: dict, cuda, repeats: int) -> dict:
     out = np.zeros((m, n), np.uint16 if case["dtype"] == "bf16" else np.float16)
     with cuda.CudaModule((bundle / case["cubin"]).read_bytes()) as mod:
         mod.launch(case["kernel"], tuple(case["grid"]), tuple(case["block"]), case["shared"], [ha, hb, out],
-                   case["sizes"], [2])
+                   case["sizes"], [2], tensor_maps=_maps(case))
         ms = mod.time(case["kernel"], tuple(case["grid"]), tuple(case["block"]), case["shared"], [ha, hb, out],
-                      case["sizes"],
-                      repeats=repeats, warmup=5)
+                      case["sizes"], repeats=repeats, warmup=5, tensor_maps=_maps(case))
     ref = (a.float() @ b.float()).cpu().numpy()
     got = _bf16_to_f32(out) if case["dtype"] == "bf16" else out.astype(np.float32)
     err = float(np.abs(got - ref).max() / np.abs(ref).max())

@@ -243,6 +243,14 @@ def kernel_abi(module: ModuleOp, fn: func.FuncOp) -> dict:
             params.append({"index": i, "kind": "size", "expr": dims[i - nbuf] if i - nbuf < len(dims) else "?",
                            "dtype": "i64", "offset": off, "size": 8})
         off += 8
+    if "tma.maps" in fn.attributes:     # tensor maps by value after the sizes (nvptx_tma.py)
+        from tessera.ir import tensor_map as TM
+        for j, a in enumerate(fn.attributes["tma.maps"].data):
+            rec = TM.parse(a.data)
+            off = -(-off // TM.MAP_ALIGN) * TM.MAP_ALIGN
+            params.append({"index": len(params), "kind": "tensormap", "map": j, "buffer": rec["arg"], "record": rec,
+                           "dtype": rec["elem"], "offset": off, "size": TM.MAP_BYTES, "align": TM.MAP_ALIGN})
+            off += TM.MAP_BYTES
     return {"symbol": fn.sym_name.data, "params": params, "kernarg_bytes": off,
             "block": [ival(fn.attributes["gpu.block"]), 1, 1],
             "shared_bytes": ival(fn.attributes["gpu.shared"]) if "gpu.shared" in fn.attributes else 0,

@@ -144,7 +144,7 @@ class FnCodegen:
 
     def __init__(self, gen: "ModuleCodegen", fn: func.FuncOp):
         self.gen = gen
-        ins = [llvm_type(t) for t in fn.function_type.inputs.data]
+        ins = [llvm_type(t) for t in fn.function_type.inputs.data] + self.extra_params(fn)
         self.f = ir.Function(gen.m, ir.FunctionType(ir.VoidType(), ins), fn.sym_name.data)
         self.f.attributes.add("nounwind")
         self.setup(fn)
@@ -161,6 +161,10 @@ class FnCodegen:
 
     def setup(self, fn: func.FuncOp) -> None:
         """Attributes and calling convention of the LLVM function (targets override)."""
+
+    def extra_params(self, fn: func.FuncOp) -> list[ir.Type]:
+        """LLVM parameters after the function's own (NVPTX: tensor maps passed by value)."""
+        return []
 
     def v(self, s: SSAValue) -> ir.Value:
         return self.vals[s]

@@ -21,6 +21,7 @@ from tessera.codegen import ptx_tools
 from tessera.codegen.amdgpu import _parse_llvm_type
 from tessera.codegen.gpu import GpuFn, translate_kernels
 from tessera.codegen.jit import emit_guarded
+from tessera.codegen.nvptx_tma import TmaCodegen
 from tessera.codegen.llvm_common import BF16, I32, llvm_type
 from tessera.errors import CodegenError, MmaSelectorError
 from tessera.ir.attrs import ival
@@ -46,14 +47,15 @@ def record_for(op: NV.MmaSyncOp, arch: str) -> MmaRecord:
     return cands[0]
 
 
-class NvptxFn(GpuFn):
+class NvptxFn(TmaCodegen, GpuFn):
     target_name = "NVPTX"
 
     def setup(self, fn) -> None:
         super().setup(fn)
         self.f.calling_convention = "ptx_kernel"
+        self.setup_tensor_maps(fn)       # by-value __grid_constant__ tensor maps (nvptx_tma.py)
         # wgmma reads 128-byte-swizzled blocks whose atoms must be 1024-byte aligned
-        self._smem_align = 1024 if any(isinstance(o, NV.WgmmaOp) for o in fn.walk()) else 16
+        self._smem_align = 1024 if any(isinstance(o, (NV.WgmmaOp, NV.TmaLoadOp)) for o in fn.walk()) else 16
 
     def shared_base(self) -> ir.Value:
         """Dynamic shared memory (``.extern .shared``): the launch passes the kernel's size, so a

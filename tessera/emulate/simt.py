@@ -42,6 +42,7 @@ from xdsl.ir import Attribute, Block, Operation, SSAValue
 
 from tessera.emulate import layouts as L
 from tessera.emulate.typed import run as typed_run
+from tessera.emulate.tma import TmaOps
 from tessera.emulate.wgmma import WgmmaOps
 from tessera.errors import (
     EmulatorAlignError,
@@ -109,7 +110,7 @@ class Ctx:
     async_open: list = field(default_factory=list)     # copies since the last commit
 
 
-class Emulator(WgmmaOps):
+class Emulator(TmaOps, WgmmaOps):
     """Runs kernels of one Target IR module for one target (``rocm:<arch>`` / ``nvidia:<sm>``)."""
 
     def __init__(self, module: ModuleOp, target: str, arch: str, max_groups_per_batch: int = 64):
@@ -122,13 +123,17 @@ class Emulator(WgmmaOps):
         self.ops_run = 0
 
     # ------------------------------------------------------------------ launch
-    def launch(self, kernel: str, grid: tuple[int, int, int], buffers: list[np.ndarray], sizes: list[int]) -> None:
+    def launch(self, kernel: str, grid: tuple[int, int, int], buffers: list[np.ndarray], sizes: list[int],
+               maps: list | None = None) -> None:
+        """``maps``: (TensorMapSpec, buffer index) per tensor map as a host encoded them; by default
+        the kernel's own records bound to ``sizes`` (emulate/tma.py)."""
         fn = self.kernels.get(kernel)
         if fn is None:
             raise EmulatorError(f"no kernel @{kernel} in the module")
         block = ival(fn.attributes["gpu.block"])
         total = grid[0] * grid[1] * grid[2]
         flat = [Buf("global", np.ascontiguousarray(b).reshape(-1), name=f"arg{i}") for i, b in enumerate(buffers)]
+        tmaps = self.tensor_maps(fn, flat, sizes) if maps is None else [(sp, flat[i]) for sp, i in maps]
         for start in range(0, total, self.batch):
             groups = min(self.batch, total - start)
             linear = np.repeat(np.arange(start, start + groups, dtype=np.int64), block)
@@ -136,6 +141,7 @@ class Emulator(WgmmaOps):
             ctx = Ctx(kernel, groups * block, block, groups, np.tile(np.arange(block, dtype=np.int64), groups),
                       np.repeat(np.arange(groups, dtype=np.int64), block), ids, np.zeros(groups, dtype=np.int64))
             ctx.async_groups = []
+            ctx.tmaps = tmaps
             args = fn.body.block.args
             for a, v in zip(args, flat + [np.int64(s) for s in sizes]):
                 ctx.vals[a] = v
@@ -283,7 +289,8 @@ class Emulator(WgmmaOps):
             size = ival(op.size)
             shape = (ctx.groups, size)
             # shared memory starts as garbage: NaN, so a read before any write shows up
-            data = np.full(shape, np.nan, dtype=np_of(ty.element_type))
+            dt = np_of(ty.element_type)
+            data = np.full(shape, -1 if dt.kind in "iub" else np.nan, dtype=dt)
             ctx.shared[key] = Buf(ty.space.data, data, key, f"shared+{key}", np.full(shape, -1, np.int64),
                                   np.full(shape, -1, np.int64), np.full(shape, -1, np.int64),
                                   np.full(shape, -1, np.int64), np.zeros(shape, bool), np.zeros(shape, bool))

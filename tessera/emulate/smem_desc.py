@@ -52,6 +52,17 @@ def swizzle128(addr: np.ndarray) -> np.ndarray:
     return addr ^ (((addr >> 7) & 7) << 4)
 
 
+SWIZZLE_ROWS = {"none": 0, "32B": 1, "64B": 3, "128B": 7}   # the row bits (7-9) XORed into the 16-byte unit (4-6)
+
+
+def swizzle_address(addr: np.ndarray, mode: str) -> np.ndarray:
+    """Shared byte addresses under a tensor map's swizzle mode (CUDA driver API,
+    CUtensorMapSwizzle): the 16-byte unit of a 2^(4+b)-byte row is XORed with the row's index
+    in its 8-row pattern, b = 3 (128B), 2 (64B), 1 (32B); none leaves addresses alone."""
+    addr = np.asarray(addr, dtype=np.int64)
+    return addr ^ (((addr >> 7) & SWIZZLE_ROWS[mode]) << 4)
+
+
 def _decode_128b(desc: int):
     """``decode(desc)``, refused unless it is what this model covers: the 128-byte swizzle with
     atoms at 1024-byte aligned addresses."""
@@ -91,4 +102,4 @@ def store_address(tile_base: int, r: int, c: int, esize: int = 2, row_bytes: int
     return int(swizzle128(np.int64(tile_base + r * row_bytes + c * esize)))
 
 
-__all__ = ["Descriptor", "decode", "swizzle128", "kmajor_addresses", "mnmajor_addresses", "store_address"]
+__all__ = ["Descriptor", "decode", "swizzle128", "swizzle_address", "kmajor_addresses", "mnmajor_addresses", "store_address"]

@@ -165,8 +165,8 @@ class WgmmaOps:
                 raise self.fail(EmulatorRaceError, ctx, op, f"wgmma reads {what} elements written in this barrier "
                                 "interval (no barrier between the copy and the wgmma)")
             if buf.pending is not None and buf.pending[g, e].any():
-                raise self.fail(EmulatorRaceError, ctx, op, f"wgmma reads {what} elements a cp.async in flight will "
-                                "write (missing wait)")
+                raise self.fail(EmulatorRaceError, ctx, op, f"wgmma reads {what} elements a cp.async in flight or a "
+                                "bulk copy in flight will write (missing or early wait)")
             buf.r_epoch[g, e] = ctx.epoch[g]     # read by the warpgroup: a write before the next barrier races
             buf.r_thread[g, e] = -2
             out.append((buf, inside, e))
@@ -184,11 +184,10 @@ class WgmmaOps:
             data = buf.data[g]
             if buf.pending is not None and buf.pending[g, e].any():
                 data = data.copy()
-                for grp in ctx.async_groups + [ctx.async_open]:
-                    for dst, gg, ee, dd, _act in grp:
-                        if dst is buf:
-                            sel = gg == g
-                            data[ee[sel]] = dd[sel].astype(data.dtype)
+                for dst, gg, ee, dd in self.inflight_copies(ctx):     # cp.async and bulk copies (tma.py)
+                    if dst is buf:
+                        sel = gg == g
+                        data[ee[sel]] = dd[sel].astype(data.dtype)
             out[inside] = L.as_format(data[e], fmt).astype(np.float64)
         return out
 

@@ -45,7 +45,7 @@ PIN_KEYS = {"tile_m": int, "tile_n": int, "tile_k": int, "register_tile": tuple,
             "parallel": str, "threads": int, "unroll": int, "chunk": int, "deterministic": bool, "pin_kinds": str,
             "split": int}
 GPU_PIN_KEYS = {"tile_m": int, "tile_n": int, "tile_k": int, "register_tile": tuple, "mma_shape": tuple,
-                "staging": int, "mma_family": str, "math_mode": str}
+                "staging": int, "mma_family": str, "math_mode": str, "copy_engine": str}
 TARGETS = ("cpu", "rocm", "nvidia")
 KNOWN_TARGETS = ("cpu", "rocm", "nvidia", "apple")
 GPU_TARGETS = ("rocm", "nvidia")
@@ -78,6 +78,10 @@ def check_pins(pins: dict | None, target: str = "cpu") -> dict:
         elif k == "math_mode":
             if v not in ("tf32", "xf32"):
                 raise ScheduleIllegalError(f"schedule math_mode={v!r}; legal: 'tf32' (nvidia), 'xf32' (rocm gfx942)")
+        elif k == "copy_engine":
+            if v not in ("threads", "tma"):
+                raise ScheduleIllegalError(f"schedule copy_engine={v!r}; legal: 'threads' (every thread copies its "
+                                           "share), 'tma' (the tensor copy engine, NVIDIA sm_90a)")
         elif k == "mma_family":
             if v not in ("wmma", "mfma", "mma_sync", "wgmma"):
                 raise ScheduleIllegalError(f"schedule mma_family={v!r}; GPU families: wmma, mfma, mma_sync, wgmma")

@@ -15,6 +15,9 @@ schedule -> tile lowering reads every attribute; none is decoration:
   register_tile  [MR, NR]: instructions per register tile (rows x columns)
   unroll         unroll factor of the innermost reduction loop
   vector         vector width (elements) for non-MMA kernels
+  copy_engine    (optional) who stages a GPU GEMM's blocks: "threads" (the default: every thread
+                 copies its share, cp.async) or "tma" (NVIDIA sm_90a: the tensor copy engine,
+                 one elected thread, completion on mbarriers; kernels/gpu_gemm_wgmma.py)
   split          (optional) how the parallel work is cut: gemm (parallel m / n): row chunks per
                  thread at least (1..16; absent: 4); decode attention (parallel bh*kv / none): key
                  chunks per (batch, kv head) at most (1..256; absent: chosen at run time)
@@ -51,6 +54,9 @@ SPLIT_MAX = {"gemm": 16, "attention": 256}
 SPLIT_PARALLEL = {"gemm": ("m", "n"), "attention": ("bh*kv", "none")}
 
 
+COPY_ENGINES = ("threads", "tma")
+
+
 @irdl_op_definition
 class KernelOp(IRDLOperation):
     name = "schedule.kernel"
@@ -67,6 +73,7 @@ class KernelOp(IRDLOperation):
     unroll = attr_def(IntegerAttr)
     vector = attr_def(IntegerAttr)
     split = opt_attr_def(IntegerAttr)
+    copy_engine = opt_attr_def(StringAttr)
     inputs = var_operand_def(TensorType)
     outputs = var_result_def(TensorType)
     body = region_def("single_block")
@@ -112,6 +119,8 @@ class KernelOp(IRDLOperation):
                       "('b*m'), or 'none'")
         if min(ival(self.threads), ival(self.staging), ival(self.unroll), ival(self.vector)) < 1:
             raise bad("threads, staging, unroll and vector must be >= 1")
+        if self.copy_engine is not None and self.copy_engine.data not in COPY_ENGINES:
+            raise bad(f"copy_engine {self.copy_engine.data!r}; legal: {', '.join(COPY_ENGINES)}")
         if len(self.reg_tile) not in (0, 2) or any(r <= 0 for r in self.reg_tile):
             raise bad("register_tile must be [] or [MR, NR] with positive entries")
         if self.split is not None:

@@ -543,9 +543,11 @@ class IndexOp(IRDLOperation):
             raise TileVerifyError("tile.index steps are 0 or 1", op=self)
 
 
+from tessera.ir.tile_bulk import BULK_OPS, BulkCopyOp, BulkExpectOp, BulkInitOp, BulkWaitOp  # noqa: E402,F401
+
 Tile = Dialect(
     "tile",
-    [IndexOp,
+    [IndexOp, *BULK_OPS,
      AllocOp, ViewOp, AsyncCopyOp, WaitOp, BarrierOp, ClaimOp, PrefetchOp, FragmentZeroOp, FragmentPackOp, MmaOp, FragmentUnpackOp, LoadOp,
      StoreOp, ConstantOp, SplatIndexOp, ElementwiseOp, MaskOp, ReduceOp, ProgramIdOp, WaveIdOp, LaunchOp,
      LoadIndexOp],

@@ -109,7 +109,8 @@ _named(NamedPipeline(
     translation=("tessera_x86", "arith", "scf", "func", "builtin")))
 
 
-GPU_PINS = ("tile-m", "tile-n", "tile-k", "register-tile", "staging", "mma-shape", "mma-family", "math-mode")
+GPU_PINS = ("tile-m", "tile-n", "tile-k", "register-tile", "staging", "mma-shape", "mma-family", "math-mode",
+            "copy-engine")
 
 
 def _gpu(target: str):
@@ -130,6 +131,8 @@ def _gpu_options(target: str, example: str) -> list[OptionInfo]:
             _opt("mma-family", str, False, "", "instruction family to require"),
             _opt("math-mode", str, False, "", "tf32 (nvidia): let f32 inputs run on tf32 instructions (inputs "
                  "rounded to a 10-bit mantissa); without it f32 GEMMs and attention are refused"),
+            _opt("copy-engine", str, False, "", "who stages GEMM blocks: threads (default) or tma (sm_90a: the tensor "
+                 "copy engine, mbarrier completion)"),
             _opt("input", str, False, "graph", "the layer the input is at: graph, schedule, tile or target")]
 
 

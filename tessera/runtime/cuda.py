@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tessera.errors import ArgumentError, CodegenError, LaneUnavailableError, SharedMemoryLimitError
+from tessera.ir.tensor_map import MAP_ALIGN, MAP_BYTES   # plain data (no xDSL): nvidia_check.py loads it by path
 
 # Errors that mean "this machine cannot run the lane", not "the kernel or launch is wrong".
 _UNAVAILABLE = {
@@ -118,22 +119,31 @@ def device_arch(device: int = 0) -> str | None:
 
 @dataclass
 class KernelParams:
-    """A ``void*[]`` for ``cuLaunchKernel``; ``values`` keeps the pointed-to ctypes alive."""
+    """A ``void*[]`` for ``cuLaunchKernel``; ``values`` keeps the pointed-to ctypes alive; ``maps``
+    are the 64-byte aligned 128-byte slots of by-value tensor maps (after the scalars)."""
     array: ctypes.Array
     values: list[ctypes.c_uint64 | ctypes.c_int64]
+    maps: list[tuple[ctypes.Array, int]] = None     # (holder, aligned address)
+
+    def set_map(self, j: int, data: bytes) -> None:
+        if len(data) != MAP_BYTES:
+            raise ArgumentError(f"a tensor map is {MAP_BYTES} bytes, got {len(data)}")
+        ctypes.memmove(self.maps[j][1], data, MAP_BYTES)
 
     @property
     def address(self) -> int:
         """What to pass as ``kernelParams`` (0 when the kernel takes no parameters)."""
-        return ctypes.addressof(self.array) if self.values else 0
+        return ctypes.addressof(self.array) if self.values or self.maps else 0
 
     @property
     def sizes(self) -> list[int]:
         return [ctypes.sizeof(v) for v in self.values]
 
 
-def pack_params(pointers: Sequence[int], scalars: Sequence[int]) -> KernelParams:
-    """One uint64 per device pointer, then one int64 per scalar, and the array of their addresses."""
+def pack_params(pointers: Sequence[int], scalars: Sequence[int], n_maps: int = 0) -> KernelParams:
+    """One uint64 per device pointer, then one int64 per scalar, then ``n_maps`` tensor-map slots
+    (128 bytes each, 64-byte aligned as ``__grid_constant__ CUtensorMap`` is; zeroed until
+    :meth:`KernelParams.set_map`), and the array of their addresses."""
     for p in pointers:
         if not 0 <= int(p) < (1 << 64):
             raise ArgumentError(f"device pointer {p!r} is not a 64-bit address")
@@ -141,8 +151,13 @@ def pack_params(pointers: Sequence[int], scalars: Sequence[int]) -> KernelParams
         if not isinstance(s, (int, np.integer)) or not _I64[0] <= int(s) <= _I64[1]:
             raise ArgumentError(f"kernel scalar {s!r} is not an int64")
     values = [ctypes.c_uint64(int(p)) for p in pointers] + [ctypes.c_int64(int(s)) for s in scalars]
-    array = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
-    return KernelParams(array, values)
+    maps = []
+    for _ in range(n_maps):
+        holder = ctypes.create_string_buffer(MAP_BYTES + MAP_ALIGN)
+        maps.append((holder, -(-ctypes.addressof(holder) // MAP_ALIGN) * MAP_ALIGN))
+    slots = [ctypes.addressof(v) for v in values] + [a for _, a in maps]
+    array = (ctypes.c_void_p * max(len(slots), 1))(*slots)
+    return KernelParams(array, values, maps)
 
 
 def _dims(name: str, d: Sequence[int]) -> tuple[int, int, int]:
@@ -260,17 +275,29 @@ class CudaModule:
                f"cuLaunchKernel({kernel})")
 
     # ------------------------------------------------------------------ API
+    def _params(self, ptrs: list, scalars: Sequence[int], tensor_maps: Sequence[dict]) -> KernelParams:
+        """Pointers, scalars, then each ABI ``tensormap`` parameter encoded by the driver for its
+        buffer's device address and these sizes (``runtime/cuda_tensor_map.py``)."""
+        params = pack_params([int(p) for p in ptrs], scalars, len(tensor_maps))
+        if tensor_maps:
+            from tessera.ir.tensor_map import spec_for
+            for j, p in enumerate(tensor_maps):
+                params.set_map(j, self.encode_tensor_map(spec_for(p["record"], int(ptrs[p["buffer"]]), scalars)))
+        return params
+
     def launch(self, kernel: str, grid: tuple[int, int, int], block: tuple[int, int, int], shared_bytes: int,
-               buffers: list[np.ndarray], scalars: list[int], outputs: list[int]) -> None:
+               buffers: list[np.ndarray], scalars: list[int], outputs: list[int],
+               tensor_maps: Sequence[dict] = ()) -> None:
         """Copy every buffer to the device, run ``kernel`` once, synchronise, and copy the
-        buffers at indices ``outputs`` back into their arrays in place."""
+        buffers at indices ``outputs`` back into their arrays in place.  ``tensor_maps``: the
+        kernel's ABI ``tensormap`` parameters (copy-engine kernels), encoded after the upload."""
         grid, block = _dims("grid", grid), _dims("block", block)
         self._arrays(buffers, outputs)
         fn = self._function(kernel, shared_bytes)
         cu, ptrs = self._cu, []
         try:
             self._upload(buffers, ptrs)
-            params = pack_params([int(p) for p in ptrs], scalars)
+            params = self._params(ptrs, scalars, tensor_maps)
             self._launch(fn, kernel, grid, block, shared_bytes, params)
             _check(cu.cuCtxSynchronize(), f"kernel {kernel}")
             for i in outputs:
@@ -281,7 +308,8 @@ class CudaModule:
             self._free(ptrs)
 
     def time(self, kernel: str, grid: tuple[int, int, int], block: tuple[int, int, int], shared_bytes: int,
-             buffers: list[np.ndarray], scalars: list[int], repeats: int = 20, warmup: int = 3) -> list[float]:
+             buffers: list[np.ndarray], scalars: list[int], repeats: int = 20, warmup: int = 3,
+             tensor_maps: Sequence[dict] = ()) -> list[float]:
         """Milliseconds per launch, measured with CUDA events around each of ``repeats``
         launches after ``warmup`` untimed ones; the buffers stay on the device throughout
         and nothing is copied back."""
@@ -293,7 +321,7 @@ class CudaModule:
         cu, ptrs, events = self._cu, [], []
         try:
             self._upload(buffers, ptrs)
-            params = pack_params([int(p) for p in ptrs], scalars)
+            params = self._params(ptrs, scalars, tensor_maps)
             for _ in range(2):
                 events.append(_check(cu.cuEventCreate(0), "cuEventCreate"))
             start, end = events
@@ -337,6 +365,11 @@ class CudaModule:
         finally:
             if switch and prev is not None:
                 cu.cuCtxSetCurrent(prev)
+
+    def encode_tensor_map(self, spec) -> bytes:
+        """The driver's encoding of a tensor map (``runtime/cuda_tensor_map.py``)."""
+        from tessera.runtime import cuda_tensor_map
+        return cuda_tensor_map.encode(self._cu, spec)
 
     def function(self, kernel: str, shared_bytes: int) -> Any:
         """The kernel's handle, opted in to ``shared_bytes`` of dynamic shared memory (once)."""

@@ -28,6 +28,7 @@ import numpy as np
 
 from tessera.errors import ShapeMismatchError
 from tessera.ir import dims as D
+from tessera.ir import tensor_map as TM
 from tessera.runtime.cpu import _eval
 from tessera.runtime.cuda import KernelParams, pack_params
 
@@ -44,11 +45,22 @@ class StepPlan:
     slots: tuple[int, ...]       # value ids in parameter order: the kernel's arguments, then its outputs
     params: KernelParams         # the scalars written once; the pointer slots patched per call
     launch: bool                 # False where an output is empty (nothing to compute)
+    maps: list = field(default_factory=list)       # tensor-map records (ABI "tensormap" params), in order
+    sizes: list = field(default_factory=list)      # the kernel's evaluated size arguments
+    map_addresses: list = field(default_factory=list)   # the address each map was last encoded for
 
     def patch(self, ptr: dict[int, int]) -> None:
         vals = self.params.values
         for i, v in enumerate(self.slots):
             vals[i].value = ptr[v]
+
+    def encode_maps(self, mod, ptr: dict[int, int]) -> None:
+        """Tensor maps hold their tensor's address: each is encoded (by the driver) again when it moves."""
+        for j, p in enumerate(self.maps):
+            addr = ptr[self.slots[p["buffer"]]]
+            if self.map_addresses[j] != addr:
+                self.params.set_map(j, mod.encode_tensor_map(TM.spec_for(p["record"], addr, self.sizes)))
+                self.map_addresses[j] = addr
 
 
 @dataclass
@@ -93,6 +105,7 @@ class LaunchPlan:
                     for s in self.steps:
                         if s.launch:
                             s.patch(ptr)
+                            s.encode_maps(mod, ptr)
                             mod.launch_on(s.fn, s.kernel, s.grid, s.block, s.shared, s.params, stream)
             out, given = [], set()
             for vid in self.results:
@@ -125,6 +138,7 @@ class LaunchPlan:
                 for s in self.steps:
                     if s.launch:
                         s.patch(ptr)
+                        s.encode_maps(mod, ptr)
                         mod.launch_on(s.fn, s.kernel, s.grid, s.block, s.shared, s.params, cs)
             finally:
                 graph = mod.end_capture(cs)
@@ -163,6 +177,7 @@ def build(mod, program, abis: list[dict], env: dict, inputs: list, key: tuple) -
     """The plan of ``program`` for inputs shaped as ``inputs`` (objects with ``.shape``/``.dtype``)
     under the bound sizes ``env``: handles, opt-ins, grids and packed scalars computed here, once."""
     shared = {a["symbol"]: int(a["shared_bytes"]) for a in abis}
+    maps = {a["symbol"]: [p for p in a["params"] if p["kind"] == "tensormap"] for a in abis}
     specs = {vid: (tuple(a.shape), np.dtype(a.dtype)) for vid, a in zip(program.input_ids, inputs)}
     steps, allocs = [], []
     for s in program.steps:
@@ -180,8 +195,12 @@ def build(mod, program, abis: list[dict], env: dict, inputs: list, key: tuple) -
         smem = shared.get(s.kernel, 0)
         fn = mod.function(s.kernel, smem) if launch else None
         slots = tuple(s.args) + tuple(s.outs)
+        tmaps = maps.get(s.kernel, [])
+        for p in tmaps:          # the shapes' part of each map checked now, before anything is allocated
+            TM.spec_for(p["record"], 256, sizes)
         steps.append(StepPlan(s.kernel, fn, grid, (s.block, 1, 1), smem, slots,
-                              pack_params([0] * len(slots), sizes), launch))
+                              pack_params([0] * len(slots), sizes, len(tmaps)), launch, tmaps, list(sizes),
+                              [None] * len(tmaps)))
         allocs += [(vid, 0) for vid in s.outs]
     plan = LaunchPlan(key, list(program.input_ids), steps, [], [], list(program.results), specs)
     plan.allocs = [(vid, plan.nbytes(vid)) for vid, _ in allocs]

@@ -248,6 +248,9 @@ class FenceProxyAsyncOp(IRDLOperation):
     assembly_format = "attr-dict"
 
 
-NVIDIA = Dialect("tessera_nvidia", [MmaSyncOp, CpAsyncOp, CpAsyncCommitOp, CpAsyncWaitOp, LdmatrixOp, SharedAddressOp,
+from tessera.ir.target.nvidia_tma import (TMA_OPS, FenceMbarrierInitOp, MbarrierExpectTxOp,  # noqa: E402,F401
+                                          MbarrierInitOp, MbarrierWaitOp, TmaLoadOp)
+
+NVIDIA = Dialect("tessera_nvidia", [*TMA_OPS, MmaSyncOp, CpAsyncOp, CpAsyncCommitOp, CpAsyncWaitOp, LdmatrixOp, SharedAddressOp,
                                     WgmmaOp, WgmmaFenceOp, WgmmaCommitOp, WgmmaWaitOp, WgmmaFenceOperandOp,
                                     FenceProxyAsyncOp], [])

@@ -114,6 +114,7 @@ class ScheduleGpu(TesseraPass):
     mma_shape: tuple[int, ...] = option((), doc="instruction shape M,N,K to prefer (selector-checked)")
     mma_family: str = option("", doc="instruction family to require (wmma, mfma, mma_sync; selector-checked)")
     math_mode: str = option("", doc="tf32: f32 inputs may run on tf32 instructions (asked for, never defaulted)")
+    copy_engine: str = option("", doc="who stages GEMM blocks: threads (default) or tma (sm_90a wgmma GEMMs)")
 
     def __post_init__(self) -> None:
         """Options out of their legal range are refused when the pipeline is parsed (bounds.py)."""
@@ -252,7 +253,16 @@ class ScheduleGpu(TesseraPass):
             raise ScheduleIllegalError(f"kernel {name}: {staging} stages of {bm}x{bk} A and {bk}x{bn} B blocks take "
                                        f"{shared} bytes of shared memory; {self.arch} allows "
                                        f"{shared_limit(self.target, self.arch)} per workgroup")
+        engine = {}
+        if self.copy_engine:
+            if self.copy_engine not in ("threads", "tma"):
+                raise ScheduleIllegalError(f"kernel {name}: copy-engine={self.copy_engine!r}; legal: threads, tma")
+            if self.copy_engine == "tma" and (rec.family != "wgmma" or staging < 3):
+                raise ScheduleIllegalError(f"kernel {name}: copy-engine=tma stages wgmma GEMM blocks on sm_90a with "
+                                           f"3 or 4 stages; this kernel runs {rec.id} with staging={staging}")
+            engine = {"copy_engine": StringAttr(self.copy_engine)}
         self._kernel(fop, name, {
+            **engine,
             "parallel": StringAttr("b*m*n"), "threads": i64_attr(threads), "staging": i64_attr(staging),
             "mma": StringAttr(rec.id), "register_tile": int_array([fm, fn_]), "vector": i64_attr(wave),
             "loops": str_array(["b", "m", "n", "k"]), "tiles": int_array([1, bm, bn, bk]),

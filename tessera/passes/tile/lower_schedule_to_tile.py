@@ -44,11 +44,12 @@ GPU = ("rocm", "nvidia")
 CPU_ONLY = ("tile.claim", "tile.prefetch", "tile.load_index",
             "tile.index")   # GPU lowerings refuse iota by name
 GPU_ONLY = ("tile.program_id", "tile.wave_id")
+NVIDIA_ONLY = ("tile.bulk_init", "tile.bulk_expect", "tile.bulk_copy", "tile.bulk_wait")   # copy_engine=tma (sm_90a)
 ALL_PRODUCED = ("func.func", "tile.launch", "tile.alloc", "tile.view", "tile.async_copy", "tile.wait", "tile.barrier",
                 "tile.claim", "tile.prefetch", "tile.fragment_zero", "tile.fragment_pack", "tile.mma", "tile.fragment_unpack", "tile.load",
                 "tile.store", "tile.constant", "tile.splat_index", "tile.elementwise", "tile.mask", "tile.reduce",
                 "tile.program_id", "tile.wave_id",
-                "tile.load_index", "tile.index")
+                "tile.load_index", "tile.index") + NVIDIA_ONLY
 
 
 def check_bounds(kop: s.KernelOp, target: str) -> None:
@@ -121,7 +122,8 @@ class LowerScheduleToTile(TesseraPass):
     @property
     def produces(self) -> tuple[str, ...]:   # type: ignore[override]
         """The Tile IR ops this target's generators emit (the lane map checks each has a consumer)."""
-        skip = GPU_ONLY if self.target == "x86" else CPU_ONLY
+        skip = {"x86": GPU_ONLY, "rocm": CPU_ONLY}.get(self.target, CPU_ONLY) + \
+            (NVIDIA_ONLY if self.target != "nvidia" else ())
         return tuple(o for o in ALL_PRODUCED if o not in skip)
 
     def apply(self, ctx: Context, module: ModuleOp) -> None:

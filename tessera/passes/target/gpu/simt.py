@@ -98,7 +98,7 @@ class SimtLowerer(SimtTyped, SimtCopies, OpLowerer):
                         self.maps[key] = lm
         self.lower_block(src, b)
         new = func.FuncOp(fn.sym_name.data, ([a.type for a in src.args], []), Region(block))
-        for k in ("gpu.block", "gpu.waves", "vector"):
+        for k in ("gpu.block", "gpu.waves", "vector", "tma.maps"):
             if k in fn.attributes:
                 new.attributes[k] = fn.attributes[k]
         new.attributes["gpu.shared"] = i64_attr(self.shared_bytes)

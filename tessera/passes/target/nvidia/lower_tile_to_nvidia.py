@@ -35,6 +35,7 @@ from tessera.ir.builder import Builder
 from tessera.ir.target import nvidia as NV
 from tessera.mma.selector import get_isa
 from tessera.passes.base import TesseraPass, option, register
+from tessera.passes.target.nvidia.tma import TMA_CONSUMES, TMA_PRODUCES, TmaLowering
 from tessera.passes.target.nvidia.wgmma import ATOM_BYTES, WgmmaLowering, WgmmaMap
 from tessera.passes.target.gpu.simt_rows import RowsLowerer, is_row_kernel
 from tessera.passes.target.gpu.simt import (
@@ -125,7 +126,7 @@ def lane_map_for(arch: str, ft: t.FragmentType) -> LaneMap:
 
 
 @dataclass
-class NvidiaLowerer(WgmmaLowering, SimtLowerer):
+class NvidiaLowerer(TmaLowering, WgmmaLowering, SimtLowerer):
     arch: str = ""
     swizzled: dict = field(default_factory=dict)
     mn_major: set = field(default_factory=set)
@@ -244,8 +245,8 @@ class LowerTileToNvidia(TesseraPass):
 
     name = NAME
     kind = "target-lowering"
-    consumes = GPU_CONSUMES
-    produces = GPU_PRODUCES + ("tessera_nvidia.mma_sync", "tessera_nvidia.ldmatrix", "tessera_nvidia.cp_async",
+    consumes = GPU_CONSUMES + TMA_CONSUMES
+    produces = GPU_PRODUCES + TMA_PRODUCES + ("tessera_nvidia.mma_sync", "tessera_nvidia.ldmatrix", "tessera_nvidia.cp_async",
                                 "tessera_nvidia.cp_async_commit", "tessera_nvidia.cp_async_wait",
                                 "tessera_nvidia.wgmma", "tessera_nvidia.shared_address", "tessera_nvidia.wgmma_fence",
                                 "tessera_nvidia.wgmma_commit", "tessera_nvidia.wgmma_wait",

@@ -33,6 +33,7 @@ from tessera.ir import tile as t
 from tessera.ir.attrs import i64_attr, int_array, str_array
 from tessera.ir.builder import Builder
 from tessera.mma.selector import MmaSelection
+from tessera.passes.tile.kernels import gpu_gemm_tma
 from tessera.passes.tile.kernels.common import KernelSig, gpu_ids, illegal
 from tessera.passes.tile.kernels.gemm import GemmPlan, apply_epilogue, batch_offset_of, register_sizes, view
 
@@ -80,12 +81,19 @@ def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
     # fp8 wgmma has no transpose immediates: B is always staged K-major (B^T's rows of k)
     b_mn = D.canon(plan.b.strides[-1]) == 1 and in_ % 64 == 0 and eb == 2
     b_elem = plan.b_elem or in_elem
+    tma = kop.copy_engine is not None and kop.copy_engine.data == "tma"     # the copy engine (gpu_gemm_tma.py)
+    if tma and S < 3:
+        raise illegal(name, "copy_engine=tma runs a ring of 3 or 4 stages")
 
     sig = KernelSig(name, gpu=True)
     for v in kop.inputs:
         sig.buffer(v.type.element_type)
     out_buf = sig.buffer(out_elem)
     views = register_sizes(sig, plan)
+    if tma:
+        if eb == 1 and b_elem != in_elem:
+            raise illegal(name, "copy_engine=tma maps one element type per GEMM here (not an e4m3 x e5m2 mix)")
+        maps = gpu_gemm_tma.maps(name, sig, plan, b_mn, eb, str(in_elem), BM, BN, BK)
     kf = sig.build()
     b = kf.b
     buf = kf.buffer_args
@@ -178,19 +186,32 @@ def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
         bb.op(t.BarrierOp.create())
 
     nk = b.ceil_div(K, BK)
-    toks0: list[SSAValue] = []
-    for st in range(dist):
-        toks0 += copy(b, st, st)
     nacc = len(accs0)
+    if tma:
+        ring = gpu_gemm_tma.TmaStaging(b, kf, S, smem_a, smem_b, m0, n0, nk, BM, BN, BK, eb, b_mn)
+        for st in range(dist):
+            ring.fill(b, st, st)
 
-    def body(bb: Builder, kb, carried):
-        accs, toks = list(carried[:nacc]), list(carried[nacc:])
-        wait(bb, toks[:2], 2 * (dist - 1))
-        nxt = bb.add(kb, dist)
-        new = copy(bb, nxt, bb.rem(nxt, S))
-        out = compute(bb, bb.rem(kb, S), accs)
-        return out + toks[2:] + new
-    accs = b.for_(0, nk, 1, body, accs0 + toks0)[:nacc]
+        def tma_body(bb: Builder, kb, carried):
+            bb.op(t.BarrierOp.create())     # every warpgroup's group of block kb - 2 is complete: refill its stage
+            nxt = bb.add(kb, dist)
+            ring.fill(bb, nxt, bb.rem(nxt, S))
+            ring.wait(bb, kb)
+            return compute(bb, bb.rem(kb, S), list(carried))
+        accs = b.for_(0, nk, 1, tma_body, accs0)
+    else:
+        toks0: list[SSAValue] = []
+        for st in range(dist):
+            toks0 += copy(b, st, st)
+
+        def body(bb: Builder, kb, carried):
+            accs, toks = list(carried[:nacc]), list(carried[nacc:])
+            wait(bb, toks[:2], 2 * (dist - 1))
+            nxt = bb.add(kb, dist)
+            new = copy(bb, nxt, bb.rem(nxt, S))
+            out = compute(bb, bb.rem(kb, S), accs)
+            return out + toks[2:] + new
+        accs = b.for_(0, nk, 1, body, accs0 + toks0)[:nacc]
 
     for i in range(FM):
         for j in range(FN):
@@ -209,4 +230,6 @@ def generate(kop: s.KernelOp, plan: GemmPlan, sel: MmaSelection):
     fn.attributes["gpu.block"] = i64_attr(WM * WN * wave)
     fn.attributes["gpu.waves"] = int_array([WM, WN])
     fn.attributes["wgmma.inflight"] = i64_attr(inflight)
+    if tma:
+        fn.attributes["tma.maps"] = gpu_gemm_tma.map_attr(maps)
     return fn, sig.dims, 0, []
