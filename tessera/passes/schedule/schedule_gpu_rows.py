@@ -11,7 +11,8 @@ layer_norm, rms_norm, log_softmax) and reductions over the last axes.
   flat elementwise kernel).
 
 What these kernels cannot do is refused here, naming the op and the lane: row ops other than
-softmax / layer_norm / rms_norm / log_softmax / cross_entropy / argmax / argmin, reductions other than sum / mean / max over a
+softmax / layer_norm / rms_norm / log_softmax / cross_entropy / argmax / argmin / top_k (k <= 128),
+reductions other than sum / mean / max over a
 contiguous run of axes, gathers other than one_hot / take, reductions and row ops of int / bool tensors, int8
 tensors and float64 ones.  Elementwise chains and copies of int32 / int64 / bool tensors are scheduled
 (the typed lanes of ``passes/target/gpu``).
@@ -23,8 +24,9 @@ from xdsl.dialects.builtin import BFloat16Type, Float16Type, Float64Type, Intege
 from tessera.errors import ScheduleIllegalError
 from tessera.ir import graph as g
 from tessera.ir.graph_rows import LogSoftmaxOp
-from tessera.ir.attrs import i64_attr, int_array, ints, str_array
+from tessera.ir.attrs import i64_attr, int_array, ints, ival, str_array
 
+GPU_TOP_K = 128       # kernels/gpu_topk.MAX_K: k selection steps per row
 ROW_KINDS = ("rowwise", "reduce", "elementwise", "transpose", "concat", "gather")
 MAX_THREADS = 256
 
@@ -52,9 +54,11 @@ def _check_ops(fop: g.FusionOp, name: str, target: str) -> g.Operation | None:
         if isinstance(op, g.GATHERS) and not isinstance(op, (g.OneHotOp, g.TakeOp)):
             raise _refuse(name, op, target)
         if isinstance(op, g.ROWWISE) and not isinstance(op, (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, LogSoftmaxOp,
-                                                              g.CrossEntropyOp) + g.ARGS):
+                                                              g.CrossEntropyOp, g.TopKOp) + g.ARGS):
             raise _refuse(name, op, target)
-        labels = isinstance(op, (g.CrossEntropyOp, g.OneHotOp, g.TakeOp) + g.ARGS)
+        if isinstance(op, g.TopKOp) and ival(op.k) > GPU_TOP_K:
+            raise _refuse(name, op, target, f" with k = {ival(op.k)} (the GPU kernel takes k <= {GPU_TOP_K})")
+        labels = isinstance(op, (g.CrossEntropyOp, g.OneHotOp, g.TakeOp, g.TopKOp) + g.ARGS)
         for v in list(op.operands) + list(op.results):
             et = getattr(v.type, "element_type", None)
             if isinstance(et, IntegerType) and (isinstance(op, g.REDUCTIONS + g.ROWWISE) and not labels

@@ -90,6 +90,15 @@ class RowsLowerer(SimtLowerer):
             raise CodegenError(f"cannot use {type(v).__name__} as a row tile operand on the GPU")
         return [self.pack(b, [s] * V)]
 
+    def op_scf_for(self, op, b: Builder) -> None:
+        """A constant ``[1, 1]`` tile carried by a loop (top_k's starting sentinel) becomes the value
+        every thread holds, as a loop-carried register."""
+        for a in op.iter_args:
+            v = self.vmap.get(a)
+            if isinstance(v, Splat):
+                self.vmap[a] = self.fconst(b, v.value, v.elem)
+        super().op_scf_for(op, b)
+
     # ------------------------------------------------------------------ memory
     def _fast(self, b: Builder, vv: View, c0, V: int):
         """True where this thread's V columns lie inside the extent at a V-aligned address."""

@@ -127,6 +127,9 @@ def _rowwise(kop: s.KernelOp):
     if isinstance(norm, g.ARGS):
         from tessera.passes.tile.kernels import gpu_labels
         return gpu_labels.arg_extreme(kop, prologue, norm, epilogue)
+    if isinstance(norm, g.TopKOp):
+        from tessera.passes.tile.kernels import gpu_topk
+        return gpu_topk.generate(kop, prologue, norm, epilogue)
     if not isinstance(norm, GPU_ROW_OPS):
         raise ScheduleIllegalError(f"kernel {name}: {norm.name} has no GPU row kernel")
     x = norm.input
