@@ -24,56 +24,37 @@ from __future__ import annotations
 from xdsl.dialects.builtin import IntegerType, f32
 
 from tessera.errors import ScheduleIllegalError
-from tessera.ir import dims as D
 from tessera.ir.attrs import ival
 from tessera.passes.tile.kernels import rows as R
 from tessera.passes.tile.kernels import topk as CPU
-from tessera.passes.tile.kernels.common import KernelSig, elementwise, mask_cols, splat_row, tile_const
+from tessera.passes.tile.kernels.common import elementwise, mask_cols, splat_row, tile_const
+from tessera.passes.tile.kernels.gpu_labels import _columns, _reduce
 from tessera.passes.tile.kernels.typed import elementwise_typed
 
 MAX_K = 128          # the largest k the GPU kernel takes (k selection steps over the row)
 NEG_INF = float("-inf")
 I1, I32 = IntegerType(1), IntegerType(32)
 FIRST = True         # ties: the lowest eligible column (a test plants False: the highest)
-MASK_TAIL = True     # a chunk's view ends at the row's end (a test plants False: the emulator faults)
 
 
 def generate(kop, prologue, op, epilogue):
-    from tessera.passes.tile.kernels.gpu_labels import _columns, _contiguous, _load, _reduce, _row_view
-    from tessera.passes.tile.kernels.gpu_rows import HELD, _finish, _program_id, _setup
-    name, T, wave, chunk = _setup(kop, "rowwise")
-    block = kop.body.block
-    outs = list(block.last_op.operands)
-    if prologue or epilogue or not all(o in (op.values, op.indices) for o in outs):
-        raise ScheduleIllegalError(f"kernel {name}: the GPU top_k kernel fuses no elementwise op into it "
-                                   "(its input comes from its own kernel)")
+    from tessera.passes.tile.kernels.gpu_rowin import RowInput
+    from tessera.passes.tile.kernels.gpu_rows import HELD
+    outs = list(kop.body.block.last_op.operands)
+    S = RowInput(kop, prologue, op, epilogue, [o.type.element_type for o in outs], "top_k")
+    if not all(o in (op.values, op.indices) for o in outs):
+        raise ScheduleIllegalError(f"kernel {S.name}: the GPU top_k kernel yields its values and indices only")
     k = ival(op.k)
     if k > MAX_K:
-        raise ScheduleIllegalError(f"kernel {name}: top_k with k = {k} has no GPU kernel (k <= {MAX_K}); "
+        raise ScheduleIllegalError(f"kernel {S.name}: top_k with k = {k} has no GPU kernel (k <= {MAX_K}); "
                                    'target="cpu" compiles it')
-    xv = _contiguous(name, op.input, block, "top_k")
-    dims = tuple(op.input.type.dims)
-    xelem = op.input.type.element_type
-    sig = KernelSig(name, gpu=True)
-    for v in kop.inputs:
-        sig.buffer(v.type.element_type)
-    out_bufs = [sig.buffer(o.type.element_type) for o in outs]
-    for d in (D.product(dims[:-1]), dims[-1]):
-        sig.dim(d)
-    kf = sig.build()
-    b = kf.b
-    C = kf.size(dims[-1])
-    r = _program_id(b)
-    base = b.mul(r, C)
-    out_base = b.mul(r, k)
+    kf, b, C, chunk, out_bufs = S.kf, S.b, S.C, S.chunk, S.out_bufs
+    out_base = b.mul(S.r, k)
     fold, none = ("min", float("inf")) if FIRST else ("max", NEG_INF)
 
     def x_chunk(bc, c):
-        left = bc.sub(C, c)
-        x = _load(bc, _row_view(kf, bc, xv.arg, bc.add(base, c), chunk, left if MASK_TAIL else chunk, xelem), f32,
-                  NEG_INF)
-        col = elementwise_typed(bc, "cvt", [_columns(bc, c, chunk, I32)], f32)
-        return mask_cols(bc, x, left, NEG_INF), col, left
+        x, left = S.chunk_at(bc, c, NEG_INF)
+        return x, elementwise_typed(bc, "cvt", [_columns(bc, c, chunk, I32)], f32), left
 
     def program(b, held: int):
         cached = [x_chunk(b, i * chunk) for i in range(held)]
@@ -118,7 +99,7 @@ def generate(kop, prologue, op, epilogue):
 
     b.if_(b.cmp("sle", C, chunk), lambda b1: program(b1, 1), lambda be: be.if_(
         be.cmp("sle", C, HELD * chunk), lambda b2: program(b2, HELD), lambda bl: program(bl, 0)) and [])
-    return _finish(kf, kf.finish(), [D.ceil_extent(D.product(dims[:-1]), 1)], T, wave), sig.dims, 0, []
+    return S.finish()
 
 
 __all__ = ["generate", "MAX_K"]
