@@ -106,7 +106,7 @@ _op("mul", E, "fi", "mul, *", EPI, "a * b")
 _op("div", E, "f", "div, /", EPI, "a / b (int / int is float, as JAX's true division)")
 _op("maximum", E, "fi", "maximum, clip", EPI, "elementwise max (NaN wins)")
 _op("minimum", E, "fi", "minimum, clip", EPI, "elementwise min (NaN wins)")
-_op("pow", E, "f", "pow, **", NO, "a ** b (small integer exponents traced as multiplies)")
+_op("pow", E, "f", "pow, **", EPI, "a ** b (small integer exponents traced as multiplies)")
 _op("floor_divide", E, "fi", "floor_divide, //", EPI, "floor(a / b); int division by 0 gives 0")
 _op("mod", E, "fi", "mod, remainder, %", EPI, "a - floor(a / b) * b (the sign of b)")
 _op("equal", E, "fib", "equal, ==", EPI, "a == b -> bool")
@@ -153,7 +153,7 @@ _op("layer_norm", "row", "f", "layer_norm", "kernel", "(x - mean) / sqrt(var + e
 _op("rms_norm", "row", "f", "rms_norm", "kernel", "x / sqrt(mean(x^2) + eps) * scale, last axis")
 _op("argmax", "row", "f", "argmax", EPI, "index of the first maximum (NaN first, as numpy)")
 _op("argmin", "row", "f", "argmin", EPI, "index of the first minimum (NaN first, as numpy)")
-_op("top_k", "row", "f", "top_k", NO, "k largest values and their indices, sorted, ties by index")
+_op("top_k", "row", "f", "top_k", EPI, "k largest values and their indices, sorted, ties by index (GPU: k <= 128)")
 _op("cross_entropy", "row", "f", "cross_entropy", EPI,
     "-log softmax(logits)[label] from integer labels; mean/sum/none, ignore_index")
 # ---- reductions and scans

@@ -36,7 +36,8 @@ GPU_GENERATORS = {
     "gemm": "`kernels/gpu_gemm.py`: mma.sync / WMMA / MFMA, staged shared memory, fused epilogue; on sm_90a "
             "`kernels/gpu_gemm_wgmma.py`: wgmma from 128-byte-swizzled shared memory",
     "attention": "`kernels/gpu_attention.py`: flash attention, four waves per query block",
-    "row": "`kernels/gpu_rows.py`: one workgroup per row, 16-byte vectors, warp-shuffle reductions",
+    "row": "`kernels/gpu_rows.py`: one workgroup per row, 16-byte vectors, warp-shuffle reductions "
+           "(argmax / top_k: `gpu_labels.py`, `gpu_topk.py`, k selection steps)",
     "reduction": "`kernels/gpu_rows.py`: one workgroup per row (last axes) or per column chunk",
     "elementwise": "`kernels/gpu_rows.py`: fused chains, one workgroup per chunk or row, 16-byte vectors",
     "view": "`kernels/gpu_rows.py`: a copy through permuted strides where no stride expresses it",
