@@ -27,7 +27,7 @@ from tessera.ir.graph_rows import LogSoftmaxOp
 from tessera.ir.attrs import i64_attr, int_array, ints, ival, str_array
 
 GPU_TOP_K = 128       # kernels/gpu_topk.MAX_K: k selection steps per row
-ROW_KINDS = ("rowwise", "reduce", "elementwise", "transpose", "concat", "gather")
+ROW_KINDS = ("rowwise", "reduce", "elementwise", "transpose", "concat", "gather", "scan")
 MAX_THREADS = 256
 
 
@@ -61,13 +61,13 @@ def _check_ops(fop: g.FusionOp, name: str, target: str) -> g.Operation | None:
         labels = isinstance(op, (g.CrossEntropyOp, g.OneHotOp, g.TakeOp, g.TopKOp) + g.ARGS)
         for v in list(op.operands) + list(op.results):
             et = getattr(v.type, "element_type", None)
-            if isinstance(et, IntegerType) and (isinstance(op, g.REDUCTIONS + g.ROWWISE) and not labels
+            if isinstance(et, IntegerType) and (isinstance(op, g.REDUCTIONS + g.ROWWISE + g.SCANS) and not labels
                                                 or et.width.data == 8):
                 raise _refuse(name, op, target, " on int8 tensors" if et.width.data == 8 else
                               " on int or bool tensors")
             if isinstance(et, Float64Type):
                 raise _refuse(name, op, target, " on float64 tensors (the GPU kernels compute in f32)")
-        if isinstance(op, g.ROWWISE):
+        if isinstance(op, g.ROWWISE + g.SCANS):
             main = op
         elif isinstance(op, g.REDUCTIONS):
             if not isinstance(op, (g.ReduceSumOp, g.ReduceMeanOp, g.ReduceMaxOp)):
@@ -91,6 +91,9 @@ def rows_schedule(fop: g.FusionOp, name: str, target: str, wave: int) -> dict:
     if main is not None:
         d = main.input.type.dims
         length = d[-1]
+        if isinstance(main, g.SCANS):        # the scanned last axis, or the inner columns after the axis
+            ax = ival(main.axis) % len(d)
+            length = d[-1] if ax == len(d) - 1 else None
         if isinstance(main, g.REDUCTIONS):   # the reduced run, or the inner axes after it
             rank = len(d)
             axes = sorted(a % rank for a in ints(main.axes))

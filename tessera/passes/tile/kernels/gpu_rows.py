@@ -54,7 +54,7 @@ from tessera.passes.tile.kernels.common import (
     trace_view,
 )
 
-KINDS = ("rowwise", "reduce", "elementwise", "transpose", "concat", "gather")
+KINDS = ("rowwise", "reduce", "elementwise", "transpose", "concat", "gather", "scan")
 GPU_ROW_OPS = (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, LogSoftmaxOp)
 F32_MAX = 3.4028234663852886e38
 HELD = 2          # chunks of a row kept in registers (4096 f16 / 2048 f32 columns with 256 threads)
@@ -105,6 +105,9 @@ def generate(kop: s.KernelOp):
     kind = kop.kind.data
     if kind == "gather":
         return _gather(kop)
+    if kind == "scan":
+        from tessera.passes.tile.kernels import gpu_scan
+        return gpu_scan.generate(kop)
     if kind == "rowwise":
         return _rowwise(kop)
     if kind == "reduce":
