@@ -163,8 +163,8 @@ _op("reduce_max", "reduction", "f", "reduce_max, .max()", "kernel", "max over ax
 _op("reduce_prod", "reduction", "f", "prod", NO, "product over axes")
 _op("reduce_any", "reduction", "fib", "any", NO, "logical or over axes")
 _op("reduce_all", "reduction", "fib", "all", NO, "logical and over axes")
-_op("cumsum", "scan", "f", "cumsum", NO, "running sum along an axis")
-_op("cumprod", "scan", "f", "cumprod", NO, "running product along an axis")
+_op("cumsum", "scan", "f", "cumsum", "kernel", "running sum along an axis")
+_op("cumprod", "scan", "f", "cumprod", "kernel", "running product along an axis")
 # ---- structure of fused programs
 _op("fusion", "structure", "fib", "", NO, "a region of ops fused into one kernel (made by the fusion passes)")
 _op("yield", "structure", "fib", "", NO, "a fusion region's results")
