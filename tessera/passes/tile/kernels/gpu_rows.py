@@ -332,6 +332,7 @@ def _reduction(kop: s.KernelOp):
 
 # --------------------------------------------------------------------------- copies and chains
 def _elementwise(kop: s.KernelOp):
+    from tessera.passes.tile.kernels.typed import emit_iotas, row_digit
     name, T, wave, chunk = _setup(kop, "elementwise")
     block = kop.body.block
     yield_op = block.last_op
@@ -342,9 +343,10 @@ def _elementwise(kop: s.KernelOp):
     compute = [o for o in block.ops if o is not yield_op and not isinstance(o, (g.ReshapeOp, g.TransposeOp,
                                                                                 g.SliceOp))]
     for o in compute:
-        if isinstance(o, (g.TakeOp, g.IotaOp)):
+        if isinstance(o, g.TakeOp):
             raise ScheduleIllegalError(f"kernel {name}: {o.name} has no lowering inside a GPU elementwise kernel; "
                                        'target="cpu" compiles it')
+    iotas = any(isinstance(o, g.IotaOp) for o in compute)    # computed from the row / column indices
     from tessera.passes.tile.kernels.elementwise import _segments
     segments = _segments(kop, compute)     # a join along the last axis: its operands' column segments
     seg_leaves = []
@@ -355,8 +357,8 @@ def _elementwise(kop: s.KernelOp):
         seg_leaves = [R.find_leaves(block, tuple(v.type.dims), sub, extra=(v,)) for v, sub in zip(cat.inputs, subs)]
     dims = tuple(out_dims) if out_dims else (1,)
     leaves = R.find_leaves(block, dims, compute + [yield_op])
-    flat = not segments and all(lf.mode == "contig" or (lf.mode == "bcast" and lf.col_stride == 0)
-                                for lf in leaves.values())
+    flat = not segments and not iotas and all(lf.mode == "contig" or (lf.mode == "bcast" and lf.col_stride == 0)
+                                              for lf in leaves.values())
     sig = KernelSig(name, gpu=True)
     for v in kop.inputs:
         sig.buffer(v.type.element_type)
@@ -374,6 +376,9 @@ def _elementwise(kop: s.KernelOp):
     def chunk_at(bc, c, row_len, offsets, out_off, seg=None):
         left = bc.sub(row_len, c)
         vals = {v: R.load_leaf(kf, bc, lf, offsets[v], c, left, chunk) for v, lf in leaves.items()}
+        if iotas:      # an iota along the last axis: the chunk's columns; along another: the row's coordinate
+            emit_iotas(bc, compute, vals, f32, len(dims), lambda ax: (
+                (c, (1, chunk), 0, 1) if ax == len(dims) - 1 else (row_digit(bc, kf, r, dims, ax), (1, 1), 0, 0)))
         if seg is not None:    # this segment's operand of the join, from its own leaves at column c - start
             i, start, sub_offsets = seg
             cs = segment_col(bc, c, start)
@@ -392,7 +397,7 @@ def _elementwise(kop: s.KernelOp):
         grid = [D.ceil_extent(total, chunk)]
     else:      # one workgroup per row of the output, the row in chunks (per segment of a join)
         C = kf.size(dims[-1])
-        r = _program_id(b)
+        r = _program_id(b)     # chunk_at's iotas read it
         offsets = R.RowCtx(kf, b, r, dims, leaves).offsets
         out_off = b.mul(r, C)
         if not segments:
