@@ -6,6 +6,8 @@ two (held in registers) and longer (re-read per step), lengths that are no multi
 ties everywhere (small integers), NaN and -inf rows.  The emulator faults on any access outside an
 array, so the masked tails are checked by every run; a planted unmasked tail makes it fault.
 Planted bugs (ties by the highest column, an order without the stable tie-break) fail the checks.
+``take_along_axis`` along the last axis (the sampler's other gather) is checked here too, with its
+index policy (negative as numpy's, out of range clamped); unbounded indices fault in the emulator.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import numpy as np
 import pytest
 
 import tessera as ts
-from tessera.errors import EmulatorFaultError, ScheduleIllegalError, TesseraError
+from tessera.errors import EmulatorFaultError, ScheduleIllegalError
 from tessera.toolchain import find_llvm_tool, find_ptxas
 
 needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
@@ -142,3 +144,37 @@ def test_prologue_fused_into_top_k_and_argmax(rng, target, arch):
         y, z = x[:, 1:] * np.float32(2.0) - bias, x[:, :300] * np.float32(3.0) + bias
     _check((v, i), y, 11)
     assert np.array_equal(amax, np.argmax(z, -1)) and np.array_equal(amin, np.argmin(np.exp(x), -1))
+
+
+def _clamped(i, n):
+    return np.clip(np.where(i < 0, i + n, i), 0, n - 1)
+
+
+@needs_ptxas
+@pytest.mark.parametrize("target,arch", [("nvidia", "sm_80"), ("rocm", "gfx942")])
+def test_take_along_axis_on_the_gpu_lanes(rng, target, arch):
+    """take_along_axis along the last axis (float and int tables, int64 indices, negative ones as
+    numpy's, out-of-range ones clamped: the documented index policy, never a read outside)."""
+    if target == "rocm" and find_llvm_tool("ld.lld") is None:
+        pytest.skip("ld.lld >= 19 not installed")
+    x = rng.standard_normal((2, 3, 50)).astype(np.float32)
+    xi = rng.integers(-100, 100, (2, 3, 50)).astype(np.int32)
+    idx = rng.integers(-70, 70, (2, 3, 7)).astype(np.int64)
+    art = ts.compile(lambda a, b, i: (ts.ops.take_along_axis(a, i, -1), ts.ops.take_along_axis(b, i, -1)),
+                     x, xi, idx, target=target, arch=arch)
+    assert [k["kind"] for k in art.report().kernels] == ["gather", "gather"]
+    g1, g2 = art.emulate(x, xi, idx)
+    j = _clamped(idx, 50)
+    assert np.array_equal(g1, np.take_along_axis(x, j, -1)) and g2.dtype == np.int32
+    assert np.array_equal(g2, np.take_along_axis(xi, j, -1))
+
+
+@needs_ptxas
+def test_planted_unbounded_take_along_axis_faults(rng, monkeypatch):
+    from tessera.passes.tile.kernels import gather
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    monkeypatch.setattr(gather, "bounded_index", lambda b, i, n: i)
+    x = rng.standard_normal((2, 50)).astype(np.float32)
+    idx = np.array([[3, -1], [60, 2]], np.int64)
+    with pytest.raises(EmulatorFaultError):
+        ts.compile(lambda a, i: ts.ops.take_along_axis(a, i, -1), x, idx, target="nvidia", arch="sm_80").emulate(x, idx)

@@ -122,7 +122,7 @@ _op("left_shift", E, "i", "left_shift, <<", EPI, "a << b (0 from shifts of the w
 _op("right_shift", E, "i", "right_shift, >>", EPI, "arithmetic a >> b")
 _op("where", E, "fib", "where, tril, triu", EPI, "cond ? a : b, broadcasting all three")
 # ---- values computed where they are read
-_op("iota", "source", "fi", "iota, arange, tril, triu", NO, "index along an axis (arange: start + step * i)")
+_op("iota", "source", "fi", "iota, arange, tril, triu", EPI, "index along an axis (arange: start + step * i)")
 _op("constant", "source", "fi", "Python numbers", EPI, "a scalar (a weak type: x_f16 * 2.0 stays f16)")
 # ---- layout
 _op("transpose", "view", "fib", "transpose, swapaxes, moveaxis, .T", "kernel", "permute axes")
@@ -133,7 +133,7 @@ _op("concat", "view", "fib", "concatenate, stack", EPI, "join along an axis")
 _op("pad", "pad", "f", "pad", NO, "constant, reflect or edge padding")
 # ---- gathers
 _op("take", "gather", "fi", "take, x[idx]", EPI, "gather along an axis (indices clamped)")
-_op("take_along_axis", "gather", "fi", "take_along_axis", NO, "gather per position (indices clamped)")
+_op("take_along_axis", "gather", "fi", "take_along_axis", "kernel", "gather per position (indices clamped)")
 _op("one_hot", "gather", "i", "one_hot", EPI, "labels -> one-hot rows (out-of-range labels give zeros)")
 _op("scatter_add", "scatter", "f", "scatter_add, index_add", NO,
     "x.at[idx].add(u) along an axis: take's adjoint (indices clamped, duplicates summed in order)")

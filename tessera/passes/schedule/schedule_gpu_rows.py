@@ -51,14 +51,18 @@ def _check_ops(fop: g.FusionOp, name: str, target: str) -> g.Operation | None:
     for op in fop.body.block.ops:
         if isinstance(op, g.YieldOp):
             continue
-        if isinstance(op, g.GATHERS) and not isinstance(op, (g.OneHotOp, g.TakeOp)):
+        if isinstance(op, g.GATHERS) and not isinstance(op, (g.OneHotOp, g.TakeOp, g.TakeAlongAxisOp)):
             raise _refuse(name, op, target)
         if isinstance(op, g.ROWWISE) and not isinstance(op, (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, LogSoftmaxOp,
                                                               g.CrossEntropyOp, g.TopKOp) + g.ARGS):
             raise _refuse(name, op, target)
+        if isinstance(op, g.TakeAlongAxisOp):
+            x, i = op.input.type, op.indices.type
+            if ival(op.axis) % x.rank != x.rank - 1 or tuple(x.dims[:-1]) != tuple(i.dims[:-1]):
+                raise _refuse(name, op, target, " other than along the last axis with the indices' leading dims")
         if isinstance(op, g.TopKOp) and ival(op.k) > GPU_TOP_K:
             raise _refuse(name, op, target, f" with k = {ival(op.k)} (the GPU kernel takes k <= {GPU_TOP_K})")
-        labels = isinstance(op, (g.CrossEntropyOp, g.OneHotOp, g.TakeOp, g.TopKOp) + g.ARGS)
+        labels = isinstance(op, (g.CrossEntropyOp, g.OneHotOp, g.TakeOp, g.TakeAlongAxisOp, g.TopKOp) + g.ARGS)
         for v in list(op.operands) + list(op.results):
             et = getattr(v.type, "element_type", None)
             if isinstance(et, IntegerType) and (isinstance(op, g.REDUCTIONS + g.ROWWISE + g.SCANS) and not labels

@@ -13,6 +13,9 @@ per row; ``gpu_rows.generate`` hands them here):
   keeping a NaN; pass 2 folds, with min, the column index (as f32: exact below 2^24 columns) of
   every item that equals it -- or is NaN when it is NaN -- and +inf elsewhere: the first match, as
   numpy's; stored as int64 by thread 0.
+- ``take_along_axis`` (kind ``gather``; along the last axis, leading dims equal): one workgroup per
+  row, each of its K indices read and bounded as ``take``'s, the value copied by thread 0 (a
+  latency-bound loop: K is small where samplers use it).
 - ``take`` (kind ``gather``; the embedding lookup): with the input seen as [P, n, Q] and the K indices
   flattened, output row (p, k) is input row (p, idx[k]), one workgroup per output row copying Q
   elements in chunks (16-byte accesses).  The index is read with ``tile.load_index`` and bounded as
@@ -242,4 +245,41 @@ def take(kop, op: g.TakeOp):
     return _finish(kf, kf.finish(), [D.ceil_extent(D.product([P, K]), 1)], T, wave), sig.dims, 0, []
 
 
-__all__ = ["cross_entropy", "one_hot", "take", "arg_extreme"]
+def take_along_axis(kop, op: g.TakeAlongAxisOp):
+    """Along the last axis, leading dims equal: one workgroup per row, the row's K indices read one at
+    a time (``tile.load_index``, bounded as ``take``'s) and each gathered value copied by thread 0."""
+    from tessera.passes.tile.kernels.gather import bounded_index, load_index, operand_arg
+    from tessera.passes.tile.kernels.gpu_rows import _finish, _program_id, _setup
+    name, T, wave, _chunk = _setup(kop, "gather")
+    x, idx = op.input.type, op.indices.type
+    ax = ival(op.axis) % x.rank
+    n = x.dims[ax]
+    if ax != x.rank - 1 or tuple(x.dims[:-1]) != tuple(idx.dims[:-1]) or not isinstance(n, int):
+        raise ScheduleIllegalError(f"kernel {name} (tessera.take_along_axis): the GPU kernel gathers along the "
+                                   'last axis with equal leading dims; target="cpu" compiles it')
+    elem = x.element_type
+    P, K = D.product(x.dims[:-1]), idx.dims[-1]
+    sig = KernelSig(name, gpu=True)
+    for v in kop.inputs:
+        sig.buffer(v.type.element_type)
+    out_buf = sig.buffer(elem)
+    for d in (P, K):
+        sig.dim(d)
+    kf = sig.build()
+    b = kf.b
+    xb, ib = operand_arg(name, op, op.input), operand_arg(name, op, op.indices)
+    k_ = kf.size(K)
+    r = _program_id(b)
+    reg = elem if isinstance(elem, IntegerType) else f32
+
+    def body(bc, j, _c):
+        at = bc.add(bc.mul(r, k_), j)
+        i = bounded_index(bc, load_index(kf, bc, ib, at), n)
+        v = _load(bc, _row_view(kf, bc, xb, bc.add(bc.mul(r, n), i), 1, 1, elem), reg)
+        R.store_row(kf, bc, out_buf, elem, v, at, 1, 1)
+        return []
+    b.for_(0, k_, 1, body)
+    return _finish(kf, kf.finish(), [D.ceil_extent(P, 1)], T, wave), sig.dims, 0, []
+
+
+__all__ = ["cross_entropy", "one_hot", "take", "take_along_axis", "arg_extreme"]

@@ -253,10 +253,12 @@ def _rowwise(kop: s.KernelOp):
 def _gather(kop: s.KernelOp):
     from tessera.passes.tile.kernels import gpu_labels
     ops = [o for o in kop.body.block.ops if not isinstance(o, (g.YieldOp, g.ReshapeOp))]
-    if len(ops) != 1 or not isinstance(ops[0], (g.OneHotOp, g.TakeOp)):
+    if len(ops) != 1 or not isinstance(ops[0], (g.OneHotOp, g.TakeOp, g.TakeAlongAxisOp)):
         names = ", ".join(o.name for o in ops)
-        raise ScheduleIllegalError(f"kernel {kop.sym_name.data} ({names}): the GPU lanes have one_hot and take "
-                                   'gather kernels only; target="cpu" compiles take_along_axis')
+        raise ScheduleIllegalError(f"kernel {kop.sym_name.data} ({names}): the GPU lanes have one_hot, take and "
+                                   'take_along_axis gather kernels only; target="cpu" compiles it')
+    if isinstance(ops[0], g.TakeAlongAxisOp):
+        return gpu_labels.take_along_axis(kop, ops[0])
     if isinstance(ops[0], g.TakeOp):
         return gpu_labels.take(kop, ops[0])
     return gpu_labels.one_hot(kop, ops[0])
