@@ -175,12 +175,14 @@ SAMPLES: dict[str, str] = {
   %mk = tile.mask %e cols %c6 pad (-1.000000e+00 : f32) : !tile.tile<[1, 32], f32> -> !tile.tile<[1, 32], f32>
   %mg = tile.mask %e cols %c32 diag %c6 pad (-1.000000e+00 : f32) {{side = "ge"}} : !tile.tile<[1, 32], f32> -> !tile.tile<[1, 32], f32>
   %m = tile.reduce "max" %mk {{axis = 1 : i64}} : !tile.tile<[1, 32], f32> -> !tile.tile<[1, 1], f32>
+  %sc, %st = tile.scan "add" %mk, %h0 : !tile.tile<[1, 32], f32>, !tile.tile<[1, 1], f32> -> !tile.tile<[1, 32], f32>, !tile.tile<[1, 1], f32>
   %s = tile.elementwise "sub" %e, %m : (!tile.tile<[1, 32], f32>, !tile.tile<[1, 1], f32>) -> !tile.tile<[1, 32], f32>
   %big = arith.cmpi sge, %c32, %c6 : index
   tile.store %s, %v stream %big : !tile.tile<[1, 32], f32>, !tile.view<[1, 32], f32, global>"""),
     "tile.constant": None,
     "tile.elementwise": None,
     "tile.reduce": None,
+    "tile.scan": None,
     "tile.mask": None,
     "tile.splat_index": None,
     "tile.launch": _fn(f"%x : {Y}", f"""  %r = tile.launch @k0(%x) {{dims = ["M", "N"], workspace = 0 : i64}} : ({Y}) -> {Y}

@@ -254,8 +254,9 @@ def test_a_take_feeding_a_gemm_packs_rows_through_the_index(rng, dtype, itype):
 @pytest.mark.parametrize("target,arch", [("rocm", "gfx1151"), ("nvidia", "sm_90")])
 def test_gpu_lanes_refuse_gathers_by_name(rng, target, arch):
     t, i = arr(rng, 4, 16), ids(rng, (4,), 4)
-    # take and one_hot have GPU kernels (tests/test_gpu_int.py); take_along_axis does not
-    for fn, op in ((lambda a, j: ts.ops.take_along_axis(a, j[:, None], 1), "tessera.take_along_axis"),):
+    # take, one_hot and take_along_axis along the last axis have GPU kernels (tests/test_gpu_int.py,
+    # test_gpu_topk.py); along another axis take_along_axis does not
+    for fn, op in ((lambda a, j: ts.ops.take_along_axis(a, j[:, None], 0), "tessera.take_along_axis"),):
         with pytest.raises(TesseraError) as info:
             ts.compile(fn, t, i, target=target, arch=arch)
         assert info.value.code == "SCHEDULE_ILLEGAL" and op in str(info.value) and f"the {target} lane" in \

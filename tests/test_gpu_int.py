@@ -425,10 +425,11 @@ def test_planted_x86_floordiv_without_floor_fails_on_the_host(rng, monkeypatch):
 # ----------------------------------------------------------------------------- what stays refused
 def test_gpu_refusals_name_the_op_and_the_cpu_target(rng):
     x = rng.standard_normal((32, 32)).astype(np.float16)
-    with pytest.raises(PassFailedError, match=r'tessera.ops.pow \(\*\*\) has no lowering on this GPU lane.*'
-                                              r'target="cpu" compiles it') as ei:
-        ts.compile(lambda a, b: (a @ b) ** (a @ b), x, x, target="nvidia", arch="sm_80")
+    with pytest.raises(PassFailedError, match=r'tile.elementwise log1p has no lowering on this GPU lane.*'
+                                              r'target="cpu" compiles tessera.ops.log1p') as ei:
+        ts.compile(lambda a, b: ts.ops.log1p(a @ b), x, x, target="nvidia", arch="sm_80")   # pow: test_gpu_pow.py
     assert ei.value.code == "PASS_FAILED" and "cpu-x86" not in str(ei.value)
-    z = rng.standard_normal((16, 8)).astype(np.float32)
-    with pytest.raises(ScheduleIllegalError, match=r"tessera.top_k; target=\"cpu\" compiles it"):
-        ts.compile(lambda a: ts.ops.top_k(a, 3), z, target="nvidia", arch="sm_80")   # no GPU kernel
+    z = rng.standard_normal((4, 200)).astype(np.float32)
+    with pytest.raises(ScheduleIllegalError, match=r"tessera.top_k with k = 129 \(the GPU kernel takes k <= 128\); "
+                                                   r"target=\"cpu\" compiles it"):
+        ts.compile(lambda a: ts.ops.top_k(a, 129), z, target="nvidia", arch="sm_80")   # over the GPU kernel's k

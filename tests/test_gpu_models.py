@@ -11,7 +11,8 @@ tests/test_gpu_causal_where.py.)
 - mlp_train_step compiles onto nvidia (cross_entropy from int labels, one_hot, the ReLU's bool mask
   in a GEMM epilogue: tests/test_gpu_int.py); its bf16 program is mixed -- one_hot's rows are f32, so
   dlogits and two backward GEMMs are f32 -- and takes the tf32 pin as the f32 programs do;
-- sampler: ``ids[:, -1]``, ``take`` and ``argmax`` compile; ``top_k`` has no GPU kernel;
+- sampler compiles onto nvidia (``ids[:, -1]``, ``take``, rms_norm, the logits GEMM with its
+  temperature epilogue, argmax and top_k: tests/test_gpu_topk.py); ``top_k`` with k > 128 is refused;
 - ROCm f32 (and mlp_train_step's f32 GEMMs in bf16): f32 matrix instructions need xf32 (gfx942),
   which lower-tile-to-rocm does not select.
 """
@@ -46,8 +47,7 @@ NVIDIA = {
     ("llama_block", "f32"): None, ("llama_block", "bf16"): None,
     ("bert_block", "f32"): None, ("bert_block", "bf16"): None,
     ("mlp_train_step", "f32"): None, ("mlp_train_step", "bf16"): None,
-    ("sampler", "f32"): ("SCHEDULE_ILLEGAL", "tessera.top_k"),
-    ("sampler", "bf16"): ("SCHEDULE_ILLEGAL", "tessera.top_k"),
+    ("sampler", "f32"): None, ("sampler", "bf16"): None,
     ("decode_attention", "f32"): None, ("decode_attention", "bf16"): None,
 }
 ROCM = {**{k: v for k, v in NVIDIA.items()},
@@ -113,13 +113,81 @@ def test_model_compiles_for_rocm_or_is_refused_by_name(name, dtype, arch, rng):
 
 
 def test_a_refused_model_never_falls_back_silently(rng):
-    """strict (the default): the call raises the coded error; nothing runs on the host instead."""
-    m, args, kw = _model("sampler", "bf16", rng)
+    """strict (the default): the call raises the coded error; nothing runs on the host instead
+    (the sampler with k = 129: over the GPU top_k kernel's bound)."""
+    m = importlib.import_module("models.sampler")
+    args, kw = m.make(rng, **dict(TINY["sampler"], vocab=160, k=129))
+    args = [a.astype(ml_dtypes.bfloat16) if isinstance(a, np.ndarray) and a.dtype.kind == "f" else a for a in args]
     f = ts.jit(m.forward.fn if hasattr(m.forward, "fn") else m.forward, target="nvidia", arch="sm_80",
                static_argnames="k")
     with pytest.raises(TesseraError) as ei:
         f(*args, **kw)
-    assert ei.value.code == "SCHEDULE_ILLEGAL" and "tessera.top_k" in str(ei.value)
+    assert ei.value.code == "SCHEDULE_ILLEGAL" and "tessera.top_k with k = 129" in str(ei.value)
+
+
+def _tied_sampler(rng, dtype):
+    """The sampler's tiny inputs with a tie at the top: the table row of batch row 0's best column
+    copied to a later column no id reads (both logits come out bitwise equal on every lane)."""
+    m, args, kw = _model("sampler", dtype, rng)
+    want = m.reference(*args, xp_dtype=np.float64, **kw)
+    top = int(want[0][0])
+    free = [j for j in range(args[1].shape[0]) if j != top and j not in set(args[0][:, -1].tolist())]
+    j = max(free)
+    args[1] = args[1].copy()
+    args[1][j] = args[1][top]
+    return m, args, kw, (top, j)
+
+
+def _check_sampler(got, want, tol, tie):
+    """argmax and top_k against float64: values within ``tol`` of the float64 top-k values, indices
+    distinct, each picking a float64 logit equal to its value within ``tol`` (rounding may swap near
+    ties); argmax is the first top-k index (both read one logits buffer: exact), and batch row 0's
+    exact tie comes out lower column first."""
+    amax, vals, idx = (np.asarray(a) for a in got)
+    w_amax, w_vals, w_idx, logits = want
+    scale = np.abs(w_vals).max()
+    assert amax.dtype == idx.dtype == np.int64 and vals.shape == w_vals.shape
+    v64 = vals.astype(np.float64)
+    assert np.abs(v64 - w_vals).max() / scale < tol
+    assert np.abs(np.take_along_axis(logits, idx, -1) - v64).max() / scale < tol
+    assert np.array_equal(amax, idx[:, 0])
+    assert all(len(set(r)) == len(r) for r in idx.tolist())
+    assert np.all(np.diff(v64, axis=-1) <= 0)                       # sorted, descending
+    assert idx[0, :2].tolist() == sorted(tie)
+
+
+def _sampler_want(m, args, kw):
+    from models import common as C
+    ids, table, norm_g, temperature = args
+    t64 = table.astype(np.float64)
+    logits = C.rms_norm(t64[ids[:, -1]], norm_g.astype(np.float64)) @ t64.T / temperature
+    return (*m.reference(*args, xp_dtype=np.float64, **kw), logits)
+
+
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+@pytest.mark.parametrize("target,arch,dtype,tol", [("nvidia", "sm_80", "f32", 2e-3), ("nvidia", "sm_90", "bf16", 2e-2),
+                                                   ("rocm", "gfx942", "bf16", 2e-2)])
+def test_sampler_emulated_matches_float64(rng, target, arch, dtype, tol):
+    """The whole sampling step (embedding lookup, rms_norm, logits GEMM / temperature, argmax, top_k)
+    on the GPU lane, emulated, against float64."""
+    if target == "rocm" and find_llvm_tool("ld.lld") is None:
+        pytest.skip("ld.lld >= 19 not installed")
+    m, args, kw, tie = _tied_sampler(rng, dtype)
+    art = ts.compile(m.forward, *args, target=target, arch=arch, schedule=_pins(target, dtype), **kw)
+    ops = {o for k in art.report().kernels for o in k["ops"]}
+    assert {"tessera.top_k", "tessera.argmax", "tessera.matmul", "tessera.take"} <= ops, ops
+    _check_sampler(art.emulate(*args, **kw), _sampler_want(m, args, kw), tol, tie)
+
+
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+def test_planted_top_k_bug_fails_the_sampler_check(rng, monkeypatch):
+    from tessera.passes.tile.kernels import gpu_topk
+    monkeypatch.setenv("TESSERA_NO_CACHE", "1")
+    monkeypatch.setattr(gpu_topk, "FIRST", False)          # ties by the last column
+    m, args, kw, tie = _tied_sampler(rng, "f32")
+    art = ts.compile(m.forward, *args, target="nvidia", arch="sm_80", schedule=_pins("nvidia", "f32"), **kw)
+    with pytest.raises(AssertionError):
+        _check_sampler(art.emulate(*args, **kw), _sampler_want(m, args, kw), 2e-3, tie)
 
 
 @pytest.mark.slow   # the warp emulator runs every kernel of the block: 20-60 s loaded
@@ -185,4 +253,5 @@ def test_models_bench_dry_run_checks_against_float64_without_host_copies(tmp_pat
     runs = {r["model"]: r for r in rec["runs"]}
     assert runs["decode_attention"]["rel_err"] < 5e-3 and runs["decode_attention"]["lane"] == "nvidia-sm_90"
     assert not any(runs["decode_attention"]["runtime_host_copies"].values())
-    assert runs["sampler"]["refused"].startswith("SCHEDULE_ILLEGAL")
+    assert runs["sampler"]["rel_err"] < 5e-3 and runs["sampler"]["lane"] == "nvidia-sm_90"
+    assert not any(runs["sampler"]["runtime_host_copies"].values())

@@ -199,10 +199,9 @@ def test_teeth_vector_accesses_past_the_end_or_misaligned_are_caught(family, fre
 
 # --------------------------------------------------------------------------- refusals and the demo block
 @pytest.mark.parametrize("fn,what", [
-    (lambda x: ts.ops.logsumexp(x), "tessera.logsumexp"),
-    (lambda x: ts.ops.top_k(x, 3), "tessera.top_k"),     # argmax / argmin: GPU kernels (test_gpu_int.py)
+    (lambda x: ts.ops.logsumexp(x), "tessera.logsumexp"),   # argmax / argmin / top_k / scans: test_gpu_int.py,
+    # test_gpu_topk.py, test_gpu_scan.py
     (lambda x: ts.ops.prod(x, 1), "tessera.reduce_prod"),
-    (lambda x: ts.ops.cumsum(x, axis=-1), "scan"),
 ])
 def test_uncovered_ops_keep_their_coded_refusal(fn, what, rng):
     x = rng.standard_normal((5, 75)).astype(np.float16)

@@ -1,11 +1,13 @@
 """LLVM IR for the typed lanes of ``tessera_gpu.math`` (int32 / int64 / bool values on the GPU
-lanes): comparisons, select, logic, shifts, int arithmetic, floor division and modulo, NaN / inf
-tests and conversions between int, float and bool.
+lanes): comparisons, select, logic, shifts, int arithmetic, floor division and modulo, float ``pow``,
+NaN / inf tests and conversions between int, float and bool.
 
 The semantics are the CPU lane's, written once in :mod:`tessera.codegen.x86_int_elem` (numpy's,
 with its undefined corners defined: a zero divisor gives 0, INT_MIN // -1 wraps, a shift count
 >= the width gives 0 / -1, float -> int saturates with NaN -> 0) and :mod:`tessera.codegen.x86_pow`
-(float floor division and modulo).  That translation works on LLVM vectors; a GPU value may be a
+(float floor division and modulo; ``pow``: |x|^y = exp(y log|x|) in f64 lanes from the shared
+vector math library, rounded once to f32, then numpy's sign / zero / NaN / inf cases -- within an
+ulp or two of numpy's float64 result, no approximate ex2 / lg2 instructions).  That translation works on LLVM vectors; a GPU value may be a
 scalar (one item per thread), so a scalar is carried as a one-lane vector through it and
 extracted after.  Bools are ``i1`` in registers; in memory one byte each (``load_bool`` /
 ``store_bool``: a vector of i1 would be bit-packed by LLVM).

@@ -88,6 +88,8 @@ def run(fn: str, args: list[np.ndarray], out: np.dtype) -> np.ndarray:
             return _shift(a, c, fn)
         if fn in ("floordiv", "mod"):
             return _floordiv_mod(a, c, fn)
+        if fn == "pow":        # numpy's power (C99's special cases), rounded once from float64
+            return np.power(a.astype(np.float64), c.astype(np.float64)).astype(out)
     raise KeyError(fn)
 
 

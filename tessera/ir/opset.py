@@ -106,7 +106,7 @@ _op("mul", E, "fi", "mul, *", EPI, "a * b")
 _op("div", E, "f", "div, /", EPI, "a / b (int / int is float, as JAX's true division)")
 _op("maximum", E, "fi", "maximum, clip", EPI, "elementwise max (NaN wins)")
 _op("minimum", E, "fi", "minimum, clip", EPI, "elementwise min (NaN wins)")
-_op("pow", E, "f", "pow, **", NO, "a ** b (small integer exponents traced as multiplies)")
+_op("pow", E, "f", "pow, **", EPI, "a ** b (small integer exponents traced as multiplies)")
 _op("floor_divide", E, "fi", "floor_divide, //", EPI, "floor(a / b); int division by 0 gives 0")
 _op("mod", E, "fi", "mod, remainder, %", EPI, "a - floor(a / b) * b (the sign of b)")
 _op("equal", E, "fib", "equal, ==", EPI, "a == b -> bool")
@@ -122,7 +122,7 @@ _op("left_shift", E, "i", "left_shift, <<", EPI, "a << b (0 from shifts of the w
 _op("right_shift", E, "i", "right_shift, >>", EPI, "arithmetic a >> b")
 _op("where", E, "fib", "where, tril, triu", EPI, "cond ? a : b, broadcasting all three")
 # ---- values computed where they are read
-_op("iota", "source", "fi", "iota, arange, tril, triu", NO, "index along an axis (arange: start + step * i)")
+_op("iota", "source", "fi", "iota, arange, tril, triu", EPI, "index along an axis (arange: start + step * i)")
 _op("constant", "source", "fi", "Python numbers", EPI, "a scalar (a weak type: x_f16 * 2.0 stays f16)")
 # ---- layout
 _op("transpose", "view", "fib", "transpose, swapaxes, moveaxis, .T", "kernel", "permute axes")
@@ -133,7 +133,7 @@ _op("concat", "view", "fib", "concatenate, stack", EPI, "join along an axis")
 _op("pad", "pad", "f", "pad", NO, "constant, reflect or edge padding")
 # ---- gathers
 _op("take", "gather", "fi", "take, x[idx]", EPI, "gather along an axis (indices clamped)")
-_op("take_along_axis", "gather", "fi", "take_along_axis", NO, "gather per position (indices clamped)")
+_op("take_along_axis", "gather", "fi", "take_along_axis", "kernel", "gather per position (indices clamped)")
 _op("one_hot", "gather", "i", "one_hot", EPI, "labels -> one-hot rows (out-of-range labels give zeros)")
 _op("scatter_add", "scatter", "f", "scatter_add, index_add", NO,
     "x.at[idx].add(u) along an axis: take's adjoint (indices clamped, duplicates summed in order)")
@@ -153,7 +153,7 @@ _op("layer_norm", "row", "f", "layer_norm", "kernel", "(x - mean) / sqrt(var + e
 _op("rms_norm", "row", "f", "rms_norm", "kernel", "x / sqrt(mean(x^2) + eps) * scale, last axis")
 _op("argmax", "row", "f", "argmax", EPI, "index of the first maximum (NaN first, as numpy)")
 _op("argmin", "row", "f", "argmin", EPI, "index of the first minimum (NaN first, as numpy)")
-_op("top_k", "row", "f", "top_k", NO, "k largest values and their indices, sorted, ties by index")
+_op("top_k", "row", "f", "top_k", EPI, "k largest values and their indices, sorted, ties by index (GPU: k <= 128)")
 _op("cross_entropy", "row", "f", "cross_entropy", EPI,
     "-log softmax(logits)[label] from integer labels; mean/sum/none, ignore_index")
 # ---- reductions and scans
@@ -163,8 +163,8 @@ _op("reduce_max", "reduction", "f", "reduce_max, .max()", "kernel", "max over ax
 _op("reduce_prod", "reduction", "f", "prod", NO, "product over axes")
 _op("reduce_any", "reduction", "fib", "any", NO, "logical or over axes")
 _op("reduce_all", "reduction", "fib", "all", NO, "logical and over axes")
-_op("cumsum", "scan", "f", "cumsum", NO, "running sum along an axis")
-_op("cumprod", "scan", "f", "cumprod", NO, "running product along an axis")
+_op("cumsum", "scan", "f", "cumsum", "kernel", "running sum along an axis")
+_op("cumprod", "scan", "f", "cumprod", "kernel", "running product along an axis")
 # ---- structure of fused programs
 _op("fusion", "structure", "fib", "", NO, "a region of ops fused into one kernel (made by the fusion passes)")
 _op("yield", "structure", "fib", "", NO, "a fusion region's results")

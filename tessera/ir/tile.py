@@ -421,6 +421,35 @@ class ReduceOp(IRDLOperation):
                                     op=self)
 
 
+SCAN_KINDS = ("add", "mul")
+
+
+@irdl_op_definition
+class ScanOp(IRDLOperation):
+    """GPU row kernels: the inclusive running sum (product) of a ``[1, C]`` chunk of a row after
+    ``carry`` (``[1, 1]``: the fold of the row's earlier chunks); ``total`` is carry folded with the
+    whole chunk (the next chunk's carry).  The fold order is the lowering's (per thread, then across
+    the wave and the waves), not numpy's left-to-right one."""
+
+    name = "tile.scan"
+    kind = attr_def(StringAttr)
+    input = operand_def(TileType)
+    carry = operand_def(TileType)
+    result = result_def(TileType)
+    total = result_def(TileType)
+    traits = traits_def(Pure())
+    assembly_format = "$kind $input `,` $carry attr-dict `:` type($input) `,` type($carry) `->` type($result) `,` " \
+                      "type($total)"
+
+    def verify_(self) -> None:
+        if self.kind.data not in SCAN_KINDS:
+            raise TileVerifyError(f"tile.scan kind {self.kind.data!r}; legal: {', '.join(SCAN_KINDS)}", op=self)
+        r, c = self.input.type.dims  # type: ignore[attr-defined]
+        if r != 1 or self.result.type != self.input.type or self.carry.type.dims != (1, 1) or \
+                self.total.type != self.carry.type:  # type: ignore[attr-defined]
+            raise TileShapeMismatch(f"tile.scan scans a [1, C] tile after a [1, 1] carry (got [{r}, {c}])", op=self)
+
+
 # --------------------------------------------------------------------------- GPU work distribution
 @irdl_op_definition
 class ProgramIdOp(IRDLOperation):
@@ -549,7 +578,7 @@ Tile = Dialect(
     "tile",
     [IndexOp, *BULK_OPS,
      AllocOp, ViewOp, AsyncCopyOp, WaitOp, BarrierOp, ClaimOp, PrefetchOp, FragmentZeroOp, FragmentPackOp, MmaOp, FragmentUnpackOp, LoadOp,
-     StoreOp, ConstantOp, SplatIndexOp, ElementwiseOp, MaskOp, ReduceOp, ProgramIdOp, WaveIdOp, LaunchOp,
+     StoreOp, ConstantOp, SplatIndexOp, ElementwiseOp, MaskOp, ReduceOp, ScanOp, ProgramIdOp, WaveIdOp, LaunchOp,
      LoadIndexOp],
     [BufferType, ViewType, TileType, FragmentType, TokenType],
 )

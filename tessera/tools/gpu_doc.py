@@ -36,8 +36,11 @@ GPU_GENERATORS = {
     "gemm": "`kernels/gpu_gemm.py`: mma.sync / WMMA / MFMA, staged shared memory, fused epilogue; on sm_90a "
             "`kernels/gpu_gemm_wgmma.py`: wgmma from 128-byte-swizzled shared memory",
     "attention": "`kernels/gpu_attention.py`: flash attention, four waves per query block",
-    "row": "`kernels/gpu_rows.py`: one workgroup per row, 16-byte vectors, warp-shuffle reductions",
+    "row": "`kernels/gpu_rows.py`: one workgroup per row, 16-byte vectors, warp-shuffle reductions "
+           "(argmax / top_k: `gpu_labels.py`, `gpu_topk.py`, k selection steps)",
     "reduction": "`kernels/gpu_rows.py`: one workgroup per row (last axes) or per column chunk",
+    "scan": "`kernels/gpu_scan.py`: one workgroup per row, `tile.scan` per chunk (thread, xor-shuffle and "
+            "cross-wave scans) after the carry; inner axes walked per thread",
     "elementwise": "`kernels/gpu_rows.py`: fused chains, one workgroup per chunk or row, 16-byte vectors",
     "view": "`kernels/gpu_rows.py`: a copy through permuted strides where no stride expresses it",
 }

@@ -66,8 +66,9 @@ from tessera.ir.tile import (
     check_typed_elementwise,
 )
 
-# the typed functions the GPU lanes lower (``pow`` stays refused by name: simt.GPU_REFUSED_TYPED)
-GPU_TYPED_FNS = tuple(f for f in TYPED_UNARY_FNS + TYPED_BINARY_FNS + TYPED_TERNARY_FNS if f != "pow")
+# the typed functions the GPU lanes lower (float ``pow`` too: the CPU lane's f64-lane translation,
+# codegen/x86_pow.py, reused by codegen/gpu_typed.py)
+GPU_TYPED_FNS = TYPED_UNARY_FNS + TYPED_BINARY_FNS + TYPED_TERNARY_FNS
 GPU_INT_FNS = ("add", "sub", "mul", "max", "min", "neg", "abs")   # float names on int lanes
 
 FLOATS = (Float32Type, Float16Type, BFloat16Type)

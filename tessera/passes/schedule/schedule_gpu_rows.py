@@ -11,7 +11,8 @@ layer_norm, rms_norm, log_softmax) and reductions over the last axes.
   flat elementwise kernel).
 
 What these kernels cannot do is refused here, naming the op and the lane: row ops other than
-softmax / layer_norm / rms_norm / log_softmax / cross_entropy / argmax / argmin, reductions other than sum / mean / max over a
+softmax / layer_norm / rms_norm / log_softmax / cross_entropy / argmax / argmin / top_k (k <= 128),
+reductions other than sum / mean / max over a
 contiguous run of axes, gathers other than one_hot / take, reductions and row ops of int / bool tensors, int8
 tensors and float64 ones.  Elementwise chains and copies of int32 / int64 / bool tensors are scheduled
 (the typed lanes of ``passes/target/gpu``).
@@ -24,9 +25,10 @@ from tessera.dtypes import from_ir
 from tessera.errors import ScheduleIllegalError
 from tessera.ir import graph as g
 from tessera.ir.graph_rows import LogSoftmaxOp
-from tessera.ir.attrs import i64_attr, int_array, ints, str_array
+from tessera.ir.attrs import i64_attr, int_array, ints, ival, str_array
 
-ROW_KINDS = ("rowwise", "reduce", "elementwise", "transpose", "concat", "gather")
+GPU_TOP_K = 128       # kernels/gpu_topk.MAX_K: k selection steps per row
+ROW_KINDS = ("rowwise", "reduce", "elementwise", "transpose", "concat", "gather", "scan")
 MAX_THREADS = 256
 
 
@@ -50,21 +52,27 @@ def _check_ops(fop: g.FusionOp, name: str, target: str) -> g.Operation | None:
     for op in fop.body.block.ops:
         if isinstance(op, g.YieldOp):
             continue
-        if isinstance(op, g.GATHERS) and not isinstance(op, (g.OneHotOp, g.TakeOp)):
+        if isinstance(op, g.GATHERS) and not isinstance(op, (g.OneHotOp, g.TakeOp, g.TakeAlongAxisOp)):
             raise _refuse(name, op, target)
         if isinstance(op, g.ROWWISE) and not isinstance(op, (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, LogSoftmaxOp,
-                                                              g.CrossEntropyOp) + g.ARGS):
+                                                              g.CrossEntropyOp, g.TopKOp) + g.ARGS):
             raise _refuse(name, op, target)
-        labels = isinstance(op, (g.CrossEntropyOp, g.OneHotOp, g.TakeOp) + g.ARGS)
+        if isinstance(op, g.TakeAlongAxisOp):
+            x, i = op.input.type, op.indices.type
+            if ival(op.axis) % x.rank != x.rank - 1 or tuple(x.dims[:-1]) != tuple(i.dims[:-1]):
+                raise _refuse(name, op, target, " other than along the last axis with the indices' leading dims")
+        if isinstance(op, g.TopKOp) and ival(op.k) > GPU_TOP_K:
+            raise _refuse(name, op, target, f" with k = {ival(op.k)} (the GPU kernel takes k <= {GPU_TOP_K})")
+        labels = isinstance(op, (g.CrossEntropyOp, g.OneHotOp, g.TakeOp, g.TakeAlongAxisOp, g.TopKOp) + g.ARGS)
         for v in list(op.operands) + list(op.results):
             et = getattr(v.type, "element_type", None)
-            if isinstance(et, IntegerType) and (isinstance(op, g.REDUCTIONS + g.ROWWISE) and not labels
+            if isinstance(et, IntegerType) and (isinstance(op, g.REDUCTIONS + g.ROWWISE + g.SCANS) and not labels
                                                 or et.width.data == 8):
                 raise _refuse(name, op, target, f" on {from_ir(et)} tensors" if et.width.data == 8 else
                               " on int or bool tensors")
             if isinstance(et, Float64Type):
                 raise _refuse(name, op, target, " on float64 tensors (the GPU kernels compute in f32)")
-        if isinstance(op, g.ROWWISE):
+        if isinstance(op, g.ROWWISE + g.SCANS):
             main = op
         elif isinstance(op, g.REDUCTIONS):
             if not isinstance(op, (g.ReduceSumOp, g.ReduceMeanOp, g.ReduceMaxOp)):
@@ -88,6 +96,9 @@ def rows_schedule(fop: g.FusionOp, name: str, target: str, wave: int) -> dict:
     if main is not None:
         d = main.input.type.dims
         length = d[-1]
+        if isinstance(main, g.SCANS):        # the scanned last axis, or the inner columns after the axis
+            ax = ival(main.axis) % len(d)
+            length = d[-1] if ax == len(d) - 1 else None
         if isinstance(main, g.REDUCTIONS):   # the reduced run, or the inner axes after it
             rank = len(d)
             axes = sorted(a % rank for a in ints(main.axes))

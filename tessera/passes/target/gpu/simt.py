@@ -66,6 +66,15 @@ from tessera.passes.target.gpu.simt_values import (  # noqa: F401  (re-exported)
 )
 
 
+@dataclass
+class IndexTile:
+    """A ``tile.index`` in a matrix kernel: item (r, c) = base + r * rs + c * cs, of type ``elem``."""
+    base: SSAValue
+    rs: int
+    cs: int
+    elem: Attribute
+
+
 # --------------------------------------------------------------------------- the lowerer
 @dataclass
 class SimtLowerer(SimtTyped, SimtCopies, OpLowerer):
@@ -75,6 +84,7 @@ class SimtLowerer(SimtTyped, SimtCopies, OpLowerer):
     space: str                       # lds | smem
     vmap: dict = field(default_factory=dict)
     shared_bytes: int = 0
+    unpacked: "Dist | None" = None    # the last accumulator unpacked (an epilogue's lane map)
     lowering_name = "the GPU lowering"
 
     # ------------------------------------------------------------------ entry
@@ -370,7 +380,7 @@ class SimtLowerer(SimtTyped, SimtCopies, OpLowerer):
 
     def op_tile_fragment_unpack(self, op, b: Builder) -> None:
         d: Dist = self.vmap[op.source]
-        self.vmap[op.result] = Dist(d.parts, d.omap, op.result.type.dims)
+        self.vmap[op.result] = self.unpacked = Dist(d.parts, d.omap, op.result.type.dims)
 
     # ------------------------------------------------------------------ tiles
     def op_tile_load(self, op: t.LoadOp, b: Builder) -> None:
@@ -393,6 +403,8 @@ class SimtLowerer(SimtTyped, SimtCopies, OpLowerer):
         if isinstance(v, Splat):
             c = self.fconst(b, v.value, v.elem)
             return [self.pack(b, [c] * n) for n in like.omap.parts]
+        if isinstance(v, IndexTile):
+            return self.index_parts(b, v, like)
         if isinstance(v, Deferred):
             vv = v.view
             R, C = vv.shape
@@ -412,8 +424,23 @@ class SimtLowerer(SimtTyped, SimtCopies, OpLowerer):
         raise CodegenError(f"cannot use {type(v).__name__} as a tile operand on the GPU")
 
     def op_tile_index(self, op, b: Builder) -> None:
-        raise CodegenError(f"tessera.ops.iota / arange / tril / triu have no lowering in a GPU matrix kernel "
-                           f"({self.lowering_name}); target=\"cpu\" compiles them")
+        """``tile.index`` in a matrix kernel (an iota in a GEMM epilogue): kept as an :class:`IndexTile`
+        and computed per item where an elementwise op meets it, from the item's coordinates in the
+        accumulator's lane map (a tile of two index operands takes that of the last unpacked one)."""
+        self.vmap[op.result] = IndexTile(self.scalar(op.base), ival(op.row_step), ival(op.col_step),
+                                         op.result.type.element_type)
+
+    def index_parts(self, b: Builder, v: "IndexTile", like: Dist) -> list[SSAValue]:
+        parts = []
+        for lo, hi in like.omap.part_slices():
+            items = []
+            for it in like.omap.items[lo:hi]:
+                r, c = self.coords(b, it)
+                idx = b.add(v.base, b.add(b.mul(r, v.rs), b.mul(c, v.cs)))
+                i64 = b.op(arith.IndexCastOp(b.c(idx), IntegerType(64))).results[0]
+                items.append(self.convert(b, i64, v.elem))
+            parts.append(self.pack(b, items))
+        return parts
 
     def op_tile_elementwise(self, op: t.ElementwiseOp, b: Builder) -> None:
         self.refuse_typed(op)
@@ -422,6 +449,8 @@ class SimtLowerer(SimtTyped, SimtCopies, OpLowerer):
                                f'target="cpu" compiles tessera.ops.{op.fn.data}')
         vals = [self.vmap[v] for v in op.inputs]
         like = next((v for v in vals if isinstance(v, Dist)), None)
+        if like is None and any(isinstance(v, IndexTile) for v in vals) and self.unpacked is not None:
+            like = self.unpacked       # row index vs column index: in the accumulator's distribution
         if like is None:
             raise CodegenError(f"tile.elementwise {op.fn.data} needs one operand distributed over the wave")
         operands = [self.materialise(b, v, like) for v in vals]

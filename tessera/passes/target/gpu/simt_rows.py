@@ -90,6 +90,15 @@ class RowsLowerer(SimtLowerer):
             raise CodegenError(f"cannot use {type(v).__name__} as a row tile operand on the GPU")
         return [self.pack(b, [s] * V)]
 
+    def op_scf_for(self, op, b: Builder) -> None:
+        """A constant ``[1, 1]`` tile carried by a loop (top_k's starting sentinel) becomes the value
+        every thread holds, as a loop-carried register."""
+        for a in op.iter_args:
+            v = self.vmap.get(a)
+            if isinstance(v, Splat):
+                self.vmap[a] = self.fconst(b, v.value, v.elem)
+        super().op_scf_for(op, b)
+
     # ------------------------------------------------------------------ memory
     def _fast(self, b: Builder, vv: View, c0, V: int):
         """True where this thread's V columns lie inside the extent at a V-aligned address."""
@@ -247,6 +256,66 @@ class RowsLowerer(SimtLowerer):
             v = self.combine(b, fn, v, other)
             m //= 2
         return v
+
+    def wave_totals(self, b: Builder, t_: SSAValue) -> list[SSAValue]:
+        """Every wave's value of ``t_`` (the same in all its lanes), in wave order, in every thread:
+        lane 0 of each wave writes it to shared memory; a barrier; all read; a barrier (so the
+        next use of the scratch, in a loop, writes after every read)."""
+        nwaves = self.block // self.wave
+        if nwaves == 1:
+            return [t_]
+        alloc = t.AllocOp.create(attributes={"size": i64_attr(nwaves)},
+                                 result_types=[t.BufferType(f32, StringAttr(self.space))])
+        self.op_tile_alloc(alloc, b)
+        scratch = self.vmap.pop(alloc.result)
+        wid = b.c(self.wave_id)
+        b.if_(b.cmp("eq", b.c(self.lane), 0), lambda bt: self.store(bt, t_, scratch, wid, 4) or [])
+        b.op(G.BarrierOp.create())
+        vals = [self.load(b, scratch, b.c(w), f32, 4) for w in range(nwaves)]
+        b.op(G.BarrierOp.create())
+        return vals
+
+    def op_tile_scan(self, op: t.ScanOp, b: Builder) -> None:
+        """Inclusive scan of a row chunk: each thread scans its V items in order; the threads'
+        totals are scanned across the wave with xor-shuffles (at distance m a lane whose bit m is set
+        takes its partner group's total into its exclusive prefix; every lane folds the partner's total
+        into its group's), then across waves through shared memory; item i of a thread is
+        carry . (earlier waves) . (earlier lanes) . (its items 0..i)."""
+        src = self.vmap[op.input]
+        fn = op.kind.data
+        if not isinstance(src, Dist):
+            raise CodegenError("tile.scan on the GPU scans a row tile distributed over the workgroup")
+        carry = self.const(b, self.vmap[op.carry])
+        items = self.items_of(src, b)
+        run = [items[0]]
+        for x in items[1:]:
+            run.append(self.combine(b, fn, run[-1], x))
+        total = run[-1]
+        excl = self.fconst(b, NEUTRAL[fn])
+        m = 1
+        while m < self.wave:
+            other = b.op(G.ShuffleXorOp.create(operands=[total], attributes={"mask": i64_attr(m),
+                                                                             "width": i64_attr(self.wave)},
+                                               result_types=[f32])).results[0]
+            upper = b.cmp("eq", b.rem(b.div(b.c(self.lane), m), 2), 1)
+            excl = self.typed(b, "select", [upper, self.combine(b, fn, other, excl), excl], f32)
+            total = self.combine(b, fn, other, total)
+            m *= 2
+        waves = self.wave_totals(b, total)
+        before, chunk_total = carry, carry
+        for w, tw in enumerate(waves):
+            if len(waves) > 1:
+                take = b.cmp("slt", w, b.c(self.wave_id))
+                before = self.typed(b, "select", [take, self.combine(b, fn, before, tw), before], f32)
+            chunk_total = self.combine(b, fn, chunk_total, tw)
+        prefix = self.combine(b, fn, before, excl)
+        out = [self.combine(b, fn, prefix, r) for r in run]
+        parts, i = [], 0
+        for lo, hi in src.omap.part_slices():
+            parts.append(self.pack(b, out[i:i + hi - lo]))
+            i += hi - lo
+        self.vmap[op.result] = Dist(parts, src.omap, src.shape)
+        self.vmap[op.total] = chunk_total
 
     def op_tile_reduce(self, op: t.ReduceOp, b: Builder) -> None:
         src = self.vmap[op.input]

@@ -13,10 +13,10 @@ from tessera.ir.builder import INDEX, Builder
 from tessera.ir.target import gpu as G
 from tessera.passes.target.gpu.simt_values import elem_bytes
 
-# typed tile functions the GPU lanes refuse, naming the tessera.ops function they come from (the others --
-# comparisons, where, logic, shifts, int arithmetic, floordiv / mod, isnan / isinf / isfinite, casts -- lower
-# to typed tessera_gpu.math on int32 / int64 / bool registers)
-GPU_REFUSED_TYPED = {"pow": "pow (**)"}
+# typed tile functions the GPU lanes refuse, naming the tessera.ops function they come from (none now:
+# comparisons, where, logic, shifts, int arithmetic, floordiv / mod, pow, isnan / isinf / isfinite, casts
+# lower to typed tessera_gpu.math on f32 / int32 / int64 / bool registers)
+GPU_REFUSED_TYPED: dict[str, str] = {}
 
 
 class SimtTyped:

@@ -9,10 +9,13 @@ per row; ``gpu_rows.generate`` hands them here):
   A label outside [0, C) matches no column (nothing is read for it): its loss is +inf, as on the
   CPU lane (``kernels/xent.py``).
 - ``one_hot`` (kind ``gather``): out[r, c] = ``cvt(cmp_eq(c, label[r]))`` for each chunk of the row.
-- ``argmax`` / ``argmin`` (kind ``rowwise``): pass 1 folds the row's maximum (minimum) as numpy's,
+- ``argmax`` / ``argmin`` (kind ``rowwise``, with its fused elementwise prologue: ``gpu_rowin.py``): pass 1 folds the row's maximum (minimum) as numpy's,
   keeping a NaN; pass 2 folds, with min, the column index (as f32: exact below 2^24 columns) of
   every item that equals it -- or is NaN when it is NaN -- and +inf elsewhere: the first match, as
   numpy's; stored as int64 by thread 0.
+- ``take_along_axis`` (kind ``gather``; along the last axis, leading dims equal): one workgroup per
+  row, each of its K indices read and bounded as ``take``'s, the value copied by thread 0 (a
+  latency-bound loop: K is small where samplers use it).
 - ``take`` (kind ``gather``; the embedding lookup): with the input seen as [P, n, Q] and the K indices
   flattened, output row (p, k) is input row (p, idx[k]), one workgroup per output row copying Q
   elements in chunks (16-byte accesses).  The index is read with ``tile.load_index`` and bounded as
@@ -142,42 +145,23 @@ FIRST = True   # the first matching column on ties (a test plants False: the las
 
 
 def arg_extreme(kop, prologue, op, epilogue):
-    from tessera.passes.tile.kernels.gpu_rows import _finish, _program_id, _setup
-    name, T, wave, chunk = _setup(kop, "rowwise")
-    block = kop.body.block
-    if prologue or epilogue or list(block.last_op.operands) != [op.result]:
-        raise ScheduleIllegalError(f"kernel {name}: the GPU {op.name} kernel fuses no elementwise op into it")
-    xv = _contiguous(name, op.input, block, op.name)
-    dims = tuple(op.input.type.dims)
+    from tessera.passes.tile.kernels.gpu_rowin import RowInput
+    out_elem = op.result.type.element_type
+    S = RowInput(kop, prologue, op, epilogue, [out_elem], op.name)
+    if list(kop.body.block.last_op.operands) != [op.result]:
+        raise ScheduleIllegalError(f"kernel {S.name}: the GPU {op.name} kernel yields its index only")
+    b, C, chunk = S.b, S.C, S.chunk
     kind = op.KIND
     pad = NEG_INF if kind == "max" else float("inf")
-    sig = KernelSig(name, gpu=True)
-    for v in kop.inputs:
-        sig.buffer(v.type.element_type)
-    out_elem = op.result.type.element_type
-    out_buf = sig.buffer(out_elem)
-    for d in (D.product(dims[:-1]), dims[-1]):
-        sig.dim(d)
-    kf = sig.build()
-    b = kf.b
-    C = kf.size(dims[-1])
-    r = _program_id(b)
-    base = b.mul(r, C)
-    xelem = op.input.type.element_type
-
-    def x_chunk(bc, c, p):
-        left = bc.sub(C, c)
-        return mask_cols(bc, _load(bc, _row_view(kf, bc, xv.arg, bc.add(base, c), chunk, left, xelem), f32, p),
-                         left, p), left
 
     def ext_body(bc, c, carried):
-        return [elementwise(bc, kind, [carried[0], x_chunk(bc, c, pad)[0]])]
+        return [elementwise(bc, kind, [carried[0], S.chunk_at(bc, c, pad)[0]])]
     m = _reduce(b, kind, b.for_(0, C, chunk, ext_body, [splat_row(b, chunk, pad)])[0])
     m_nan = elementwise_typed(b, "isnan", [m], BOOL)
     fold, none = ("min", float("inf")) if FIRST else ("max", NEG_INF)
 
     def find_body(bc, c, carried):
-        x, left = x_chunk(bc, c, 0.0)
+        x, left = S.chunk_at(bc, c, 0.0)
         hit = elementwise_typed(bc, "or", [elementwise_typed(bc, "cmp_eq", [x, m], BOOL), elementwise_typed(
             bc, "and", [elementwise_typed(bc, "isnan", [x], BOOL), m_nan], BOOL)], BOOL)
         col = elementwise_typed(bc, "cvt", [_columns(bc, c, chunk, IntegerType(32))], f32)
@@ -185,8 +169,8 @@ def arg_extreme(kop, prologue, op, epilogue):
         return [elementwise(bc, fold, [carried[0], cand])]
     first = _reduce(b, fold, b.for_(0, C, chunk, find_body, [splat_row(b, chunk, none)])[0])
     idx = elementwise_typed(b, "cvt", [first], out_elem)
-    b.op(t.StoreOp.create(operands=[idx, _row_view(kf, b, out_buf, r, 1, 1, out_elem)]))
-    return _finish(kf, kf.finish(), [D.ceil_extent(D.product(dims[:-1]), 1)], T, wave), sig.dims, 0, []
+    R.store_row(S.kf, b, S.out_bufs[0], out_elem, idx, S.r, 1, 1)
+    return S.finish()
 
 
 def one_hot(kop, op: g.OneHotOp):
@@ -261,4 +245,41 @@ def take(kop, op: g.TakeOp):
     return _finish(kf, kf.finish(), [D.ceil_extent(D.product([P, K]), 1)], T, wave), sig.dims, 0, []
 
 
-__all__ = ["cross_entropy", "one_hot", "take", "arg_extreme"]
+def take_along_axis(kop, op: g.TakeAlongAxisOp):
+    """Along the last axis, leading dims equal: one workgroup per row, the row's K indices read one at
+    a time (``tile.load_index``, bounded as ``take``'s) and each gathered value copied by thread 0."""
+    from tessera.passes.tile.kernels.gather import bounded_index, load_index, operand_arg
+    from tessera.passes.tile.kernels.gpu_rows import _finish, _program_id, _setup
+    name, T, wave, _chunk = _setup(kop, "gather")
+    x, idx = op.input.type, op.indices.type
+    ax = ival(op.axis) % x.rank
+    n = x.dims[ax]
+    if ax != x.rank - 1 or tuple(x.dims[:-1]) != tuple(idx.dims[:-1]) or not isinstance(n, int):
+        raise ScheduleIllegalError(f"kernel {name} (tessera.take_along_axis): the GPU kernel gathers along the "
+                                   'last axis with equal leading dims; target="cpu" compiles it')
+    elem = x.element_type
+    P, K = D.product(x.dims[:-1]), idx.dims[-1]
+    sig = KernelSig(name, gpu=True)
+    for v in kop.inputs:
+        sig.buffer(v.type.element_type)
+    out_buf = sig.buffer(elem)
+    for d in (P, K):
+        sig.dim(d)
+    kf = sig.build()
+    b = kf.b
+    xb, ib = operand_arg(name, op, op.input), operand_arg(name, op, op.indices)
+    k_ = kf.size(K)
+    r = _program_id(b)
+    reg = elem if isinstance(elem, IntegerType) else f32
+
+    def body(bc, j, _c):
+        at = bc.add(bc.mul(r, k_), j)
+        i = bounded_index(bc, load_index(kf, bc, ib, at), n)
+        v = _load(bc, _row_view(kf, bc, xb, bc.add(bc.mul(r, n), i), 1, 1, elem), reg)
+        R.store_row(kf, bc, out_buf, elem, v, at, 1, 1)
+        return []
+    b.for_(0, k_, 1, body)
+    return _finish(kf, kf.finish(), [D.ceil_extent(P, 1)], T, wave), sig.dims, 0, []
+
+
+__all__ = ["cross_entropy", "one_hot", "take", "take_along_axis", "arg_extreme"]

@@ -54,7 +54,7 @@ from tessera.passes.tile.kernels.common import (
     trace_view,
 )
 
-KINDS = ("rowwise", "reduce", "elementwise", "transpose", "concat", "gather")
+KINDS = ("rowwise", "reduce", "elementwise", "transpose", "concat", "gather", "scan")
 GPU_ROW_OPS = (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, LogSoftmaxOp)
 F32_MAX = 3.4028234663852886e38
 HELD = 2          # chunks of a row kept in registers (4096 f16 / 2048 f32 columns with 256 threads)
@@ -105,6 +105,9 @@ def generate(kop: s.KernelOp):
     kind = kop.kind.data
     if kind == "gather":
         return _gather(kop)
+    if kind == "scan":
+        from tessera.passes.tile.kernels import gpu_scan
+        return gpu_scan.generate(kop)
     if kind == "rowwise":
         return _rowwise(kop)
     if kind == "reduce":
@@ -127,6 +130,9 @@ def _rowwise(kop: s.KernelOp):
     if isinstance(norm, g.ARGS):
         from tessera.passes.tile.kernels import gpu_labels
         return gpu_labels.arg_extreme(kop, prologue, norm, epilogue)
+    if isinstance(norm, g.TopKOp):
+        from tessera.passes.tile.kernels import gpu_topk
+        return gpu_topk.generate(kop, prologue, norm, epilogue)
     if not isinstance(norm, GPU_ROW_OPS):
         raise ScheduleIllegalError(f"kernel {name}: {norm.name} has no GPU row kernel")
     x = norm.input
@@ -247,10 +253,12 @@ def _rowwise(kop: s.KernelOp):
 def _gather(kop: s.KernelOp):
     from tessera.passes.tile.kernels import gpu_labels
     ops = [o for o in kop.body.block.ops if not isinstance(o, (g.YieldOp, g.ReshapeOp))]
-    if len(ops) != 1 or not isinstance(ops[0], (g.OneHotOp, g.TakeOp)):
+    if len(ops) != 1 or not isinstance(ops[0], (g.OneHotOp, g.TakeOp, g.TakeAlongAxisOp)):
         names = ", ".join(o.name for o in ops)
-        raise ScheduleIllegalError(f"kernel {kop.sym_name.data} ({names}): the GPU lanes have one_hot and take "
-                                   'gather kernels only; target="cpu" compiles take_along_axis')
+        raise ScheduleIllegalError(f"kernel {kop.sym_name.data} ({names}): the GPU lanes have one_hot, take and "
+                                   'take_along_axis gather kernels only; target="cpu" compiles it')
+    if isinstance(ops[0], g.TakeAlongAxisOp):
+        return gpu_labels.take_along_axis(kop, ops[0])
     if isinstance(ops[0], g.TakeOp):
         return gpu_labels.take(kop, ops[0])
     return gpu_labels.one_hot(kop, ops[0])
@@ -326,6 +334,7 @@ def _reduction(kop: s.KernelOp):
 
 # --------------------------------------------------------------------------- copies and chains
 def _elementwise(kop: s.KernelOp):
+    from tessera.passes.tile.kernels.typed import emit_iotas, row_digit
     name, T, wave, chunk = _setup(kop, "elementwise")
     block = kop.body.block
     yield_op = block.last_op
@@ -336,9 +345,10 @@ def _elementwise(kop: s.KernelOp):
     compute = [o for o in block.ops if o is not yield_op and not isinstance(o, (g.ReshapeOp, g.TransposeOp,
                                                                                 g.SliceOp))]
     for o in compute:
-        if isinstance(o, (g.TakeOp, g.IotaOp)):
+        if isinstance(o, g.TakeOp):
             raise ScheduleIllegalError(f"kernel {name}: {o.name} has no lowering inside a GPU elementwise kernel; "
                                        'target="cpu" compiles it')
+    iotas = any(isinstance(o, g.IotaOp) for o in compute)    # computed from the row / column indices
     from tessera.passes.tile.kernels.elementwise import _segments
     segments = _segments(kop, compute)     # a join along the last axis: its operands' column segments
     seg_leaves = []
@@ -349,8 +359,8 @@ def _elementwise(kop: s.KernelOp):
         seg_leaves = [R.find_leaves(block, tuple(v.type.dims), sub, extra=(v,)) for v, sub in zip(cat.inputs, subs)]
     dims = tuple(out_dims) if out_dims else (1,)
     leaves = R.find_leaves(block, dims, compute + [yield_op])
-    flat = not segments and all(lf.mode == "contig" or (lf.mode == "bcast" and lf.col_stride == 0)
-                                for lf in leaves.values())
+    flat = not segments and not iotas and all(lf.mode == "contig" or (lf.mode == "bcast" and lf.col_stride == 0)
+                                              for lf in leaves.values())
     sig = KernelSig(name, gpu=True)
     for v in kop.inputs:
         sig.buffer(v.type.element_type)
@@ -368,6 +378,9 @@ def _elementwise(kop: s.KernelOp):
     def chunk_at(bc, c, row_len, offsets, out_off, seg=None):
         left = bc.sub(row_len, c)
         vals = {v: R.load_leaf(kf, bc, lf, offsets[v], c, left, chunk) for v, lf in leaves.items()}
+        if iotas:      # an iota along the last axis: the chunk's columns; along another: the row's coordinate
+            emit_iotas(bc, compute, vals, f32, len(dims), lambda ax: (
+                (c, (1, chunk), 0, 1) if ax == len(dims) - 1 else (row_digit(bc, kf, r, dims, ax), (1, 1), 0, 0)))
         if seg is not None:    # this segment's operand of the join, from its own leaves at column c - start
             i, start, sub_offsets = seg
             cs = segment_col(bc, c, start)
@@ -386,7 +399,7 @@ def _elementwise(kop: s.KernelOp):
         grid = [D.ceil_extent(total, chunk)]
     else:      # one workgroup per row of the output, the row in chunks (per segment of a join)
         C = kf.size(dims[-1])
-        r = _program_id(b)
+        r = _program_id(b)     # chunk_at's iotas read it
         offsets = R.RowCtx(kf, b, r, dims, leaves).offsets
         out_off = b.mul(r, C)
         if not segments:
