@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp, StringAttr
 
-from tessera.errors import MmaSelectorError, ScheduleIllegalError
+from tessera.errors import MmaSelectorError, ScheduleIllegalError, SpecializeRequest
 from tessera.ir import graph as g
 from tessera.ir import schedule as s
 from tessera.ir.attrs import i64_attr, int_array, str_array
@@ -195,7 +195,9 @@ class ScheduleGpu(TesseraPass):
         if self.mma_family == "wgmma":
             raise ScheduleIllegalError(f"kernel {name}: the GPU attention backward has no wgmma generator (it runs "
                                        "on mma_sync on sm_90a too)")
-        sel = self._select(isa, name, op.name, dtype, family="mma_sync" if self.target == "nvidia" else None)
+        # AMD: the 16x16 instruction (blocks of 64 rows; 32x32 MFMA blocks of 128 overflow the 64 KiB LDS)
+        sel = self._select(isa, name, op.name, dtype, family="mma_sync" if self.target == "nvidia" else None,
+                           shape=(16, 16, 16) if self.target == "rocm" else None)
         rec = sel.record
         im, in_, ik = rec.shape
         wave = rec.lanes or 32
@@ -208,7 +210,10 @@ class ScheduleGpu(TesseraPass):
         if blk % max(in_, ik):
             raise ScheduleIllegalError(f"kernel {name}: a block of {blk} rows is not whole {rec.id} tiles")
         dh = op.q.type.dims[3]
-        dmax = dh if isinstance(dh, int) else 256
+        if not isinstance(dh, int):   # fragments per row live in registers: the head dim is a compile-time fact
+            raise SpecializeRequest(f"kernel {name}: the GPU attention backward needs a static head dim ({dh} is "
+                                    "symbolic)", symbols=[str(dh)])
+        dmax = dh
         dpx = max(-(-dmax // ik) * ik, -(-dmax // in_) * in_)
         shared = shared_bytes(im, waves, dpx, ELEM_BYTES.get(dtype, 2))
         if shared > shared_limit(self.target, self.arch):
