@@ -316,8 +316,9 @@ def generate(kop: s.KernelOp, sel: MmaSelection):
 
     b.if_(b.cmp("slt", y, nHKV), key_job, query_job)
     fn = kf.finish()
-    fn.attributes["gpu.grid"] = str_array([D.ceil_extent(S, BQ), D.ceil_extent(D.canon(HKV + H), 1),
-                                           D.ceil_extent(B, 1)])
+    # heads are static unless H == HKV (ir/graph_attention_grad.attention_groups)
+    jobs = HKV + H if isinstance(H, int) and isinstance(HKV, int) else D.mul(2, H)
+    fn.attributes["gpu.grid"] = str_array([D.ceil_extent(S, BQ), D.ceil_extent(jobs, 1), D.ceil_extent(B, 1)])
     fn.attributes["gpu.block"] = i64_attr(W * wave)
     fn.attributes["gpu.waves"] = int_array([W, 1])
     return fn, sig.dims, 0, []
