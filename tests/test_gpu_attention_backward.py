@@ -172,25 +172,27 @@ def test_backward_matches_float64(arch, dtype, causal, h, hk, rng, poisoned_outp
     assert rel_err(got, want) < (4e-3 if dtype == "f16" else 3e-2)
     rep = art.report()
     kern = next(k for k in rep.kernels if k["kind"] == "attention_bwd")
-    assert kern["spill_stores"] <= 16      # ptxas -v: 255 registers, at most 16 bytes spilled (docs/architecture.md)
+    assert kern["spill_stores"] == 0 and kern["spill_loads"] == 0     # ptxas -v (255 registers: docs/architecture.md)
     ptx = art.ptx()
     assert re.search(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\." + dtype, ptx)
     assert not re.search(r"^\s*(atom|red)\.", ptx, re.M)    # dK, dV owned by one workgroup: no atomics
 
 
-@pytest.mark.parametrize("bug", ["no_delta", "lse_row_shift"])
+@pytest.mark.parametrize("bug", ["no_delta", "lse_of_head_0", "no_scale"])
 def test_teeth_a_planted_bug_fails(bug, rng, monkeypatch):
     from tessera.passes.tile.kernels import gpu_attention_backward as gab
     from tessera.passes.tile.kernels.common import elementwise
     monkeypatch.setenv("TESSERA_NO_CACHE", "1")
-    if bug == "no_delta":     # dS = P * dP: the softmax vjp without its subtraction
+    if bug == "no_delta":         # dS = P * dP: the softmax vjp without its subtraction
         monkeypatch.setattr(gab, "dscores", lambda b, p, dp, delta: elementwise(b, "mul", [p, dp]))
-    else:                     # the log-sum-exp of the next query row (wrapping: every read stays in bounds)
+    elif bug == "lse_of_head_0":  # every query head reads head 0's log-sum-exp (a wrong lse offset)
         real = gab.lse_at
-        monkeypatch.setattr(gab, "lse_at", lambda b, bi, h, nh, ns, row: real(b, bi, h, nh, ns,
-                                                                               b.rem(b.add(row, 1), ns)))
-    _, got, want = run_grad("sm_80", "f16", False, 1, 1, 1, 40, 64, rng)
-    assert rel_err(got[:2], want[:2]) > 0.05
+        monkeypatch.setattr(gab, "lse_at", lambda b, bi, h, nh, ns, row: real(b, bi, 0, nh, ns, row))
+    else:                         # scale 1 instead of 1 / sqrt(d)
+        monkeypatch.setattr(gab, "sqrt", lambda d: 1.0)
+    _, got, want = run_grad("sm_80", "f16", False, 1, 2, 1, 40, 64, rng)
+    with np.errstate(all="ignore"):
+        assert not rel_err(got, want) < 4e-3    # the check test_backward_matches_float64 makes fails (NaN too)
 
 
 def test_standalone_backward_with_lse_matches(rng):

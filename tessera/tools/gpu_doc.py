@@ -35,7 +35,9 @@ GPU_CODE = ("benchmarks/gpu/", "tessera/codegen/gpu.py", "tessera/codegen/nvptx.
 GPU_GENERATORS = {
     "gemm": "`kernels/gpu_gemm.py`: mma.sync / WMMA / MFMA, staged shared memory, fused epilogue; on sm_90a "
             "`kernels/gpu_gemm_wgmma.py`: wgmma from 128-byte-swizzled shared memory",
-    "attention": "`kernels/gpu_attention.py`: flash attention, four waves per query block",
+    "attention": "`kernels/gpu_attention.py`: flash attention, four waves per query block; "
+                 "`kernels/gpu_attention_backward.py`: its backward (dQ, dK, dV from the saved log-sum-exp; one grid "
+                 "of key-block and query-block workgroups, no atomics)",
     "row": "`kernels/gpu_rows.py`: one workgroup per row, 16-byte vectors, warp-shuffle reductions",
     "reduction": "`kernels/gpu_rows.py`: one workgroup per row (last axes) or per column chunk",
     "elementwise": "`kernels/gpu_rows.py`: fused chains, one workgroup per chunk or row, 16-byte vectors",

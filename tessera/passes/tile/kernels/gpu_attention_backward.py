@@ -194,7 +194,8 @@ def generate(kop: s.KernelOp, sel: MmaSelection):
         from its rows): an (R, n) tile."""
         acc = zero_frag(bb)
         for kk in range(nkk):
-            bt = view(bb, src, elem, space, (ik, in_), jt * in_ * PX + kk * ik, 1, PX, ik, in_, align=PAD)
+            bt = view(bb, src, elem, space, (ik, in_), bb.add(bb.mul(jt, in_ * PX), kk * ik), 1, PX, ik, in_,
+                      align=PAD)
             acc = mma(bb, fa[kk], frag(bb, bt, frag_b), acc)
         return unpack(bb, acc)
 
@@ -249,8 +250,8 @@ def generate(kop: s.KernelOp, sel: MmaSelection):
             dd = delta(bq, h, drow0, bq.sub(nS, drow0))    # the barrier in it also publishes the copies
             bq.op(t.StoreOp.create(operands=[dd, view(bq, s_dd, f32, space, (im, in_), bq.mul(w, im), 1, 0, im, 1)]))
             bq.op(t.BarrierOp.create())
-            for jt in range(BQ // in_):
-                col0 = bq.add(q0, jt * in_)
+            def col_tile(bq: Builder, jt, _c):   # a loop, not unrolled: one n-tile of queries live at a time
+                col0 = bq.add(q0, bq.mul(jt, in_))
                 x = elementwise(bq, "mul", [scores(bq, ka, s_a, jt), tile_const(bq, scale)])
                 x = mask(bq, x, bq.sub(nS, col0), bq.sub(krow0, col0), "ge")   # query >= key
                 lv = view(bq, lse_buf, lse_elem, "global", (1, in_), lse_at(bq, bidx, h, nH, nS, col0), 0, 1, 1,
@@ -259,12 +260,14 @@ def generate(kop: s.KernelOp, sel: MmaSelection):
                                             result_types=[t.tile_type(1, in_, f32)])).results[0]
                 p = elementwise(bq, "exp", [elementwise(bq, "sub", [x, lse])])
                 dpt = scores(bq, va, s_b, jt)
-                ddv = view(bq, s_dd, f32, space, (1, in_), jt * in_, 0, 1, 1, in_)
+                ddv = view(bq, s_dd, f32, space, (1, in_), bq.mul(jt, in_), 0, 1, 1, in_)
                 ddt = bq.op(t.LoadOp.create(operands=[ddv], result_types=[t.tile_type(1, in_, f32)])).results[0]
                 ds = dscores(bq, p, dpt, ddt)
                 for src, val in ((s_p, p), (s_ds, ds)):
                     bq.op(t.StoreOp.create(operands=[val, view(bq, src, elem, space, (im, in_),
-                                                               bq.add(p_off, jt * in_), PP, 1, im, in_)]))
+                                                               bq.add(p_off, bq.mul(jt, in_)), PP, 1, im, in_)]))
+                return []
+            bq.for_(0, BQ // in_, 1, col_tile)
             bq.op(t.BarrierOp.create())
             dv = accumulate(bq, dv, s_p, p_off, s_b)      # dV += P^T dO
             dk = accumulate(bq, dk, s_ds, p_off, s_a)     # dK += dS^T Q
@@ -297,14 +300,16 @@ def generate(kop: s.KernelOp, sel: MmaSelection):
             toks = [copy(bk, kbuf, ks, kvh, j0, s_a), copy(bk, vbuf, vs, kvh, j0, s_b)]
             bk.op(t.WaitOp.create(operands=toks, attributes={"outstanding": i64_attr(0)}))
             bk.op(t.BarrierOp.create())
-            for jt in range(BKV // in_):
-                col0 = bk.add(j0, jt * in_)
+            def col_tile(bk: Builder, jt, _c):
+                col0 = bk.add(j0, bk.mul(jt, in_))
                 x = elementwise(bk, "mul", [scores(bk, qa, s_a, jt), tile_const(bk, scale)])
                 x = mask(bk, x, bk.sub(nS, col0), bk.sub(row0, col0), "le")    # key <= query
                 p = elementwise(bk, "exp", [elementwise(bk, "sub", [x, lse])])
                 ds = dscores(bk, p, scores(bk, doa, s_b, jt), dd)
-                bk.op(t.StoreOp.create(operands=[ds, view(bk, s_ds, elem, space, (im, in_), bk.add(p_off, jt * in_),
-                                                          PP, 1, im, in_)]))
+                bk.op(t.StoreOp.create(operands=[ds, view(bk, s_ds, elem, space, (im, in_),
+                                                          bk.add(p_off, bk.mul(jt, in_)), PP, 1, im, in_)]))
+                return []
+            bk.for_(0, BKV // in_, 1, col_tile)
             bk.op(t.BarrierOp.create())
             out = accumulate(bk, list(carried), s_ds, p_off, s_a)   # dQ += dS K
             bk.op(t.BarrierOp.create())
