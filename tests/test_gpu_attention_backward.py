@@ -236,3 +236,18 @@ def test_rocm_backward_matches_float64(arch, dtype, causal, rng, poisoned_output
     assert rel_err(got, grad_oracle(q, k, v, w, causal)) < (4e-3 if dtype == "f16" else 3e-2)
     kern = next(k for k in art.report().kernels if k["kind"] == "attention_bwd")
     assert kern["mma"]["shape"] == [16, 16, 16]
+
+
+@pytest.mark.slow
+def test_device_bench_dry_run():
+    """benchmarks/gpu/attention_bwd_bench.py --dry-run: the launch record the device run uses, run in
+    the warp emulator against float64."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    _skip_without_tools("nvidia")
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, str(root / "benchmarks/gpu/attention_bwd_bench.py"), "--dry-run"],
+                       capture_output=True, text=True, timeout=900, cwd=root)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("emulated vs float64") == 2

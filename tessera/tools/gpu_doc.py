@@ -71,6 +71,9 @@ SECTIONS = (
                   "against `torch.matmul` (cuBLAS), CUDA events, median of 20 after warm-up"),
     ("attention.log", "`attention_bench.py`: flash attention (batch*heads 16, d 64, f16) against torch's "
                       "`scaled_dot_product_attention` on the same data, CUDA events, median of 20 after warm-up"),
+    ("attention_bwd.log", "`attention_bwd_bench.py`: the flash-attention backward kernel (dQ, dK, dV; batch*heads "
+                          "16, d 64, f16) against torch.autograd of f16 `scaled_dot_product_attention`, CUDA events, "
+                          "median of 20 after warm-up"),
     ("rows.log", "`rows_bench.py`: the memory-bound kernels (softmax, layer_norm, rms_norm, gelu(x + b), a row "
                  "sum; f16 and bf16) against float64 and the emulator, then 16384 x 8192 against torch and a device "
                  "copy, CUDA events, median of 20 after warm-up"),
