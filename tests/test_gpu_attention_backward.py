@@ -251,3 +251,22 @@ def test_device_bench_dry_run():
                        capture_output=True, text=True, timeout=900, cwd=root)
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.count("emulated vs float64") == 2
+
+
+def test_memory_is_linear_in_the_sequence(rng):
+    """No S x S buffer: every array the compiled gradient program makes is O(S), and the backward
+    kernel's shared memory does not grow with S (compile only, S = 64 and 2048)."""
+    from tessera.runtime.cpu import _eval, bind_symbols
+    _skip_without_tools("nvidia")
+    smem = []
+    for s in (64, 2048):
+        q, k, v = qkv(rng, "f16", 1, 2, 1, s, s, 64)
+        w = rng.standard_normal((1, 2, s, 64)).astype(np.float16)
+        art = ts.compile(ts.jit(grad_fn(True), target="nvidia", arch="sm_80"), q, k, v, w, target="nvidia",
+                         arch="sm_80")
+        prog = art.compiled.executable.program
+        env = bind_symbols(prog.inputs, [q, k, v, w])
+        biggest = max(int(np.prod([_eval(d, env) for d in t.dims])) for st in prog.steps for t in st.out_types)
+        assert biggest <= 4 * s * 64          # the packed [1, 1, G + 2, S, 64] gradient at most
+        smem.append(next(kk["smem_bytes"] for kk in art.report().kernels if kk["kind"] == "attention_bwd"))
+    assert smem[0] == smem[1] and smem[0] < 48 << 10

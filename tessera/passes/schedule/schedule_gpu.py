@@ -15,7 +15,9 @@ inputs, f32 accumulation).  For each one the pass records:
 
 Attention kernels (``tessera.attention``, also when fused from the composed form) get the
 flash tiling of ``kernels/gpu_attention.py``: tiles ``[1, 4*m, BKV]`` over loops ``bh, q, kv``
-(four waves of m query rows per workgroup; ``tile-n`` pins the key block).  Elementwise,
+(four waves of m query rows per workgroup; ``tile-n`` pins the key block); their backward
+(``tessera.attention_grad``) gets ``kernels/gpu_attention_backward.py``'s: tiles ``[1, 4*m, 4*m]``
+over loops ``bh, kv, q``, a grid of key-block and query-block workgroups.  Elementwise,
 transpose, rowwise and reduce kernels get the memory-bound schedule of
 ``schedule_gpu_rows.py`` (one workgroup per row, 16-byte vectors).  Any other kernel kind has
 no GPU generator and is refused here with a coded error.
