@@ -286,7 +286,8 @@ def test_attention_backward_op_refuses_cross_shapes(rng):
         f(q, k2, k2, w, w)
 
 
-def test_gpu_lanes_refuse_it_by_name(rng):
+def test_gpu_lanes_refuse_it_by_name_without_the_saved_lse(rng):
+    """The GPU kernel (tests/test_gpu_attention_backward.py) reads the forward's log-sum-exp."""
     from tessera.errors import ScheduleIllegalError
     q, k, v, w = _inputs(rng, 1, 2, 2, 64, 64, np.float16)
     f = ts.jit(lambda q, k, v, o, g: O.attention_backward(q, k, v, o, g), target="nvidia", arch="sm_90")

@@ -240,6 +240,7 @@ SUGGESTION = re.compile(r"\b(?:pass|set|use|with|give|for)\s+`?([a-z_][a-z0-9_]*
 SUGGESTED_IN = {"math_mode": "tessera.mma.selector.select_mma", "arch": "tessera.jit",
                 "family": "tessera.emulate.layouts.instr_layout", "num": "tessera.emulate.layouts.ldmatrix_layout"}
 SUGGESTED_IN["dynamic"] = "tessera.jit"   # DYNAMIC_SHAPE messages name tessera.jit(dynamic=...)
+SUGGESTED_IN["lse"] = "tessera.frontend.attention_grad.attention_backward"   # the GPU backward's refusal
 
 
 def _suggestions() -> dict[str, list[str]]:

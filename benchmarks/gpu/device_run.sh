@@ -3,7 +3,7 @@
 #   the device tests (tessera.jit(target="nvidia") launched on the GPU, checked against float64
 #   and the warp emulator; the CUDA launcher), then nvidia_check.py over the prebuilt bundle
 #   (numerics of every check cubin, GEMM timing against torch.matmul / cuBLAS), then
-#   attention_bench.py (flash attention against torch's SDPA).  $OUT/commit.json records the commit
+#   attention_bench.py (flash attention against torch's SDPA), attention_bwd_bench.py (its backward).  $OUT/commit.json records the commit
 #   the run's code is (docs/gpu.md names it beside the figures).
 # Prepare here first:  ./dev python benchmarks/gpu/build_nvidia_bundle.py --arch sm_90
 # Where the machine lacks xDSL / llvmlite 0.50, carry them in .whl/ as wheels, or as an xz-packed
@@ -60,6 +60,8 @@ timeout 200 $py benchmarks/gpu/nvidia_check.py --bundle benchmarks/gpu/bundle 2>
 # identity), the caller's stream; writes $OUT/device_resident.json.  Dry-run here: --dry-run
 timeout 240 $py benchmarks/gpu/device_resident.py --out "$OUT" 2>&1 | tee "$OUT/device_resident.log"
 timeout 200 $py benchmarks/gpu/attention_bench.py 2>&1 | tee "$OUT/attention.log"
+# the flash-attention backward kernel (dQ, dK, dV) against torch's SDPA backward; dry-run here: --dry-run
+timeout 240 $py benchmarks/gpu/attention_bwd_bench.py 2>&1 | tee "$OUT/attention_bwd.log"
 # the memory-bound kernels (rows, reductions, chains) when their bundle was carried
 # (./dev python benchmarks/gpu/build_rows_bundle.py --arch sm_90 here): float64 / emulator checks, then
 # 16384 x 8192 against torch and a device copy

@@ -527,7 +527,9 @@ class Emulator(TmaOps, WgmmaOps):
         rows[:, q, r] = idx.reshape(warps, 32)[:, lane[used]]
         # each row: 8 consecutive 16-bit elements, 16-byte aligned
         flat_rows = rows.reshape(-1)
-        row_mask = np.ones(flat_rows.shape, bool)
+        # only the active warps read (a warp masked off, e.g. a workgroup whose loop already ended while
+        # another's runs on, neither reads nor counts as a reader for the race check)
+        row_mask = np.repeat(mask.reshape(warps, 32)[:, 0], num * 8)
         fake = Ctx(ctx.kernel, flat_rows.size, 8, ctx.groups, np.zeros(flat_rows.size, np.int64),
                    np.repeat(ctx.gid.reshape(warps, 32)[:, 0], num * 8), ctx.block_ids, ctx.epoch)
         fake.tid = np.repeat(ctx.tid.reshape(warps, 32)[:, 0], num * 8)  # attribute reads to the warp's lane 0

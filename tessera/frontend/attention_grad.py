@@ -11,7 +11,8 @@ forward's ``attention`` is in the same program (``attention``'s vjp rule), that 
 as its second result (``saved_lse``: a trace node ``attention_lse``) and the backward reads it;
 where it is not (``attention_backward`` called on its own, the forward's output passed in), the
 kernel recomputes it in a first pass over the keys.  It takes self-attention shapes (seq_q == seq_k, head dim == value dim)
-in float32 / float64; bf16 / f16 inputs are computed in float32 and the gradients cast back.
+in float32 / float64; bf16 / f16 inputs are computed in float32 and the gradients cast back (on the
+GPU lanes the kernel reads bf16 / f16 as they are; its packed result is float32 either way).
 Other shapes are refused here (ATTENTION_SEQ / ATTENTION_HEAD_DIM): ``attention``'s vjp rule
 takes its composed form for them (``frontend/vjp_rules_nn.py``)."""
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 from tessera import dtypes as dt
 from tessera.errors import AttentionHeadDimError, AttentionSeqError
 from tessera.frontend import ops
-from tessera.frontend.trace import Tensor, _err, _graph, add_node
+from tessera.frontend.trace import Tensor, _err, _graph, add_node, current_lane
 
 
 def fits(q_shape, k_shape, v_shape) -> bool:
@@ -58,7 +59,11 @@ def attention_backward(q, k, v, out, dout, *, causal: bool = False, scale: float
     mnode = ref._node.inputs[3] if mask is not None else None
     _graph().nodes.remove(ref._node)   # recorded only for its checks
     wide = q.dtype if q.dtype in (dt.float32, dt.float64) else dt.float32
-    xs = [x if x.dtype == wide else ops.cast(x, wide) for x in (q, k, v, out, dout)]
+    lane = current_lane()
+    # the GPU lanes' kernel reads f16 / bf16 as they are (matrix-instruction operands, f32 accumulation);
+    # the CPU kernel computes in f32 from f32 copies
+    narrow = lane is not None and lane[0] in ("nvidia", "rocm") and q.dtype in (dt.float16, dt.bfloat16)
+    xs = [x if x.dtype == (q.dtype if narrow else wide) else ops.cast(x, wide) for x in (q, k, v, out, dout)]
     b, h, s, d = q.shape
     hk = k.shape[1]
     grp = h // hk

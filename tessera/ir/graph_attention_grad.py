@@ -16,7 +16,7 @@ reads it instead of recomputing it over the keys.  Absent (``ops.attention_backw
 its own), the kernel recomputes it."""
 from __future__ import annotations
 
-from xdsl.dialects.builtin import BoolAttr, FloatAttr
+from xdsl.dialects.builtin import BoolAttr, FloatAttr, f32, f64
 from xdsl.irdl import (
     AttrSizedOperandSegments,
     attr_def,
@@ -90,7 +90,9 @@ def infer_attention_grad(q, k, v, o, do, mask) -> TensorType:
         if tuple(t.dims) != tuple(fwd.dims):
             raise GraphShapeError(f"tessera.attention_grad: {name} is {list(t.dims)}, the forward's output is "
                                   f"{list(fwd.dims)}")
-    return TensorType.of((b, hk, attention_groups(hq, hk) + 2, sq, d), q.element_type)
+    # f16 / bf16 inputs (the GPU lanes' kernel reads them as they are): gradients accumulate in f32
+    wide = q.element_type if q.element_type in (f32, f64) else f32
+    return TensorType.of((b, hk, attention_groups(hq, hk) + 2, sq, d), wide)
 
 
 __all__ = ["AttentionGradOp", "attention_groups", "infer_attention_grad"]

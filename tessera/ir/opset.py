@@ -143,7 +143,7 @@ _op("matmul", "gemm", "f", "matmul, @", "kernel",
 _op("conv_patches", "gemm", "f", "conv2d", NO, "conv2d's implicit-GEMM A operand (no im2col buffer)")
 _op("attention", "attention", "f", "attention", "kernel",
     "softmax(q k^T * scale + mask) v; causal, grouped-query heads")
-_op("attention_grad", "attention", "f", "attention_backward", NO,
+_op("attention_grad", "attention", "f", "attention_backward", EPI,
     "dQ, dK, dV of attention, packed [B, HKV, G+2, S, D]: the flash backward (no S x S buffer)")
 # ---- row kernels
 _op("softmax", "row", "f", "softmax", "kernel", "exp(x - max) / sum along an axis")

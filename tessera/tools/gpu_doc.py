@@ -28,14 +28,19 @@ GPU_CODE = ("benchmarks/gpu/", "tessera/codegen/gpu.py", "tessera/codegen/nvptx.
             "tessera/passes/target/gpu/", "tessera/passes/target/nvidia/", "tessera/passes/tile/kernels/gpu_attention.py",
             "tessera/passes/tile/kernels/gpu_gemm.py", "tessera/runtime/cuda.py", "tessera/runtime/gpu.py",
             "tessera/passes/schedule/schedule_gpu_rows.py", "tessera/passes/tile/kernels/gpu_rows.py",
-            "tessera/passes/tile/kernels/gpu_gemm_wgmma.py")
+            "tessera/passes/tile/kernels/gpu_gemm_wgmma.py", "tessera/passes/tile/kernels/gpu_attention_backward.py",
+            "tessera/passes/tile/kernels/gpu_labels.py", "tessera/passes/tile/kernels/gpu_topk.py",
+            "tessera/passes/tile/kernels/gpu_scan.py", "tessera/passes/tile/kernels/gpu_rowin.py",
+            "tessera/runtime/cuda_tensor_map.py")
 
 # the kernel generators of the GPU lanes, by kernel family (what runs where: the op lists come from
 # the op registry, tessera/ir/opset.py, whose declarations tests/test_opset.py checks against real compiles)
 GPU_GENERATORS = {
     "gemm": "`kernels/gpu_gemm.py`: mma.sync / WMMA / MFMA, staged shared memory, fused epilogue; on sm_90a "
             "`kernels/gpu_gemm_wgmma.py`: wgmma from 128-byte-swizzled shared memory",
-    "attention": "`kernels/gpu_attention.py`: flash attention, four waves per query block",
+    "attention": "`kernels/gpu_attention.py`: flash attention, four waves per query block; "
+                 "`kernels/gpu_attention_backward.py`: its backward (dQ, dK, dV from the saved log-sum-exp; one grid "
+                 "of key-block and query-block workgroups, no atomics)",
     "row": "`kernels/gpu_rows.py`: one workgroup per row, 16-byte vectors, warp-shuffle reductions "
            "(argmax / top_k: `gpu_labels.py`, `gpu_topk.py`, k selection steps)",
     "reduction": "`kernels/gpu_rows.py`: one workgroup per row (last axes) or per column chunk",
@@ -72,6 +77,9 @@ SECTIONS = (
                   "against `torch.matmul` (cuBLAS), CUDA events, median of 20 after warm-up"),
     ("attention.log", "`attention_bench.py`: flash attention (batch*heads 16, d 64, f16) against torch's "
                       "`scaled_dot_product_attention` on the same data, CUDA events, median of 20 after warm-up"),
+    ("attention_bwd.log", "`attention_bwd_bench.py`: the flash-attention backward kernel (dQ, dK, dV; batch*heads "
+                          "16, d 64, f16) against torch.autograd of f16 `scaled_dot_product_attention`, CUDA events, "
+                          "median of 20 after warm-up"),
     ("rows.log", "`rows_bench.py`: the memory-bound kernels (softmax, layer_norm, rms_norm, gelu(x + b), a row "
                  "sum; f16 and bf16) against float64 and the emulator, then 16384 x 8192 against torch and a device "
                  "copy, CUDA events, median of 20 after warm-up"),

@@ -15,7 +15,9 @@ inputs, f32 accumulation).  For each one the pass records:
 
 Attention kernels (``tessera.attention``, also when fused from the composed form) get the
 flash tiling of ``kernels/gpu_attention.py``: tiles ``[1, 4*m, BKV]`` over loops ``bh, q, kv``
-(four waves of m query rows per workgroup; ``tile-n`` pins the key block).  Elementwise,
+(four waves of m query rows per workgroup; ``tile-n`` pins the key block); their backward
+(``tessera.attention_grad``) gets ``kernels/gpu_attention_backward.py``'s: tiles ``[1, 4*m, 4*m]``
+over loops ``bh, kv, q``, a grid of key-block and query-block workgroups.  Elementwise,
 transpose, rowwise and reduce kernels get the memory-bound schedule of
 ``schedule_gpu_rows.py`` (one workgroup per row, 16-byte vectors).  Any other kernel kind has
 no GPU generator and is refused here with a coded error.
@@ -28,7 +30,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import IntegerType, ModuleOp, StringAttr
 
 from tessera.dtypes import from_ir
-from tessera.errors import MmaSelectorError, ScheduleIllegalError
+from tessera.errors import MmaSelectorError, ScheduleIllegalError, SpecializeRequest
 from tessera.ir import graph as g
 from tessera.ir import schedule as s
 from tessera.ir.attrs import i64_attr, int_array, str_array
@@ -188,10 +190,51 @@ class ScheduleGpu(TesseraPass):
             "loops": str_array(["bh", "q", "kv"]), "tiles": int_array([1, waves * im, bkv]),
             "order": str_array(["bh", "q", "kv"])})
 
+    def _attention_bwd(self, fop: g.FusionOp, isa, name: str) -> None:
+        """Flash-attention backward (``kernels/gpu_attention_backward.py``): workgroups of 4 waves
+        over blocks of 4*m keys (dK, dV) and 4*m queries (dQ), one grid."""
+        from tessera.passes.tile.kernels.gpu_attention_backward import shared_bytes
+        op = next(o for o in fop.body.block.ops if isinstance(o, g.AttentionGradOp))
+        dtype = _dtype(op.q.type.element_type)
+        if self.mma_family == "wgmma":
+            raise ScheduleIllegalError(f"kernel {name}: the GPU attention backward has no wgmma generator (it runs "
+                                       "on mma_sync on sm_90a too)")
+        # AMD: the 16x16 instruction (blocks of 64 rows; 32x32 MFMA blocks of 128 overflow the 64 KiB LDS)
+        sel = self._select(isa, name, op.name, dtype, family="mma_sync" if self.target == "nvidia" else None,
+                           shape=(16, 16, 16) if self.target == "rocm" else None)
+        rec = sel.record
+        im, in_, ik = rec.shape
+        wave = rec.lanes or 32
+        waves = 4
+        blk = waves * im
+        for opt, v in (("tile-m", self.tile_m), ("tile-n", self.tile_n)):
+            if v and v != blk:
+                raise ScheduleIllegalError(f"kernel {name}: GPU attention backward blocks are {waves} waves x {im} "
+                                           f"rows = {blk}; {opt}={v} is not that")
+        if blk % max(in_, ik):
+            raise ScheduleIllegalError(f"kernel {name}: a block of {blk} rows is not whole {rec.id} tiles")
+        dh = op.q.type.dims[3]
+        if not isinstance(dh, int):   # fragments per row live in registers: the head dim is a compile-time fact
+            raise SpecializeRequest(f"kernel {name}: the GPU attention backward needs a static head dim ({dh} is "
+                                    "symbolic)", symbols=[str(dh)])
+        dmax = dh
+        dpx = max(-(-dmax // ik) * ik, -(-dmax // in_) * in_)
+        shared = shared_bytes(im, waves, dpx, ELEM_BYTES.get(dtype, 2))
+        if shared > shared_limit(self.target, self.arch):
+            raise ScheduleIllegalError(f"kernel {name}: blocks of {blk} with head dim {dmax} take {shared} bytes of "
+                                       f"shared memory; {self.arch} allows {shared_limit(self.target, self.arch)}")
+        self._kernel(fop, name, {
+            "parallel": StringAttr("bh*kv*q"), "threads": i64_attr(waves * wave), "staging": i64_attr(1),
+            "mma": StringAttr(rec.id), "register_tile": int_array([1, 1]), "vector": i64_attr(wave),
+            "loops": str_array(["bh", "kv", "q"]), "tiles": int_array([1, blk, blk]),
+            "order": str_array(["bh", "kv", "q"])})
+
     def _schedule(self, fop: g.FusionOp, isa, name: str) -> None:
         kind = fop.kind.data
         if kind == "attention":
             return self._attention(fop, isa, name)
+        if kind == "attention_bwd":
+            return self._attention_bwd(fop, isa, name)
         if kind in schedule_gpu_rows.ROW_KINDS:   # memory-bound kernels: schedule_gpu_rows.py
             return self._kernel(fop, name, schedule_gpu_rows.rows_schedule(fop, name, self.target,
                                                                            isa.wave_sizes[0]))

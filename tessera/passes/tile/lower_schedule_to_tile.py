@@ -32,6 +32,7 @@ from tessera.passes.tile.kernels import attention_decode
 from tessera.passes.tile.kernels import gpu_rows
 from tessera.passes.tile.kernels import scatter
 from tessera.passes.tile.kernels import attention_backward
+from tessera.passes.tile.kernels import gpu_attention_backward
 
 
 def _selection(kop: s.KernelOp) -> MmaSelection:
@@ -80,7 +81,7 @@ def generate(kop: s.KernelOp, target: str = "x86"):
                                    f"has no lowering on the {target} lane; target=\"cpu\" compiles conv2d")
     if target in GPU and kind in gpu_rows.KINDS:     # memory-bound kernels on the GPU lanes
         return gpu_rows.generate(kop)
-    if target in GPU and kind not in ("gemm", "attention"):
+    if target in GPU and kind not in ("gemm", "attention", "attention_bwd"):
         raise ScheduleIllegalError(f"kernel {kop.sym_name.data}: no {target} generator for {kind} kernels")
     if kind == "gemm" or target in GPU:     # kernels whose instruction record names their target
         sel = _selection(kop)
@@ -89,6 +90,8 @@ def generate(kop: s.KernelOp, target: str = "x86"):
                                        f"({sel.record.id}); this pass generates {target} Tile IR")
         if kind == "attention":
             return gpu_attention.generate(kop, sel)
+        if kind == "attention_bwd":
+            return gpu_attention_backward.generate(kop, sel)
         if gemm_dual.is_dual(kop):   # two matmuls of one A, one epilogue (fuse-dual-gemm: CPU lane only)
             if target in GPU:
                 raise ScheduleIllegalError(f"kernel {kop.sym_name.data}: a dual gemm (two matmuls of one A) has no "

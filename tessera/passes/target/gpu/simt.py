@@ -481,13 +481,12 @@ class SimtLowerer(SimtTyped, SimtCopies, OpLowerer):
 
     # ------------------------------------------------------------------ row statistics
     def op_tile_mask(self, op: t.MaskOp, b: Builder) -> None:
-        """Per item: keep it when its column is < cols (and <= its row + diag), else ``pad``."""
+        """Per item: keep it when its column is < cols (and <= its row + diag; ``side = "ge"``:
+        >= its row + diag), else ``pad``."""
         d = self.vmap[op.input]
         if not isinstance(d, Dist):
             raise CodegenError("tile.mask on the GPU masks a tile distributed over the wave")
-        if op.keep_side != "le":
-            raise CodegenError("tile.mask {side = \"ge\"} (the CPU kernel's transposed causal edge) has no GPU "
-                               "lowering: the GPU attention kernel keeps scores untransposed")
+        ge = op.keep_side == "ge"     # the causal edge seen in a transposed (key-row) score block
         cols = self.scalar(op.cols)
         diag = self.scalar(op.diag) if op.diag is not None else None
         pad = self.fconst(b, op.pad.value.data)
@@ -497,7 +496,7 @@ class SimtLowerer(SimtTyped, SimtCopies, OpLowerer):
             r, c = self.coords(b, it)
             ok = b.cmp("slt", c, cols)
             if diag is not None:
-                ok = b.op(arith.AndIOp(ok, b.cmp("sle", c, b.add(r, diag)))).results[0]
+                ok = b.op(arith.AndIOp(ok, b.cmp("sge" if ge else "sle", c, b.add(r, diag)))).results[0]
             kept.append(b.select(ok, v, pad))
         parts, i = [], 0
         for n in d.omap.parts:
