@@ -31,7 +31,7 @@ GPU_CODE = ("benchmarks/gpu/", "tessera/codegen/gpu.py", "tessera/codegen/nvptx.
             "tessera/passes/tile/kernels/gpu_gemm_wgmma.py", "tessera/passes/tile/kernels/gpu_attention_backward.py",
             "tessera/passes/tile/kernels/gpu_labels.py", "tessera/passes/tile/kernels/gpu_topk.py",
             "tessera/passes/tile/kernels/gpu_scan.py", "tessera/passes/tile/kernels/gpu_rowin.py",
-            "tessera/runtime/cuda_tensor_map.py")
+            "tessera/passes/tile/kernels/gpu_gemm_tma.py", "tessera/runtime/cuda_tensor_map.py")
 
 # the kernel generators of the GPU lanes, by kernel family (what runs where: the op lists come from
 # the op registry, tessera/ir/opset.py, whose declarations tests/test_opset.py checks against real compiles)
