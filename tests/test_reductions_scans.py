@@ -117,11 +117,11 @@ def test_bad_axis_is_coded(rng):
         assert e.value.code == "RANK_MISMATCH"
 
 
-@pytest.mark.parametrize("name", ["logsumexp", "cumsum"])   # log_softmax, argmax: GPU row kernels now
-def test_gpu_lanes_refuse_by_op_name(rng, name):
+@pytest.mark.parametrize("name, op", [("logsumexp", "logsumexp")])
+def test_gpu_lanes_refuse_by_op_name(rng, name, op):   # log_softmax, argmax, cumsum: GPU kernels now
     x = _rows(rng, (8, 16), np.float32)
     for target, arch in (("nvidia", "sm_90"), ("rocm", "gfx1151")):
-        with pytest.raises(ScheduleIllegalError, match=rf"tessera\.{name}\).*{target} lane"):
+        with pytest.raises(ScheduleIllegalError, match=rf"tessera\.{op}\).*{target} lane"):
             ts.compile(lambda a: getattr(ts.ops, name)(a, axis=-1), x, target=target, arch=arch)
 
 
@@ -221,10 +221,10 @@ def test_scan_and_prod_bad_axes_are_coded(rng):
             ts.jit(fn)(x)
 
 
-@pytest.mark.parametrize("name", ["cumsum", "prod"])
-def test_gpu_lanes_refuse_scans_by_op_name(rng, name):
+@pytest.mark.parametrize("name", ["prod", "any"])   # cumsum / cumprod: GPU scan kernels now (test_gpu_scan.py)
+def test_gpu_lanes_refuse_reductions_by_op_name(rng, name):
     x = _rows(rng, (8, 16), np.float32)
-    op = {"cumsum": "cumsum", "prod": "reduce_prod"}[name]
+    op = {"prod": "reduce_prod", "any": "reduce_any"}[name]
     with pytest.raises(ScheduleIllegalError, match=rf"tessera\.{op}\).*nvidia lane"):
         ts.compile(lambda a: getattr(ts.ops, name)(a, 1), x, target="nvidia", arch="sm_90")
 
@@ -344,8 +344,9 @@ def test_top_k_bad_k_is_coded(rng):
     assert e.value.code == "SHAPE_MISMATCH"
     with pytest.raises(RankMismatchError):
         ts.jit(lambda a: ts.ops.top_k(a, 2, axis=3))(x)
-    with pytest.raises(ScheduleIllegalError, match=r"tessera\.top_k.*nvidia lane"):
-        ts.compile(lambda a: ts.ops.top_k(a, 2)[0], x, target="nvidia", arch="sm_90")
+    wide = _rows(rng, (4, 200), np.float32)   # the GPU lanes' top_k keeps k <= 128 (kernels/gpu_topk.py)
+    with pytest.raises(ScheduleIllegalError, match=r"tessera\.top_k with k = 129 \(the GPU kernel takes k <= 128\)"):
+        ts.compile(lambda a: ts.ops.top_k(a, 129)[0], wide, target="nvidia", arch="sm_90")
 
 
 # ----------------------------------------------------------------------------- any / all

@@ -16,14 +16,12 @@ from __future__ import annotations
 
 from xdsl.dialects.builtin import StringAttr, f32
 
-from tessera.errors import ScheduleIllegalError
 from tessera.ir import dims as D
-from tessera.ir import graph as g
 from tessera.ir import tile as t
-from tessera.ir.attrs import ival
 from tessera.passes.tile.kernels import rows as R
-from tessera.passes.tile.kernels.common import KernelSig, elementwise, mask_cols, row_major_strides, splat_row
-from tessera.passes.tile.kernels.common import tile_const, trace_view
+from tessera.passes.tile.kernels.common import KernelSig, elementwise, mask_cols, splat_row
+from tessera.passes.tile.kernels.common import tile_const
+from tessera.passes.tile.kernels.scan import scan_of
 
 INCLUSIVE = True   # each output includes its own element (a test plants False: an off-by-one scan)
 
@@ -31,18 +29,7 @@ INCLUSIVE = True   # each output includes its own element (a test plants False: 
 def generate(kop):
     from tessera.passes.tile.kernels.gpu_rows import _finish, _program_id, _setup
     name, T, wave, chunk = _setup(kop, "scan")
-    block = kop.body.block
-    scans = [o for o in block.ops if isinstance(o, g.SCANS)]
-    if len(scans) != 1 or list(block.last_op.operands) != [scans[0].result]:
-        raise ScheduleIllegalError(f"kernel {name}: a GPU scan kernel holds one cumsum/cumprod")
-    op = scans[0]
-    view = trace_view(op.input, block)
-    xd = tuple(op.input.type.dims)
-    if view is None or list(view.strides) != row_major_strides(xd) or view.offset:
-        raise ScheduleIllegalError(f"kernel {name}: a GPU scan reads a contiguous input (a transpose kernel "
-                                   "copies it first)")
-    ax = ival(op.axis) % len(xd)
-    outer, length, inner = D.product(xd[:ax]), xd[ax], D.product(xd[ax + 1:])
+    op, view, xd, ax, outer, length, inner = scan_of(kop, "a GPU scan kernel")
     kind = op.KIND
     init = 0.0 if kind == "add" else 1.0
     elem, out_elem = op.input.type.element_type, op.result.type.element_type

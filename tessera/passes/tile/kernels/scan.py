@@ -27,19 +27,27 @@ from tessera.passes.util import register_elem
 INCLUSIVE = True   # each output includes its own element (a test plants False: an off-by-one scan)
 
 
-def generate(kop: s.KernelOp):
-    R.check_rows_schedule(kop)
+def scan_of(kop, what: str = "a scan kernel"):
+    """The kernel's one cumsum/cumprod and its input seen as ``[outer, L, inner]``:
+    ``(op, view, dims, axis, outer, L, inner)``; refused unless it is alone and reads a contiguous input."""
+    name = kop.sym_name.data
     block = kop.body.block
     scans = [o for o in block.ops if isinstance(o, g.SCANS)]
     if len(scans) != 1 or list(block.last_op.operands) != [scans[0].result]:
-        raise ScheduleIllegalError(f"kernel {kop.sym_name.data}: a scan kernel holds one cumsum/cumprod")
+        raise ScheduleIllegalError(f"kernel {name}: {what} holds one cumsum/cumprod")
     op = scans[0]
     view = trace_view(op.input, block)
     xd = tuple(op.input.type.dims)
     if view is None or list(view.strides) != row_major_strides(xd) or view.offset:
-        raise ScheduleIllegalError("a scan reads a contiguous input (a transpose kernel copies it first)")
+        raise ScheduleIllegalError(f"kernel {name}: {what} reads a contiguous input (a transpose kernel copies "
+                                   "it first)")
     ax = ival(op.axis) % len(xd)
-    outer, length, inner = D.product(xd[:ax]), xd[ax], D.product(xd[ax + 1:])
+    return op, view, xd, ax, D.product(xd[:ax]), xd[ax], D.product(xd[ax + 1:])
+
+
+def generate(kop: s.KernelOp):
+    R.check_rows_schedule(kop)
+    op, view, xd, ax, outer, length, inner = scan_of(kop)
     kind = op.KIND                      # add | mul
     init = 0.0 if kind == "add" else 1.0
     chunk = R.chunk_of(kop)
