@@ -389,3 +389,25 @@ SAMPLES["tessera.attention_grad"] = _fn(
     f"  %r = tessera.attention_grad %q, %k, %v, %o, %g mask %m : !tessera.tensor<[S, S], i1> "
     f"lse %l : !tessera.tensor<[B, 4, S], f32> {{causal = true}} : "
     f"{_AQ}, {_AK}, {_AK}, {_AQ}, {_AQ} -> {_AG}\n  func.return %r : {_AG}", _AG)
+
+# the tensor copy engine (copy_engine="tma", sm_90a): Tile IR's bulk ops and their Target IR forms
+_BARS = "!tile.buffer<i64, smem>"
+_STAGE = "!tile.buffer<bf16, smem>"
+SAMPLES["tile.bulk_copy"] = _fn(
+    f"%d : {_STAGE}, %m : {_BARS}, %s : index, %r : index, %c : index, %ph : index",
+    f"""  tile.bulk_init %m {{count = 1 : i64}} : {_BARS}
+  tile.bulk_expect %m[%s] {{bytes = 32768 : i64}} : {_BARS}
+  tile.bulk_copy %d[%r], %m[%s] at[%r, %c] {{map = 0 : i64, box = [128 : i64, 64 : i64]}} : {_STAGE}, {_BARS}
+  tile.bulk_wait %m[%s], %ph : {_BARS}
+  func.return""")
+SAMPLES["tile.bulk_init"] = SAMPLES["tile.bulk_expect"] = SAMPLES["tile.bulk_wait"] = None
+SAMPLES["tessera_nvidia.tma_load"] = _fn(
+    f"%d : {_STAGE}, %m : {_BARS}, %s : index, %r : index, %c : index, %ph : index",
+    f"""  tessera_nvidia.mbarrier_init %m[%s] {{count = 1 : i64}} : {_BARS}
+  tessera_nvidia.fence_mbarrier_init
+  tessera_nvidia.mbarrier_expect_tx %m[%s] {{bytes = 32768 : i64}} : {_BARS}
+  tessera_nvidia.tma_load %d[%r], %m[%s], [%r, %c] {{map = 0 : i64, box = [64 : i64, 128 : i64]}} : {_STAGE}, {_BARS}
+  tessera_nvidia.mbarrier_wait %m[%s], %ph : {_BARS}
+  func.return""")
+for _name in ("mbarrier_init", "fence_mbarrier_init", "mbarrier_expect_tx", "mbarrier_wait"):
+    SAMPLES[f"tessera_nvidia.{_name}"] = None

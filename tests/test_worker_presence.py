@@ -26,11 +26,18 @@ def _wait_asleep(p) -> None:
     assert _asleep(p)
 
 
-def _wait_awake(p, seconds: float) -> bool:
+def _beat(p) -> int:
+    return int(p.ctl[workers._BEAT])
+
+
+def _woke(p, beat0: int, seconds: float) -> bool:
+    """Whether the worker spun since its heartbeat read ``beat0``: it moves only while the worker
+    is up and watching, and stays moved after it sleeps again (polling the sleep flag missed the
+    ~2 ms it is up on a loaded machine)."""
     deadline = time.monotonic() + seconds
-    while _asleep(p) and time.monotonic() < deadline:
-        time.sleep(workers.SPIN_SECONDS / 20)
-    return not _asleep(p)
+    while _beat(p) == beat0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return _beat(p) != beat0
 
 
 def test_sleeping_worker_is_woken_only_for_long_launches():
@@ -39,8 +46,9 @@ def test_sleeping_worker_is_woken_only_for_long_launches():
     assert p.ready(0, wake=True) == 0
     assert p.ready(1, wake=True) == 1   # a long launch takes it (run() wakes it)
     _wait_asleep(p)
+    b0 = _beat(p)
     assert p.ready(1, wake=False) == 0
-    assert _wait_awake(p, 2.0)           # ... a short one left it out, but roused it for the next launches
+    assert _woke(p, b0, 5.0)             # ... a short one left it out, but roused it for the next launches
 
 
 def test_a_short_launch_rouses_a_sleeper_teeth(monkeypatch):
@@ -49,8 +57,9 @@ def test_a_short_launch_rouses_a_sleeper_teeth(monkeypatch):
     p = workers.pool(1)
     monkeypatch.setattr(workers.WorkerPool, "rouse", lambda self: None)
     _wait_asleep(p)
+    b0 = _beat(p)
     assert p.ready(1, wake=False) == 0
-    assert not _wait_awake(p, 0.2)
+    assert not _woke(p, b0, 0.2)
     assert p.ready(1, wake=False) == 0
 
 
@@ -62,8 +71,9 @@ def test_a_call_rouses_its_sleeping_workers(rng, two_threads):
     _GEMM(a, b)
     p = workers.pool(1)
     _wait_asleep(p)
+    b0 = _beat(p)
     got = _GEMM(a, b)
-    assert _wait_awake(p, 2.0)
+    assert _woke(p, b0, 5.0)
     assert np.abs(got - a.astype(np.float64) @ b.astype(np.float64)).max() < 1e-3
 
 

@@ -302,7 +302,7 @@ class ScheduleGpu(TesseraPass):
                 raise ScheduleIllegalError(f"kernel {name}: copy-engine={self.copy_engine!r}; legal: threads, tma")
             if self.copy_engine == "tma" and (rec.family != "wgmma" or staging < 3):
                 raise ScheduleIllegalError(f"kernel {name}: copy-engine=tma stages wgmma GEMM blocks on sm_90a with "
-                                           f"3 or 4 stages; this kernel runs {rec.id} with staging={staging}")
+                                           f"3 or 4 stages; this kernel runs {rec.id} in {staging} stage(s)")
             engine = {"copy_engine": StringAttr(self.copy_engine)}
         self._kernel(fop, name, {
             **engine,

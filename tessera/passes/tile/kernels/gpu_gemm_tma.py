@@ -51,7 +51,7 @@ def _static_stride(name: str, stride, esize: int, what: str) -> None:
     s = D.canon(stride)
     if isinstance(s, int) and (s * esize) % 16:
         raise TM.TensorMapError(f"kernel {name}: {what}'s rows are {s * esize} bytes apart; a tensor map needs a "
-                                "multiple of 16 (pad the row, or stage with copy_engine='threads')")
+                                "multiple of 16 (pad the row, or pin schedule={'copy_engine': 'threads'})")
 
 
 def maps(name: str, sig: KernelSig, plan, b_mn: bool, eb: int, elem: str, BM: int, BN: int, BK: int) -> list[str]:
