@@ -19,62 +19,15 @@ def _asleep(p) -> bool:
     return bool(p.ctl[workers._ASLEEP])
 
 
-def _wait_asleep(p) -> None:
+def test_sleeping_worker_is_woken_only_for_long_launches():
+    p = workers.pool(1)
     deadline = time.monotonic() + 5
     while not _asleep(p) and time.monotonic() < deadline:
         time.sleep(10 * workers.SPIN_SECONDS)
     assert _asleep(p)
-
-
-def _beat(p) -> int:
-    return int(p.ctl[workers._BEAT])
-
-
-def _woke(p, beat0: int, seconds: float) -> bool:
-    """Whether the worker spun since its heartbeat read ``beat0``: it moves only while the worker
-    is up and watching, and stays moved after it sleeps again (polling the sleep flag missed the
-    ~2 ms it is up on a loaded machine)."""
-    deadline = time.monotonic() + seconds
-    while _beat(p) == beat0 and time.monotonic() < deadline:
-        time.sleep(0.001)
-    return _beat(p) != beat0
-
-
-def test_sleeping_worker_is_woken_only_for_long_launches():
-    p = workers.pool(1)
-    _wait_asleep(p)
+    assert p.ready(1, wake=False) == 0
     assert p.ready(0, wake=True) == 0
     assert p.ready(1, wake=True) == 1   # a long launch takes it (run() wakes it)
-    _wait_asleep(p)
-    b0 = _beat(p)
-    assert p.ready(1, wake=False) == 0
-    assert _woke(p, b0, 5.0)             # ... a short one left it out, but roused it for the next launches
-
-
-def test_a_short_launch_rouses_a_sleeper_teeth(monkeypatch):
-    """Without ``rouse`` a short launch leaves the worker asleep, and the next short launch of
-    the same call leaves it out again."""
-    p = workers.pool(1)
-    monkeypatch.setattr(workers.WorkerPool, "rouse", lambda self: None)
-    _wait_asleep(p)
-    b0 = _beat(p)
-    assert p.ready(1, wake=False) == 0
-    assert not _woke(p, b0, 0.2)
-    assert p.ready(1, wake=False) == 0
-
-
-def test_a_call_rouses_its_sleeping_workers(rng, two_threads):
-    """A call with a launch on two threads rouses the worker at its start (runtime/cpu.py), so
-    launches too short to wait for a wake-up find it spinning."""
-    a = rng.standard_normal((160, 96)).astype(np.float32)
-    b = rng.standard_normal((96, 200)).astype(np.float32)
-    _GEMM(a, b)
-    p = workers.pool(1)
-    _wait_asleep(p)
-    b0 = _beat(p)
-    got = _GEMM(a, b)
-    assert _woke(p, b0, 5.0)
-    assert np.abs(got - a.astype(np.float64) @ b.astype(np.float64)).max() < 1e-3
 
 
 @pytest.fixture
@@ -142,10 +95,7 @@ def test_an_implicit_gemm_conv_is_split_by_its_multiply_adds():
     dynamic batch.  Counting the output times the last size (the batch) gave 0.8 M: one thread
     while a second core sat idle (bench models: 16 ms on two threads, 7.4 on one)."""
     conv = dict(outs=[("n", 28, 28, 64)], ins=[("n", 30, 30, 64), (3, 3, 64, 64), (64,)], dims=["n"], env={"n": 4})
-    # two threads, but not worth waiting for a sleeping worker (2.7 ms on one core: runtime/cpu.py)
-    assert _split("k2_gemm", **conv)[:2] == (2, False)
-    conv8 = dict(conv, env={"n": 16})   # 460 M multiply-adds: worth it
-    assert _split("k2_gemm", **conv8)[:2] == (2, True)
+    assert _split("k2_gemm", **conv)[:2] == (2, True)
     tiny = dict(outs=[(16, 16)], ins=[(16, 8), (8, 16)])
     assert _split("k0_gemm", **tiny)[:2] == (1, False)
     # teeth: a step without its arguments' specs (as unpickled from an older cache) falls back

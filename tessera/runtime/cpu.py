@@ -57,8 +57,7 @@ def np_dtype(elem) -> np.dtype:
         if isinstance(elem, cls):
             return dt
     if isinstance(elem, IntegerType):
-        return np.dtype(np.bool_) if elem.width.data == 1 else np.dtype(
-            f"{'u' if elem.signedness.data.name == 'UNSIGNED' else ''}int{elem.width.data}")
+        return np.dtype(np.bool_) if elem.width.data == 1 else np.dtype(f"int{elem.width.data}")
     raise ArgumentError(f"no numpy dtype for {elem}")
 
 
@@ -369,15 +368,11 @@ class CpuExecutable:
 
     @staticmethod
     def worth_waking(step: Step, env: dict[str, int], sizes: list[int]) -> bool:
-        """Whether a launch is long enough (a few milliseconds on one core) to wait for workers
-        that went to sleep; shorter ones use only the workers spinning on a core at the time
-        (and rouse the sleepers for the launches after them).  A wake-up costs 0.1-0.5 ms on a
-        quiet machine, but the models bench caught the conv block's 115 M multiply-adds (about
-        2.7 ms on one core) waiting 8 ms in 4 rounds of 8 for a worker (12 ms against 3.4 when
-        it was spinning): on a VM a halted vCPU, or a core another library's threads spin on,
-        takes a scheduler slice to give the worker a turn.  (At 1 << 25 the conv waited.)"""
+        """Whether a launch is long enough (about a millisecond on one core) to wake workers
+        that went to sleep (a wake-up costs 0.1-0.5 ms, more on a loaded machine); shorter
+        ones use only the workers spinning on a core at the time."""
         gemm, work = launch_work(step, env, sizes)
-        return work >= ((1 << 27) if gemm else (1 << 22))
+        return work >= ((1 << 25) if gemm else (1 << 21))
 
     def _refuse_here(self) -> None:
         if self.missing_features:
@@ -453,9 +448,6 @@ class CpuExecutable:
         given = plan.donation
         if given.honoured:
             donation.check_call(arrays, given, data_address)
-        wide = max((ps.nthreads for ps in plan.steps), default=1)
-        if wide > 1:   # sleeping workers start waking now, for the launches that take only spinning ones
-            workers.pool(wide - 1).rouse()
         for n_step, ps in enumerate(plan.steps):
             if n_step:   # intermediates the previous step read last go back (to the pool, or to malloc)
                 for v in self._drop_after[n_step - 1]:

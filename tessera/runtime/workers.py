@@ -257,23 +257,12 @@ class WorkerPool:
         n = 0
         for tid in range(1, min(wanted, self.size) + 1):
             at = 8 * (tid - 1)
-            if self.ctl[_ASLEEP + at]:
-                self.rouse()   # not for this launch: up and spinning for the next ones of the call
-                break
             beat = self.addr + 8 * (_BEAT + at)
             b0 = int(self.ctl[_BEAT + at])
-            if self.native.spin_changed(beat, b0, self.present_spins) == b0:
+            if self.ctl[_ASLEEP + at] or self.native.spin_changed(beat, b0, self.present_spins) == b0:
                 break
             n += 1
         return n
-
-    def rouse(self) -> None:
-        """Wake the workers asleep on their futex without giving them a job: each spins
-        ``SPIN_SECONDS`` again, so launches that come within that find it on a core.  A call
-        whose launches are too short to wait for a wake-up rouses them at its start, and the
-        launches that do not take a sleeping worker rouse it (a few microseconds: a syscall)."""
-        if self.ctl[_ASLEEP::8].any():
-            self.native.wake(self.addr)
 
     def run(self, entry: int, args: int, nthreads: int, call=None) -> None:
         """``<kernel>.entry(args, tid)`` for tid = 0..nthreads-1: 0 on the caller, the rest on
