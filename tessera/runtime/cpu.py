@@ -57,7 +57,8 @@ def np_dtype(elem) -> np.dtype:
         if isinstance(elem, cls):
             return dt
     if isinstance(elem, IntegerType):
-        return np.dtype(np.bool_) if elem.width.data == 1 else np.dtype(f"int{elem.width.data}")
+        return np.dtype(np.bool_) if elem.width.data == 1 else np.dtype(
+            f"{'u' if elem.signedness.data.name == 'UNSIGNED' else ''}int{elem.width.data}")
     raise ArgumentError(f"no numpy dtype for {elem}")
 
 
